@@ -1,0 +1,32 @@
+"""Fixtures shared by every test: the bundled model files and the reference data beside the checkout."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    from engine.models import smollm2_path
+    return smollm2_path()
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> str:
+    from engine.models import gemma3_path
+    return gemma3_path()
+
+
+def load_reference(name: str) -> dict:
+    """A llama.cpp reference file: from ../shared/reference, else from tests/data."""
+    for d in (SHARED_REFERENCE, DATA):
+        p = d / name
+        if p.exists():
+            return json.loads(p.read_text())
+    pytest.fail(f"reference data {name} not found in {SHARED_REFERENCE} or {DATA}")
