@@ -1,0 +1,86 @@
+"""Recorded graphs: kernels dispatched into one command buffer, replayed with one submit.
+
+`Graph.op()` binds buffers, packs push constants from keyword arguments, and inserts a
+memory barrier only when the op touches a buffer written since the last barrier, so
+independent ops (the q, k and v projections) run back to back.
+"""
+from __future__ import annotations
+
+from . import vk
+from .kernels import KernelCache
+
+SETS_PER_POOL = 256
+
+
+class Graph:
+    def __init__(self, dev: vk.Device, kernels: KernelCache, label: str = "graph"):
+        self.dev, self.kernels, self.label = dev, kernels, label
+        self.cmd = vk.CommandList(dev)
+        self._pools: list[vk.DescriptorArena] = []
+        self._pool_left = 0
+        self._dirty: set[int] = set()       # ids of buffers written since the last barrier
+        self.n_ops = 0
+        self.finished = False
+
+    def _descriptor_set(self, kernel, bindings):
+        if self._pool_left == 0:
+            self._pools.append(vk.DescriptorArena(self.dev, SETS_PER_POOL, SETS_PER_POOL * 6))
+            self._pool_left = SETS_PER_POOL
+        self._pool_left -= 1
+        return self._pools[-1].make_set(kernel, bindings)
+
+    def op(self, name: str, buffers: list, groups: tuple[int, int, int], wtype: str | None = None,
+           spec: dict[str, int] | None = None, indirect: tuple[vk.Buffer, int] | None = None,
+           **push) -> None:
+        """buffers: Buffer, or (Buffer, byte_offset, byte_range) for a window of one."""
+        kernel, ks = self.kernels.get(name, wtype, **(spec or {}))
+        if len(buffers) != ks.n_buffers:
+            raise TypeError(f"{name} binds {ks.n_buffers} buffers, got {len(buffers)}")
+        bindings = [b if isinstance(b, tuple) else (b, 0, b.nbytes) for b in buffers]
+        touched = {id(b[0]) for b in bindings}
+        if touched & self._dirty:
+            self.cmd.barrier()
+            self._dirty = set()
+        for i in ks.writes:
+            self._dirty.add(id(bindings[i][0]))
+        ds = self._descriptor_set(kernel, bindings)
+        self.cmd.dispatch(kernel, ds, ks.pack(**push) if ks.push else b"", groups, indirect)
+        self.n_ops += 1
+
+    def copy(self, src: vk.Buffer, src_off: int, dst: vk.Buffer, dst_off: int, nbytes: int):
+        if {id(src), id(dst)} & self._dirty:
+            self.cmd.barrier()
+            self._dirty = set()
+        self.cmd.copy(src, src_off, dst, dst_off, nbytes)
+        self._dirty.add(id(dst))
+
+    def barrier(self) -> None:
+        self.cmd.barrier()
+        self._dirty = set()
+
+    def finish(self) -> "Graph":
+        self.cmd.finish()
+        self.finished = True
+        return self
+
+    def replay(self, wait: bool = True) -> None:
+        if not self.finished:
+            self.finish()
+        self.dev.submit([self.cmd.cmd], wait=wait)
+
+    def close(self) -> None:
+        self.cmd.close()
+        for p in self._pools:
+            p.close()
+        self._pools = []
+
+
+def run_once(dev: vk.Device, kernels: KernelCache, name: str, buffers: list,
+             groups: tuple[int, int, int], **kw) -> None:
+    """Record, submit and wait for a single op (tests and one-off work)."""
+    g = Graph(dev, kernels, name)
+    try:
+        g.op(name, buffers, groups, **kw)
+        g.replay()
+    finally:
+        g.close()

@@ -1,0 +1,135 @@
+"""The kernel registry: one entry per shader, with its push constants declared once.
+
+Each `KernelSpec` names its GLSL source in shaders/, how many storage buffers it binds
+(bindings 0..n-1, in order), the fields of its push-constant block (tests check them against
+the GLSL), its specialization constants by name and id, and whether it comes in one variant
+per weight type. `VARIANTS` is the table shaders/compile.py builds.
+"""
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+
+from . import vk
+
+WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+_FMT = {"u32": "I", "f32": "f"}
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    source: str
+    n_buffers: int
+    push: tuple[tuple[str, str], ...]       # (field, "u32" | "f32"), in GLSL order
+    spec: tuple[tuple[str, int], ...] = ()  # (name, constant_id); "SG" is the subgroup size
+    typed: bool = False                     # one variant per entry of WEIGHT_TYPES
+    writes: tuple[int, ...] = ()            # bindings the kernel writes (for barriers)
+
+    @property
+    def push_size(self) -> int:
+        return 4 * len(self.push)
+
+    def pack(self, **values) -> bytes:
+        names = [n for n, _ in self.push]
+        if set(values) != set(names):
+            raise TypeError(f"{self.source}: push constants are {names}, got {sorted(values)}")
+        return struct.pack("<" + "".join(_FMT[t] for _, t in self.push),
+                           *[values[n] for n in names])
+
+
+U, F = "u32", "f32"
+KERNELS: dict[str, KernelSpec] = {
+    "mul_mat": KernelSpec(
+        "mul_mat.comp", 3,
+        (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
+         ("row_offset", U)),
+        (("SG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3)), typed=True, writes=(2,)),
+    "get_rows": KernelSpec("get_rows.comp", 3, (("n_cols", U), ("n_rows", U), ("scale", F)),
+                           typed=True, writes=(2,)),
+    "rms_norm": KernelSpec("rms_norm.comp", 3,
+                           (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
+                           (("SG", 0),), writes=(2,)),
+    "rope": KernelSpec("rope.comp", 4,
+                       (("n_heads", U), ("head_dim", U), ("n_dims", U), ("n_tokens", U),
+                        ("freq_base", F), ("freq_scale", F)),
+                       (("NEOX", 0), ("OUT_F16", 1)), writes=(1, 2)),
+    "set_rows": KernelSpec("set_rows.comp", 3, (("n_cols", U), ("n_rows", U)), writes=(1,)),
+    "attention": KernelSpec("attention.comp", 5,
+                            (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("window", U),
+                             ("scale", F)),
+                            (("SG", 0), ("HD", 1)), writes=(3,)),
+    "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),), (("GELU", 0),), writes=(2,)),
+    "add": KernelSpec("add.comp", 3, (("n", U),), writes=(2,)),
+    "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("SG", 0),),
+                         writes=(1,)),
+}
+
+
+def variant_name(kernel: str, wtype: str | None = None) -> str:
+    return f"{kernel}_{wtype}" if wtype else kernel
+
+
+def _variants() -> dict[str, tuple[str, tuple[str, ...]]]:
+    out = {}
+    for name, ks in KERNELS.items():
+        if ks.typed:
+            for t in WEIGHT_TYPES:
+                out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",))
+        else:
+            out[name] = (ks.source, ())
+    return out
+
+
+VARIANTS = _variants()
+SHADER_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "shaders")
+
+
+def load_spirv(variant: str) -> bytes:
+    """The compiled module; compiled on the spot when missing or older than its source."""
+    import shaders
+    from shaders import compile as shader_compile
+
+    source, defines = VARIANTS[variant]
+    path = shader_compile.spv_path(variant)
+    src_dir = os.path.dirname(os.path.abspath(shaders.__file__))
+    if not os.path.exists(path) or os.path.exists(os.path.join(src_dir, source)):
+        try:
+            path = shader_compile.compile_variant(variant, source, defines)
+        except RuntimeError:
+            if not os.path.exists(path):
+                raise
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class KernelCache:
+    """Pipelines of one device, built on first use and keyed by variant + specialization."""
+
+    def __init__(self, dev: vk.Device):
+        self.dev = dev
+        self._cache: dict[tuple, vk.Kernel] = {}
+
+    def get(self, name: str, wtype: str | None = None, **spec: int) -> tuple[vk.Kernel, KernelSpec]:
+        ks = KERNELS[name]
+        if ks.typed and wtype not in WEIGHT_TYPES:
+            raise ValueError(f"{name}: no variant for weight type {wtype}")
+        names = dict(ks.spec)
+        if "SG" in names:
+            spec.setdefault("SG", self.dev.subgroup_size)
+        unknown = set(spec) - set(names)
+        if unknown:
+            raise TypeError(f"{name}: unknown specialization constants {sorted(unknown)}")
+        key = (name, wtype, tuple(sorted(spec.items())))
+        k = self._cache.get(key)
+        if k is None:
+            variant = variant_name(name, wtype if ks.typed else None)
+            k = vk.Kernel(self.dev, variant, load_spirv(variant), ks.n_buffers, ks.push_size,
+                          {names[n]: v for n, v in spec.items()})
+            self._cache[key] = k
+        return k, ks
+
+    def close(self) -> None:
+        for k in self._cache.values():
+            k.close()
+        self._cache = {}

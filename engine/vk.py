@@ -1,0 +1,709 @@
+"""Vulkan, through the `vulkan` cffi binding: the only module that imports it.
+
+What the rest of the engine gets from here:
+- `Device`: instance, physical-device choice, the logical device and one compute queue.
+- `Allocator` / `Buffer`: sub-allocated device memory; every buffer has a label, a kind and a
+  byte count, which the VRAM breakdown and the arbiter add up.
+- `Kernel`: a compute pipeline from SPIR-V, with its push-constant block and specialization.
+- `CommandList`: dispatches recorded once into a command buffer and replayed per submit.
+- `TimestampPool`: GPU timestamps.
+
+Hot paths (recording, submitting) call `lib.vk*` directly: the wrapper functions cost about
+25 us a call against 3 us for the raw ones. The C signature sits in a comment above each.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+import vulkan as _vk
+from vulkan import ffi, lib
+
+KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging")
+
+
+class VulkanError(RuntimeError):
+    pass
+
+
+def check(result: int, what: str) -> None:
+    if result != _vk.VK_SUCCESS:
+        raise VulkanError(f"{what} failed with VkResult {result}")
+
+
+def _version_str(v: int) -> str:
+    return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
+
+
+# -- device choice --------------------------------------------------------------------------
+
+_TYPE_RANK = {
+    _vk.VK_PHYSICAL_DEVICE_TYPE_DISCRETE_GPU: 0,
+    _vk.VK_PHYSICAL_DEVICE_TYPE_INTEGRATED_GPU: 1,
+    _vk.VK_PHYSICAL_DEVICE_TYPE_VIRTUAL_GPU: 2,
+    _vk.VK_PHYSICAL_DEVICE_TYPE_CPU: 3,
+    _vk.VK_PHYSICAL_DEVICE_TYPE_OTHER: 4,
+}
+_TYPE_NAME = {0: "discrete", 1: "integrated", 2: "virtual", 3: "cpu", 4: "other"}
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    index: int
+    name: str
+    kind: str              # discrete / integrated / virtual / cpu / other
+    vendor_id: int
+    api_version: str
+
+
+def choose_device(infos: list[DeviceInfo], wanted: str | None) -> DeviceInfo:
+    """Discrete GPU first, lavapipe last; HOTSEAT_DEVICE picks by index or name substring."""
+    if not infos:
+        raise VulkanError("no Vulkan device found (install mesa-vulkan-drivers for lavapipe)")
+    if wanted:
+        if wanted.isdigit():
+            for info in infos:
+                if info.index == int(wanted):
+                    return info
+        for info in infos:
+            if wanted.lower() in info.name.lower():
+                return info
+        names = ", ".join(f"{i.index}: {i.name}" for i in infos)
+        raise VulkanError(f"HOTSEAT_DEVICE={wanted!r} matches no Vulkan device ({names})")
+    order = list(_TYPE_NAME.values())
+    return sorted(infos, key=lambda i: (order.index(i.kind), i.index))[0]
+
+
+# -- the device -----------------------------------------------------------------------------
+
+class Device:
+    """One Vulkan device with a compute queue, a command pool and a pipeline cache."""
+
+    def __init__(self, wanted: str | None = None, cache_dir: str | None = None):
+        self._lock = threading.Lock()
+        app = _vk.VkApplicationInfo(pApplicationName="hotseat", applicationVersion=1,
+                                    pEngineName="hotseat", engineVersion=1,
+                                    apiVersion=_vk.VK_MAKE_VERSION(1, 2, 0))
+        exts = [e.extensionName for e in _vk.vkEnumerateInstanceExtensionProperties(None)]
+        flags = 0
+        enabled = []
+        if "VK_KHR_portability_enumeration" in exts:
+            enabled.append("VK_KHR_portability_enumeration")
+            flags |= 0x00000001  # VK_INSTANCE_CREATE_ENUMERATE_PORTABILITY_BIT_KHR
+        try:
+            self.instance = _vk.vkCreateInstance(_vk.VkInstanceCreateInfo(
+                pApplicationInfo=app, flags=flags, ppEnabledExtensionNames=enabled), None)
+        except _vk.VkError as exc:
+            raise VulkanError(f"cannot create a Vulkan instance ({type(exc).__name__}); "
+                              "is libvulkan1 with a driver installed?") from None
+        physicals = _vk.vkEnumeratePhysicalDevices(self.instance)
+        infos = []
+        for i, pd in enumerate(physicals):
+            p = _vk.vkGetPhysicalDeviceProperties(pd)
+            infos.append(DeviceInfo(i, ffi.string(p.deviceName).decode()
+                                    if not isinstance(p.deviceName, str) else p.deviceName,
+                                    _TYPE_NAME[_TYPE_RANK.get(p.deviceType, 4)], p.vendorID,
+                                    _version_str(p.apiVersion)))
+        self.all_devices = infos
+        self.info = choose_device(infos, wanted if wanted is not None
+                                  else os.environ.get("HOTSEAT_DEVICE"))
+        self.physical = physicals[self.info.index]
+        self.name = self.info.name
+        props = _vk.vkGetPhysicalDeviceProperties(self.physical)
+        self.limits = props.limits
+        self.timestamp_period_ns = float(props.limits.timestampPeriod)
+        self.max_storage_range = int(props.limits.maxStorageBufferRange)
+        self.storage_align = int(props.limits.minStorageBufferOffsetAlignment)
+        self.max_shared = int(props.limits.maxComputeSharedMemorySize)
+        self.max_wg_invocations = int(props.limits.maxComputeWorkGroupInvocations)
+        sub = _vk.VkPhysicalDeviceSubgroupProperties()
+        p2 = _vk.VkPhysicalDeviceProperties2(pNext=sub)
+        _vk.vkGetPhysicalDeviceProperties2(self.physical, p2)
+        self.subgroup_size = int(sub.subgroupSize)
+        self.pipeline_cache_uuid = bytes(ffi.buffer(props.pipelineCacheUUID, 16))
+        dev_exts = {e.extensionName for e in
+                    _vk.vkEnumerateDeviceExtensionProperties(self.physical, None)}
+        self.extensions = dev_exts
+        self.has_memory_budget = "VK_EXT_memory_budget" in dev_exts
+        self.has_external_host = "VK_EXT_external_memory_host" in dev_exts
+
+        self._pick_memory_types()
+        qf = _vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+        fam = [i for i, q in enumerate(qf) if q.queueFlags & _vk.VK_QUEUE_COMPUTE_BIT]
+        if not fam:
+            raise VulkanError(f"{self.name}: no compute queue")
+        # A compute-only family avoids contending with the desktop's graphics work.
+        only = [i for i in fam if not qf[i].queueFlags & _vk.VK_QUEUE_GRAPHICS_BIT]
+        self.queue_family = (only or fam)[0]
+        self.timestamps_ok = qf[self.queue_family].timestampValidBits > 0
+
+        f11 = _vk.VkPhysicalDeviceVulkan11Features()
+        f12 = _vk.VkPhysicalDeviceVulkan12Features(pNext=f11)
+        feats = _vk.VkPhysicalDeviceFeatures2(pNext=f12)
+        _vk.vkGetPhysicalDeviceFeatures2(self.physical, feats)
+        if not f11.storageBuffer16BitAccess:
+            raise VulkanError(f"{self.name}: lacks 16-bit storage buffers (needed for f16 KV)")
+        self.has_float16 = bool(f12.shaderFloat16)
+        want11 = _vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=_vk.VK_TRUE)
+        want12 = _vk.VkPhysicalDeviceVulkan12Features(
+            pNext=want11, storageBuffer8BitAccess=f12.storageBuffer8BitAccess or None,
+            shaderInt8=f12.shaderInt8 or None, shaderFloat16=f12.shaderFloat16 or None,
+            hostQueryReset=f12.hostQueryReset or None)
+        self.host_query_reset = bool(f12.hostQueryReset)
+        want = _vk.VkPhysicalDeviceFeatures2(pNext=want12, features=_vk.VkPhysicalDeviceFeatures(
+            shaderInt16=feats.features.shaderInt16 or None,
+            shaderInt64=feats.features.shaderInt64 or None))
+        enable = [e for e in ("VK_EXT_memory_budget", "VK_EXT_external_memory_host")
+                  if e in dev_exts]
+        qinfo = _vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family,
+                                            queueCount=1, pQueuePriorities=[1.0])
+        self.device = _vk.vkCreateDevice(self.physical, _vk.VkDeviceCreateInfo(
+            pNext=want, pQueueCreateInfos=[qinfo], ppEnabledExtensionNames=enable), None)
+        self.queue = _vk.vkGetDeviceQueue(self.device, self.queue_family, 0)
+        self.command_pool = _vk.vkCreateCommandPool(self.device, _vk.VkCommandPoolCreateInfo(
+            queueFamilyIndex=self.queue_family,
+            flags=_vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
+        self.fence = _vk.vkCreateFence(self.device, _vk.VkFenceCreateInfo(), None)
+        self._cache_path = None
+        self.pipeline_cache = self._open_pipeline_cache(cache_dir)
+        self.allocator = Allocator(self)
+
+    # -- memory types -----------------------------------------------------------------------
+    def _pick_memory_types(self) -> None:
+        mp = _vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        self.memory_types = [(mp.memoryTypes[i].propertyFlags, mp.memoryTypes[i].heapIndex)
+                             for i in range(mp.memoryTypeCount)]
+        self.heaps = [(int(mp.memoryHeaps[i].size), mp.memoryHeaps[i].flags)
+                      for i in range(mp.memoryHeapCount)]
+        DL = _vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+        HV = _vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT
+        HC = _vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+        CA = _vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+
+        def find(required: int, preferred: int = 0, avoid: int = 0) -> int:
+            best, best_score = -1, -1
+            for i, (flags, _) in enumerate(self.memory_types):
+                if flags & required != required:
+                    continue
+                score = 4 * bin(flags & preferred).count("1") - bin(flags & avoid).count("1")
+                if score > best_score:
+                    best, best_score = i, score
+            return best
+
+        self.mem_device = find(DL, avoid=HV)
+        if self.mem_device < 0:
+            self.mem_device = find(0)
+        self.mem_host = find(HV | HC, preferred=CA)
+        # Unified memory (lavapipe, APUs): device memory is mapped and written directly.
+        self.unified = bool(self.memory_types[self.mem_device][0] & HV)
+        self.device_heap_bytes = self.heaps[self.memory_types[self.mem_device][1]][0]
+
+    def memory_budget(self) -> tuple[int, int] | None:
+        """(budget, usage) of the device-local heap from VK_EXT_memory_budget, if present."""
+        if not self.has_memory_budget:
+            return None
+        b = _vk.VkPhysicalDeviceMemoryBudgetPropertiesEXT()
+        p = _vk.VkPhysicalDeviceMemoryProperties2(pNext=b)
+        _vk.vkGetPhysicalDeviceMemoryProperties2(self.physical, p)
+        heap = self.memory_types[self.mem_device][1]
+        return int(b.heapBudget[heap]), int(b.heapUsage[heap])
+
+    # -- pipeline cache ---------------------------------------------------------------------
+    def _open_pipeline_cache(self, cache_dir: str | None):
+        data = b""
+        if cache_dir is None:
+            import platformdirs
+            cache_dir = platformdirs.user_cache_dir("hotseat")
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            self._cache_path = os.path.join(
+                cache_dir, f"pipelines-{self.pipeline_cache_uuid.hex()}.bin")
+            if os.path.exists(self._cache_path):
+                with open(self._cache_path, "rb") as f:
+                    data = f.read()
+        except OSError:
+            self._cache_path = None
+        info = _vk.VkPipelineCacheCreateInfo(initialDataSize=len(data),
+                                             pInitialData=ffi.from_buffer(data) if data else None)
+        try:
+            return _vk.vkCreatePipelineCache(self.device, info, None)
+        except _vk.VkError:  # a stale or foreign cache file: start empty
+            return _vk.vkCreatePipelineCache(self.device, _vk.VkPipelineCacheCreateInfo(), None)
+
+    def save_pipeline_cache(self) -> None:
+        if not self._cache_path:
+            return
+        size = ffi.new("size_t*")
+        # VkResult vkGetPipelineCacheData(VkDevice, VkPipelineCache, size_t*, void*)
+        check(lib.vkGetPipelineCacheData(self.device, self.pipeline_cache, size, ffi.NULL),
+              "vkGetPipelineCacheData")
+        buf = ffi.new("char[]", size[0])
+        check(lib.vkGetPipelineCacheData(self.device, self.pipeline_cache, size, buf),
+              "vkGetPipelineCacheData")
+        tmp = self._cache_path + f".{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(ffi.buffer(buf, size[0]))
+            os.replace(tmp, self._cache_path)
+        except OSError:
+            pass
+
+    # -- submission -------------------------------------------------------------------------
+    def submit(self, command_buffers: list, wait: bool = True) -> None:
+        """Submit command buffers in one vkQueueSubmit and (by default) wait for them."""
+        with self._lock:
+            arr = ffi.new("VkCommandBuffer[]", command_buffers)
+            info = ffi.new("VkSubmitInfo*", {"sType": _vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                             "commandBufferCount": len(command_buffers),
+                                             "pCommandBuffers": arr})
+            # VkResult vkQueueSubmit(VkQueue, uint32_t, const VkSubmitInfo*, VkFence)
+            check(lib.vkQueueSubmit(self.queue, 1, info, self.fence), "vkQueueSubmit")
+            if wait:
+                self._wait_fence()
+
+    def _wait_fence(self) -> None:
+        fences = ffi.new("VkFence[1]", [self.fence])
+        # VkResult vkWaitForFences(VkDevice, uint32_t, const VkFence*, VkBool32, uint64_t)
+        check(lib.vkWaitForFences(self.device, 1, fences, 1, 60_000_000_000), "vkWaitForFences")
+        check(lib.vkResetFences(self.device, 1, fences), "vkResetFences")
+
+    def one_shot(self):
+        """A command buffer for one-off work (copies), submitted when the block ends."""
+        return _OneShot(self)
+
+    def close(self) -> None:
+        if self.device is None:
+            return
+        _vk.vkDeviceWaitIdle(self.device)
+        self.save_pipeline_cache()
+        self.allocator.close()
+        _vk.vkDestroyPipelineCache(self.device, self.pipeline_cache, None)
+        _vk.vkDestroyFence(self.device, self.fence, None)
+        _vk.vkDestroyCommandPool(self.device, self.command_pool, None)
+        _vk.vkDestroyDevice(self.device, None)
+        _vk.vkDestroyInstance(self.instance, None)
+        self.device = None
+
+    def __enter__(self) -> "Device":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class _OneShot:
+    def __init__(self, dev: Device):
+        self.dev = dev
+
+    def __enter__(self):
+        self.cmd = allocate_command_buffer(self.dev)
+        begin(self.cmd, one_time=True)
+        return self.cmd
+
+    def __exit__(self, exc_type, *rest):
+        end(self.cmd)
+        if exc_type is None:
+            self.dev.submit([self.cmd])
+        _vk.vkFreeCommandBuffers(self.dev.device, self.dev.command_pool, 1, [self.cmd])
+
+
+def allocate_command_buffer(dev: Device):
+    return _vk.vkAllocateCommandBuffers(dev.device, _vk.VkCommandBufferAllocateInfo(
+        commandPool=dev.command_pool, level=_vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+        commandBufferCount=1))[0]
+
+
+def begin(cmd, one_time: bool = False) -> None:
+    flags = _vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT if one_time else 0
+    _vk.vkBeginCommandBuffer(cmd, _vk.VkCommandBufferBeginInfo(flags=flags))
+
+
+def end(cmd) -> None:
+    _vk.vkEndCommandBuffer(cmd)
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+BLOCK_BYTES = 256 << 20
+BUFFER_USAGE = (_vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | _vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+                | _vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT | _vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)
+
+
+class _Block:
+    """One VkDeviceMemory carved into buffers by first fit."""
+
+    def __init__(self, dev: Device, type_index: int, size: int):
+        self.dev, self.type_index, self.size = dev, type_index, size
+        try:
+            self.memory = _vk.vkAllocateMemory(dev.device, _vk.VkMemoryAllocateInfo(
+                allocationSize=size, memoryTypeIndex=type_index), None)
+        except (_vk.VkErrorOutOfDeviceMemory, _vk.VkErrorOutOfHostMemory):
+            raise OutOfMemory(f"cannot allocate {size >> 20} MiB on {dev.name}") from None
+        self.free = [(0, size)]          # sorted (offset, size) holes
+        self.used = 0
+        self.mapped = None
+        flags = dev.memory_types[type_index][0]
+        if flags & _vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT:
+            pp = ffi.new("void**")
+            # VkResult vkMapMemory(VkDevice, VkDeviceMemory, VkDeviceSize, VkDeviceSize,
+            #                      VkMemoryMapFlags, void**)
+            check(lib.vkMapMemory(dev.device, self.memory, 0, size, 0, pp), "vkMapMemory")
+            self.mapped = np.frombuffer(ffi.buffer(pp[0], size), dtype=np.uint8)
+
+    def take(self, size: int, align: int) -> int | None:
+        for i, (off, n) in enumerate(self.free):
+            start = -(-off // align) * align
+            if start + size <= off + n:
+                rest = []
+                if start > off:
+                    rest.append((off, start - off))
+                if start + size < off + n:
+                    rest.append((start + size, off + n - start - size))
+                self.free[i:i + 1] = rest
+                self.used += size
+                return start
+        return None
+
+    def give(self, off: int, size: int) -> None:
+        self.used -= size
+        self.free.append((off, size))
+        self.free.sort()
+        merged = [self.free[0]]
+        for o, n in self.free[1:]:
+            po, pn = merged[-1]
+            if po + pn == o:
+                merged[-1] = (po, pn + n)
+            else:
+                merged.append((o, n))
+        self.free = merged
+
+    def close(self) -> None:
+        if self.mapped is not None:
+            self.mapped = None
+            _vk.vkUnmapMemory(self.dev.device, self.memory)
+        _vk.vkFreeMemory(self.dev.device, self.memory, None)
+
+
+class OutOfMemory(VulkanError):
+    pass
+
+
+@dataclass(eq=False)
+class Buffer:
+    """A labelled storage buffer: `kind` is one of KINDS; `host` buffers are CPU-mapped."""
+    label: str
+    kind: str
+    nbytes: int
+    host: bool
+    handle: object = None
+    block: _Block | None = None
+    offset: int = 0
+    alloc_bytes: int = 0
+    view: np.ndarray | None = field(default=None, repr=False)   # mapped bytes, if mappable
+
+    @property
+    def released(self) -> bool:
+        return self.handle is None
+
+    def write(self, data, offset: int = 0) -> None:
+        """Host write into a mapped buffer (host buffers, or any buffer on unified memory)."""
+        src = np.frombuffer(memoryview(data).cast("B"), dtype=np.uint8)
+        self.view[offset:offset + src.nbytes] = src
+
+    def read(self, dtype=np.float32, count: int | None = None, offset: int = 0) -> np.ndarray:
+        n = (self.nbytes - offset) if count is None else count * np.dtype(dtype).itemsize
+        return self.view[offset:offset + n].view(dtype).copy()
+
+
+class Allocator:
+    """Sub-allocates buffers from large memory blocks and keeps per-kind byte totals."""
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self.blocks: list[_Block] = []
+        self.buffers: set[Buffer] = set()
+
+    def alloc(self, nbytes: int, label: str, kind: str, host: bool = False) -> Buffer:
+        if kind not in KINDS:
+            raise ValueError(f"unknown buffer kind {kind!r}")
+        nbytes = max(int(nbytes), 4)
+        dev = self.dev
+        handle = _vk.vkCreateBuffer(dev.device, _vk.VkBufferCreateInfo(
+            size=nbytes, usage=BUFFER_USAGE, sharingMode=_vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        req = _vk.vkGetBufferMemoryRequirements(dev.device, handle)
+        type_index = dev.mem_host if host else dev.mem_device
+        if not (req.memoryTypeBits >> type_index) & 1:
+            _vk.vkDestroyBuffer(dev.device, handle, None)
+            raise VulkanError(f"memory type {type_index} unusable for buffer {label}")
+        align = max(int(req.alignment), dev.storage_align, 256)
+        size = -(-int(req.size) // align) * align
+        block, off = None, None
+        for b in self.blocks:
+            if b.type_index == type_index:
+                off = b.take(size, align)
+                if off is not None:
+                    block = b
+                    break
+        if block is None:
+            try:
+                block = _Block(dev, type_index, max(BLOCK_BYTES, size))
+            except OutOfMemory:
+                _vk.vkDestroyBuffer(dev.device, handle, None)
+                raise
+            self.blocks.append(block)
+            off = block.take(size, align)
+        _vk.vkBindBufferMemory(dev.device, handle, block.memory, off)
+        buf = Buffer(label, kind, nbytes, host, handle, block, off, size)
+        if block.mapped is not None:
+            buf.view = block.mapped[off:off + nbytes]
+        self.buffers.add(buf)
+        return buf
+
+    def free(self, buf: Buffer) -> None:
+        """Release a buffer; its record stays valid with `released` true and no handle."""
+        if buf.handle is None:
+            return
+        _vk.vkDestroyBuffer(self.dev.device, buf.handle, None)
+        buf.block.give(buf.offset, buf.alloc_bytes)
+        if buf.block.used == 0:
+            buf.block.close()
+            self.blocks.remove(buf.block)
+        buf.handle, buf.block, buf.view = None, None, None
+        self.buffers.discard(buf)
+
+    def totals(self) -> dict[str, int]:
+        """Live bytes by kind (released buffers are gone from the set, never dereferenced)."""
+        out = {k: 0 for k in KINDS}
+        for b in self.buffers:
+            out[b.kind] += b.nbytes
+        return out
+
+    def reserved_bytes(self) -> int:
+        return sum(b.size for b in self.blocks)
+
+    def close(self) -> None:
+        for b in list(self.buffers):
+            self.free(b)
+        for blk in self.blocks:
+            blk.close()
+        self.blocks = []
+
+
+# -- transfers ------------------------------------------------------------------------------
+
+STAGING_BYTES = 64 << 20
+
+
+def upload(dev: Device, dst: Buffer, src: np.ndarray, offset: int = 0, progress=None) -> None:
+    """Copy host bytes (e.g. a GGUF memmap view) into a buffer.
+
+    Mappable destinations are written directly; others go through a staging buffer in
+    chunks, each chunk one copy command. `progress(n_bytes)` is called after each chunk.
+    """
+    src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+    if dst.view is not None:
+        for start in range(0, src.nbytes, STAGING_BYTES):
+            chunk = src[start:start + STAGING_BYTES]
+            dst.view[offset + start:offset + start + chunk.nbytes] = chunk
+            if progress:
+                progress(chunk.nbytes)
+        return
+    staging = dev.allocator.alloc(min(STAGING_BYTES, src.nbytes), "staging", "staging", host=True)
+    try:
+        for start in range(0, src.nbytes, STAGING_BYTES):
+            chunk = src[start:start + STAGING_BYTES]
+            staging.view[:chunk.nbytes] = chunk
+            with dev.one_shot() as cmd:
+                copy_buffer(cmd, staging, 0, dst, offset + start, chunk.nbytes)
+            if progress:
+                progress(chunk.nbytes)
+    finally:
+        dev.allocator.free(staging)
+
+
+def download(dev: Device, src: Buffer, nbytes: int | None = None, offset: int = 0) -> np.ndarray:
+    nbytes = src.nbytes - offset if nbytes is None else nbytes
+    if src.view is not None:
+        return src.view[offset:offset + nbytes].copy()
+    staging = dev.allocator.alloc(nbytes, "readback", "staging", host=True)
+    try:
+        with dev.one_shot() as cmd:
+            copy_buffer(cmd, src, offset, staging, 0, nbytes)
+        return staging.view[:nbytes].copy()
+    finally:
+        dev.allocator.free(staging)
+
+
+def copy_buffer(cmd, src: Buffer, src_off: int, dst: Buffer, dst_off: int, nbytes: int) -> None:
+    region = ffi.new("VkBufferCopy*", {"srcOffset": src_off, "dstOffset": dst_off,
+                                       "size": nbytes})
+    # void vkCmdCopyBuffer(VkCommandBuffer, VkBuffer, VkBuffer, uint32_t, const VkBufferCopy*)
+    lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, 1, region)
+
+
+# -- kernels --------------------------------------------------------------------------------
+
+class Kernel:
+    """A compute pipeline: `n_buffers` storage buffers at bindings 0..n-1, a push block."""
+
+    def __init__(self, dev: Device, name: str, spirv: bytes, n_buffers: int, push_size: int,
+                 spec: dict[int, int] | None = None):
+        self.dev, self.name, self.n_buffers, self.push_size = dev, name, n_buffers, push_size
+        d = dev.device
+        self.module = _vk.vkCreateShaderModule(d, _vk.VkShaderModuleCreateInfo(
+            codeSize=len(spirv), pCode=spirv), None)
+        bindings = [_vk.VkDescriptorSetLayoutBinding(
+            binding=i, descriptorType=_vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+            stageFlags=_vk.VK_SHADER_STAGE_COMPUTE_BIT) for i in range(n_buffers)]
+        self.set_layout = _vk.vkCreateDescriptorSetLayout(d, _vk.VkDescriptorSetLayoutCreateInfo(
+            pBindings=bindings), None)
+        ranges = [_vk.VkPushConstantRange(stageFlags=_vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0,
+                                          size=push_size)] if push_size else None
+        self.layout = _vk.vkCreatePipelineLayout(d, _vk.VkPipelineLayoutCreateInfo(
+            pSetLayouts=[self.set_layout], pPushConstantRanges=ranges), None)
+        spec = spec or {}
+        spec_info = None
+        if spec:
+            ids = sorted(spec)
+            data = struct.pack(f"<{len(ids)}I", *[spec[i] & 0xFFFFFFFF for i in ids])
+            self._spec_data = ffi.new("char[]", data)
+            entries = [_vk.VkSpecializationMapEntry(constantID=cid, offset=4 * k, size=4)
+                       for k, cid in enumerate(ids)]
+            spec_info = _vk.VkSpecializationInfo(pMapEntries=entries, dataSize=len(data),
+                                                 pData=self._spec_data)
+        stage = _vk.VkPipelineShaderStageCreateInfo(
+            stage=_vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName="main",
+            pSpecializationInfo=spec_info)
+        self.pipeline = _vk.vkCreateComputePipelines(
+            d, dev.pipeline_cache, 1,
+            [_vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
+
+    def close(self) -> None:
+        d = self.dev.device
+        _vk.vkDestroyPipeline(d, self.pipeline, None)
+        _vk.vkDestroyPipelineLayout(d, self.layout, None)
+        _vk.vkDestroyDescriptorSetLayout(d, self.set_layout, None)
+        _vk.vkDestroyShaderModule(d, self.module, None)
+
+
+class DescriptorArena:
+    """Descriptor sets for one recorded graph; freed together."""
+
+    def __init__(self, dev: Device, max_sets: int, max_buffers: int):
+        self.dev = dev
+        size = _vk.VkDescriptorPoolSize(type=_vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                        descriptorCount=max(max_buffers, 1))
+        self.pool = _vk.vkCreateDescriptorPool(dev.device, _vk.VkDescriptorPoolCreateInfo(
+            maxSets=max(max_sets, 1), pPoolSizes=[size]), None)
+
+    def make_set(self, kernel: Kernel, buffers: list[tuple[Buffer, int, int]]):
+        """buffers: (buffer, byte offset, byte range) for bindings 0..n-1."""
+        ds = _vk.vkAllocateDescriptorSets(self.dev.device, _vk.VkDescriptorSetAllocateInfo(
+            descriptorPool=self.pool, pSetLayouts=[kernel.set_layout]))[0]
+        writes = []
+        for i, (buf, off, rng) in enumerate(buffers):
+            info = _vk.VkDescriptorBufferInfo(buffer=buf.handle, offset=off, range=rng)
+            writes.append(_vk.VkWriteDescriptorSet(
+                dstSet=ds, dstBinding=i, descriptorType=_vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                pBufferInfo=[info]))
+        _vk.vkUpdateDescriptorSets(self.dev.device, len(writes), writes, 0, None)
+        return ds
+
+    def close(self) -> None:
+        _vk.vkDestroyDescriptorPool(self.dev.device, self.pool, None)
+
+
+_BIND_COMPUTE = _vk.VK_PIPELINE_BIND_POINT_COMPUTE
+_STAGE_COMPUTE = _vk.VK_SHADER_STAGE_COMPUTE_BIT
+
+
+class CommandList:
+    """A command buffer recorded once: dispatches with barriers where data flows."""
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self.cmd = allocate_command_buffer(dev)
+        self._barrier = ffi.new("VkMemoryBarrier*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+            "srcAccessMask": _vk.VK_ACCESS_SHADER_WRITE_BIT | _vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+            "dstAccessMask": (_vk.VK_ACCESS_SHADER_READ_BIT | _vk.VK_ACCESS_SHADER_WRITE_BIT
+                              | _vk.VK_ACCESS_INDIRECT_COMMAND_READ_BIT
+                              | _vk.VK_ACCESS_TRANSFER_READ_BIT)})
+        self._keep = []
+        self.n_dispatches = 0
+        begin(self.cmd)
+
+    def barrier(self) -> None:
+        stages = (_vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | _vk.VK_PIPELINE_STAGE_TRANSFER_BIT)
+        dst = stages | _vk.VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT
+        # void vkCmdPipelineBarrier(VkCommandBuffer, srcStage, dstStage, deps,
+        #     uint32_t, const VkMemoryBarrier*, uint32_t, ..., uint32_t, ...)
+        lib.vkCmdPipelineBarrier(self.cmd, stages, dst, 0, 1, self._barrier, 0, ffi.NULL,
+                                 0, ffi.NULL)
+
+    def dispatch(self, kernel: Kernel, descriptor_set, push: bytes, groups: tuple[int, int, int],
+                 indirect: tuple[Buffer, int] | None = None) -> None:
+        cmd = self.cmd
+        # void vkCmdBindPipeline(VkCommandBuffer, VkPipelineBindPoint, VkPipeline)
+        lib.vkCmdBindPipeline(cmd, _BIND_COMPUTE, kernel.pipeline)
+        sets = ffi.new("VkDescriptorSet[1]", [descriptor_set])
+        self._keep.append(sets)
+        # void vkCmdBindDescriptorSets(VkCommandBuffer, bindPoint, VkPipelineLayout, first,
+        #     count, const VkDescriptorSet*, dynamicCount, const uint32_t*)
+        lib.vkCmdBindDescriptorSets(cmd, _BIND_COMPUTE, kernel.layout, 0, 1, sets, 0, ffi.NULL)
+        if kernel.push_size:
+            data = ffi.new("char[]", push)
+            self._keep.append(data)
+            # void vkCmdPushConstants(VkCommandBuffer, VkPipelineLayout, stages, off, size, ptr)
+            lib.vkCmdPushConstants(cmd, kernel.layout, _STAGE_COMPUTE, 0, len(push), data)
+        if indirect is not None:
+            buf, off = indirect
+            # void vkCmdDispatchIndirect(VkCommandBuffer, VkBuffer, VkDeviceSize)
+            lib.vkCmdDispatchIndirect(cmd, buf.handle, off)
+        else:
+            # void vkCmdDispatch(VkCommandBuffer, uint32_t, uint32_t, uint32_t)
+            lib.vkCmdDispatch(cmd, *groups)
+        self.n_dispatches += 1
+
+    def copy(self, src: Buffer, src_off: int, dst: Buffer, dst_off: int, nbytes: int) -> None:
+        copy_buffer(self.cmd, src, src_off, dst, dst_off, nbytes)
+
+    def timestamp(self, pool: "TimestampPool", index: int) -> None:
+        # void vkCmdWriteTimestamp(VkCommandBuffer, VkPipelineStageFlagBits, VkQueryPool, uint32_t)
+        lib.vkCmdWriteTimestamp(self.cmd, _vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,
+                                pool.pool, index)
+
+    def reset_timestamps(self, pool: "TimestampPool") -> None:
+        lib.vkCmdResetQueryPool(self.cmd, pool.pool, 0, pool.count)
+
+    def finish(self) -> None:
+        end(self.cmd)
+
+    def close(self) -> None:
+        _vk.vkFreeCommandBuffers(self.dev.device, self.dev.command_pool, 1, [self.cmd])
+        self._keep = []
+
+
+class TimestampPool:
+    def __init__(self, dev: Device, count: int):
+        self.dev, self.count = dev, count
+        self.pool = _vk.vkCreateQueryPool(dev.device, _vk.VkQueryPoolCreateInfo(
+            queryType=_vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=count), None)
+        self._data = ffi.new("uint64_t[]", count)
+
+    def read_ns(self, n: int | None = None) -> np.ndarray:
+        n = self.count if n is None else n
+        # VkResult vkGetQueryPoolResults(VkDevice, VkQueryPool, first, count, size_t, void*,
+        #                                VkDeviceSize stride, VkQueryResultFlags)
+        check(lib.vkGetQueryPoolResults(self.dev.device, self.pool, 0, n, 8 * n, self._data, 8,
+                                        _vk.VK_QUERY_RESULT_64_BIT
+                                        | _vk.VK_QUERY_RESULT_WAIT_BIT),
+              "vkGetQueryPoolResults")
+        ticks = np.frombuffer(ffi.buffer(self._data, 8 * n), dtype=np.uint64).astype(np.float64)
+        return ticks * self.dev.timestamp_period_ns
+
+    def close(self) -> None:
+        _vk.vkDestroyQueryPool(self.dev.device, self.pool, None)

@@ -1,0 +1,63 @@
+#version 450
+// Causal attention with grouped-query heads over an f16 KV cache.
+// One subgroup per (query head, query token): each lane walks every SG-th key with an online
+// softmax (running max, sum and output), then the lanes are merged with subgroup operations,
+// so no shared memory and no barrier. Token t sits at position step.pos0 + t and sees keys
+// 0..pos, or only the last WINDOW of them when window > 0 (sliding-window layers).
+#include "common.glsl"
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4
+
+layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_tokens, n_head, HD]
+layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
+layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n_head_kv, HD]
+layout(std430, binding = 3) writeonly buffer O { vec4 o4[]; };      // [n_tokens, n_head, HD]
+STEP_BUFFER(4)
+layout(push_constant) uniform Push {
+    uint n_head;
+    uint n_head_kv;
+    uint n_tokens;
+    uint window;       // 0: full causal attention
+    float scale;
+} p;
+
+const uint D4 = HD / 4;
+
+void main() {
+    const uint h = gl_WorkGroupID.x, t = gl_WorkGroupID.y;
+    if (t >= p.n_tokens) return;
+    const uint lane = gl_SubgroupInvocationID;
+    const uint pos = step.pos0 + t;
+    const uint kvh = h / (p.n_head / p.n_head_kv);
+    const uint first = (p.window > 0 && pos >= p.window) ? pos - p.window + 1 : 0;
+
+    vec4 qv[D4];
+    const uint qb = (t * p.n_head + h) * D4;
+    [[unroll]] for (uint d = 0; d < D4; d++) qv[d] = q4[qb + d] * p.scale;
+
+    float m = -1.0 / 0.0, l = 0.0;
+    vec4 acc[D4];
+    [[unroll]] for (uint d = 0; d < D4; d++) acc[d] = vec4(0.0);
+
+    for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
+        const uint kb = (kp * p.n_head_kv + kvh) * D4;
+        float s = 0.0;
+        [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
+        const float mn = max(m, s);
+        const float c = exp(m - mn), e = exp(s - mn);
+        l = l * c + e;
+        [[unroll]] for (uint d = 0; d < D4; d++) acc[d] = acc[d] * c + e * vec4(v4[kb + d]);
+        m = mn;
+    }
+    const float M = subgroupMax(m);
+    const float f = (l > 0.0) ? exp(m - M) : 0.0;
+    const float L = subgroupAdd(l * f);
+    const uint ob = (t * p.n_head + h) * D4;
+    [[unroll]] for (uint d = 0; d < D4; d++) {
+        const vec4 sum = subgroupAdd(acc[d] * f);
+        if (lane == 0) o4[ob + d] = sum / L;
+    }
+}

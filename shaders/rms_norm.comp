@@ -1,0 +1,30 @@
+#version 450
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w    (one subgroup per row)
+#include "common.glsl"
+#extension GL_KHR_shader_subgroup_arithmetic : require
+layout(local_size_x_id = 0) in;
+layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(std430, binding = 1) readonly buffer Wt { float w[]; };
+layout(std430, binding = 2) writeonly buffer Out { float o[]; };
+layout(push_constant) uniform Push {
+    uint n_cols;
+    uint n_rows;
+    float eps;
+    uint x_offset;   // rows to skip in x and out (the last-token-only head)
+} p;
+
+void main() {
+    const uint r = gl_WorkGroupID.x;
+    if (r >= p.n_rows) return;
+    const uint base = (r + p.x_offset) * p.n_cols;
+    float ss = 0.0;
+    for (uint i = gl_SubgroupInvocationID; i < p.n_cols; i += gl_SubgroupSize) {
+        const float v = x[base + i];
+        ss += v * v;
+    }
+    ss = subgroupAdd(ss);
+    const float scale = 1.0 / sqrt(ss / float(p.n_cols) + p.eps);
+    for (uint i = gl_SubgroupInvocationID; i < p.n_cols; i += gl_SubgroupSize) {
+        o[base + i] = x[base + i] * scale * w[i];
+    }
+}

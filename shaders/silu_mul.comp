@@ -1,0 +1,23 @@
+#version 450
+// out = silu(gate) * up      (GELU = 1 uses gelu-tanh instead of silu, for gemma)
+#include "common.glsl"
+layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint GELU = 0;
+layout(std430, binding = 0) readonly buffer G { float g[]; };
+layout(std430, binding = 1) readonly buffer U { float u[]; };
+layout(std430, binding = 2) writeonly buffer O { float o[]; };
+layout(push_constant) uniform Push { uint n; } p;
+
+void main() {
+    const uint i = gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+    if (i >= p.n) return;
+    const float x = g[i];
+    float a;
+    if (GELU != 0) {
+        const float c = 0.7978845608028654;   // sqrt(2 / pi)
+        a = 0.5 * x * (1.0 + tanh(c * x * (1.0 + 0.044715 * x * x)));
+    } else {
+        a = x / (1.0 + exp(-x));
+    }
+    o[i] = a * u[i];
+}
