@@ -1,0 +1,214 @@
+"""A loaded model: weights on the device, its recorded graphs, and the token loop.
+
+Decode is one recorded command buffer replayed per token: the host writes the token id and
+position into small host-visible buffers, submits once, and reads back either the argmax
+(greedy) or the logits (sampling). Prefill runs the prompt in chunks of up to
+`max_tokens`; its graphs are recorded per chunk length and kept for reuse.
+"""
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from . import llama, vk
+from .gguf_file import GGUFFile, ModelFileError
+from .graph import Graph
+from .kernels import WEIGHT_TYPES, KernelCache
+from .ops import Builder, RunState, Tensor, Tuning
+
+ARCHITECTURES = {"llama": llama}
+PREFILL_CHUNK = 256
+PREFILL_GRAPHS_KEPT = 4
+
+
+def _check_tensors(g: GGUFFile, cfg) -> None:
+    for name, shape in cfg.tensor_shapes().items():
+        t = g.tensor(name)                      # raises "missing tensor"
+        if t.shape != shape:
+            raise ModelFileError(g.path, f"tensor {name} has shape {list(t.shape)}, "
+                                         f"expected {list(shape)}")
+        if t.type_name not in WEIGHT_TYPES:
+            raise ModelFileError(g.path, f"tensor {name} has type {t.type_name}, which this "
+                                         f"engine does not run (supported: "
+                                         f"{', '.join(WEIGHT_TYPES)})")
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    generated: int = 0
+    decode_s: float = 0.0
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "prefill_tokens_per_s": (self.prompt_tokens - self.cached_tokens) / self.prefill_s
+            if self.prefill_s > 0 else 0.0,
+            # the first generated token comes out of prefill; the rest are decode steps
+            "decode_tokens_per_s": (self.generated - 1) / self.decode_s
+            if self.decode_s > 0 and self.generated > 1 else 0.0,
+        }
+
+
+class Model:
+    def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, n_ctx: int = 2048,
+                 progress: Callable[[int, int], None] | None = None, name: str | None = None):
+        self.dev, self.kernels = dev, kernels
+        self.gguf = GGUFFile(path)
+        self.path = path
+        arch = self.gguf.arch
+        if arch not in ARCHITECTURES:
+            raise ModelFileError(path, f"unsupported architecture {arch!r} (supported: "
+                                       f"{', '.join(ARCHITECTURES)})")
+        self.arch = ARCHITECTURES[arch]
+        self.config = self.arch.Config.from_gguf(self.gguf)
+        self.config.validate(path)
+        _check_tensors(self.gguf, self.config)
+        if not 16 <= n_ctx <= 1 << 20:
+            raise ValueError(f"context size {n_ctx} out of range")
+        self.n_ctx = n_ctx
+        self.name = name or path.rsplit("/", 1)[-1]
+        self.tuning = Tuning.for_device(dev)
+        self.weights: dict[str, Tensor] = {}
+        self.rs: RunState | None = None
+        self._decode: dict[bool, Graph] = {}
+        self._prefill: OrderedDict[int, Graph] = OrderedDict()
+        self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1
+        try:
+            self._upload(progress)
+            self.rs = self.arch.make_run_state(dev, self.name, self.config, n_ctx,
+                                               PREFILL_CHUNK)
+        except BaseException:
+            self.close()
+            raise
+
+    # -- weights ----------------------------------------------------------------------------
+    def _upload(self, progress) -> None:
+        names = list(self.config.tensor_shapes())
+        total = sum(self.gguf.tensor(n).nbytes for n in names)
+        done = 0
+        for n in names:
+            t = self.gguf.tensor(n)
+            if t.nbytes > self.dev.max_storage_range:
+                raise ModelFileError(self.path, f"tensor {n} ({t.nbytes >> 20} MiB) exceeds "
+                                                f"the device's storage buffer range")
+            buf = self.dev.allocator.alloc(t.nbytes, f"{self.name}/{n}", "weights")
+            self.weights[n] = Tensor(buf, t.type_name, t.shape)
+            vk.upload(self.dev, buf, t.data)
+            done += t.nbytes
+            if progress:
+                progress(done, total)
+
+    # -- graphs -----------------------------------------------------------------------------
+    def _record(self, n: int, greedy: bool) -> Graph:
+        g = Graph(self.dev, self.kernels, f"{self.name}/n{n}")
+        b = Builder(g, self.weights, self.rs, self.tuning)
+        self.arch.forward(b, self.config, self.rs, n)
+        if greedy:
+            b.argmax(self.rs.logits, self.rs.result, self.config.n_vocab)
+        else:
+            g.copy(self.rs.logits, 0, self.rs.result, 0, 4 * self.config.n_vocab)
+        return g.finish()
+
+    def _graph(self, n: int, greedy: bool) -> Graph:
+        if n == 1:
+            if greedy not in self._decode:
+                self._decode[greedy] = self._record(1, greedy)
+            return self._decode[greedy]
+        key = (n, greedy)
+        if key in self._prefill:
+            self._prefill.move_to_end(key)
+            return self._prefill[key]
+        g = self._record(n, greedy)
+        self._prefill[key] = g
+        if len(self._prefill) > PREFILL_GRAPHS_KEPT:
+            self._prefill.popitem(last=False)[1].close()
+        return g
+
+    def _run(self, tokens: list[int], pos0: int, greedy: bool) -> int | np.ndarray:
+        if pos0 + len(tokens) > self.n_ctx:
+            raise ContextFull(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}")
+        self.rs.set_step(tokens, pos0)
+        self._graph(len(tokens), greedy).replay()
+        del self.cache_tokens[pos0:]
+        self.cache_tokens.extend(tokens)
+        if greedy:
+            return int(self.rs.result.read(np.uint32, 1)[0])
+        return self.rs.result.read(np.float32, self.config.n_vocab)
+
+    def eval(self, tokens: list[int], pos0: int, greedy: bool = True) -> int | np.ndarray:
+        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits."""
+        out = None
+        for s in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[s:s + PREFILL_CHUNK]
+            out = self._run(chunk, pos0 + s, greedy)
+        return out
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, prompt: list[int], max_new: int, sample: Callable | None = None,
+                 stop_ids: set[int] = frozenset(), timings: Timings | None = None
+                 ) -> Iterator[int]:
+        """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
+
+        The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
+        token is recomputed, for its logits).
+        """
+        if not prompt:
+            raise ValueError("empty prompt")
+        t = timings if timings is not None else Timings()
+        greedy = sample is None
+        reuse = 0
+        for a, b in zip(self.cache_tokens, prompt[:-1]):
+            if a != b:
+                break
+            reuse += 1
+        t.prompt_tokens, t.cached_tokens = len(prompt), reuse
+        history = list(prompt)
+        t0 = time.perf_counter()
+        out = self.eval(prompt[reuse:], reuse, greedy)
+        t.prefill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pos = len(prompt)
+        for i in range(max_new):
+            tok = out if greedy else sample(out, history)
+            t.generated += 1
+            yield tok
+            history.append(tok)
+            if tok in stop_ids or i == max_new - 1 or pos >= self.n_ctx:
+                break
+            out = self._run([tok], pos, greedy)
+            pos += 1
+            t.decode_s = time.perf_counter() - t0
+
+    def device_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        bufs = [w.buf for w in self.weights.values()] + (self.rs.buffers() if self.rs else [])
+        for b in bufs:
+            if not b.released:
+                out[b.kind] = out.get(b.kind, 0) + b.nbytes
+        return out
+
+    def close(self) -> None:
+        for g in list(self._decode.values()) + list(self._prefill.values()):
+            g.close()
+        self._decode, self._prefill = {}, OrderedDict()
+        if self.rs is not None:
+            self.rs.close()
+            self.rs = None
+        for w in self.weights.values():
+            self.dev.allocator.free(w.buf)
+        self.weights = {}
+        self.gguf.close()
+
+
+class ContextFull(ValueError):
+    pass

@@ -1,0 +1,154 @@
+"""The ops a model's forward pass is written in, and the state it runs on.
+
+`Builder` turns calls like `b.matmul(w, x, y, n)` into recorded dispatches on a `Graph`:
+it knows each kernel's group counts and push constants, so architectures read as a list
+of tensor operations. `RunState` holds the preallocated activations, the KV cache and the
+small host-visible buffers for per-step values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import vk
+from .graph import Graph
+
+
+@dataclass(eq=False)
+class Tensor:
+    """A device tensor: a buffer plus its GGUF type and ggml shape (row length first)."""
+    buf: vk.Buffer
+    wtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def rows(self) -> int:
+        n = 1
+        for d in self.shape[1:]:
+            n *= d
+        return n
+
+
+@dataclass
+class Tuning:
+    """Tile sizes picked per device (lavapipe wants different ones than a discrete GPU)."""
+    mv_rows: int = 2        # weight rows per workgroup, decode
+    mm_rows: int = 2        # weight rows per workgroup, prefill
+    mm_tokens: int = 8      # tokens per workgroup, prefill
+
+    @classmethod
+    def for_device(cls, dev: vk.Device) -> "Tuning":
+        if dev.info.kind == "cpu":
+            return cls(mv_rows=4, mm_rows=4, mm_tokens=8)
+        return cls(mv_rows=2, mm_rows=4, mm_tokens=8)
+
+
+class RunState:
+    """Activations for up to `max_tokens` tokens per pass, and an f16 KV cache of n_ctx."""
+
+    def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, q_dim: int,
+                 kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
+                 kv_layers: list[int] | None = None):
+        self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
+        alloc = dev.allocator.alloc
+        T = max_tokens
+
+        def act(name: str, floats: int) -> vk.Buffer:
+            return alloc(4 * floats, f"{label}/{name}", "compute")
+
+        self.x = act("x", T * n_embd)                # [T, n_embd] residual stream
+        self.xn = act("xn", T * n_embd)              # [T, n_embd] normed
+        self.q = act("q", T * q_dim)                 # [T, n_head * head_dim]
+        self.k = act("k", T * kv_dim)                # [T, n_head_kv * head_dim]
+        self.v = act("v", T * kv_dim)
+        self.att = act("att", T * q_dim)             # [T, n_head * head_dim]
+        self.gate = act("gate", T * n_ff)            # [T, n_ff]
+        self.up = act("up", T * n_ff)
+        self.logits = act("logits", n_vocab)         # [1, n_vocab] last token only
+        self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
+        self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
+        self.result = alloc(4 * n_vocab, f"{label}/result", "compute", host=True)
+        layers = kv_layers if kv_layers is not None else list(range(n_layer))
+        self.k_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/k_cache.{i}", "kv")
+                        for i in layers}             # [n_ctx, n_head_kv, head_dim] f16
+        self.v_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/v_cache.{i}", "kv")
+                        for i in layers}
+
+    def set_step(self, token_ids, pos0: int) -> None:
+        ids = np.asarray(token_ids, np.uint32)
+        self.ids.write(ids)
+        self.step.write(np.array([pos0, pos0 + len(ids), 0, 0], np.uint32))
+
+    def buffers(self) -> list[vk.Buffer]:
+        return [b for b in vars(self).values() if isinstance(b, vk.Buffer)] + \
+            list(self.k_cache.values()) + list(self.v_cache.values())
+
+    def close(self) -> None:
+        for b in self.buffers():
+            self.dev.allocator.free(b)
+
+
+class Builder:
+    """Records a forward pass on a Graph; one method per op."""
+
+    def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning):
+        self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
+
+    def get_rows(self, table: Tensor, ids: vk.Buffer, out: vk.Buffer, n: int,
+                 scale: float = 1.0) -> None:
+        self.g.op("get_rows", [table.buf, ids, out], (n, 1, 1), wtype=table.wtype,
+                  n_cols=table.shape[0], n_rows=n, scale=scale)
+
+    def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
+               x_row: int = 0) -> None:
+        """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T."""
+        n_in, n_out = w.shape[0], w.rows
+        rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
+        self.g.op("mul_mat", [w.buf, x, y], (-(-n_out // rows), -(-n // nt), 1), wtype=w.wtype,
+                  spec=dict(ROWS=rows, NT=nt, ACC=int(accumulate)), n_in=n_in, n_out=n_out,
+                  n_tokens=n, x_offset=x_row * n_in // 4, y_offset=0, row_offset=0)
+
+    def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
+                 row_offset: int = 0) -> None:
+        self.g.op("rms_norm", [x, w.buf, out], (n, 1, 1), n_cols=w.shape[0], n_rows=n, eps=eps,
+                  x_offset=row_offset)
+
+    def rope(self, x: vk.Buffer, out: vk.Buffer, n_heads: int, head_dim: int, n_dims: int,
+             n: int, base: float, neox: bool, freq_scale: float = 1.0) -> None:
+        """In place when out is x (f32); into an f16 KV cache at step.pos0 when out is kind kv."""
+        to_cache = out.kind == "kv"
+        pairs = n * n_heads * n_dims // 2
+        self.g.op("rope", [x, x if to_cache else out, out if to_cache else x, self.rs.step],
+                  (-(-pairs // 64), 1, 1), spec=dict(NEOX=int(neox), OUT_F16=int(to_cache)),
+                  n_heads=n_heads, head_dim=head_dim, n_dims=n_dims, n_tokens=n,
+                  freq_base=base, freq_scale=freq_scale)
+
+    def set_rows(self, src: vk.Buffer, cache: vk.Buffer, n_cols: int, n: int) -> None:
+        self.g.op("set_rows", [src, cache, self.rs.step], (-(-n * n_cols // 64), 1, 1),
+                  n_cols=n_cols, n_rows=n)
+
+    def attention(self, q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer, out: vk.Buffer,
+                  n_head: int, n_head_kv: int, head_dim: int, n: int, scale: float,
+                  window: int = 0) -> None:
+        self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
+                  spec=dict(HD=head_dim), n_head=n_head, n_head_kv=n_head_kv, n_tokens=n,
+                  window=window, scale=scale)
+
+    def silu_mul(self, gate: vk.Buffer, up: vk.Buffer, out: vk.Buffer, count: int,
+                 gelu: bool = False) -> None:
+        self.g.op("silu_mul", [gate, up, out], _groups_1d(count), spec=dict(GELU=int(gelu)),
+                  n=count)
+
+    def add(self, a: vk.Buffer, b: vk.Buffer, out: vk.Buffer, count: int) -> None:
+        self.g.op("add", [a, b, out], _groups_1d(count), n=count)
+
+    def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
+        self.g.op("argmax", [x, out], (1, 1, 1), n=count, x_offset=0)
+
+
+def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:
+    groups = -(-count // wg)
+    if groups <= 65535:
+        return (groups, 1, 1)
+    return (65535, -(-groups // 65535), 1)

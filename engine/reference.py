@@ -1,0 +1,352 @@
+"""A numpy reference forward pass: what the GPU engine is checked against.
+
+Float32 math on weights dequantized once from the GGUF file, computed the way llama.cpp's
+graph builders compute it (src/models/llama.cpp, src/models/gemma3.cpp). Slow but plain:
+one matrix product per weight for a whole batch of tokens, a float32 KV cache.
+
+`quantize_activations=True` additionally mirrors what llama.cpp's CPU backend does to the
+numbers on the way: activations are rounded through Q8_0 / Q8_1 / Q8_K blocks before every
+product with a quantized weight (ggml's vec_dot_type), the KV cache is float16, and Q and
+the attention probabilities are rounded to float16 before the products with it, and GELU
+goes through ggml's float16 table. With it the logits agree with llama.cpp's to a few 1e-3
+instead of a few 1e-2.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .gguf_file import GGUFFile, ModelFileError
+
+ARCHS = ("llama", "gemma3")
+
+
+@dataclass(frozen=True)
+class Config:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    rms_eps: float
+    rope_base: float            # global layers
+    rope_base_swa: float        # sliding-window layers
+    rope_neox: bool             # rotate halves (NeoX) rather than adjacent pairs
+    n_swa: int                  # sliding window in tokens; 0: every layer attends to all
+    swa_layers: tuple[bool, ...]
+    attn_scale: float
+    embd_scale: float           # multiplies the token embeddings
+    final_softcap: float        # logits = c * tanh(logits / c); 0: none
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> "Config":
+        arch = g.arch
+        if arch not in ARCHS:
+            raise ModelFileError(g.path, f"architecture {arch!r} has no reference forward pass")
+        key = lambda k, *d: g.get(f"{arch}.{k}", *d) if d else g.require(f"{arch}.{k}")
+        n_layer, n_embd = int(key("block_count")), int(key("embedding_length"))
+        n_head = int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", n_embd // n_head))
+        n_vocab = int(g.tensor("token_embd.weight").shape[1])
+        rope_base = float(key("rope.freq_base", 10000.0))
+        if arch == "llama":
+            return cls(arch, n_layer, n_embd, n_head, int(key("attention.head_count_kv", n_head)),
+                       head_dim, int(key("feed_forward_length")), n_vocab,
+                       float(key("attention.layer_norm_rms_epsilon")), rope_base, rope_base,
+                       rope_neox=False, n_swa=0, swa_layers=(False,) * n_layer,
+                       attn_scale=1.0 / math.sqrt(head_dim), embd_scale=1.0, final_softcap=0.0)
+        # gemma3, as llama-model.cpp loads it: every 6th layer global (set_swa_pattern(6)), the
+        # local ones with rope base 10000; no sliding window key means all layers global.
+        n_swa = int(key("attention.sliding_window", 0))
+        swa = tuple(n_swa > 0 and (il + 1) % 6 != 0 for il in range(n_layer))
+        return cls(arch, n_layer, n_embd, n_head, int(key("attention.head_count_kv", n_head)),
+                   head_dim, int(key("feed_forward_length")), n_vocab,
+                   float(key("attention.layer_norm_rms_epsilon")), rope_base, 10000.0,
+                   rope_neox=True, n_swa=n_swa, swa_layers=swa,
+                   attn_scale=1.0 / math.sqrt(head_dim), embd_scale=math.sqrt(n_embd),
+                   final_softcap=float(key("final_logit_softcapping", 0.0)))
+
+
+# -- ggml's number formats, for quantize_activations -------------------------------------------
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _q8_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_0 (x86 SIMD) then dequantize: blocks of 32, d = amax/127 kept as f16."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127.0)
+    q = np.rint(b * np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0))
+    return (q * _f16(d)).reshape(x.shape)
+
+
+def _q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_row_q8_1 then dequantize; also the per-block sums s = fp16(d * sum(q))."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127.0)
+    q = np.rint(b * np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0))
+    s = _f16(d[..., 0] * q.sum(axis=-1))
+    return (q * _f16(d)).reshape(x.shape), s
+
+
+def _q8_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_K then dequantize: blocks of 256, float32 scale -max/127."""
+    b = x.reshape(*x.shape[:-1], -1, 256)
+    i = np.abs(b).argmax(axis=-1)[..., None]
+    mx = np.take_along_axis(b, i, axis=-1)
+    iscale = np.divide(np.float32(-127.0), mx, out=np.zeros_like(mx), where=mx != 0)
+    q = np.minimum(np.rint(iscale * b), 127)
+    d = np.divide(np.float32(1.0), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+    return (q * d).reshape(x.shape)
+
+
+# The activation format ggml's CPU backend pairs with each weight type (its vec_dot_type).
+VEC_DOT = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+           "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+           "F16": "F16", "BF16": "BF16", "F32": "F32"}
+
+
+class Linear:
+    """One weight matrix, dequantized: y = x @ w.T, optionally with ggml's activation rounding."""
+
+    def __init__(self, g: GGUFFile, name: str, emulate: bool):
+        t = g.tensor(name)
+        self.w = g.dequantize(name)                     # [rows, row_len], float32
+        self.act = VEC_DOT.get(t.type_name, "F32") if emulate else "F32"
+        self.mins = None
+        if self.act == "Q8_1":
+            # Q4_1/Q5_1 blocks hold (d, m) as float16 first; ggml adds m * s with the rounded s.
+            blk = t.data.reshape(self.w.shape[0], -1, t.nbytes // (self.w.size // 32))
+            self.mins = blk[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self.act == "F32":
+            return x @ self.w.T
+        if self.act in ("F16", "BF16"):
+            return _f16(x) @ self.w.T
+        if self.act == "Q8_0":
+            return _q8_0(x) @ self.w.T
+        if self.act == "Q8_K":
+            return _q8_k(x) @ self.w.T
+        xq, s = _q8_1(x)                                # xq [T, row_len], s [T, n_blocks]
+        exact = xq.reshape(*s.shape, 32).sum(axis=-1)
+        return xq @ self.w.T + (s - exact) @ self.mins.T
+
+
+# -- weights, named as the GGUF tensors ----------------------------------------------------------
+
+@dataclass
+class Block:
+    """The tensors blk.{il}.*.weight of one layer."""
+    attn_norm: np.ndarray           # [n_embd]
+    attn_q: Linear                  # [n_head * head_dim, n_embd]
+    attn_k: Linear                  # [n_head_kv * head_dim, n_embd]
+    attn_v: Linear                  # [n_head_kv * head_dim, n_embd]
+    attn_output: Linear             # [n_embd, n_head * head_dim]
+    ffn_norm: np.ndarray            # [n_embd]
+    ffn_gate: Linear                # [n_ff, n_embd]
+    ffn_up: Linear                  # [n_ff, n_embd]
+    ffn_down: Linear                # [n_embd, n_ff]
+    attn_q_norm: np.ndarray | None = None           # [head_dim]   gemma3
+    attn_k_norm: np.ndarray | None = None           # [head_dim]   gemma3
+    post_attention_norm: np.ndarray | None = None   # [n_embd]     gemma3
+    post_ffw_norm: np.ndarray | None = None         # [n_embd]     gemma3
+
+
+@dataclass
+class Weights:
+    token_embd: Linear              # [n_vocab, n_embd]
+    output_norm: np.ndarray         # [n_embd]
+    output: Linear                  # [n_vocab, n_embd]; token_embd when the file has no output
+    blk: list[Block]
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, cfg: Config, emulate: bool) -> "Weights":
+        lin = lambda name: Linear(g, name, emulate)
+        vec = lambda name: g.dequantize(name) if name in g.tensors else None
+        blocks = []
+        for il in range(cfg.n_layer):
+            p = f"blk.{il}."
+            blocks.append(Block(
+                attn_norm=vec(p + "attn_norm.weight"), attn_q=lin(p + "attn_q.weight"),
+                attn_k=lin(p + "attn_k.weight"), attn_v=lin(p + "attn_v.weight"),
+                attn_output=lin(p + "attn_output.weight"), ffn_norm=vec(p + "ffn_norm.weight"),
+                ffn_gate=lin(p + "ffn_gate.weight"), ffn_up=lin(p + "ffn_up.weight"),
+                ffn_down=lin(p + "ffn_down.weight"),
+                attn_q_norm=vec(p + "attn_q_norm.weight"),
+                attn_k_norm=vec(p + "attn_k_norm.weight"),
+                post_attention_norm=vec(p + "post_attention_norm.weight"),
+                post_ffw_norm=vec(p + "post_ffw_norm.weight")))
+        token_embd = lin("token_embd.weight")
+        output = lin("output.weight") if "output.weight" in g.tensors else token_embd
+        return cls(token_embd, vec("output_norm.weight"), output, blocks)
+
+
+# -- the pieces forward() is made of ----------------------------------------------------------
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / rms(x) * w over the last axis (ggml_rms_norm then a multiply)."""
+    ms = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
+    return (x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)) * w
+
+
+def rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool) -> np.ndarray:
+    """Rotate x [T, heads, head_dim] by position; angles pos * base^(-2i/head_dim) as ggml."""
+    hd = x.shape[-1]
+    inv = (base ** (-2.0 * np.arange(hd // 2) / hd)).astype(np.float32)     # [hd/2]
+    ang = pos.astype(np.float32)[:, None, None] * inv                       # [T, 1, hd/2]
+    cos, sin = np.cos(ang), np.sin(ang)
+    if neox:                                    # pairs (i, i + hd/2)
+        a, b = x[..., : hd // 2], x[..., hd // 2:]
+        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+    a, b = x[..., 0::2], x[..., 1::2]           # pairs (2i, 2i + 1)
+    return np.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(x.shape)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """The tanh approximation, as ggml_gelu."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2 / math.pi)) * x
+                                    * (1.0 + np.float32(0.044715) * x * x)))
+
+
+def gelu_f16_table(x: np.ndarray) -> np.ndarray:
+    """ggml's CPU GELU: looked up in a float16 table for |x| < 10."""
+    y = _f16(gelu(_f16(x)))
+    y = np.where(x >= 10.0, x, y)
+    return np.where(x <= -10.0, 0.0, y).astype(np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
+
+
+class RunState:
+    """The KV cache, float32, preallocated for n_ctx positions."""
+
+    def __init__(self, cfg: Config, n_ctx: int):
+        shape = (cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim)
+        self.k = np.zeros(shape, np.float32)    # [n_layer, n_ctx, n_head_kv, head_dim]
+        self.v = np.zeros(shape, np.float32)    # [n_layer, n_ctx, n_head_kv, head_dim]
+        self.n_past = 0
+
+
+class ReferenceModel:
+    """A whole model in numpy: forward() a batch of tokens, logits out, KV cache kept."""
+
+    def __init__(self, g: GGUFFile, n_ctx: int = 2048, quantize_activations: bool = False):
+        self.config = Config.from_gguf(g)
+        self.n_ctx = n_ctx
+        self.emulate = quantize_activations
+        self.weights = Weights.from_gguf(g, self.config, quantize_activations)
+        self.state = RunState(self.config, n_ctx)
+
+    def reset(self) -> None:
+        self.state.n_past = 0
+
+    def forward(self, tokens: list[int], start_pos: int) -> np.ndarray:
+        """Logits [len(tokens), n_vocab] for tokens at positions start_pos...; fills the cache."""
+        if start_pos + len(tokens) > self.n_ctx:
+            raise ValueError(f"{start_pos + len(tokens)} positions exceed n_ctx={self.n_ctx}")
+        if start_pos > self.state.n_past:
+            raise ValueError(f"start_pos {start_pos} leaves a gap after {self.state.n_past}")
+        tok = np.asarray(tokens, dtype=np.int64)
+        pos = np.arange(start_pos, start_pos + len(tokens))
+        if self.config.arch == "gemma3":
+            logits = self._forward_gemma3(tok, pos)
+        else:
+            logits = self._forward_llama(tok, pos)
+        self.state.n_past = start_pos + len(tokens)
+        return logits
+
+    def generate_greedy(self, prompt: list[int], n: int) -> list[int]:
+        """n tokens by argmax after the prompt, from an empty cache."""
+        self.reset()
+        logits = self.forward(prompt, 0)[-1]
+        out: list[int] = []
+        for _ in range(n):
+            out.append(int(np.argmax(logits)))
+            if len(out) == n:
+                break
+            logits = self.forward(out[-1:], len(prompt) + len(out) - 1)[-1]
+        return out
+
+    # -- attention, shared by both architectures -------------------------------------------
+    def _attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   pos: np.ndarray, scale: float) -> np.ndarray:
+        """q [T, n_head, hd], k/v [T, n_head_kv, hd] -> [T, n_head * hd], causal (and windowed)."""
+        c, s = self.config, self.state
+        if self.emulate:                        # llama.cpp's cache and its mul_mat inputs are f16
+            q, k, v = _f16(q), _f16(k), _f16(v)
+        n = int(pos[-1]) + 1
+        s.k[il, pos[0]:n], s.v[il, pos[0]:n] = k, v
+        K, V = s.k[il, :n], s.v[il, :n]                             # [n, n_head_kv, hd]
+        T, g = len(pos), c.n_head // c.n_head_kv
+        qg = q.reshape(T, c.n_head_kv, g, c.head_dim).transpose(1, 2, 0, 3)  # [kv, g, T, hd]
+        att = qg @ K.transpose(1, 2, 0)[:, None] * np.float32(scale)        # [kv, g, T, n]
+        j = np.arange(n)
+        masked = j[None, :] > pos[:, None]                                  # [T, n]
+        if c.swa_layers[il]:
+            masked |= pos[:, None] - j[None, :] >= c.n_swa
+        att = softmax(np.where(masked, -np.inf, att).astype(np.float32))
+        if self.emulate:
+            att = _f16(att)
+        out = att @ V.transpose(1, 0, 2)[:, None]                           # [kv, g, T, hd]
+        return out.transpose(2, 0, 1, 3).reshape(T, c.n_head * c.head_dim)
+
+    # -- llama ------------------------------------------------------------------------------
+    def _forward_llama(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W, T = self.config, self.weights, len(tok)
+        x = W.token_embd.w[tok]                                             # [T, n_embd]
+        for il, L in enumerate(W.blk):
+            h = rms_norm(x, L.attn_norm, c.rms_eps)                         # [T, n_embd]
+            q = L.attn_q(h).reshape(T, c.n_head, c.head_dim)                # [T, n_head, hd]
+            k = L.attn_k(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            v = L.attn_v(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            q = rope(q, pos, c.rope_base, neox=False)   # GGUF q/k rows are permuted for this
+            k = rope(k, pos, c.rope_base, neox=False)
+            att = self._attention(il, q, k, v, pos, c.attn_scale)           # [T, n_head * hd]
+            x = x + L.attn_output(att)                                      # [T, n_embd]
+            h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
+            h = silu(L.ffn_gate(h)) * L.ffn_up(h)                           # [T, n_ff]
+            x = x + L.ffn_down(h)                                           # [T, n_embd]
+        x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
+        return W.output(x)                                                  # [T, n_vocab]
+
+    # -- gemma3 -----------------------------------------------------------------------------
+    def _forward_gemma3(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W, T = self.config, self.weights, len(tok)
+        act = gelu_f16_table if self.emulate else gelu
+        x = W.token_embd.w[tok] * np.float32(c.embd_scale)                  # [T, n_embd]
+        for il, L in enumerate(W.blk):
+            base = c.rope_base_swa if c.swa_layers[il] else c.rope_base
+            h = rms_norm(x, L.attn_norm, c.rms_eps)     # GGUF norms already hold 1 + w
+            q = L.attn_q(h).reshape(T, c.n_head, c.head_dim)                # [T, n_head, hd]
+            k = L.attn_k(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            v = L.attn_v(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            q = rope(rms_norm(q, L.attn_q_norm, c.rms_eps), pos, base, neox=True)
+            k = rope(rms_norm(k, L.attn_k_norm, c.rms_eps), pos, base, neox=True)
+            q = q * np.float32(c.attn_scale)            # llama.cpp scales Q, then attends at 1.0
+            att = self._attention(il, q, k, v, pos, 1.0)                    # [T, n_head * hd]
+            h = rms_norm(L.attn_output(att), L.post_attention_norm, c.rms_eps)  # [T, n_embd]
+            x = x + h
+            h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
+            h = act(L.ffn_gate(h)) * L.ffn_up(h)                            # [T, n_ff]
+            x = x + rms_norm(L.ffn_down(h), L.post_ffw_norm, c.rms_eps)     # [T, n_embd]
+        x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
+        logits = W.output(x)                                                # [T, n_vocab]
+        if c.final_softcap:
+            logits = np.tanh(logits / c.final_softcap) * c.final_softcap
+        return logits
