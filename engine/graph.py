@@ -12,10 +12,21 @@ from .kernels import KernelCache
 SETS_PER_POOL = 256
 
 
+MAX_PROFILED_OPS = 4095
+
+
 class Graph:
-    def __init__(self, dev: vk.Device, kernels: KernelCache, label: str = "graph"):
+    """With profile=True a timestamp follows every op; `profile()` gives per-op GPU times."""
+
+    def __init__(self, dev: vk.Device, kernels: KernelCache, label: str = "graph",
+                 profile: bool = False):
         self.dev, self.kernels, self.label = dev, kernels, label
         self.cmd = vk.CommandList(dev)
+        self._ts = vk.TimestampPool(dev, MAX_PROFILED_OPS + 1) if profile else None
+        self._op_names: list[str] = []
+        if self._ts:
+            self.cmd.reset_timestamps(self._ts)
+            self.cmd.timestamp(self._ts, 0)
         self._pools: list[vk.DescriptorArena] = []
         self._pool_left = 0
         self._dirty: set[int] = set()       # ids of buffers written since the last barrier
@@ -46,6 +57,9 @@ class Graph:
         ds = self._descriptor_set(kernel, bindings)
         self.cmd.dispatch(kernel, ds, ks.pack(**push) if ks.push else b"", groups, indirect)
         self.n_ops += 1
+        if self._ts and self.n_ops <= MAX_PROFILED_OPS:
+            self._op_names.append(kernel.name)
+            self.cmd.timestamp(self._ts, self.n_ops)
 
     def copy(self, src: vk.Buffer, src_off: int, dst: vk.Buffer, dst_off: int, nbytes: int):
         if {id(src), id(dst)} & self._dirty:
@@ -68,7 +82,16 @@ class Graph:
             self.finish()
         self.dev.submit([self.cmd.cmd], wait=wait)
 
+    def profile(self) -> list[tuple[str, float]]:
+        """(kernel variant, GPU ns) per op of the last replay."""
+        if not self._ts:
+            raise ValueError("graph was not recorded with profile=True")
+        ns = self._ts.read_ns(len(self._op_names) + 1)
+        return [(n, float(ns[i + 1] - ns[i])) for i, n in enumerate(self._op_names)]
+
     def close(self) -> None:
+        if self._ts:
+            self._ts.close()
         self.cmd.close()
         for p in self._pools:
             p.close()

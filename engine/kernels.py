@@ -3,15 +3,14 @@
 Each `KernelSpec` names its GLSL source in shaders/, how many storage buffers it binds
 (bindings 0..n-1, in order), the fields of its push-constant block (tests check them against
 the GLSL), its specialization constants by name and id, and whether it comes in one variant
-per weight type. `VARIANTS` is the table shaders/compile.py builds.
+per weight type. `VARIANTS` is the table shaders/compile.py builds (so this module must
+import without Vulkan: the build step runs it).
 """
 from __future__ import annotations
 
 import os
 import struct
 from dataclasses import dataclass
-
-from . import vk
 
 WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
 _FMT = {"u32": "I", "f32": "f"}
@@ -106,11 +105,13 @@ def load_spirv(variant: str) -> bytes:
 class KernelCache:
     """Pipelines of one device, built on first use and keyed by variant + specialization."""
 
-    def __init__(self, dev: vk.Device):
+    def __init__(self, dev):
         self.dev = dev
         self._cache: dict[tuple, vk.Kernel] = {}
 
-    def get(self, name: str, wtype: str | None = None, **spec: int) -> tuple[vk.Kernel, KernelSpec]:
+    def get(self, name: str, wtype: str | None = None, **spec: int) -> tuple[object, KernelSpec]:
+        from . import vk
+
         ks = KERNELS[name]
         if ks.typed and wtype not in WEIGHT_TYPES:
             raise ValueError(f"{name}: no variant for weight type {wtype}")

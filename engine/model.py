@@ -78,6 +78,7 @@ class Model:
         self.n_ctx = n_ctx
         self.name = name or path.rsplit("/", 1)[-1]
         self.tuning = Tuning.for_device(dev)
+        self.profile = False                    # record graphs with per-op timestamps
         self.weights: dict[str, Tensor] = {}
         self.rs: RunState | None = None
         self._decode: dict[bool, Graph] = {}
@@ -110,7 +111,7 @@ class Model:
 
     # -- graphs -----------------------------------------------------------------------------
     def _record(self, n: int, greedy: bool) -> Graph:
-        g = Graph(self.dev, self.kernels, f"{self.name}/n{n}")
+        g = Graph(self.dev, self.kernels, f"{self.name}/n{n}", profile=self.profile)
         b = Builder(g, self.weights, self.rs, self.tuning)
         self.arch.forward(b, self.config, self.rs, n)
         if greedy:

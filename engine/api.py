@@ -1,0 +1,183 @@
+"""The engine facade: the one small API the CLI, the HTTP server and the tray app share.
+
+    eng = Engine()                       # opens the Vulkan device
+    name = eng.load(path)                # weights uploaded, graphs recorded on first use
+    out = eng.generate(name, prompt="...", max_tokens=64, sampling=SamplingParams(0))
+    eng.status()                         # models and their device bytes by kind
+    eng.close()
+
+All work on the device happens under one lock, so callers on several threads are safe.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import vk
+from .chat import ChatTemplate
+from .gguf_file import ModelFileError
+from .kernels import KernelCache
+from .model import Model, Timings
+from .sampling import Sampler, SamplingParams
+from .tokenizer import StreamDecoder, Tokenizer
+
+DEFAULT_CTX = 2048
+
+
+@dataclass
+class Completion:
+    prompt_tokens: list[int]
+    tokens: list[int]
+    text: str
+    finish_reason: str                   # "stop" (end of generation or stop string) | "length"
+    timings: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "tokens": self.tokens, "text": self.text,
+                "finish_reason": self.finish_reason, "timings": self.timings}
+
+
+@dataclass
+class Loaded:
+    name: str
+    model: Model
+    tokenizer: Tokenizer
+    chat: ChatTemplate
+
+
+class Engine:
+    def __init__(self, device: str | None = None, n_ctx: int = DEFAULT_CTX):
+        self.dev = vk.Device(device)
+        self.kernels = KernelCache(self.dev)
+        self.n_ctx = n_ctx
+        self.models: dict[str, Loaded] = {}
+        self._lock = threading.RLock()
+
+    @property
+    def device_name(self) -> str:
+        return self.dev.name
+
+    # -- models -----------------------------------------------------------------------------
+    def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
+             progress: Callable[[int, int], None] | None = None) -> str:
+        path = os.fspath(path)
+        name = name or os.path.splitext(os.path.basename(path))[0]
+        with self._lock:
+            if name in self.models:
+                raise ValueError(f"a model named {name!r} is already loaded")
+            model = Model(self.dev, self.kernels, path, n_ctx or self.n_ctx, progress, name)
+            try:
+                tok = Tokenizer.from_gguf(model.gguf)
+                chat = ChatTemplate.from_gguf(model.gguf)
+            except ModelFileError:
+                model.close()
+                raise
+            except Exception as exc:
+                model.close()
+                raise ModelFileError(path, f"unusable tokenizer metadata ({exc})") from None
+            self.models[name] = Loaded(name, model, tok, chat)
+            return name
+
+    def unload(self, name: str) -> None:
+        with self._lock:
+            self._get(name).model.close()
+            del self.models[name]
+
+    def _get(self, name: str | None) -> Loaded:
+        if name is None and len(self.models) == 1:
+            return next(iter(self.models.values()))
+        try:
+            return self.models[name]
+        except KeyError:
+            raise KeyError(f"no model named {name!r} is loaded") from None
+
+    def tokenizer(self, name: str | None = None) -> Tokenizer:
+        return self._get(name).tokenizer
+
+    def status(self) -> list[dict]:
+        with self._lock:
+            return [{"name": m.name, "path": m.model.path, "arch": m.model.gguf.arch,
+                     "n_ctx": m.model.n_ctx, "device_bytes": m.model.device_bytes()}
+                    for m in self.models.values()]
+
+    # -- generation ---------------------------------------------------------------------------
+    def prompt_tokens(self, name: str | None, prompt: str | None = None,
+                      messages: list[dict] | None = None) -> list[int]:
+        m = self._get(name)
+        if messages is not None:
+            return m.chat.tokenize(m.tokenizer, messages)
+        return m.tokenizer.encode(prompt or "", add_special=True, parse_special=False)
+
+    def generate(self, name: str | None = None, prompt: str | None = None,
+                 messages: list[dict] | None = None, tokens: list[int] | None = None,
+                 max_tokens: int = 128, sampling: SamplingParams | None = None,
+                 stop: list[str] = (), on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> Completion:
+        m = self._get(name)
+        prompt_ids = tokens if tokens is not None else self.prompt_tokens(name, prompt, messages)
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if len(prompt_ids) >= m.model.n_ctx:
+            raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
+                             f"{m.model.n_ctx}")
+        max_tokens = max(0, min(int(max_tokens), m.model.n_ctx - len(prompt_ids)))
+        params = sampling or SamplingParams()
+        sampler = None if params.temperature <= 0 and params.repeat_penalty == 1.0 \
+            else Sampler(params)
+        timings = Timings()
+        out: list[int] = []
+        decoder = StreamDecoder(m.tokenizer)
+        text, finish = "", "length"
+        hold = max((len(s) for s in stop), default=0)    # text held back to catch stop strings
+        emitted = 0
+        t0 = time.perf_counter()
+        with self._lock:
+            if max_tokens > 0:
+                gen = m.model.generate(prompt_ids, max_tokens,
+                                       None if sampler is None else sampler.sample,
+                                       m.tokenizer.eog_ids, timings)
+                for tok in gen:
+                    if tok in m.tokenizer.eog_ids:
+                        finish = "stop"
+                        break
+                    out.append(tok)
+                    text += decoder.push(tok)
+                    cut = _find_stop(text, stop)
+                    if cut is not None:
+                        text, finish = text[:cut], "stop"
+                        break
+                    if on_text and len(text) - hold > emitted:
+                        on_text(text[emitted:len(text) - hold])
+                        emitted = len(text) - hold
+                    if cancel is not None and cancel.is_set():
+                        finish = "cancelled"
+                        break
+                gen.close()
+            if finish == "length":
+                text += decoder.flush()
+        if on_text and len(text) > emitted:
+            on_text(text[emitted:])
+        t = timings.as_dict()
+        t["total_s"] = time.perf_counter() - t0
+        return Completion(list(prompt_ids), out, text, finish, t)
+
+    def close(self) -> None:
+        with self._lock:
+            for name in list(self.models):
+                self.unload(name)
+            self.kernels.close()
+            self.dev.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _find_stop(text: str, stop) -> int | None:
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return min(cuts) if cuts else None

@@ -1,0 +1,183 @@
+"""`hotseat`: the command line over the engine facade.
+
+Problems with input (a bad model file, a bad argument) print one line on stderr and exit
+with status 2; a missing Vulkan driver exits with 1. Never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+EXIT_BAD_INPUT = 2
+
+
+class UsageError(Exception):
+    pass
+
+
+def _emit_json(obj) -> None:
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+    sys.stdout.flush()
+
+
+def _progress_bar(label: str):
+    """A one-line progress bar on stderr when it is a terminal; silent otherwise."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(done: int, total: int) -> None:
+        frac = done / total if total else 1.0
+        bar = "#" * int(30 * frac)
+        sys.stderr.write(f"\r{label} [{bar:<30}] {done >> 20}/{total >> 20} MiB")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+    return show
+
+
+def _open(args, n_ctx: int | None = None):
+    from .api import Engine
+    from .models import resolve
+
+    path = resolve(args.model)
+    eng = Engine(n_ctx=n_ctx or getattr(args, "ctx", None) or 2048)
+    try:
+        name = eng.load(path, progress=_progress_bar("loading " + os.path.basename(path)))
+    except BaseException:
+        eng.close()
+        raise
+    return eng, name
+
+
+# -- tokenize ------------------------------------------------------------------------------
+
+def cmd_tokenize(args) -> int:
+    from .gguf_file import GGUFFile
+    from .models import resolve
+    from .tokenizer import Tokenizer
+
+    with GGUFFile(resolve(args.model)) as g:
+        tok = Tokenizer.from_gguf(g)
+    ids = tok.encode(args.text, add_special=not args.no_special,
+                     parse_special=args.parse_special)
+    if args.json:
+        _emit_json({"tokens": ids})
+    else:
+        for i in ids:
+            print(f"{i:6d} {tok.piece(i)!r}")
+    return 0
+
+
+# -- generate ------------------------------------------------------------------------------
+
+def _sampling(args):
+    from .sampling import SamplingParams
+
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
+
+
+def cmd_generate(args) -> int:
+    if args.n < 0:
+        raise UsageError(f"-n must be >= 0, got {args.n}")
+    eng, name = _open(args)
+    try:
+        messages = [{"role": "user", "content": args.prompt}] if args.chat else None
+        stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
+        out = eng.generate(name, prompt=None if args.chat else args.prompt, messages=messages,
+                           max_tokens=args.n, sampling=_sampling(args), stop=args.stop or (),
+                           on_text=stream)
+    finally:
+        eng.close()
+    if args.json:
+        _emit_json(out.as_dict())
+    else:
+        t = out.timings
+        sys.stdout.write("\n")
+        sys.stderr.write(f"prompt {len(out.prompt_tokens)} tokens, "
+                         f"{t['prefill_tokens_per_s']:.1f} tok/s; generated {len(out.tokens)}, "
+                         f"{t['decode_tokens_per_s']:.1f} tok/s\n")
+    return 0
+
+
+# -- bench ---------------------------------------------------------------------------------
+
+def cmd_bench(args) -> int:
+    from .bench import run_bench
+
+    return run_bench(args)
+
+
+# -- parser --------------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hotseat", description="Local LLMs taking turns on one GPU.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    model_help = "GGUF file, or a bundled model (smollm2, gemma3); default: smollm2"
+
+    t = sub.add_parser("tokenize", help="print the token ids of a text")
+    t.add_argument("--model", "-m", help=model_help)
+    t.add_argument("text")
+    t.add_argument("--no-special", action="store_true", help="do not add BOS/EOS")
+    t.add_argument("--parse-special", action="store_true",
+                   help="turn special-token texts like <|im_start|> into their ids")
+    t.add_argument("--json", action="store_true")
+    t.set_defaults(func=cmd_tokenize)
+
+    g = sub.add_parser("generate", help="complete a prompt")
+    g.add_argument("--model", "-m", help=model_help)
+    g.add_argument("--prompt", "-p", required=True)
+    g.add_argument("--chat", action="store_true", help="apply the model's chat template")
+    g.add_argument("-n", type=int, default=128, help="tokens to generate (default 128)")
+    g.add_argument("--temperature", "--temp", type=float, default=0.8)
+    g.add_argument("--top-k", type=int, default=40)
+    g.add_argument("--top-p", type=float, default=0.95)
+    g.add_argument("--min-p", type=float, default=0.05)
+    g.add_argument("--repeat-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--stop", action="append", help="stop string (repeatable)")
+    g.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
+    g.add_argument("--json", action="store_true")
+    g.set_defaults(func=cmd_generate)
+
+    b = sub.add_parser("bench", help="prefill and decode tokens/s, optionally beside llama.cpp")
+    b.add_argument("--model", "-m", help=model_help)
+    b.add_argument("-p", "--n-prompt", type=int, default=128)
+    b.add_argument("-n", "--n-gen", type=int, default=64)
+    b.add_argument("-r", "--repeats", type=int, default=3)
+    b.add_argument("--vs-llama-server", metavar="PATH", nargs="?", const="",
+                   help="also run llama.cpp's llama-server (PATH, or found on PATH)")
+    b.add_argument("--profile", action="store_true", help="per-kernel GPU times")
+    b.add_argument("--json", action="store_true")
+    b.set_defaults(func=cmd_bench)
+
+    from . import serve as _serve
+    _serve.add_parser(sub, model_help)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .gguf_file import ModelFileError
+    from .vk import VulkanError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ModelFileError, UsageError, ValueError, KeyError) as exc:
+        msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"hotseat: error: {msg}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except VulkanError as exc:
+        print(f"hotseat: Vulkan error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

