@@ -21,7 +21,8 @@ class KernelSpec:
     source: str
     n_buffers: int
     push: tuple[tuple[str, str], ...]       # (field, "u32" | "f32"), in GLSL order
-    spec: tuple[tuple[str, int], ...] = ()  # (name, constant_id); "SG" is the subgroup size
+    spec: tuple[tuple[str, int], ...] = ()  # (name, constant_id); "SG" is the subgroup size,
+                                            # "WG" a workgroup of whole subgroups
     typed: bool = False                     # one variant per entry of WEIGHT_TYPES
     writes: tuple[int, ...] = ()            # bindings the kernel writes (for barriers)
 
@@ -43,7 +44,7 @@ KERNELS: dict[str, KernelSpec] = {
         "mul_mat.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("row_offset", U)),
-        (("SG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3)), typed=True, writes=(2,)),
+        (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3)), typed=True, writes=(2,)),
     "get_rows": KernelSpec("get_rows.comp", 3, (("n_cols", U), ("n_rows", U), ("scale", F)),
                            typed=True, writes=(2,)),
     "rms_norm": KernelSpec("rms_norm.comp", 3,

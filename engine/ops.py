@@ -33,15 +33,17 @@ class Tensor:
 @dataclass
 class Tuning:
     """Tile sizes picked per device (lavapipe wants different ones than a discrete GPU)."""
-    mv_rows: int = 2        # weight rows per workgroup, decode
-    mm_rows: int = 2        # weight rows per workgroup, prefill
-    mm_tokens: int = 8      # tokens per workgroup, prefill
+    subgroup: int = 32      # the device's subgroup size
+    warps: int = 4          # subgroups per matrix-product workgroup
+    mv_rows: int = 2        # weight rows per subgroup, decode
+    mm_rows: int = 4        # weight rows per subgroup, prefill
+    mm_tokens: int = 8      # tokens per subgroup, prefill
 
     @classmethod
     def for_device(cls, dev: vk.Device) -> "Tuning":
-        if dev.info.kind == "cpu":
-            return cls(mv_rows=4, mm_rows=4, mm_tokens=8)
-        return cls(mv_rows=2, mm_rows=4, mm_tokens=8)
+        if dev.info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
+            return cls(subgroup=dev.subgroup_size, warps=4, mv_rows=4, mm_rows=8, mm_tokens=8)
+        return cls(subgroup=dev.subgroup_size, warps=4, mv_rows=2, mm_rows=4, mm_tokens=8)
 
 
 class RunState:
@@ -105,8 +107,10 @@ class Builder:
         """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T."""
         n_in, n_out = w.shape[0], w.rows
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
-        self.g.op("mul_mat", [w.buf, x, y], (-(-n_out // rows), -(-n // nt), 1), wtype=w.wtype,
-                  spec=dict(ROWS=rows, NT=nt, ACC=int(accumulate)), n_in=n_in, n_out=n_out,
+        per_group = rows * self.t.warps
+        self.g.op("mul_mat", [w.buf, x, y], (-(-n_out // per_group), -(-n // nt), 1),
+                  wtype=w.wtype, spec=dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt,
+                                           ACC=int(accumulate)), n_in=n_in, n_out=n_out,
                   n_tokens=n, x_offset=x_row * n_in // 4, y_offset=0, row_offset=0)
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,

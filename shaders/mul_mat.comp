@@ -1,7 +1,7 @@
 #version 450
 // y[t, r] (+)= sum_k W[r, k] * x[t, k]   for a tile of ROWS weight rows x NT tokens.
-// One workgroup is one subgroup: lanes split the K dimension in units of 8 weights and the
-// tile stays in registers, so there is no shared memory and no barrier. Each weight unit is
+// Each subgroup of the workgroup owns its own tile: lanes split the K dimension in units of
+// 8 weights and the tile stays in registers, so there is no shared memory and no barrier. Each weight unit is
 // dequantized once per NT tokens. NT = 1 is the decode matrix-vector product.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -27,8 +27,9 @@ layout(push_constant) uniform Push {
 
 void main() {
     const uint lane = gl_SubgroupInvocationID;
-    const uint row0 = gl_WorkGroupID.x * ROWS;
+    const uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * ROWS;
     const uint t0 = gl_WorkGroupID.y * NT;
+    if (row0 >= p.n_out) return;
     const uint nb = p.n_in / 32;
     const uint n_units = nb * 4;
     const uint xs = p.n_in / 4;     // x row stride in vec4

@@ -92,16 +92,17 @@ def test_push_constants_match_glsl(name):
 # -- matrix products -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
-@pytest.mark.parametrize("n_tokens,nt,rows", [(1, 1, 1), (1, 1, 4), (7, 4, 2), (19, 8, 2)])
-def test_mul_mat(dev, kc, wtype, n_tokens, nt, rows):
+@pytest.mark.parametrize("n_tokens,nt,rows,warps", [(1, 1, 1, 1), (1, 1, 4, 4), (7, 4, 2, 2),
+                                                    (19, 8, 2, 4)])
+def test_mul_mat(dev, kc, wtype, n_tokens, nt, rows, warps):
     rng = np.random.default_rng(1)
     n_out, n_in = 70, 256
     raw, w = quantized(wtype, n_out, n_in, rng)
     x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
     bw, bx, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, nbytes=4 * n_tokens * n_out)
     run_once(dev, kc, "mul_mat", [bw, bx, by],
-             (-(-n_out // rows), -(-n_tokens // nt), 1), wtype=wtype,
-             spec=dict(ROWS=rows, NT=nt, ACC=0), n_in=n_in, n_out=n_out, n_tokens=n_tokens,
+             (-(-n_out // (rows * warps)), -(-n_tokens // nt), 1), wtype=wtype,
+             spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACC=0), n_in=n_in, n_out=n_out, n_tokens=n_tokens,
              x_offset=0, y_offset=0, row_offset=0)
     got = read(dev, by)[: n_tokens * n_out].reshape(n_tokens, n_out)
     assert nmse(got, x @ w.T) < 1e-10
@@ -116,7 +117,7 @@ def test_mul_mat_accumulates_and_offsets(dev, kc):
     bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, y0)
     # last token only, second half of the weight rows, added into y
     run_once(dev, kc, "mul_mat", [bw, bx, by], (n_out, 1, 1), wtype="Q8_0",
-             spec=dict(ROWS=1, NT=1, ACC=1), n_in=n_in, n_out=n_out, n_tokens=1,
+             spec=dict(WG=dev.subgroup_size, ROWS=1, NT=1, ACC=1), n_in=n_in, n_out=n_out, n_tokens=1,
              x_offset=2 * n_in // 4, y_offset=0, row_offset=n_out)
     assert nmse(read(dev, by)[:n_out], y0 + w[n_out:] @ x[2]) < 1e-10
 
