@@ -12,7 +12,8 @@ import os
 import struct
 from dataclasses import dataclass
 
-WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1")
+WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")         # 256-weight super-blocks: rows of 256k weights
 _FMT = {"u32": "I", "f32": "f"}
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from engine import vk
 from engine.graph import run_once
-from engine.kernels import KERNELS, WEIGHT_TYPES, KernelCache
+from engine.kernels import K_QUANTS, KERNELS, WEIGHT_TYPES, KernelCache
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[2] / "shaders"
@@ -59,7 +59,18 @@ def quantized(wtype: str, rows: int, cols: int, rng) -> tuple[np.ndarray, np.nda
     if wtype == "F32":
         return w.view(np.uint8), w
     qt = gguf.GGMLQuantizationType[wtype]
-    raw = quantize(w, qt)
+    if wtype in K_QUANTS:
+        # gguf-py only dequantizes K-quants: random blocks with sane f16 scales stand in
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+        scales = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16)
+        if wtype == "Q6_K":
+            raw[..., -2:] = scales[..., :1].view(np.uint8)
+        else:
+            raw[..., :4] = scales.view(np.uint8).reshape(rows, cols // block, 4)
+        raw = raw.reshape(rows, -1)
+    else:
+        raw = quantize(w, qt)
     return raw.reshape(-1).view(np.uint8), dequantize(raw, qt).reshape(rows, cols)
 
 
@@ -96,7 +107,7 @@ def test_push_constants_match_glsl(name):
                                                     (19, 8, 2, 4)])
 def test_mul_mat(dev, kc, wtype, n_tokens, nt, rows, warps):
     rng = np.random.default_rng(1)
-    n_out, n_in = 70, 256
+    n_out, n_in = 70, 512
     raw, w = quantized(wtype, n_out, n_in, rng)
     x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
     bw, bx, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, nbytes=4 * n_tokens * n_out)
@@ -125,12 +136,13 @@ def test_mul_mat_accumulates_and_offsets(dev, kc):
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 def test_get_rows(dev, kc, wtype):
     rng = np.random.default_rng(3)
-    raw, w = quantized(wtype, 50, 96, rng)
+    cols = 512 if wtype in K_QUANTS else 96
+    raw, w = quantized(wtype, 50, cols, rng)
     ids = np.array([3, 0, 49, 3, 17], np.uint32)
-    bw, bi, bo = buf(dev, raw), buf(dev, ids), buf(dev, nbytes=4 * 5 * 96)
+    bw, bi, bo = buf(dev, raw), buf(dev, ids), buf(dev, nbytes=4 * 5 * cols)
     run_once(dev, kc, "get_rows", [bw, bi, bo], (5, 1, 1), wtype=wtype,
-             n_cols=96, n_rows=5, scale=1.5)
-    assert nmse(read(dev, bo).reshape(5, 96), 1.5 * w[ids]) < 1e-12
+             n_cols=cols, n_rows=5, scale=1.5)
+    assert nmse(read(dev, bo).reshape(5, cols), 1.5 * w[ids]) < 1e-12
 
 
 # -- elementwise and normalisation ------------------------------------------------------------
