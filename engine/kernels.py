@@ -44,9 +44,11 @@ KERNELS: dict[str, KernelSpec] = {
     "mul_mat": KernelSpec(
         "mul_mat.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
-         ("row_offset", U)),
+         ("row_offset", U), ("y_stride", U)),
         (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3)), typed=True, writes=(2,)),
-    "get_rows": KernelSpec("get_rows.comp", 3, (("n_cols", U), ("n_rows", U), ("scale", F)),
+    "get_rows": KernelSpec("get_rows.comp", 3,
+                           (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
+                            ("part_rows", U)),
                            typed=True, writes=(2,)),
     "rms_norm": KernelSpec("rms_norm.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),

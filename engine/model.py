@@ -14,13 +14,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import llama, vk
+from . import gemma3, llama, vk
 from .gguf_file import GGUFFile, ModelFileError
 from .graph import Graph
 from .kernels import WEIGHT_TYPES, KernelCache
 from .ops import Builder, RunState, Tensor, Tuning
 
-ARCHITECTURES = {"llama": llama}
+ARCHITECTURES = {"llama": llama, "gemma3": gemma3}
 PREFILL_CHUNK = 256
 PREFILL_GRAPHS_KEPT = 4
 
@@ -99,15 +99,20 @@ class Model:
         done = 0
         for n in names:
             t = self.gguf.tensor(n)
-            if t.nbytes > self.dev.max_storage_range:
-                raise ModelFileError(self.path, f"tensor {n} ({t.nbytes >> 20} MiB) exceeds "
-                                                f"the device's storage buffer range")
-            buf = self.dev.allocator.alloc(t.nbytes, f"{self.name}/{n}", "weights")
-            self.weights[n] = Tensor(buf, t.type_name, t.shape)
-            vk.upload(self.dev, buf, t.data)
-            done += t.nbytes
-            if progress:
-                progress(done, total)
+            rows = t.n_elements // t.shape[0]
+            row_bytes = t.nbytes // rows
+            per_part = max(1, min(rows, self.dev.max_storage_range // row_bytes))
+            parts = []
+            for first in range(0, rows, per_part):
+                count = min(per_part, rows - first)
+                label = f"{self.name}/{n}" + (f"[{first}:]" if first else "")
+                buf = self.dev.allocator.alloc(count * row_bytes, label, "weights")
+                parts.append((buf, first, count))
+                self.weights[n] = Tensor(t.type_name, t.shape, parts)
+                vk.upload(self.dev, buf, t.data[first * row_bytes:(first + count) * row_bytes])
+                done += count * row_bytes
+                if progress:
+                    progress(done, total)
 
     # -- graphs -----------------------------------------------------------------------------
     def _record(self, n: int, greedy: bool) -> Graph:
@@ -192,7 +197,8 @@ class Model:
 
     def device_bytes(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        bufs = [w.buf for w in self.weights.values()] + (self.rs.buffers() if self.rs else [])
+        bufs = [b for w in self.weights.values() for b in w.buffers]
+        bufs += self.rs.buffers() if self.rs else []
         for b in bufs:
             if not b.released:
                 out[b.kind] = out.get(b.kind, 0) + b.nbytes
@@ -206,7 +212,8 @@ class Model:
             self.rs.close()
             self.rs = None
         for w in self.weights.values():
-            self.dev.allocator.free(w.buf)
+            for b in w.buffers:
+                self.dev.allocator.free(b)
         self.weights = {}
         self.gguf.close()
 

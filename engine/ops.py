@@ -17,10 +17,24 @@ from .graph import Graph
 
 @dataclass(eq=False)
 class Tensor:
-    """A device tensor: a buffer plus its GGUF type and ggml shape (row length first)."""
-    buf: vk.Buffer
+    """A device tensor: its GGUF type, ggml shape (row length first) and buffers.
+
+    A tensor larger than the device's storage-buffer range is held in row-aligned parts:
+    `parts` lists (buffer, first row, row count).
+    """
     wtype: str
     shape: tuple[int, ...]
+    parts: list[tuple[vk.Buffer, int, int]]
+
+    @property
+    def buf(self) -> vk.Buffer:
+        if len(self.parts) != 1:
+            raise ValueError("tensor is split into parts")
+        return self.parts[0][0]
+
+    @property
+    def buffers(self) -> list[vk.Buffer]:
+        return [p[0] for p in self.parts]
 
     @property
     def rows(self) -> int:
@@ -99,8 +113,10 @@ class Builder:
 
     def get_rows(self, table: Tensor, ids: vk.Buffer, out: vk.Buffer, n: int,
                  scale: float = 1.0) -> None:
-        self.g.op("get_rows", [table.buf, ids, out], (n, 1, 1), wtype=table.wtype,
-                  n_cols=table.shape[0], n_rows=n, scale=scale)
+        for buf, first, count in table.parts:
+            self.g.op("get_rows", [buf, ids, out], (n, 1, 1), wtype=table.wtype,
+                      n_cols=table.shape[0], n_rows=n, scale=scale, row_base=first,
+                      part_rows=count)
 
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
                x_row: int = 0) -> None:
@@ -108,10 +124,11 @@ class Builder:
         n_in, n_out = w.shape[0], w.rows
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
-        self.g.op("mul_mat", [w.buf, x, y], (-(-n_out // per_group), -(-n // nt), 1),
-                  wtype=w.wtype, spec=dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt,
-                                           ACC=int(accumulate)), n_in=n_in, n_out=n_out,
-                  n_tokens=n, x_offset=x_row * n_in // 4, y_offset=0, row_offset=0)
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACC=int(accumulate))
+        for buf, first, count in w.parts:
+            self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
+                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
+                      x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
                  row_offset: int = 0) -> None:

@@ -22,7 +22,8 @@ layout(push_constant) uniform Push {
     uint n_tokens;
     uint x_offset;   // in vec4 units: first token row to read
     uint y_offset;   // in floats
-    uint row_offset; // first weight row (in rows), to split very large matrices
+    uint row_offset; // first weight row (in rows) of this dispatch
+    uint y_stride;   // floats between token rows of y (n_out unless W comes in parts)
 } p;
 
 void main() {
@@ -60,7 +61,7 @@ void main() {
             const float s = subgroupAdd(acc[r * NT + t]);
             const uint row = row0 + r, tok = t0 + t;
             if (lane == 0 && row < p.n_out && tok < p.n_tokens) {
-                const uint o = p.y_offset + tok * p.n_out + row;
+                const uint o = p.y_offset + tok * p.y_stride + row;
                 y[o] = ACC != 0 ? y[o] + s : s;
             }
         }

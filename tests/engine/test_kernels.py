@@ -114,7 +114,7 @@ def test_mul_mat(dev, kc, wtype, n_tokens, nt, rows, warps):
     run_once(dev, kc, "mul_mat", [bw, bx, by],
              (-(-n_out // (rows * warps)), -(-n_tokens // nt), 1), wtype=wtype,
              spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACC=0), n_in=n_in, n_out=n_out, n_tokens=n_tokens,
-             x_offset=0, y_offset=0, row_offset=0)
+             x_offset=0, y_offset=0, row_offset=0, y_stride=n_out)
     got = read(dev, by)[: n_tokens * n_out].reshape(n_tokens, n_out)
     assert nmse(got, x @ w.T) < 1e-10
 
@@ -129,7 +129,7 @@ def test_mul_mat_accumulates_and_offsets(dev, kc):
     # last token only, second half of the weight rows, added into y
     run_once(dev, kc, "mul_mat", [bw, bx, by], (n_out, 1, 1), wtype="Q8_0",
              spec=dict(WG=dev.subgroup_size, ROWS=1, NT=1, ACC=1), n_in=n_in, n_out=n_out, n_tokens=1,
-             x_offset=2 * n_in // 4, y_offset=0, row_offset=n_out)
+             x_offset=2 * n_in // 4, y_offset=0, row_offset=n_out, y_stride=n_out)
     assert nmse(read(dev, by)[:n_out], y0 + w[n_out:] @ x[2]) < 1e-10
 
 
@@ -141,8 +141,21 @@ def test_get_rows(dev, kc, wtype):
     ids = np.array([3, 0, 49, 3, 17], np.uint32)
     bw, bi, bo = buf(dev, raw), buf(dev, ids), buf(dev, nbytes=4 * 5 * cols)
     run_once(dev, kc, "get_rows", [bw, bi, bo], (5, 1, 1), wtype=wtype,
-             n_cols=cols, n_rows=5, scale=1.5)
+             n_cols=cols, n_rows=5, scale=1.5, row_base=0, part_rows=50)
     assert nmse(read(dev, bo).reshape(5, cols), 1.5 * w[ids]) < 1e-12
+
+
+def test_get_rows_from_table_parts(dev, kc):
+    rng = np.random.default_rng(12)
+    raw, w = quantized("Q8_0", 40, 64, rng)
+    row_bytes = raw.nbytes // 40
+    ids = np.array([39, 0, 25, 24], np.uint32)
+    bi, bo = buf(dev, ids), buf(dev, np.zeros((4, 64), np.float32))
+    for first, count in ((0, 25), (25, 15)):
+        part = buf(dev, raw[first * row_bytes:(first + count) * row_bytes])
+        run_once(dev, kc, "get_rows", [part, bi, bo], (4, 1, 1), wtype="Q8_0", n_cols=64,
+                 n_rows=4, scale=1.0, row_base=first, part_rows=count)
+    assert nmse(read(dev, bo).reshape(4, 64), w[ids]) < 1e-12
 
 
 # -- elementwise and normalisation ------------------------------------------------------------
