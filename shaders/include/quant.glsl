@@ -23,18 +23,21 @@ void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
 }
 
 #elif defined(TYPE_Q8_0)
-// block: f16 d, int8 qs[32]  (34 bytes = 17 u16)
-layout(std430, binding = WEIGHT_BINDING) readonly buffer W { uint16_t w16[]; };
-vec4 q8x4(uint base) {   // 4 int8 starting at u16 index base (2 u16)
-    uint a = uint(w16[base]), b = uint(w16[base + 1]);
-    uint v = a | (b << 16);
+// block: f16 d, int8 qs[32]  (34 bytes). Read as 32-bit words: a block starts on a word
+// boundary or half-way into one, so each 4-byte group is one word or two halves.
+layout(std430, binding = WEIGHT_BINDING) readonly buffer W { uint w32[]; };
+uint word_at(uint byte_off) {   // 4 bytes at an even byte offset
+    const uint i = byte_off >> 2;
+    return (byte_off & 2u) == 0u ? w32[i] : (w32[i] >> 16) | (w32[i + 1] << 16);
+}
+vec4 i8x4(uint v) {
     return vec4(ivec4(int(v << 24) >> 24, int(v << 16) >> 24, int(v << 8) >> 24, int(v) >> 24));
 }
 void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
-    uint b = ib * 17;
-    float d = unpackHalf2x16(uint(w16[b])).x;
-    lo = d * q8x4(b + 1 + 2 * q);
-    hi = d * q8x4(b + 9 + 2 * q);
+    const uint b = ib * 34;
+    const float d = unpackHalf2x16(w32[b >> 2] >> (8 * (b & 2u))).x;
+    lo = d * i8x4(word_at(b + 2 + 4 * q));
+    hi = d * i8x4(word_at(b + 18 + 4 * q));
 }
 
 #elif defined(TYPE_Q4_0)
