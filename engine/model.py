@@ -97,22 +97,23 @@ class Model:
         names = list(self.config.tensor_shapes())
         total = sum(self.gguf.tensor(n).nbytes for n in names)
         done = 0
-        for n in names:
-            t = self.gguf.tensor(n)
-            rows = t.n_elements // t.shape[0]
-            row_bytes = t.nbytes // rows
-            per_part = max(1, min(rows, self.dev.max_storage_range // row_bytes))
-            parts = []
-            for first in range(0, rows, per_part):
-                count = min(per_part, rows - first)
-                label = f"{self.name}/{n}" + (f"[{first}:]" if first else "")
-                buf = self.dev.allocator.alloc(count * row_bytes, label, "weights")
-                parts.append((buf, first, count))
-                self.weights[n] = Tensor(t.type_name, t.shape, parts)
-                vk.upload(self.dev, buf, t.data[first * row_bytes:(first + count) * row_bytes])
-                done += count * row_bytes
-                if progress:
-                    progress(done, total)
+        with vk.Uploader(self.dev) as up:
+            for n in names:
+                t = self.gguf.tensor(n)
+                rows = t.n_elements // t.shape[0]
+                row_bytes = t.nbytes // rows
+                per_part = max(1, min(rows, self.dev.max_storage_range // row_bytes))
+                parts = []
+                for first in range(0, rows, per_part):
+                    count = min(per_part, rows - first)
+                    label = f"{self.name}/{n}" + (f"[{first}:]" if first else "")
+                    buf = self.dev.allocator.alloc(count * row_bytes, label, "weights")
+                    parts.append((buf, first, count))
+                    self.weights[n] = Tensor(t.type_name, t.shape, parts)
+                    up.write(buf, t.data[first * row_bytes:(first + count) * row_bytes])
+                    done += count * row_bytes
+                    if progress:
+                        progress(done, total)
 
     # -- graphs -----------------------------------------------------------------------------
     def _record(self, n: int, greedy: bool) -> Graph:

@@ -494,34 +494,115 @@ class Allocator:
 
 # -- transfers ------------------------------------------------------------------------------
 
-STAGING_BYTES = 64 << 20
+STAGING_BYTES = 32 << 20
 
 
-def upload(dev: Device, dst: Buffer, src: np.ndarray, offset: int = 0, progress=None) -> None:
-    """Copy host bytes (e.g. a GGUF memmap view) into a buffer.
+class Uploader:
+    """Batched host-to-device copies through two staging buffers.
 
-    Mappable destinations are written directly; others go through a staging buffer in
-    chunks, each chunk one copy command. `progress(n_bytes)` is called after each chunk.
+    Mappable destinations (unified memory) are written directly. Otherwise bytes are packed
+    into a staging buffer and copied by one command buffer per filled buffer; while the
+    device copies one staging buffer the host fills the other.
     """
-    src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
-    if dst.view is not None:
-        for start in range(0, src.nbytes, STAGING_BYTES):
-            chunk = src[start:start + STAGING_BYTES]
-            dst.view[offset + start:offset + start + chunk.nbytes] = chunk
-            if progress:
-                progress(chunk.nbytes)
-        return
-    staging = dev.allocator.alloc(min(STAGING_BYTES, src.nbytes), "staging", "staging", host=True)
-    try:
-        for start in range(0, src.nbytes, STAGING_BYTES):
-            chunk = src[start:start + STAGING_BYTES]
-            staging.view[:chunk.nbytes] = chunk
-            with dev.one_shot() as cmd:
-                copy_buffer(cmd, staging, 0, dst, offset + start, chunk.nbytes)
-            if progress:
-                progress(chunk.nbytes)
-    finally:
-        dev.allocator.free(staging)
+
+    def __init__(self, dev: Device, staging_bytes: int = STAGING_BYTES, direct: bool = True):
+        self.dev, self.staging_bytes, self.direct = dev, staging_bytes, direct
+        self._staging: list[Buffer] = []
+        self._cmds: list = []
+        self._pending: list[list] = [[], []]     # copies recorded per staging buffer
+        self._fill = [0, 0]
+        self._busy = [False, False]
+        self._fences = []
+        self._cur = 0
+        self.bytes = 0
+
+    def _ensure(self) -> None:
+        if self._staging:
+            return
+        for i in range(2):
+            self._staging.append(self.dev.allocator.alloc(self.staging_bytes, f"staging{i}",
+                                                          "staging", host=True))
+            self._cmds.append(allocate_command_buffer(self.dev))
+            self._fences.append(_vk.vkCreateFence(self.dev.device, _vk.VkFenceCreateInfo(),
+                                                  None))
+
+    def _wait(self, i: int) -> None:
+        if self._busy[i]:
+            fences = ffi.new("VkFence[1]", [self._fences[i]])
+            check(lib.vkWaitForFences(self.dev.device, 1, fences, 1, 60_000_000_000),
+                  "vkWaitForFences")
+            check(lib.vkResetFences(self.dev.device, 1, fences), "vkResetFences")
+            self._busy[i] = False
+
+    def _flush(self, i: int) -> None:
+        copies = self._pending[i]
+        if not copies:
+            return
+        cmd = self._cmds[i]
+        begin(cmd, one_time=True)
+        for dst, dst_off, src_off, n in copies:
+            copy_buffer(cmd, self._staging[i], src_off, dst, dst_off, n)
+        end(cmd)
+        arr = ffi.new("VkCommandBuffer[1]", [cmd])
+        info = ffi.new("VkSubmitInfo*", {"sType": _vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                         "commandBufferCount": 1, "pCommandBuffers": arr})
+        with self.dev._lock:
+            check(lib.vkQueueSubmit(self.dev.queue, 1, info, self._fences[i]), "vkQueueSubmit")
+        self._busy[i] = True
+        self._pending[i], self._fill[i] = [], 0
+
+    def write(self, dst: Buffer, src: np.ndarray, offset: int = 0) -> None:
+        src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+        self.bytes += src.nbytes
+        if dst.view is not None and self.direct:
+            dst.view[offset:offset + src.nbytes] = src
+            return
+        self._ensure()
+        pos = 0
+        while pos < src.nbytes:
+            i = self._cur
+            room = self.staging_bytes - self._fill[i]
+            if room < min(4096, self.staging_bytes // 4) and self._pending[i]:
+                self._flush(i)
+                self._cur = i = 1 - i
+                self._wait(i)
+                room = self.staging_bytes
+            n = min(room, src.nbytes - pos)
+            start = self._fill[i]
+            self._staging[i].view[start:start + n] = src[pos:pos + n]
+            self._pending[i].append((dst, offset + pos, start, n))
+            self._fill[i] += -(-n // 16) * 16
+            pos += n
+
+    def finish(self) -> None:
+        """Submit what is staged and wait for every copy."""
+        if self._staging:
+            self._flush(self._cur)
+            self._wait(0)
+            self._wait(1)
+
+    def close(self) -> None:
+        self.finish()
+        for b in self._staging:
+            self.dev.allocator.free(b)
+        for f in self._fences:
+            _vk.vkDestroyFence(self.dev.device, f, None)
+        if self._cmds:
+            _vk.vkFreeCommandBuffers(self.dev.device, self.dev.command_pool, len(self._cmds),
+                                     self._cmds)
+        self._staging, self._cmds, self._fences = [], [], []
+
+    def __enter__(self) -> "Uploader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def upload(dev: Device, dst: Buffer, src: np.ndarray, offset: int = 0) -> None:
+    """Copy host bytes into a buffer and wait (one-off transfers; use Uploader for many)."""
+    with Uploader(dev) as up:
+        up.write(dst, src, offset)
 
 
 def download(dev: Device, src: Buffer, nbytes: int | None = None, offset: int = 0) -> np.ndarray:

@@ -1,0 +1,95 @@
+"""Device choice, the sub-allocator and transfers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import vk
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def dev():
+    d = vk.Device()
+    yield d
+    d.close()
+
+
+def info(i, name, kind):
+    return vk.DeviceInfo(i, name, kind, 0, "1.3")
+
+
+def test_choose_device_prefers_discrete_and_honours_override():
+    devs = [info(0, "llvmpipe", "cpu"), info(1, "Radeon RX 580", "discrete"),
+            info(2, "Intel UHD", "integrated")]
+    assert vk.choose_device(devs, None).index == 1
+    assert vk.choose_device(devs, "llvm").index == 0
+    assert vk.choose_device(devs, "2").index == 2
+    with pytest.raises(vk.VulkanError, match="matches no Vulkan device"):
+        vk.choose_device(devs, "geforce")
+    with pytest.raises(vk.VulkanError, match="no Vulkan device"):
+        vk.choose_device([], None)
+
+
+def test_allocator_labels_kinds_and_frees(dev):
+    a = dev.allocator
+    before = a.totals()
+    bufs = [a.alloc(1000 + i, f"t{i}", kind) for i, kind in
+            enumerate(["weights", "kv", "compute", "scratch", "recurrent"])]
+    totals = a.totals()
+    for b in bufs:
+        assert totals[b.kind] - before[b.kind] == b.nbytes
+    for b in bufs:
+        a.free(b)
+        assert b.released
+    a.free(bufs[0])                      # freeing twice is harmless
+    assert a.totals() == before
+    with pytest.raises(ValueError, match="unknown buffer kind"):
+        a.alloc(16, "x", "mystery")
+
+
+def test_suballocations_do_not_overlap(dev):
+    a = dev.allocator
+    bufs = [a.alloc(4096 * (i + 1), f"b{i}", "compute") for i in range(20)]
+    for i, b in enumerate(bufs):
+        vk.upload(dev, b, np.full(b.nbytes, i, np.uint8))
+    for i, b in enumerate(bufs):
+        assert (vk.download(dev, b) == i).all()
+    for b in bufs[::2]:
+        a.free(b)
+    again = [a.alloc(4096, f"c{i}", "compute") for i in range(10)]
+    for b in again:
+        vk.upload(dev, b, np.full(4096, 255, np.uint8))
+    for i, b in enumerate(bufs[1::2]):
+        assert (vk.download(dev, b) == 2 * i + 1).all()
+    for b in bufs[1::2] + again:
+        a.free(b)
+
+
+def test_staged_uploads_cross_staging_buffers(dev):
+    """The discrete-GPU path: many writes packed through two small staging buffers."""
+    rng = np.random.default_rng(0)
+    datas = [rng.integers(0, 256, n, dtype=np.uint8) for n in (10, 70_000, 5, 200_000, 4096)]
+    bufs = [dev.allocator.alloc(d.nbytes + 64, "u", "weights") for d in datas]
+    with vk.Uploader(dev, staging_bytes=65536, direct=False) as up:
+        for b, d in zip(bufs, datas):
+            up.write(b, d, offset=64)
+    for b, d in zip(bufs, datas):
+        assert np.array_equal(vk.download(dev, b)[64:], d)
+        dev.allocator.free(b)
+
+
+def test_pipeline_cache_is_written(tmp_path):
+    d = vk.Device(cache_dir=str(tmp_path))
+    try:
+        from engine.kernels import KernelCache
+        kc = KernelCache(d)
+        kc.get("add")
+        kc.close()
+    finally:
+        d.close()
+    files = list(tmp_path.iterdir())
+    assert len(files) == 1 and files[0].stat().st_size > 0
+    d2 = vk.Device(cache_dir=str(tmp_path))       # and read back
+    d2.close()
