@@ -88,10 +88,18 @@ class Config:
             raise ModelFileError(path, "absurd or unsupported hyperparameters: " + ", ".join(problems))
 
 
+def _run_state_shape(c: Config, n_ctx: int, max_tokens: int) -> dict:
+    return dict(n_layer=c.n_layer, n_embd=c.n_embd, q_dim=c.n_head * c.head_dim,
+                kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff, n_vocab=c.n_vocab, n_ctx=n_ctx,
+                max_tokens=max_tokens)
+
+
 def make_run_state(dev, label: str, c: Config, n_ctx: int, max_tokens: int) -> RunState:
-    return RunState(dev, label, n_layer=c.n_layer, n_embd=c.n_embd, q_dim=c.n_head * c.head_dim,
-                    kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff, n_vocab=c.n_vocab,
-                    n_ctx=n_ctx, max_tokens=max_tokens)
+    return RunState(dev, label, **_run_state_shape(c, n_ctx, max_tokens))
+
+
+def run_state_bytes(c: Config, n_ctx: int, max_tokens: int) -> int:
+    return RunState.bytes_for(**_run_state_shape(c, n_ctx, max_tokens))
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:

@@ -61,7 +61,8 @@ class Timings:
 
 class Model:
     def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, n_ctx: int = 2048,
-                 progress: Callable[[int, int], None] | None = None, name: str | None = None):
+                 progress: Callable[[int, int], None] | None = None, name: str | None = None,
+                 warm: bool = True):
         self.dev, self.kernels = dev, kernels
         self.gguf = GGUFFile(path)
         self.path = path
@@ -79,21 +80,107 @@ class Model:
         self.name = name or path.rsplit("/", 1)[-1]
         self.tuning = Tuning.for_device(dev)
         self.profile = False                    # record graphs with per-op timestamps
-        self.weights: dict[str, Tensor] = {}
-        self.rs: RunState | None = None
+        self.weights: dict[str, Tensor] = {}   # device weights while they are resident
+        self.rs: RunState | None = None        # activations and KV cache while resident
+        self.kv_shadow: dict[str, np.ndarray] | None = None   # host copy while evicted
         self._decode: dict[bool, Graph] = {}
         self._prefill: OrderedDict[int, Graph] = OrderedDict()
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1
-        try:
-            self._upload(progress)
-            self.rs = self.arch.make_run_state(dev, self.name, self.config, n_ctx,
+        self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
+        if warm:
+            try:
+                self.restore(progress)
+            except BaseException:
+                self.close()
+                raise
+
+    # -- residency ----------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """warm: everything on the device; cold: weights released (KV kept or shadowed)."""
+        return "warm" if self.weights and self.rs is not None else "cold"
+
+    @property
+    def weight_bytes(self) -> int:
+        return sum(self.gguf.tensor(n).nbytes for n in self.config.tensor_shapes())
+
+    def warm_bytes(self) -> int:
+        """Device bytes this model holds when warm (what the arbiter must grant)."""
+        return self.weight_bytes + self.arch.run_state_bytes(self.config, self.n_ctx,
+                                                             PREFILL_CHUNK)
+
+    def restore(self, progress: Callable[[int, int], None] | None = None) -> dict:
+        """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""
+        t0 = time.perf_counter()
+        moved = 0
+        if not self.weights:
+            moved += self._upload(progress)
+        if self.rs is None:
+            self.rs = self.arch.make_run_state(self.dev, self.name, self.config, self.n_ctx,
                                                PREFILL_CHUNK)
-        except BaseException:
-            self.close()
-            raise
+            if self.kv_shadow:
+                with vk.Uploader(self.dev) as up:
+                    for layer, buf in self._kv_buffers():
+                        up.write(buf, self.kv_shadow[layer])
+                    moved += up.bytes
+            self.kv_shadow = None
+        self.last_transfer = {"op": "restore", "seconds": time.perf_counter() - t0,
+                              "bytes": moved}
+        return self.last_transfer
+
+    def release(self, full: bool = True) -> dict:
+        """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
+        back); full eviction copies the used KV to host memory and frees everything."""
+        t0 = time.perf_counter()
+        moved = 0
+        self._drop_graphs()
+        for w in self.weights.values():
+            for b in w.buffers:
+                self.dev.allocator.free(b)
+        self.weights = {}
+        if full and self.rs is not None:
+            used = len(self.cache_tokens) * self.rs.kv_row_bytes
+            pairs = [(buf, used) for _, buf in self._kv_buffers()]
+            copies = vk.download_many(self.dev, pairs) if used else [b""] * len(pairs)
+            self.kv_shadow = {layer: c for (layer, _), c in zip(self._kv_buffers(), copies)}
+            moved = used * len(pairs)
+            self.rs.close()
+            self.rs = None
+        self.last_transfer = {"op": "release", "seconds": time.perf_counter() - t0,
+                              "bytes": moved}
+        return self.last_transfer
+
+    def _kv_buffers(self) -> list[tuple[str, vk.Buffer]]:
+        out = [(f"k{i}", b) for i, b in self.rs.k_cache.items()]
+        return out + [(f"v{i}", b) for i, b in self.rs.v_cache.items()]
+
+    def kv_checksum(self) -> str:
+        """Digest of the used KV cache, from the device or from the host shadow."""
+        import hashlib
+
+        h = hashlib.sha256()
+        if self.rs is not None:
+            used = len(self.cache_tokens) * self.rs.kv_row_bytes
+            pairs = [(buf, used) for _, buf in self._kv_buffers()]
+            for c in (vk.download_many(self.dev, pairs) if used else []):
+                h.update(c.tobytes())
+        elif self.kv_shadow:
+            for c in self.kv_shadow.values():
+                h.update(np.asarray(c).tobytes())
+        return h.hexdigest()
+
+    def host_shadow_bytes(self) -> int:
+        """Host memory that backs a restore: the mapped GGUF weights and any KV shadow."""
+        kv = sum(np.asarray(c).nbytes for c in self.kv_shadow.values()) if self.kv_shadow else 0
+        return self.weight_bytes + kv
+
+    def _drop_graphs(self) -> None:
+        for g in list(self._decode.values()) + list(self._prefill.values()):
+            g.close()
+        self._decode, self._prefill = {}, OrderedDict()
 
     # -- weights ----------------------------------------------------------------------------
-    def _upload(self, progress) -> None:
+    def _upload(self, progress) -> int:
         names = list(self.config.tensor_shapes())
         total = sum(self.gguf.tensor(n).nbytes for n in names)
         done = 0
@@ -114,6 +201,7 @@ class Model:
                     done += count * row_bytes
                     if progress:
                         progress(done, total)
+        return done
 
     # -- graphs -----------------------------------------------------------------------------
     def _record(self, n: int, greedy: bool) -> Graph:
@@ -142,6 +230,8 @@ class Model:
         return g
 
     def _run(self, tokens: list[int], pos0: int, greedy: bool) -> int | np.ndarray:
+        if self.state != "warm":
+            raise RuntimeError(f"{self.name} is cold: restore it before running it")
         if pos0 + len(tokens) > self.n_ctx:
             raise ContextFull(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}")
         self.rs.set_step(tokens, pos0)
@@ -206,16 +296,11 @@ class Model:
         return out
 
     def close(self) -> None:
-        for g in list(self._decode.values()) + list(self._prefill.values()):
-            g.close()
-        self._decode, self._prefill = {}, OrderedDict()
+        self.release(full=False)
         if self.rs is not None:
             self.rs.close()
             self.rs = None
-        for w in self.weights.values():
-            for b in w.buffers:
-                self.dev.allocator.free(b)
-        self.weights = {}
+        self.kv_shadow = None
         self.gguf.close()
 
 

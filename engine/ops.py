@@ -67,6 +67,7 @@ class RunState:
                  kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
                  kv_layers: list[int] | None = None):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
+        self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
         T = max_tokens
 
@@ -90,6 +91,16 @@ class RunState:
                         for i in layers}             # [n_ctx, n_head_kv, head_dim] f16
         self.v_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/v_cache.{i}", "kv")
                         for i in layers}
+
+    @staticmethod
+    def bytes_for(*, n_layer: int, n_embd: int, q_dim: int, kv_dim: int, n_ff: int,
+                  n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None) -> int:
+        """What the constructor allocates, without allocating (for the arbiter)."""
+        T = max_tokens
+        floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim + 2 * n_ff) + n_vocab
+        host = 4 * T + 16 + 4 * n_vocab
+        layers = n_layer if kv_layers is None else len(kv_layers)
+        return 4 * floats + host + 2 * 2 * n_ctx * kv_dim * layers
 
     def set_step(self, token_ids, pos0: int) -> None:
         ids = np.asarray(token_ids, np.uint32)

@@ -618,6 +618,25 @@ def download(dev: Device, src: Buffer, nbytes: int | None = None, offset: int = 
         dev.allocator.free(staging)
 
 
+def download_many(dev: Device, sources: list[tuple[Buffer, int]]) -> list[np.ndarray]:
+    """The first n bytes of each buffer, through one staging buffer and one submit."""
+    if all(b.view is not None for b, _ in sources):
+        return [b.view[:n].copy() for b, n in sources]
+    total = sum(-(-n // 16) * 16 for _, n in sources)
+    staging = dev.allocator.alloc(max(total, 16), "readback", "staging", host=True)
+    try:
+        offsets, off = [], 0
+        with dev.one_shot() as cmd:
+            for b, n in sources:
+                offsets.append(off)
+                if n:
+                    copy_buffer(cmd, b, 0, staging, off, n)
+                off += -(-n // 16) * 16
+        return [staging.view[o:o + n].copy() for o, (_, n) in zip(offsets, sources)]
+    finally:
+        dev.allocator.free(staging)
+
+
 def copy_buffer(cmd, src: Buffer, src_off: int, dst: Buffer, dst_off: int, nbytes: int) -> None:
     region = ffi.new("VkBufferCopy*", {"srcOffset": src_off, "dstOffset": dst_off,
                                        "size": nbytes})

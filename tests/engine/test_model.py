@@ -140,3 +140,50 @@ def test_absurd_hyperparameters(dev, kc, tmp_path):
     path = _write(tmp_path, "llama", {"token_embd.weight": np.zeros((32, 64), np.float32)}, kv)
     with pytest.raises(ModelFileError, match="absurd or unsupported hyperparameters"):
         Model(dev, kc, path)
+
+
+# -- residency ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("full", [False, True])
+def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full):
+    ref = load_reference("smollm2-135m-instruct-q4_1.json")["prompts"]["plain"]
+    m = Model(dev, kc, smollm2_path, n_ctx=256, name=f"cycle{int(full)}")
+    try:
+        first = list(m.generate(ref["prompt_ids"], 4))
+        kv = m.kv_checksum()
+        warm = m.device_bytes()
+        for _ in range(3):
+            m.release(full=full)
+            assert m.state == "cold"
+            cold = m.device_bytes()
+            assert cold.get("weights", 0) == 0
+            if full:
+                assert sum(cold.values()) == 0
+                assert m.host_shadow_bytes() > m.weight_bytes
+            else:
+                assert cold["kv"] == warm["kv"]
+            assert m.kv_checksum() == kv
+            with pytest.raises(RuntimeError, match="cold"):
+                m.eval([1], 0)
+            m.restore()
+            assert m.state == "warm" and m.device_bytes() == warm
+            assert m.kv_checksum() == kv
+        # the prompt cache survived: only the last prompt token is recomputed
+        t = Timings()
+        again = list(m.generate(ref["prompt_ids"], 8, timings=t))
+        assert t.cached_tokens == len(ref["prompt_ids"]) - 1
+        assert again == ref["greedy_ids"][:8] and again[:4] == first
+    finally:
+        m.close()
+    assert sum(m.device_bytes().values()) == 0
+
+
+def test_cold_load_then_warm_bytes_estimate(dev, kc, smollm2_path):
+    m = Model(dev, kc, smollm2_path, n_ctx=512, warm=False, name="estimate")
+    try:
+        assert m.state == "cold" and sum(m.device_bytes().values()) == 0
+        estimate = m.warm_bytes()
+        m.restore()
+        assert sum(m.device_bytes().values()) == estimate
+    finally:
+        m.close()
