@@ -6,7 +6,13 @@
     eng.status()                         # models and their device bytes by kind
     eng.close()
 
-All work on the device happens under one lock, so callers on several threads are safe.
+All work on the device happens under one lock, so callers on several threads are safe and
+a release never races a decode: the arbiter only evicts between requests.
+
+Residency: every model is warm (all device buffers resident) or cold (weights released;
+with full eviction also KV and compute buffers, the KV kept as a host shadow). Making a
+model warm acquires VRAM budget from the arbiter, which releases the least recently used
+unpinned models first; a generate on a cold model restores it before reading its KV.
 """
 from __future__ import annotations
 
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from . import vk
+from .arbiter import Arbiter, BudgetError
 from .chat import ChatTemplate
 from .gguf_file import ModelFileError
 from .kernels import KernelCache
@@ -25,6 +32,13 @@ from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
 
 DEFAULT_CTX = 2048
+BUDGET_MARGIN = 0.10          # of the device heap, left for the desktop and other programs
+MIN_MARGIN = 256 << 20
+
+
+def default_budget(dev: vk.Device) -> int:
+    heap = dev.device_heap_bytes
+    return max(heap - max(int(heap * BUDGET_MARGIN), MIN_MARGIN), heap // 2)
 
 
 @dataclass
@@ -49,11 +63,13 @@ class Loaded:
 
 
 class Engine:
-    def __init__(self, device: str | None = None, n_ctx: int = DEFAULT_CTX):
+    def __init__(self, device: str | None = None, n_ctx: int = DEFAULT_CTX,
+                 budget_bytes: int | None = None, full_release: bool = True):
         self.dev = vk.Device(device)
         self.kernels = KernelCache(self.dev)
         self.n_ctx = n_ctx
         self.models: dict[str, Loaded] = {}
+        self.arbiter = Arbiter(budget_bytes or default_budget(self.dev), full_release)
         self._lock = threading.RLock()
 
     @property
@@ -68,7 +84,8 @@ class Engine:
         with self._lock:
             if name in self.models:
                 raise ValueError(f"a model named {name!r} is already loaded")
-            model = Model(self.dev, self.kernels, path, n_ctx or self.n_ctx, progress, name)
+            model = Model(self.dev, self.kernels, path, n_ctx or self.n_ctx, name=name,
+                          warm=False)
             try:
                 tok = Tokenizer.from_gguf(model.gguf)
                 chat = ChatTemplate.from_gguf(model.gguf)
@@ -78,13 +95,66 @@ class Engine:
             except Exception as exc:
                 model.close()
                 raise ModelFileError(path, f"unusable tokenizer metadata ({exc})") from None
+            self.arbiter.register(name, self._releaser(model))
+            try:
+                self.arbiter.acquire(name, model.warm_bytes())   # budget before upload
+                model.restore(progress)
+            except BaseException:
+                self.arbiter.unregister(name)
+                model.close()
+                raise
             self.models[name] = Loaded(name, model, tok, chat)
             return name
+
+    def _releaser(self, model: Model):
+        def release(full: bool) -> int:
+            model.release(full=full)
+            return sum(model.device_bytes().values())
+        return release
+
+    def _warm(self, m: Loaded) -> None:
+        """Make m warm: acquire budget (evicting others), then restore from host shadows."""
+        self.arbiter.acquire(m.name, m.model.warm_bytes())
+        if m.model.state != "warm":
+            m.model.restore()
 
     def unload(self, name: str) -> None:
         with self._lock:
             self._get(name).model.close()
+            self.arbiter.unregister(name)
             del self.models[name]
+
+    def warm(self, name: str) -> dict:
+        with self._lock:
+            m = self._get(name)
+            self._warm(m)
+            return m.model.last_transfer
+
+    def evict(self, name: str, full: bool | None = None) -> dict:
+        """Make a model cold now (weights-only or full; default: the engine's mode)."""
+        with self._lock:
+            m = self._get(name)
+            if name in self.arbiter.pinned:
+                raise BudgetError(f"{name} is pinned; unpin it before evicting it")
+            info = m.model.release(full=self.arbiter.full_release if full is None else full)
+            self.arbiter.update(name, sum(m.model.device_bytes().values()))
+            return info
+
+    def pin(self, name: str) -> None:
+        """Keep a model warm: it is made warm now and never released by the arbiter."""
+        with self._lock:
+            m = self._get(name)
+            self.arbiter.pin(name, m.model.warm_bytes())
+            try:
+                self._warm(m)
+            except BaseException:
+                self.arbiter.unpin(name)
+                raise
+
+    def unpin(self, name: str) -> None:
+        with self._lock:
+            self._get(name)
+            self.arbiter.unpin(name)
 
     def _get(self, name: str | None) -> Loaded:
         if name is None and len(self.models) == 1:
@@ -98,10 +168,28 @@ class Engine:
         return self._get(name).tokenizer
 
     def status(self) -> list[dict]:
+        """Per model: state, pin, device bytes by kind (released buffers skipped) and host
+        shadow bytes."""
         with self._lock:
             return [{"name": m.name, "path": m.model.path, "arch": m.model.gguf.arch,
-                     "n_ctx": m.model.n_ctx, "device_bytes": m.model.device_bytes()}
+                     "n_ctx": m.model.n_ctx, "state": m.model.state,
+                     "pinned": m.name in self.arbiter.pinned,
+                     "device_bytes": m.model.device_bytes(),
+                     "host_shadow_bytes": m.model.host_shadow_bytes(),
+                     "warm_bytes": m.model.warm_bytes(),
+                     "cached_tokens": len(m.model.cache_tokens)}
                     for m in self.models.values()]
+
+    def vram(self) -> dict:
+        """The budget and what is in use, cross-checked with VK_EXT_memory_budget if present."""
+        with self._lock:
+            out = {"budget_bytes": self.arbiter.budget, "granted_bytes": self.arbiter.used,
+                   "allocated_bytes": self.dev.allocator.reserved_bytes(),
+                   "device": self.dev.name, "heap_bytes": self.dev.device_heap_bytes}
+            driver = self.dev.memory_budget()
+            if driver is not None:
+                out["driver_budget_bytes"], out["driver_usage_bytes"] = driver
+            return out
 
     # -- generation ---------------------------------------------------------------------------
     def prompt_tokens(self, name: str | None, prompt: str | None = None,
@@ -135,6 +223,7 @@ class Engine:
         emitted = 0
         t0 = time.perf_counter()
         with self._lock:
+            self._warm(m)
             if max_tokens > 0:
                 gen = m.model.generate(prompt_ids, max_tokens,
                                        None if sampler is None else sampler.sample,

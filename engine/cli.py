@@ -110,6 +110,12 @@ def cmd_bench(args) -> int:
     return run_bench(args)
 
 
+def cmd_swap_bench(args) -> int:
+    from .swapbench import run_swap_bench
+
+    return run_swap_bench(args)
+
+
 # -- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,12 +159,24 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)
 
+    sb = sub.add_parser("swap-bench", help="cycle models warm/cold and time the restores")
+    sb.add_argument("--model", "-m", action="append",
+                    help=model_help + " (give two or more; default: smollm2 twice)")
+    sb.add_argument("--evict-kv", action="store_true",
+                    help="full eviction (KV to host too) instead of weights-only")
+    sb.add_argument("--cycles", type=int, default=3)
+    sb.add_argument("-n", type=int, default=8, help="tokens generated per turn")
+    sb.add_argument("--ctx", type=int, default=2048)
+    sb.add_argument("--json", action="store_true")
+    sb.set_defaults(func=cmd_swap_bench)
+
     from . import serve as _serve
     _serve.add_parser(sub, model_help)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .arbiter import BudgetError
     from .gguf_file import ModelFileError
     from .vk import VulkanError
 
@@ -166,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return args.func(args)
-    except (ModelFileError, UsageError, ValueError, KeyError) as exc:
+    except (ModelFileError, UsageError, ValueError, KeyError, BudgetError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"hotseat: error: {msg}", file=sys.stderr)
         return EXIT_BAD_INPUT
