@@ -44,7 +44,7 @@ KERNELS: dict[str, KernelSpec] = {
     "mul_mat": KernelSpec(
         "mul_mat.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
-         ("row_offset", U), ("y_stride", U)),
+         ("row_offset", U), ("y_stride", U), ("corr_offset", U)),
         (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3)), typed=True, writes=(2,)),
     "get_rows": KernelSpec("get_rows.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
@@ -53,20 +53,30 @@ KERNELS: dict[str, KernelSpec] = {
     "rms_norm": KernelSpec("rms_norm.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
                            (("SG", 0),), writes=(2,)),
-    "rope": KernelSpec("rope.comp", 4,
+    "rope": KernelSpec("rope.comp", 5,
                        (("n_heads", U), ("head_dim", U), ("n_dims", U), ("n_tokens", U),
                         ("freq_base", F), ("freq_scale", F)),
-                       (("NEOX", 0), ("OUT_F16", 1)), writes=(1, 2)),
+                       (("NEOX", 0), ("OUT_F16", 1), ("TABLE", 2)), writes=(1, 2)),
     "set_rows": KernelSpec("set_rows.comp", 3, (("n_cols", U), ("n_rows", U)), writes=(1,)),
     "attention": KernelSpec("attention.comp", 5,
                             (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("window", U),
                              ("scale", F)),
-                            (("SG", 0), ("HD", 1)), writes=(3,)),
+                            (("SG", 0), ("HD", 1), ("GGML", 2)), writes=(3,)),
+    "quantize_act": KernelSpec("quantize_act.comp", 2,
+                               (("n_cols", U), ("n_rows", U), ("x_offset", U),
+                                ("corr_offset", U)), (("FMT", 0),), writes=(1,)),
     "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),), (("GELU", 0),), writes=(2,)),
     "add": KernelSpec("add.comp", 3, (("n", U),), writes=(2,)),
     "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("SG", 0),),
                          writes=(1,)),
 }
+
+
+# The activation rounding ggml's CPU backend applies before a product with each weight type
+# (its vec_dot_type), as quantize_act's FMT: 0 Q8_0, 1 Q8_1, 2 Q8_K, 3 F16; None: f32 as is.
+ACT_FORMAT = {"Q4_0": 0, "Q5_0": 0, "Q8_0": 0, "Q4_1": 1, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2,
+              "F16": 3, "F32": None}
+ACT_BLOCK = {0: 32, 1: 32, 2: 256, 3: 4}
 
 
 def variant_name(kernel: str, wtype: str | None = None) -> str:

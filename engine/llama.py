@@ -91,7 +91,7 @@ class Config:
 def _run_state_shape(c: Config, n_ctx: int, max_tokens: int) -> dict:
     return dict(n_layer=c.n_layer, n_embd=c.n_embd, q_dim=c.n_head * c.head_dim,
                 kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff, n_vocab=c.n_vocab, n_ctx=n_ctx,
-                max_tokens=max_tokens)
+                max_tokens=max_tokens, rope=((c.rope_base, c.rope_dims),))
 
 
 def make_run_state(dev, label: str, c: Config, n_ctx: int, max_tokens: int) -> RunState:

@@ -13,6 +13,7 @@ import numpy as np
 
 from . import vk
 from .graph import Graph
+from .kernels import ACT_BLOCK, ACT_FORMAT
 
 
 @dataclass(eq=False)
@@ -52,6 +53,7 @@ class Tuning:
     mv_rows: int = 2        # weight rows per subgroup, decode
     mm_rows: int = 4        # weight rows per subgroup, prefill
     mm_tokens: int = 8      # tokens per subgroup, prefill
+    ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy)
 
     @classmethod
     def for_device(cls, dev: vk.Device) -> "Tuning":
@@ -65,7 +67,8 @@ class RunState:
 
     def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, q_dim: int,
                  kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
-                 kv_layers: list[int] | None = None):
+                 kv_layers: list[int] | None = None,
+                 rope: tuple[tuple[float, int], ...] = ()):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
@@ -83,6 +86,9 @@ class RunState:
         self.gate = act("gate", T * n_ff)            # [T, n_ff]
         self.up = act("up", T * n_ff)
         self.logits = act("logits", n_vocab)         # [1, n_vocab] last token only
+        k_max = max(n_embd, q_dim, n_ff)
+        self.xq = act("xq", T * k_max + T * k_max // 32)   # rounded activations + corrections
+        self.rope_tables: dict[tuple, vk.Buffer] = {}      # (base, n_dims, scale) -> table
         self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
         self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
         self.result = alloc(4 * n_vocab, f"{label}/result", "compute", host=True)
@@ -91,13 +97,36 @@ class RunState:
                         for i in layers}             # [n_ctx, n_head_kv, head_dim] f16
         self.v_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/v_cache.{i}", "kv")
                         for i in layers}
+        for base, n_dims in rope:
+            self.rope_table(base, n_dims)
+
+    def rope_table(self, base: float, n_dims: int, freq_scale: float = 1.0) -> vk.Buffer:
+        """(cos, sin) for every position and pair, computed as ggml does: theta starts at
+        pos * freq_scale and is multiplied by powf(base, -2 / n_dims) in float32 per pair."""
+        key = (base, n_dims, freq_scale)
+        if key not in self.rope_tables:
+            half = n_dims // 2
+            theta_scale = np.float32(base) ** np.float32(-2.0 / n_dims)
+            theta = np.empty((self.n_ctx, half), np.float32)
+            theta[:, 0] = np.arange(self.n_ctx, dtype=np.float32) * np.float32(freq_scale)
+            for i in range(1, half):
+                theta[:, i] = theta[:, i - 1] * theta_scale
+            t64 = theta.astype(np.float64)
+            table = np.stack([np.cos(t64), np.sin(t64)], axis=-1).astype(np.float32)
+            buf = self.dev.allocator.alloc(table.nbytes, f"rope{base:g}", "compute")
+            vk.upload(self.dev, buf, table)
+            self.rope_tables[key] = buf
+        return self.rope_tables[key]
 
     @staticmethod
     def bytes_for(*, n_layer: int, n_embd: int, q_dim: int, kv_dim: int, n_ff: int,
-                  n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None) -> int:
+                  n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None,
+                  rope: tuple[tuple[float, int], ...] = ()) -> int:
         """What the constructor allocates, without allocating (for the arbiter)."""
         T = max_tokens
+        k_max = max(n_embd, q_dim, n_ff)
         floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim + 2 * n_ff) + n_vocab
+        floats += T * k_max + T * k_max // 32 + sum(n_ctx * d for _, d in rope)
         host = 4 * T + 16 + 4 * n_vocab
         layers = n_layer if kv_layers is None else len(kv_layers)
         return 4 * floats + host + 2 * 2 * n_ctx * kv_dim * layers
@@ -109,7 +138,8 @@ class RunState:
 
     def buffers(self) -> list[vk.Buffer]:
         return [b for b in vars(self).values() if isinstance(b, vk.Buffer)] + \
-            list(self.k_cache.values()) + list(self.v_cache.values())
+            list(self.k_cache.values()) + list(self.v_cache.values()) + \
+            list(self.rope_tables.values())
 
     def close(self) -> None:
         for b in self.buffers():
@@ -121,6 +151,23 @@ class Builder:
 
     def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning):
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
+        self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
+
+    def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
+        """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
+        key = (id(x), x_row, n, n_in, fmt)
+        corr = n * n_in if fmt == 1 else 0
+        if self._rounded != key:
+            blocks = n * n_in // ACT_BLOCK[fmt]
+            self.g.op("quantize_act", [x, self.rs.xq], (-(-blocks // 64), 1, 1),
+                      spec=dict(FMT=fmt), n_cols=n_in, n_rows=n, x_offset=x_row,
+                      corr_offset=corr)
+            self._rounded = key
+        return self.rs.xq, corr
+
+    def _wrote(self, buf: vk.Buffer) -> None:
+        if self._rounded is not None and self._rounded[0] == id(buf):
+            self._rounded = None
 
     def get_rows(self, table: Tensor, ids: vk.Buffer, out: vk.Buffer, n: int,
                  scale: float = 1.0) -> None:
@@ -128,6 +175,7 @@ class Builder:
             self.g.op("get_rows", [buf, ids, out], (n, 1, 1), wtype=table.wtype,
                       n_cols=table.shape[0], n_rows=n, scale=scale, row_base=first,
                       part_rows=count)
+        self._wrote(out)
 
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
                x_row: int = 0) -> None:
@@ -136,25 +184,37 @@ class Builder:
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
         spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACC=int(accumulate))
+        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics else None
+        corr = 0
+        if fmt is not None:
+            x, corr = self._rounded_input(x, x_row, n, n_in, fmt)
+            x_row = 0
         for buf, first, count in w.parts:
             self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
-                      x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
+                      x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out,
+                      corr_offset=corr)
+        self._wrote(y)
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
                  row_offset: int = 0) -> None:
         self.g.op("rms_norm", [x, w.buf, out], (n, 1, 1), n_cols=w.shape[0], n_rows=n, eps=eps,
                   x_offset=row_offset)
+        self._wrote(out)
 
     def rope(self, x: vk.Buffer, out: vk.Buffer, n_heads: int, head_dim: int, n_dims: int,
              n: int, base: float, neox: bool, freq_scale: float = 1.0) -> None:
         """In place when out is x (f32); into an f16 KV cache at step.pos0 when out is kind kv."""
         to_cache = out.kind == "kv"
         pairs = n * n_heads * n_dims // 2
-        self.g.op("rope", [x, x if to_cache else out, out if to_cache else x, self.rs.step],
-                  (-(-pairs // 64), 1, 1), spec=dict(NEOX=int(neox), OUT_F16=int(to_cache)),
+        table = self.rs.rope_table(base, n_dims, freq_scale) if self.t.ggml_numerics else x
+        self.g.op("rope", [x, x if to_cache else out, out if to_cache else x, self.rs.step,
+                           table],
+                  (-(-pairs // 64), 1, 1), spec=dict(NEOX=int(neox), OUT_F16=int(to_cache),
+                                                    TABLE=int(self.t.ggml_numerics)),
                   n_heads=n_heads, head_dim=head_dim, n_dims=n_dims, n_tokens=n,
                   freq_base=base, freq_scale=freq_scale)
+        self._wrote(x)
 
     def set_rows(self, src: vk.Buffer, cache: vk.Buffer, n_cols: int, n: int) -> None:
         self.g.op("set_rows", [src, cache, self.rs.step], (-(-n * n_cols // 64), 1, 1),
@@ -164,16 +224,19 @@ class Builder:
                   n_head: int, n_head_kv: int, head_dim: int, n: int, scale: float,
                   window: int = 0) -> None:
         self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
-                  spec=dict(HD=head_dim), n_head=n_head, n_head_kv=n_head_kv, n_tokens=n,
-                  window=window, scale=scale)
+                  spec=dict(HD=head_dim, GGML=int(self.t.ggml_numerics)), n_head=n_head,
+                  n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
+        self._wrote(out)
 
     def silu_mul(self, gate: vk.Buffer, up: vk.Buffer, out: vk.Buffer, count: int,
                  gelu: bool = False) -> None:
         self.g.op("silu_mul", [gate, up, out], _groups_1d(count), spec=dict(GELU=int(gelu)),
                   n=count)
+        self._wrote(out)
 
     def add(self, a: vk.Buffer, b: vk.Buffer, out: vk.Buffer, count: int) -> None:
         self.g.op("add", [a, b, out], _groups_1d(count), n=count)
+        self._wrote(out)
 
     def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
         self.g.op("argmax", [x, out], (1, 1, 1), n=count, x_offset=0)

@@ -193,22 +193,35 @@ class Weights:
 # -- the pieces forward() is made of ----------------------------------------------------------
 
 def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
-    """x / rms(x) * w over the last axis (ggml_rms_norm then a multiply)."""
-    ms = np.mean(x.astype(np.float64) ** 2, axis=-1, keepdims=True)
-    return (x * (1.0 / np.sqrt(ms + eps)).astype(np.float32)) * w
+    """x / rms(x) * w over the last axis, rounded step by step as ggml_rms_norm and ggml_mul."""
+    sum_sq = (x * x).sum(axis=-1, keepdims=True, dtype=np.float64)   # float squares, double sum
+    mean = (sum_sq / x.shape[-1]).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    return (x * scale) * w
 
 
 def rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool) -> np.ndarray:
-    """Rotate x [T, heads, head_dim] by position; angles pos * base^(-2i/head_dim) as ggml."""
+    """Rotate x [T, heads, head_dim] by position, the angles built as ggml's rope cache is."""
     hd = x.shape[-1]
-    inv = (base ** (-2.0 * np.arange(hd // 2) / hd)).astype(np.float32)     # [hd/2]
-    ang = pos.astype(np.float32)[:, None, None] * inv                       # [T, 1, hd/2]
-    cos, sin = np.cos(ang), np.sin(ang)
+    theta_scale = np.float32(base) ** (np.float32(-2.0) / np.float32(hd))
+    theta = np.empty((len(pos), hd // 2), np.float32)                   # [T, hd/2]
+    t = pos.astype(np.float32)
+    for i in range(hd // 2):                    # theta_i = p * s^i, one float multiply per step
+        theta[:, i] = t
+        t = t * theta_scale
+    cos = np.cos(theta.astype(np.float64)).astype(np.float32)[:, None]  # [T, 1, hd/2]
+    sin = np.sin(theta.astype(np.float64)).astype(np.float32)[:, None]
     if neox:                                    # pairs (i, i + hd/2)
         a, b = x[..., : hd // 2], x[..., hd // 2:]
-        return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
-    a, b = x[..., 0::2], x[..., 1::2]           # pairs (2i, 2i + 1)
-    return np.stack([a * cos - b * sin, a * sin + b * cos], axis=-1).reshape(x.shape)
+    else:                                       # pairs (2i, 2i + 1)
+        a, b = x[..., 0::2], x[..., 1::2]
+    # ggml's loop compiles to fma(x0, cos, -(x1 * sin)): one rounded product, one fused
+    a64 = a.astype(np.float64)
+    ra = (a64 * cos - b * sin).astype(np.float32)
+    rb = (a64 * sin + b * cos).astype(np.float32)
+    if neox:
+        return np.concatenate([ra, rb], axis=-1)
+    return np.stack([ra, rb], axis=-1).reshape(x.shape)
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -229,8 +242,9 @@ def gelu_f16_table(x: np.ndarray) -> np.ndarray:
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
+    """As ggml_soft_max: float exponentials, a double sum, a multiply by its inverse."""
     e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True, dtype=np.float64).astype(np.float32)
+    return e * (1.0 / e.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
 
 
 class RunState:

@@ -10,6 +10,9 @@
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4
+// GGML = 1 follows ggml's CPU arithmetic instead of the online softmax: q rounded to f16,
+// the full-row softmax in f32 (max, then sum), probabilities rounded to f16 before P.V.
+layout(constant_id = 2) const uint GGML = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_tokens, n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -36,6 +39,40 @@ void main() {
 
     vec4 qv[D4];
     const uint qb = (t * p.n_head + h) * D4;
+    const uint ob = (t * p.n_head + h) * D4;
+    if (GGML != 0) {
+        [[unroll]] for (uint d = 0; d < D4; d++) qv[d] = vec4(f16vec4(q4[qb + d]));
+        float mx = -1.0 / 0.0;
+        for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
+            const uint kb = (kp * p.n_head_kv + kvh) * D4;
+            float s = 0.0;
+            [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
+            mx = max(mx, s * p.scale);
+        }
+        mx = subgroupMax(mx);
+        float sum = 0.0;
+        for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
+            const uint kb = (kp * p.n_head_kv + kvh) * D4;
+            float s = 0.0;
+            [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
+            sum += exp(s * p.scale - mx);
+        }
+        const float inv = 1.0 / subgroupAdd(sum);
+        vec4 acc[D4];
+        [[unroll]] for (uint d = 0; d < D4; d++) acc[d] = vec4(0.0);
+        for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
+            const uint kb = (kp * p.n_head_kv + kvh) * D4;
+            float s = 0.0;
+            [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
+            const float pr = float(float16_t(exp(s * p.scale - mx) * inv));
+            [[unroll]] for (uint d = 0; d < D4; d++) acc[d] += pr * vec4(v4[kb + d]);
+        }
+        [[unroll]] for (uint d = 0; d < D4; d++) {
+            const vec4 tot = subgroupAdd(acc[d]);
+            if (lane == 0) o4[ob + d] = tot;
+        }
+        return;
+    }
     [[unroll]] for (uint d = 0; d < D4; d++) qv[d] = q4[qb + d] * p.scale;
 
     float m = -1.0 / 0.0, l = 0.0;
@@ -55,7 +92,6 @@ void main() {
     const float M = subgroupMax(m);
     const float f = (l > 0.0) ? exp(m - M) : 0.0;
     const float L = subgroupAdd(l * f);
-    const uint ob = (t * p.n_head + h) * D4;
     [[unroll]] for (uint d = 0; d < D4; d++) {
         const vec4 sum = subgroupAdd(acc[d] * f);
         if (lane == 0) o4[ob + d] = sum / L;

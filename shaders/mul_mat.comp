@@ -24,6 +24,7 @@ layout(push_constant) uniform Push {
     uint y_offset;   // in floats
     uint row_offset; // first weight row (in rows) of this dispatch
     uint y_stride;   // floats between token rows of y (n_out unless W comes in parts)
+    uint corr_offset;// floats into X of per-block Q8_1 sum corrections (0: none; Q4_1 only)
 } p;
 
 void main() {
@@ -54,6 +55,16 @@ void main() {
             [[unroll]] for (uint t = 0; t < NT; t++) {
                 acc[r * NT + t] += dot(lo, xa[t]) + dot(hi, xb[t]);
             }
+#if defined(TYPE_Q4_1)
+            if (p.corr_offset != 0 && q == 0) {
+                const float m = block_min(row * nb + ib);
+                [[unroll]] for (uint t = 0; t < NT; t++) {
+                    const uint tt = min(t0 + t, p.n_tokens - 1);
+                    const uint ci = p.corr_offset + tt * nb + ib;
+                    acc[r * NT + t] += m * x4[ci >> 2][ci & 3];
+                }
+            }
+#endif
         }
     }
     [[unroll]] for (uint r = 0; r < ROWS; r++) {

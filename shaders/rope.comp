@@ -7,10 +7,14 @@
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint NEOX = 0;
 layout(constant_id = 1) const uint OUT_F16 = 0;
+// TABLE = 1 reads (cos, sin) from a host-computed table [n_ctx, n_dims/2] that follows
+// ggml's float32 recurrence theta_i = pos * theta_scale^i, instead of computing them here.
+layout(constant_id = 2) const uint TABLE = 0;
 layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) buffer O32 { float o32[]; };
 layout(std430, binding = 2) buffer O16 { float16_t o16[]; };
 STEP_BUFFER(3)
+layout(std430, binding = 4) readonly buffer CS { vec2 cs[]; };
 layout(push_constant) uniform Push {
     uint n_heads;
     uint head_dim;
@@ -29,8 +33,16 @@ void main() {
     const uint h = (idx % per_token) / half_dims;
     const uint i = idx % half_dims;
     const uint pos = step.pos0 + t;
-    const float theta = float(pos) * p.freq_scale * pow(p.freq_base, -2.0 * float(i) / float(p.n_dims));
-    const float c = cos(theta), s = sin(theta);
+    float c, s;
+    if (TABLE != 0) {
+        const vec2 v = cs[pos * half_dims + i];
+        c = v.x;
+        s = v.y;
+    } else {
+        const float theta = float(pos) * p.freq_scale * pow(p.freq_base, -2.0 * float(i) / float(p.n_dims));
+        c = cos(theta);
+        s = sin(theta);
+    }
     const uint row = (t * p.n_heads + h) * p.head_dim;
     const uint a = NEOX != 0 ? i : 2 * i;
     const uint b = NEOX != 0 ? i + half_dims : 2 * i + 1;

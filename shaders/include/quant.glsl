@@ -61,6 +61,7 @@ void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
     lo = vec4(uvec4(v, v >> 8, v >> 16, v >> 24) & 0xFu) * dm.x + dm.y;
     hi = vec4(uvec4(v >> 4, v >> 12, v >> 20, v >> 28) & 0xFu) * dm.x + dm.y;
 }
+float block_min(uint ib) { return unpackHalf2x16(w32[ib * 5]).y; }
 
 #elif defined(TYPE_Q5_0)
 // block: f16 d, uint8 qh[4], uint8 qs[16]; w = ((nibble | highbit << 4) - 16) * d

@@ -1,0 +1,59 @@
+#version 450
+// Round activations the way ggml's CPU backend does before a quantized matrix product, so
+// greedy decoding follows llama.cpp's token for token. Per block of x (32 values, 256 for
+// Q8_K), out holds the dequantized rounded values; for Q8_1 a correction per block follows
+// the values (at corr_offset): fp16(d * sum(q)) - fp16(d) * sum(q), the difference between
+// the block sum ggml stores and the exact one, which mul_mat multiplies by the Q4_1 minimum.
+//   FMT 0: Q8_0   d = fp16(amax / 127), q = rne(x * 127 / amax)
+//   FMT 1: Q8_1   as Q8_0, plus the block-sum correction
+//   FMT 2: Q8_K   blocks of 256, iscale = -127 / max (signed), q = min(127, rne(iscale x)),
+//                 d = 1 / iscale in f32
+//   FMT 3: F16    x rounded to f16
+#include "common.glsl"
+layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint FMT = 0;
+layout(std430, binding = 0) readonly buffer X { float x[]; };
+layout(std430, binding = 1) writeonly buffer O { float o[]; };
+layout(push_constant) uniform Push {
+    uint n_cols;
+    uint n_rows;
+    uint x_offset;     // rows of x to skip
+    uint corr_offset;  // floats: where Q8_1 corrections start in out
+} p;
+
+float f16r(float v) { return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x; }
+
+void main() {
+    const uint bs = FMT == 2 ? 256 : (FMT == 3 ? 4 : 32);
+    const uint nb = p.n_cols / bs;
+    const uint gid = gl_GlobalInvocationID.x;
+    if (gid >= nb * p.n_rows) return;
+    const uint row = gid / nb, b = gid % nb;
+    const uint src = (row + p.x_offset) * p.n_cols + b * bs;
+    const uint dst = row * p.n_cols + b * bs;
+    if (FMT == 3) {
+        for (uint j = 0; j < bs; j++) o[dst + j] = f16r(x[src + j]);
+        return;
+    }
+    float amax = 0.0, vmax = 0.0;
+    for (uint j = 0; j < bs; j++) {
+        const float v = x[src + j];
+        if (abs(v) > amax) { amax = abs(v); vmax = v; }
+    }
+    if (FMT == 2) {
+        const float iscale = vmax != 0.0 ? -127.0 / vmax : 0.0;
+        const float d = iscale != 0.0 ? 1.0 / iscale : 0.0;
+        for (uint j = 0; j < bs; j++) o[dst + j] = min(127.0, roundEven(iscale * x[src + j])) * d;
+        return;
+    }
+    const float d = amax / 127.0;
+    const float id = amax != 0.0 ? 127.0 / amax : 0.0;
+    const float dh = f16r(d);
+    float qsum = 0.0;
+    for (uint j = 0; j < bs; j++) {
+        const float q = roundEven(x[src + j] * id);
+        qsum += q;
+        o[dst + j] = q * dh;
+    }
+    if (FMT == 1) o[p.corr_offset + row * nb + b] = f16r(d * qsum) - dh * qsum;
+}
