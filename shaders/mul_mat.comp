@@ -24,7 +24,7 @@ layout(push_constant) uniform Push {
     uint y_offset;   // in floats
     uint row_offset; // first weight row (in rows) of this dispatch
     uint y_stride;   // floats between token rows of y (n_out unless W comes in parts)
-    uint corr_offset;// floats into X of per-block Q8_1 sum corrections (0: none; Q4_1 only)
+    uint corr_offset;// floats into X of per-block Q8_1 sum corrections, 0 for none (Q4_1)
 } p;
 
 void main() {
