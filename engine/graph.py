@@ -48,6 +48,9 @@ class Graph:
         if len(buffers) != ks.n_buffers:
             raise TypeError(f"{name} binds {ks.n_buffers} buffers, got {len(buffers)}")
         bindings = [b if isinstance(b, tuple) else (b, 0, b.nbytes) for b in buffers]
+        for b in bindings:
+            if b[0].released:
+                raise ValueError(f"{name}: buffer {b[0].label} is released")
         touched = {id(b[0]) for b in bindings}
         if touched & self._dirty:
             self.cmd.barrier()

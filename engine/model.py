@@ -80,7 +80,10 @@ class Model:
         self.name = name or path.rsplit("/", 1)[-1]
         self.tuning = Tuning.for_device(dev)
         self.profile = False                    # record graphs with per-op timestamps
-        self.weights: dict[str, Tensor] = {}   # device weights while they are resident
+        self._layout = self._plan_layout()      # where each tensor sits in the weight arenas
+        self.arenas: list[vk.Buffer] = []       # device weights while they are resident
+        self.shadow: list[vk.Buffer] = []       # their host-visible copy (discrete GPUs)
+        self.weights: dict[str, Tensor] = {}
         self.rs: RunState | None = None        # activations and KV cache while resident
         self.kv_shadow: dict[str, np.ndarray] | None = None   # host copy while evicted
         self._decode: dict[bool, Graph] = {}
@@ -98,11 +101,11 @@ class Model:
     @property
     def state(self) -> str:
         """warm: everything on the device; cold: weights released (KV kept or shadowed)."""
-        return "warm" if self.weights and self.rs is not None else "cold"
+        return "warm" if self.arenas and self.rs is not None else "cold"
 
     @property
     def weight_bytes(self) -> int:
-        return sum(self.gguf.tensor(n).nbytes for n in self.config.tensor_shapes())
+        return sum(self._layout[1])
 
     def warm_bytes(self) -> int:
         """Device bytes this model holds when warm (what the arbiter must grant)."""
@@ -113,7 +116,7 @@ class Model:
         """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""
         t0 = time.perf_counter()
         moved = 0
-        if not self.weights:
+        if not self.arenas:
             moved += self._upload(progress)
         if self.rs is None:
             self.rs = self.arch.make_run_state(self.dev, self.name, self.config, self.n_ctx,
@@ -134,10 +137,9 @@ class Model:
         t0 = time.perf_counter()
         moved = 0
         self._drop_graphs()
-        for w in self.weights.values():
-            for b in w.buffers:
-                self.dev.allocator.free(b)
-        self.weights = {}
+        for b in self.arenas:
+            self.dev.allocator.free(b)
+        self.arenas, self.weights = [], {}
         if full and self.rs is not None:
             used = len(self.cache_tokens) * self.rs.kv_row_bytes
             pairs = [(buf, used) for _, buf in self._kv_buffers()]
@@ -170,7 +172,8 @@ class Model:
         return h.hexdigest()
 
     def host_shadow_bytes(self) -> int:
-        """Host memory that backs a restore: the mapped GGUF weights and any KV shadow."""
+        """Host memory that backs a restore: the weights' host-visible copy (or, on unified
+        memory, the mapped GGUF file) and any KV shadow."""
         kv = sum(np.asarray(c).nbytes for c in self.kv_shadow.values()) if self.kv_shadow else 0
         return self.weight_bytes + kv
 
@@ -180,28 +183,71 @@ class Model:
         self._decode, self._prefill = {}, OrderedDict()
 
     # -- weights ----------------------------------------------------------------------------
+    ARENA_BYTES = 1 << 30          # weights are packed into buffers of at most this size
+    write_in_place = True          # on unified memory; tests turn it off to take the
+                                   # discrete-GPU path (host shadow + device copy)
+
+    def _plan_layout(self):
+        """Pack every tensor into arenas; split tensors past the storage-buffer range by rows.
+
+        Returns (placements, arena sizes): placements are (name, first row, rows, arena,
+        offset, bytes, file offset)."""
+        align = max(self.dev.storage_align, 256)
+        limit = min(self.dev.max_storage_range, self.ARENA_BYTES)
+        placements, sizes = [], [0]
+        for n in self.config.tensor_shapes():
+            t = self.gguf.tensor(n)
+            rows = t.n_elements // t.shape[0]
+            row_bytes = t.nbytes // rows
+            per_part = max(1, min(rows, limit // row_bytes))
+            for first in range(0, rows, per_part):
+                count = min(per_part, rows - first)
+                nbytes = count * row_bytes
+                off = -(-sizes[-1] // align) * align
+                if off + nbytes > self.ARENA_BYTES and sizes[-1] > 0:
+                    sizes.append(0)
+                    off = 0
+                placements.append((n, first, count, len(sizes) - 1, off, nbytes,
+                                   first * row_bytes))
+                sizes[-1] = off + nbytes
+        return placements, sizes
+
     def _upload(self, progress) -> int:
-        names = list(self.config.tensor_shapes())
-        total = sum(self.gguf.tensor(n).nbytes for n in names)
-        done = 0
-        with vk.Uploader(self.dev) as up:
-            for n in names:
+        """Weights onto the device: from the host-visible shadow when there is one (one
+        copy command per arena), else from the GGUF memmap, building the shadow on the way
+        on discrete GPUs so that later restores are plain device copies."""
+        placements, sizes = self._layout
+        total = sum(p[5] for p in placements)
+        self.arenas = [self.dev.allocator.alloc(n, f"{self.name}/weights.{i}", "weights")
+                       for i, n in enumerate(sizes)]
+        direct = self.arenas[0].view is not None and self.write_in_place
+        if not direct and not self.shadow:
+            self.shadow = [self.dev.allocator.alloc(n, f"{self.name}/shadow.{i}", "shadow",
+                                                    host=True) for i, n in enumerate(sizes)]
+            targets = self.shadow
+        else:
+            targets = self.arenas if direct else None
+        if targets is not None:
+            done = 0
+            for n, first, count, a, off, nbytes, src in placements:
                 t = self.gguf.tensor(n)
-                rows = t.n_elements // t.shape[0]
-                row_bytes = t.nbytes // rows
-                per_part = max(1, min(rows, self.dev.max_storage_range // row_bytes))
-                parts = []
-                for first in range(0, rows, per_part):
-                    count = min(per_part, rows - first)
-                    label = f"{self.name}/{n}" + (f"[{first}:]" if first else "")
-                    buf = self.dev.allocator.alloc(count * row_bytes, label, "weights")
-                    parts.append((buf, first, count))
-                    self.weights[n] = Tensor(t.type_name, t.shape, parts)
-                    up.write(buf, t.data[first * row_bytes:(first + count) * row_bytes])
-                    done += count * row_bytes
-                    if progress:
-                        progress(done, total)
-        return done
+                targets[a].view[off:off + nbytes] = t.data[src:src + nbytes]
+                done += nbytes
+                if progress:
+                    progress(done, total)
+        if not direct:
+            with self.dev.one_shot() as cmd:
+                for sh, ar, n in zip(self.shadow, self.arenas, sizes):
+                    vk.copy_buffer(cmd, sh, 0, ar, 0, n)
+            if progress and targets is None:
+                progress(total, total)
+        self.weights = {}
+        for n, first, count, a, off, nbytes, _ in placements:
+            t = self.gguf.tensor(n)
+            if n not in self.weights:
+                self.weights[n] = Tensor(t.type_name, t.shape, [], self.arenas)
+            self.weights[n].parts.append((first, count, a, off, nbytes))
+        return total
 
     # -- graphs -----------------------------------------------------------------------------
     def _record(self, n: int, greedy: bool) -> Graph:
@@ -288,8 +334,7 @@ class Model:
 
     def device_bytes(self) -> dict[str, int]:
         out: dict[str, int] = {}
-        bufs = [b for w in self.weights.values() for b in w.buffers]
-        bufs += self.rs.buffers() if self.rs else []
+        bufs = list(self.arenas) + (self.rs.buffers() if self.rs else [])
         for b in bufs:
             if not b.released:
                 out[b.kind] = out.get(b.kind, 0) + b.nbytes
@@ -300,6 +345,9 @@ class Model:
         if self.rs is not None:
             self.rs.close()
             self.rs = None
+        for b in self.shadow:
+            self.dev.allocator.free(b)
+        self.shadow = []
         self.kv_shadow = None
         self.gguf.close()
 

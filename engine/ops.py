@@ -18,24 +18,26 @@ from .kernels import ACT_BLOCK, ACT_FORMAT
 
 @dataclass(eq=False)
 class Tensor:
-    """A device tensor: its GGUF type, ggml shape (row length first) and buffers.
+    """A device tensor: its GGUF type, ggml shape (row length first) and where it lives.
 
-    A tensor larger than the device's storage-buffer range is held in row-aligned parts:
-    `parts` lists (buffer, first row, row count).
+    `parts` lists (first row, row count, arena index, byte offset, byte count): a tensor
+    larger than the device's storage-buffer range is bound in row-aligned parts. The bytes
+    live in the model's weight arenas (`arenas`), shared by all its tensors.
     """
     wtype: str
     shape: tuple[int, ...]
-    parts: list[tuple[vk.Buffer, int, int]]
+    parts: list[tuple[int, int, int, int, int]]
+    arenas: list[vk.Buffer]
 
-    @property
-    def buf(self) -> vk.Buffer:
+    def bindings(self) -> list[tuple[tuple[vk.Buffer, int, int], int, int]]:
+        """((buffer, offset, range), first row, row count) per part."""
+        return [((self.arenas[a], off, n), first, count)
+                for first, count, a, off, n in self.parts]
+
+    def binding(self) -> tuple[vk.Buffer, int, int]:
         if len(self.parts) != 1:
             raise ValueError("tensor is split into parts")
-        return self.parts[0][0]
-
-    @property
-    def buffers(self) -> list[vk.Buffer]:
-        return [p[0] for p in self.parts]
+        return self.bindings()[0][0]
 
     @property
     def rows(self) -> int:
@@ -171,7 +173,7 @@ class Builder:
 
     def get_rows(self, table: Tensor, ids: vk.Buffer, out: vk.Buffer, n: int,
                  scale: float = 1.0) -> None:
-        for buf, first, count in table.parts:
+        for buf, first, count in table.bindings():
             self.g.op("get_rows", [buf, ids, out], (n, 1, 1), wtype=table.wtype,
                       n_cols=table.shape[0], n_rows=n, scale=scale, row_base=first,
                       part_rows=count)
@@ -189,7 +191,7 @@ class Builder:
         if fmt is not None:
             x, corr = self._rounded_input(x, x_row, n, n_in, fmt)
             x_row = 0
-        for buf, first, count in w.parts:
+        for buf, first, count in w.bindings():
             self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out,
@@ -198,7 +200,7 @@ class Builder:
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
                  row_offset: int = 0) -> None:
-        self.g.op("rms_norm", [x, w.buf, out], (n, 1, 1), n_cols=w.shape[0], n_rows=n, eps=eps,
+        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1), n_cols=w.shape[0], n_rows=n, eps=eps,
                   x_offset=row_offset)
         self._wrote(out)
 

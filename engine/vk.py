@@ -22,7 +22,8 @@ import numpy as np
 import vulkan as _vk
 from vulkan import ffi, lib
 
-KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging")
+KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging", "shadow")
+HOST_KINDS = ("staging", "shadow")     # host memory: not VRAM, whatever heap backs it
 
 
 class VulkanError(RuntimeError):

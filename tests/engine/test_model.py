@@ -163,10 +163,16 @@ def test_absurd_hyperparameters(dev, kc, tmp_path):
 
 # -- residency ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("full", [False, True])
-def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full):
+@pytest.mark.parametrize("full,in_place", [(False, True), (True, True), (True, False)])
+def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_place,
+                                              monkeypatch):
+    """Both release modes; in_place=False takes the discrete-GPU path: weights restored
+    from a host-visible shadow by device copies."""
+    monkeypatch.setattr(Model, "write_in_place", in_place)
     ref = load_reference("smollm2-135m-instruct-q4_1.json")["prompts"]["plain"]
     m = Model(dev, kc, smollm2_path, n_ctx=256, name=f"cycle{int(full)}")
+    if not in_place:
+        assert sum(b.nbytes for b in m.shadow) == m.weight_bytes
     try:
         first = list(m.generate(ref["prompt_ids"], 4))
         kv = m.kv_checksum()
