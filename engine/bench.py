@@ -3,7 +3,9 @@
 Each repeat processes the same N-token prompt from an empty cache, then decodes tgN tokens
 after it, one recorded-graph replay per token. Figures are medians over the repeats, after a
 warm-up run that records the graphs. With --vs-llama-server the same prompt ids go through
-llama.cpp's llama-server on the same model and device, and the table shows the ratio.
+llama.cpp's llama-server on the same model and device, and the table shows the ratio;
+--vs-llama-cpp runs llama.cpp's CPU backend in process (llama-cpp-python) instead, where the
+prebuilt server cannot run a model.
 """
 from __future__ import annotations
 
@@ -84,6 +86,12 @@ def run_bench(args) -> int:
                                   prompt)
         results.append({"engine": "llama.cpp llama-server", "device": peer.get("device", "?"),
                         "pp": peer["prefill_samples"], "tg": peer["decode_samples"]})
+    if args.vs_llama_cpp:
+        from .peer_llamacpp import bench_llama_cpp
+
+        peer = bench_llama_cpp(path, prompt, args.n_gen, args.repeats)
+        results.append({"engine": "llama.cpp CPU", "device": peer["device"],
+                        "pp": peer["prefill_samples"], "tg": peer["decode_samples"]})
     report = _report(os.path.basename(path), size, args, results)
     if profile is not None:
         report["profile"] = profile
@@ -106,10 +114,12 @@ def _report(model: str, size: int, args, results: list[dict]) -> dict:
                          "stdev": statistics.pstdev(vals) if len(vals) > 1 else 0.0,
                          "samples": vals})
     out = {"model": model, "size_bytes": size, "repeats": args.repeats, "rows": rows}
-    if len(results) > 1:
-        ours = {r["test"]: r["tokens_per_s"] for r in rows if r["engine"] == "hotseat"}
-        peer = {r["test"]: r["tokens_per_s"] for r in rows if r["engine"] != "hotseat"}
-        out["ratio_vs_llama_server"] = {t: ours[t] / peer[t] for t in ours if peer.get(t)}
+    ours = {r["test"]: r["tokens_per_s"] for r in rows if r["engine"] == "hotseat"}
+    for engine, key in (("llama.cpp llama-server", "ratio_vs_llama_server"),
+                        ("llama.cpp CPU", "ratio_vs_llama_cpp_cpu")):
+        peer = {r["test"]: r["tokens_per_s"] for r in rows if r["engine"] == engine}
+        if peer:
+            out[key] = {t: ours[t] / peer[t] for t in ours if peer.get(t)}
     return out
 
 
@@ -122,8 +132,10 @@ def _print_table(rep: dict) -> None:
     for r in rep["rows"]:
         ts = f"{r['tokens_per_s']:.2f} ± {r['stdev']:.2f}"
         print(f"| {r['engine']:<24} | {r['device'][:34]:<34} | {r['test']:>6} | {ts:>16} |")
-    for test, ratio in rep.get("ratio_vs_llama_server", {}).items():
-        print(f"{test}: hotseat / llama-server = {ratio:.2f}x")
+    for key, who in (("ratio_vs_llama_server", "llama-server"),
+                     ("ratio_vs_llama_cpp_cpu", "llama.cpp CPU")):
+        for test, ratio in rep.get(key, {}).items():
+            print(f"{test}: hotseat / {who} = {ratio:.2f}x")
     if "profile" in rep:
         print(f"\n| {'graph':<8} | {'kernel':<22} | {'calls':>5} | {'ms':>9} | {'share':>6} |")
         for p in rep["profile"]:

@@ -155,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-r", "--repeats", type=int, default=3)
     b.add_argument("--vs-llama-server", metavar="PATH", nargs="?", const="",
                    help="also run llama.cpp's llama-server (PATH, or found on PATH)")
+    b.add_argument("--vs-llama-cpp", action="store_true",
+                   help="also run llama.cpp's CPU backend through llama-cpp-python")
     b.add_argument("--profile", action="store_true", help="per-kernel GPU times")
     b.add_argument("--json", action="store_true")
     b.set_defaults(func=cmd_bench)

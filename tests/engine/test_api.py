@@ -57,3 +57,17 @@ def test_pin_evict_and_over_budget_error(smollm2_path, ref):
         assert s["device_bytes"]["kv"] > 0                  # weights-only keeps the KV
         out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY)
         assert out.tokens == ref["greedy_ids"][:3] and eng.status()[0]["state"] == "warm"
+
+
+def test_two_architectures_in_one_process(smollm2_path, gemma3_path):
+    """SmolLM2 (llama) and Gemma 3 (gemma3) loaded side by side, each greedy as llama.cpp."""
+    smol = load_reference("smollm2-135m-instruct-q4_1.json")["prompts"]["plain"]
+    gem = load_reference("gemma3-270m-q4_k_m.json")["prompts"]["plain"]
+    with Engine(n_ctx=256) as eng:
+        a = eng.load(smollm2_path, name="smollm2")
+        b = eng.load(gemma3_path, name="gemma3")
+        assert {s["arch"] for s in eng.status()} == {"llama", "gemma3"}
+        assert eng.prompt_tokens(b, prompt=gem["text"]) == gem["prompt_ids"]
+        for name, ref in ((a, smol), (b, gem), (a, smol)):
+            out = eng.generate(name, prompt=ref["text"], max_tokens=8, sampling=GREEDY)
+            assert out.tokens == ref["greedy_ids"][:8], name

@@ -114,7 +114,7 @@ def test_mul_mat(dev, kc, wtype, n_tokens, nt, rows, warps):
     run_once(dev, kc, "mul_mat", [bw, bx, by],
              (-(-n_out // (rows * warps)), -(-n_tokens // nt), 1), wtype=wtype,
              spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACC=0), n_in=n_in, n_out=n_out, n_tokens=n_tokens,
-             x_offset=0, y_offset=0, row_offset=0, y_stride=n_out)
+             x_offset=0, y_offset=0, row_offset=0, y_stride=n_out, corr_offset=0)
     got = read(dev, by)[: n_tokens * n_out].reshape(n_tokens, n_out)
     assert nmse(got, x @ w.T) < 1e-10
 
@@ -129,7 +129,8 @@ def test_mul_mat_accumulates_and_offsets(dev, kc):
     # last token only, second half of the weight rows, added into y
     run_once(dev, kc, "mul_mat", [bw, bx, by], (n_out, 1, 1), wtype="Q8_0",
              spec=dict(WG=dev.subgroup_size, ROWS=1, NT=1, ACC=1), n_in=n_in, n_out=n_out, n_tokens=1,
-             x_offset=2 * n_in // 4, y_offset=0, row_offset=n_out, y_stride=n_out)
+             x_offset=2 * n_in // 4, y_offset=0, row_offset=n_out, y_stride=n_out,
+             corr_offset=0)
     assert nmse(read(dev, by)[:n_out], y0 + w[n_out:] @ x[2]) < 1e-10
 
 
@@ -223,8 +224,8 @@ def test_rope_in_place(dev, kc, neox):
     rng = np.random.default_rng(8)
     x = rng.standard_normal((5, 3, 64)).astype(np.float32)
     bx, st = buf(dev, x), step_buffer(dev, 37)
-    run_once(dev, kc, "rope", [bx, bx, bx, st], (-(-5 * 3 * 32 // 64), 1, 1),
-             spec=dict(NEOX=neox, OUT_F16=0), n_heads=3, head_dim=64, n_dims=64, n_tokens=5,
+    run_once(dev, kc, "rope", [bx, bx, bx, st, bx], (-(-5 * 3 * 32 // 64), 1, 1),
+             spec=dict(NEOX=neox, OUT_F16=0, TABLE=0), n_heads=3, head_dim=64, n_dims=64, n_tokens=5,
              freq_base=10000.0, freq_scale=1.0)
     assert nmse(read(dev, bx).reshape(x.shape), rope_ref(x, 37, 64, 10000.0, bool(neox))) < 1e-11
 
@@ -235,7 +236,8 @@ def test_rope_into_f16_cache(dev, kc):
     n_ctx = 16
     bx, st = buf(dev, x), step_buffer(dev, 5)
     cache = buf(dev, np.zeros((n_ctx, 2, 64), np.float16), kind="kv")
-    run_once(dev, kc, "rope", [bx, bx, cache, st], (4, 1, 1), spec=dict(NEOX=0, OUT_F16=1),
+    run_once(dev, kc, "rope", [bx, bx, cache, st, bx], (4, 1, 1),
+             spec=dict(NEOX=0, OUT_F16=1, TABLE=0),
              n_heads=2, head_dim=64, n_dims=64, n_tokens=4, freq_base=1e5, freq_scale=1.0)
     got = read(dev, cache, np.float16).reshape(n_ctx, 2, 64).astype(np.float32)
     assert nmse(got[5:9], rope_ref(x, 5, 64, 1e5, False)) < 1e-6
@@ -280,3 +282,103 @@ def test_attention(dev, kc, hd, window):
              n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window, scale=scale)
     want = attention_ref(q, k, v, pos0, window, scale)
     assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-10
+
+
+# -- llama.cpp CPU numerics -------------------------------------------------------------------
+
+def ggml_dot_q4_1_q8_1(raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """ggml's Q4_1 x Q8_1 dot: integer sums per block, scaled by the f16 d's, plus m * s."""
+    xb = x.reshape(len(x), -1, 32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    d = amax / np.float32(127)
+    q = np.rint(xb * (np.float32(127) / amax))
+    dh = d.astype(np.float16).astype(np.float32)[..., 0]
+    s = (d[..., 0] * q.sum(-1)).astype(np.float16).astype(np.float32)
+    blk = raw.reshape(n_out, n_in // 32, 20)
+    dw = blk[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    mw = blk[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    qw = np.concatenate([blk[..., 4:] & 15, blk[..., 4:] >> 4], -1).astype(np.float32)
+    sumi = np.einsum("obj,tbj->tob", qw, q)
+    return (dw[None] * dh[:, None, :] * sumi).sum(-1) + (mw[None] * s[:, None, :]).sum(-1)
+
+
+def test_quantized_activations_match_ggml_dot(dev, kc):
+    from engine.ops import Builder, RunState, Tensor, Tuning
+    from engine.graph import Graph
+
+    rng = np.random.default_rng(13)
+    n_in, n_out, T = 576, 96, 3
+    raw, _ = quantized("Q4_1", n_out, n_in, rng)
+    x = (rng.standard_normal((T, n_in)) * 3).astype(np.float32)
+    want = ggml_dot_q4_1_q8_1(raw, x, n_out, n_in)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, q_dim=n_in, kv_dim=64, n_ff=n_in,
+                  n_vocab=n_out, n_ctx=16, max_tokens=8)
+    bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, nbytes=4 * T * n_out)
+    w = Tensor("Q4_1", (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    for n, x_row, rows in ((T, 0, slice(None)), (1, T - 1, slice(T - 1, T))):
+        g = Graph(dev, kc, "t")
+        Builder(g, {}, rs, Tuning.for_device(dev)).matmul(w, bx, by, n, x_row=x_row)
+        g.replay()
+        got = read(dev, by)[: n * n_out].reshape(n, n_out)
+        g.close()
+        assert np.abs(got - want[rows]).max() < 1e-5 * np.abs(want).max()
+    rs.close()
+
+
+@pytest.mark.parametrize("fmt", [0, 2, 3])
+def test_quantize_act_formats(dev, kc, fmt):
+    rng = np.random.default_rng(14)
+    x = (rng.standard_normal((2, 512)) * 5).astype(np.float32)
+    bx, bo = buf(dev, x), buf(dev, nbytes=x.nbytes)
+    run_once(dev, kc, "quantize_act", [bx, bo], (1 if fmt == 2 else 8, 1, 1),
+             spec=dict(FMT=fmt), n_cols=512, n_rows=2, x_offset=0, corr_offset=0)
+    if fmt == 0:
+        b = x.reshape(2, -1, 32)
+        amax = np.abs(b).max(-1, keepdims=True)
+        want = np.rint(b * (np.float32(127) / amax)) * (amax / 127).astype(np.float16)
+    elif fmt == 2:
+        b = x.reshape(2, -1, 256)
+        mx = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)
+        iscale = np.float32(-127) / mx
+        want = np.minimum(np.rint(iscale * b), 127) * (np.float32(1) / iscale)
+    else:
+        want = x.astype(np.float16)
+    assert np.array_equal(read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32))
+
+
+def test_rope_from_ggml_table(dev, kc):
+    from engine.ops import RunState
+
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, q_dim=64, kv_dim=64, n_ff=64, n_vocab=64,
+                  n_ctx=64, max_tokens=8, rope=((1e5, 64),))
+    x = np.random.default_rng(15).standard_normal((5, 3, 64)).astype(np.float32)
+    bx = buf(dev, x)
+    rs.set_step([0] * 5, 30)
+    run_once(dev, kc, "rope", [bx, bx, bx, rs.step, rs.rope_table(1e5, 64)], (8, 1, 1),
+             spec=dict(NEOX=0, OUT_F16=0, TABLE=1), n_heads=3, head_dim=64, n_dims=64,
+             n_tokens=5, freq_base=1e5, freq_scale=1.0)
+    assert nmse(read(dev, bx).reshape(x.shape), rope_ref(x, 30, 64, 1e5, False)) < 1e-11
+    rs.close()
+
+
+def test_attention_ggml_rounding(dev, kc):
+    rng = np.random.default_rng(16)
+    n_ctx, n_head, n_kv, n_tok, pos0, hd = 40, 6, 2, 4, 20, 64
+    k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    bo, st = buf(dev, nbytes=q.nbytes), step_buffer(dev, pos0)
+    scale = hd ** -0.5
+    run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n_tok, 1),
+             spec=dict(HD=hd, GGML=1), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok,
+             window=0, scale=scale)
+    qh = q.astype(np.float16).astype(np.float32)
+    want = np.zeros_like(q)
+    for t in range(n_tok):
+        for h in range(n_head):
+            s = (k[:pos0 + t + 1, h // 3].astype(np.float32) @ qh[t, h]) * np.float32(scale)
+            p = np.exp(s - s.max())
+            p = (p / p.sum()).astype(np.float16).astype(np.float32)
+            want[t, h] = p @ v[:pos0 + t + 1, h // 3].astype(np.float32)
+    assert np.abs(read(dev, bo).reshape(q.shape) - want).max() < 1e-5
