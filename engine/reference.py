@@ -1,15 +1,17 @@
 """A numpy reference forward pass: what the GPU engine is checked against.
 
 Float32 math on weights dequantized once from the GGUF file, computed the way llama.cpp's
-graph builders compute it (src/models/llama.cpp, src/models/gemma3.cpp). Slow but plain:
-one matrix product per weight for a whole batch of tokens, a float32 KV cache.
+graph builders compute it (src/models/llama.cpp, src/models/gemma3.cpp), with ggml's rounding
+order in the cheap places (rms_norm, the rope angles). Slow but plain: one matrix product per
+weight for a whole batch of tokens, a float32 KV cache.
 
-`quantize_activations=True` additionally mirrors what llama.cpp's CPU backend does to the
-numbers on the way: activations are rounded through Q8_0 / Q8_1 / Q8_K blocks before every
-product with a quantized weight (ggml's vec_dot_type), the KV cache is float16, and Q and
-the attention probabilities are rounded to float16 before the products with it, and GELU
-goes through ggml's float16 table. With it the logits agree with llama.cpp's to a few 1e-3
-instead of a few 1e-2.
+`quantize_activations=True` also rounds the numbers the way llama.cpp's CPU backend does:
+activations go through Q8_0 / Q8_1 / Q8_K blocks before every product with a quantized
+weight (ggml's vec_dot_type), the KV cache, Q and the attention probabilities through
+float16, GELU through ggml's float16 table. Each op then agrees with llama.cpp's to float32
+rounding (~1e-7, against ~1e-3 without), but whole-model logits get no closer: one activation
+landing on the other side of a Q8 or float16 rounding step, from a 1e-7 difference in
+accumulation order, is magnified by the residual-stream outliers (1e4 to 1e5) of both models.
 """
 from __future__ import annotations
 
@@ -78,6 +80,13 @@ def _f16(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).astype(np.float32)
 
 
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round to bfloat16, nearest even, as GGML_FP32_TO_BF16."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
 def _q8_0(x: np.ndarray) -> np.ndarray:
     """quantize_row_q8_0 (x86 SIMD) then dequantize: blocks of 32, d = amax/127 kept as f16."""
     b = x.reshape(*x.shape[:-1], -1, 32)
@@ -130,8 +139,10 @@ class Linear:
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if self.act == "F32":
             return x @ self.w.T
-        if self.act in ("F16", "BF16"):
+        if self.act == "F16":
             return _f16(x) @ self.w.T
+        if self.act == "BF16":
+            return _bf16(x) @ self.w.T
         if self.act == "Q8_0":
             return _q8_0(x) @ self.w.T
         if self.act == "Q8_K":
@@ -272,6 +283,8 @@ class ReferenceModel:
 
     def forward(self, tokens: list[int], start_pos: int) -> np.ndarray:
         """Logits [len(tokens), n_vocab] for tokens at positions start_pos...; fills the cache."""
+        if not tokens:
+            raise ValueError("forward() needs at least one token")
         if start_pos + len(tokens) > self.n_ctx:
             raise ValueError(f"{start_pos + len(tokens)} positions exceed n_ctx={self.n_ctx}")
         if start_pos > self.state.n_past:

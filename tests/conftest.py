@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+# numpy's BLAS threads fight the Vulkan CPU driver for the same cores; one is faster here
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
