@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .gguf_file import GGUFFile, ModelFileError
-from .ops import Builder, RunState
+from .gguf_file import GGUFFile
+from .ops import Builder, RunState, check_hyperparameters
 
 
 @dataclass(frozen=True)
@@ -71,35 +71,12 @@ class Config:
         return shapes
 
     def validate(self, path: str) -> None:
-        problems = []
-        if self.n_layer <= 0 or self.n_layer > 1024:
-            problems.append(f"block_count {self.n_layer}")
-        if self.n_embd <= 0 or self.n_embd % 32 or self.n_embd > 65536:
-            problems.append(f"embedding_length {self.n_embd}")
-        if self.n_head <= 0 or self.n_head_kv <= 0 or self.n_head % self.n_head_kv:
-            problems.append(f"head counts {self.n_head}/{self.n_head_kv}")
-        if self.head_dim <= 0 or self.head_dim % 4 or self.head_dim > 512:
-            problems.append(f"head dim {self.head_dim}")
-        if self.n_ff <= 0 or self.n_ff % 32 or self.n_ff > 1 << 20:
-            problems.append(f"feed_forward_length {self.n_ff}")
-        if not 0 < self.n_vocab <= 1 << 22:
-            problems.append(f"vocab size {self.n_vocab}")
-        if problems:
-            raise ModelFileError(path, "absurd or unsupported hyperparameters: " + ", ".join(problems))
+        check_hyperparameters(self, path, [])
 
 
-def _run_state_shape(c: Config, n_ctx: int, max_tokens: int) -> dict:
-    return dict(n_layer=c.n_layer, n_embd=c.n_embd, q_dim=c.n_head * c.head_dim,
-                kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff, n_vocab=c.n_vocab, n_ctx=n_ctx,
-                max_tokens=max_tokens, rope=((c.rope_base, c.rope_dims),))
-
-
-def make_run_state(dev, label: str, c: Config, n_ctx: int, max_tokens: int) -> RunState:
-    return RunState(dev, label, **_run_state_shape(c, n_ctx, max_tokens))
-
-
-def run_state_bytes(c: Config, n_ctx: int, max_tokens: int) -> int:
-    return RunState.bytes_for(**_run_state_shape(c, n_ctx, max_tokens))
+def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
+    """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""
+    return ((c.rope_base, c.rope_dims),)
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:

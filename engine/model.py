@@ -18,7 +18,7 @@ from . import gemma3, llama, vk
 from .gguf_file import GGUFFile, ModelFileError
 from .graph import Graph
 from .kernels import WEIGHT_TYPES, KernelCache
-from .ops import Builder, RunState, Tensor, Tuning
+from .ops import Builder, RunState, Tensor, Tuning, run_state_args
 
 ARCHITECTURES = {"llama": llama, "gemma3": gemma3}
 PREFILL_CHUNK = 256
@@ -109,8 +109,11 @@ class Model:
 
     def warm_bytes(self) -> int:
         """Device bytes this model holds when warm (what the arbiter must grant)."""
-        return self.weight_bytes + self.arch.run_state_bytes(self.config, self.n_ctx,
-                                                             PREFILL_CHUNK)
+        return self.weight_bytes + RunState.bytes_for(**self._run_state_args())
+
+    def _run_state_args(self) -> dict:
+        return run_state_args(self.config, self.n_ctx, PREFILL_CHUNK,
+                              self.arch.rope_tables(self.config))
 
     def restore(self, progress: Callable[[int, int], None] | None = None) -> dict:
         """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""
@@ -119,8 +122,7 @@ class Model:
         if not self.arenas:
             moved += self._upload(progress)
         if self.rs is None:
-            self.rs = self.arch.make_run_state(self.dev, self.name, self.config, self.n_ctx,
-                                               PREFILL_CHUNK)
+            self.rs = RunState(self.dev, self.name, **self._run_state_args())
             if self.kv_shadow:
                 with vk.Uploader(self.dev) as up:
                     for layer, buf in self._kv_buffers():

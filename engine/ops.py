@@ -148,6 +148,34 @@ class RunState:
             self.dev.allocator.free(b)
 
 
+def check_hyperparameters(c, path: str, extra: list[str] = ()) -> None:
+    """One-line ModelFileError for hyperparameters no real model has (a corrupt header)."""
+    from .gguf_file import ModelFileError
+
+    problems = list(extra)
+    if not 0 < c.n_layer <= 1024:
+        problems.append(f"block_count {c.n_layer}")
+    if c.n_embd <= 0 or c.n_embd % 32 or c.n_embd > 65536:
+        problems.append(f"embedding_length {c.n_embd}")
+    if c.n_head <= 0 or c.n_head_kv <= 0 or c.n_head % c.n_head_kv:
+        problems.append(f"head counts {c.n_head}/{c.n_head_kv}")
+    if c.head_dim <= 0 or c.head_dim % 4 or c.head_dim > 512:
+        problems.append(f"head dim {c.head_dim}")
+    if c.n_ff <= 0 or c.n_ff % 32 or c.n_ff > 1 << 20:
+        problems.append(f"feed_forward_length {c.n_ff}")
+    if not 0 < c.n_vocab <= 1 << 22:
+        problems.append(f"vocab size {c.n_vocab}")
+    if problems:
+        raise ModelFileError(path, "absurd or unsupported hyperparameters: " + ", ".join(problems))
+
+
+def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = ()) -> dict:
+    """RunState's sizes for a model config (attention-and-FFN architectures)."""
+    return dict(n_layer=c.n_layer, n_embd=c.n_embd, q_dim=c.n_head * c.head_dim,
+                kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff, n_vocab=c.n_vocab, n_ctx=n_ctx,
+                max_tokens=max_tokens, rope=rope)
+
+
 class Builder:
     """Records a forward pass on a Graph; one method per op."""
 

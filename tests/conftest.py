@@ -15,6 +15,25 @@ SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
 DATA = Path(__file__).resolve().parent / "data"
 
 
+@pytest.fixture(scope="module")
+def dev():
+    """The Vulkan device (lavapipe where no GPU is present)."""
+    from engine import vk
+
+    d = vk.Device()
+    yield d
+    d.close()
+
+
+@pytest.fixture(scope="module")
+def kc(dev):
+    from engine.kernels import KernelCache
+
+    k = KernelCache(dev)
+    yield k
+    k.close()
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
     from engine.models import smollm2_path

@@ -9,7 +9,7 @@ import pytest
 
 from engine import vk
 from engine.graph import run_once
-from engine.kernels import K_QUANTS, KERNELS, WEIGHT_TYPES, KernelCache
+from engine.kernels import K_QUANTS, KERNELS, WEIGHT_TYPES
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[2] / "shaders"
@@ -18,20 +18,6 @@ SHADERS = Path(__file__).resolve().parents[2] / "shaders"
 def nmse(got: np.ndarray, want: np.ndarray) -> float:
     want = np.asarray(want, np.float64)
     return float(np.sum((np.asarray(got, np.float64) - want) ** 2) / max(np.sum(want ** 2), 1e-30))
-
-
-@pytest.fixture(scope="module")
-def dev():
-    d = vk.Device()
-    yield d
-    d.close()
-
-
-@pytest.fixture(scope="module")
-def kc(dev):
-    k = KernelCache(dev)
-    yield k
-    k.close()
 
 
 def buf(dev, data: np.ndarray | None = None, nbytes: int | None = None, kind="compute"):

@@ -4,27 +4,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine import vk
 from engine.gguf_file import GGUFFile, ModelFileError
-from engine.kernels import KernelCache
 from engine.model import Model, Timings
 from tests.conftest import DATA, load_reference
 
 pytestmark = pytest.mark.gpu
-
-
-@pytest.fixture(scope="module")
-def dev():
-    d = vk.Device()
-    yield d
-    d.close()
-
-
-@pytest.fixture(scope="module")
-def kc(dev):
-    k = KernelCache(dev)
-    yield k
-    k.close()
 
 
 @pytest.fixture(scope="module")

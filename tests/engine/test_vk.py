@@ -9,13 +9,6 @@ from engine import vk
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(scope="module")
-def dev():
-    d = vk.Device()
-    yield d
-    d.close()
-
-
 def info(i, name, kind):
     return vk.DeviceInfo(i, name, kind, 0, "1.3")
 
