@@ -9,7 +9,12 @@ on a worker thread, never on the event loop; a client that goes away cancels its
 
 Bad input is always a 4xx with OpenAI's error shape
 `{"error": {"message", "type", "param", "code"}}`; an engine failure is a 500 of the same
-shape and the server keeps serving.
+shape and the server keeps serving. A request the VRAM budget cannot hold (pinned models
+fill it, or evicting a pinned model) is a 409 with the engine's message.
+
+The management API under /api (list, load, unload, pin, unpin, evict, warm, vram) reads the
+engine's residency; the operations on one model queue behind that model's generations, so
+they answer in the order they were asked. /health and /metrics never wait for the engine.
 
 aiohttp is imported inside the functions that use it: cli.py imports this module to build
 its parser, and `hotseat tokenize` should not pay for a web framework.
@@ -31,6 +36,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
+
+from .arbiter import BudgetError
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -114,7 +121,7 @@ def _integer(body: dict, key: str, default: int | None, lo: int | None = None) -
     return v
 
 
-def _boolean(body: dict, key: str, default: bool) -> bool:
+def _boolean(body: dict, key: str, default: bool | None) -> bool | None:
     v = body.get(key)
     if v is None:
         return default
@@ -365,6 +372,11 @@ class Server:
             ("GET", "/api/models", self.api_models),
             ("POST", "/api/models", self.api_load),
             ("DELETE", "/api/models/{name}", self.api_unload),
+            ("POST", "/api/models/{name}/pin", self.api_pin),
+            ("POST", "/api/models/{name}/unpin", self.api_unpin),
+            ("POST", "/api/models/{name}/evict", self.api_evict),
+            ("POST", "/api/models/{name}/warm", self.api_warm),
+            ("GET", "/api/vram", self.api_vram),
         ]
 
     def add_model(self, name: str, n_ctx: int | None = None) -> ModelSlot:
@@ -415,6 +427,8 @@ class Server:
             return await handler(request)
         except ApiError as exc:
             return _json_response(exc.body(), exc.status)
+        except BudgetError as exc:             # the arbiter's refusal, wherever it came from
+            return _json_response(_over_budget(exc).body(), 409)
         except web.HTTPException as exc:       # aiohttp's own 404, 405, 413
             code = {404: "not_found", 405: "method_not_allowed",
                     413: "request_too_large"}.get(exc.status)
@@ -462,11 +476,14 @@ class Server:
             resp.headers["Vary"] = "Origin"
 
     # -- helpers ------------------------------------------------------------------------------
-    async def _body(self, request: web.Request) -> Any:
+    async def _body(self, request: web.Request, empty: Any = None) -> Any:
+        """The JSON body; `empty` (when not None) stands for a missing one."""
         if request.content_length is not None and request.content_length > self.max_body:
             raise ApiError(413, f"the request body is larger than {self.max_body} bytes", None,
                            "request_too_large")
         raw = await request.read()             # aiohttp raises 413 past client_max_size
+        if empty is not None and not raw.strip():
+            return empty
         try:
             return json.loads(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -482,6 +499,14 @@ class Server:
         if slot is None:
             raise ApiError(404, f"the model {name!r} does not exist; loaded: "
                                 f"{', '.join(self.models) or 'none'}", "model", "model_not_found")
+        return slot
+
+    def _named(self, name: str) -> ModelSlot:
+        """The slot of a model named in a management route's path."""
+        slot = self.models.get(name)
+        if slot is None:
+            raise ApiError(404, f"the model {name!r} does not exist; loaded: "
+                                f"{', '.join(self.models) or 'none'}", "name", "model_not_found")
         return slot
 
     def _model_card(self, slot: ModelSlot) -> dict:
@@ -509,15 +534,7 @@ class Server:
     # -- management ---------------------------------------------------------------------------
     async def _model_entries(self) -> list[dict]:
         status = await self._run(self.engine.status)    # waits for the engine's lock
-        out = []
-        for s in status:
-            if s["name"] not in self.models:
-                continue
-            out.append({"name": s["name"], "path": s["path"], "arch": s["arch"],
-                        "n_ctx": s["n_ctx"], "state": "warm", "pinned": False,
-                        "device_bytes": s["device_bytes"],
-                        "device_bytes_total": sum(s["device_bytes"].values())})
-        return out
+        return [_entry(s) for s in status if s["name"] in self.models]
 
     async def api_models(self, request: web.Request) -> web.Response:
         return _json_response({"models": await self._model_entries()})
@@ -550,10 +567,9 @@ class Server:
             raise _bad(f"{path}: {exc.strerror or exc}", "path", "invalid_model_file") from None
         except ValueError as exc:           # the engine already holds that name
             raise ApiError(409, str(exc), "name", "model_exists") from None
-        status = await self._run(self.engine.status)
-        self.add_model(name, next(s["n_ctx"] for s in status if s["name"] == name))
-        entry = next(e for e in await self._model_entries() if e["name"] == name)
-        return _json_response(entry, 201)
+        status = next(s for s in await self._run(self.engine.status) if s["name"] == name)
+        self.add_model(name, status["n_ctx"])
+        return _json_response(_entry(status), 201)
 
     async def api_unload(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -565,6 +581,63 @@ class Server:
             slot.closed = True
             await self._run(self.engine.unload, name)
         return _json_response({"name": name, "unloaded": True})
+
+    async def _queued(self, name: str, fn: Callable[[], Any]) -> tuple[Any, dict]:
+        """Run fn() on a worker thread in the model's queue, behind its generations and at
+        the device's turn; returns fn's result and the model's entry after it."""
+        slot = self._named(name)
+        slot.depth += 1
+        try:
+            async with slot.lock, self.turn:
+                if slot.closed:
+                    raise ApiError(404, f"the model {name!r} was unloaded", "name",
+                                   "model_not_found")
+
+                def work() -> tuple[Any, dict]:
+                    out = fn()
+                    return out, next(_entry(s) for s in self.engine.status()
+                                     if s["name"] == name)
+                try:
+                    return await self._run(work)
+                except KeyError:                # unloaded on the engine behind our back
+                    raise ApiError(404, f"the model {name!r} was unloaded", "name",
+                                   "model_not_found") from None
+        finally:
+            slot.depth -= 1
+
+    async def api_pin(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _, entry = await self._queued(name, lambda: self.engine.pin(name))
+        return _json_response(entry)
+
+    async def api_unpin(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        _, entry = await self._queued(name, lambda: self.engine.unpin(name))
+        return _json_response(entry)
+
+    async def api_evict(self, request: web.Request) -> web.Response:
+        name = self._named(request.match_info["name"]).name
+        body = await self._body(request, empty={})
+        if not isinstance(body, dict):
+            raise _bad("the request body must be a JSON object", None, "invalid_type")
+        full = _boolean(body, "full", None)    # None: the server's eviction mode
+        info, entry = await self._queued(name, lambda: self.engine.evict(name, full=full))
+        return _json_response({**entry, "transfer": info})
+
+    async def api_warm(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+
+        def warm() -> dict:
+            # Engine.warm answers its last transfer even when there was nothing to restore
+            was_warm = any(s["name"] == name and s["state"] == "warm"
+                           for s in self.engine.status())
+            info = self.engine.warm(name)
+            return {"op": None, "seconds": 0.0, "bytes": 0} if was_warm else info
+        info, entry = await self._queued(name, warm)
+        return _json_response({**entry, "transfer": info})
+
+    async def api_vram(self, request: web.Request) -> web.Response:
+        return _json_response(await self._run(self.engine.vram))
 
     # -- generation ---------------------------------------------------------------------------
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
@@ -623,6 +696,9 @@ class Server:
                 if _gone(request):             # gave up while queued: nobody to answer
                     return _json_response({}, 499)
                 if req.stream:
+                    # the headers go out before the generation: warm the model first, so
+                    # that a budget refusal is still a 409
+                    await self._run(self.engine.warm, slot.name)
                     return await self._stream(request, slot, req, ids, max_tokens, meta,
                                               headers, chat)
                 out = await self._complete(request, slot, req, ids, max_tokens, None)
@@ -666,6 +742,8 @@ class Server:
             out = fut.result()
         except ValueError as exc:           # the engine's word for bad input
             raise _bad(str(exc)) from None
+        except BudgetError as exc:          # a cold model that pinned models leave no room for
+            raise _over_budget(exc) from None
         except Exception as exc:
             log.exception("generation on %s failed", slot.name)
             raise ApiError(500, f"generation failed: {exc}", None, "engine_error") from None
@@ -745,6 +823,19 @@ class Server:
         return resp
 
 
+def _over_budget(exc: BudgetError) -> ApiError:
+    return ApiError(409, str(exc), None, "budget_exceeded")
+
+
+def _entry(s: dict) -> dict:
+    """A model's /api/models entry, from its engine status."""
+    return {"name": s["name"], "path": s["path"], "arch": s["arch"], "n_ctx": s["n_ctx"],
+            "state": s["state"], "pinned": s["pinned"], "device_bytes": s["device_bytes"],
+            "device_bytes_total": sum(s["device_bytes"].values()),
+            "host_shadow_bytes": s["host_shadow_bytes"], "warm_bytes": s["warm_bytes"],
+            "cached_tokens": s["cached_tokens"]}
+
+
 def _gone(request: web.Request) -> bool:
     t = request.transport
     return t is None or t.is_closing()
@@ -794,6 +885,11 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
     s.add_argument("--cors-origin", action="append", metavar="ORIGIN",
                    help="allow browser requests from ORIGIN, or * (repeatable)")
     s.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
+    s.add_argument("--budget-mib", type=int, metavar="N",
+                   help="VRAM budget for all models together, in MiB (default: the device's "
+                        "memory less a margin)")
+    s.add_argument("--evict-kv", action="store_true",
+                   help="full eviction (KV to host too) instead of weights-only")
     s.set_defaults(func=cmd_serve)
     return s
 
@@ -806,9 +902,12 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
     if args.ctx < 16:
         raise ValueError(f"--ctx must be at least 16, got {args.ctx}")
+    if args.budget_mib is not None and args.budget_mib <= 0:
+        raise ValueError(f"--budget-mib must be positive, got {args.budget_mib}")
     paths = [resolve(m) for m in (args.model or [None])]
     logging.basicConfig(level=logging.WARNING, format="hotseat: %(levelname)s: %(message)s")
-    eng = Engine(n_ctx=args.ctx)
+    budget = None if args.budget_mib is None else args.budget_mib << 20
+    eng = Engine(n_ctx=args.ctx, budget_bytes=budget, full_release=args.evict_kv)
     try:
         names = [eng.load(p) for p in paths]
         return asyncio.run(_serve(eng, names, args))

@@ -549,3 +549,220 @@ def test_api_load_serve_and_unload(base, name, smollm2_path, server, engine, mon
     assert_error(404, got, body, "model", "model_not_found")
     got, _, body = request(base, "GET", "/api/models")
     assert [m["name"] for m in body["models"]] == [name]
+
+
+# -- residency: two models and a VRAM budget for one -------------------------------------
+
+RES_CTX = 256
+
+
+@pytest.fixture(scope="module")
+def res_engine(smollm2_path):
+    """The embedded model loaded twice, as a and b, under a budget that holds one warm.
+    Weights-only eviction, as `hotseat serve` does by default."""
+    with Engine(n_ctx=RES_CTX) as probe:
+        probe.load(smollm2_path, name="probe")
+        warm = probe.status()[0]["warm_bytes"]
+    eng = Engine(n_ctx=RES_CTX, budget_bytes=int(1.5 * warm), full_release=False)
+    eng.load(smollm2_path, name="a")
+    eng.load(smollm2_path, name="b")           # releases a
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def res_ref(res_engine):
+    """The engine's own greedy answer from a (which makes a warm and b cold)."""
+    out = res_engine.generate("a", messages=MESSAGES, max_tokens=6, sampling=GREEDY)
+    assert out.text
+    return out
+
+
+@pytest.fixture(scope="module")
+def res_server(res_engine, res_ref):
+    srv = ServerThread([make_app(res_engine, ["a", "b"])])
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="module")
+def res_base(res_server) -> str:
+    return f"http://127.0.0.1:{res_server.ports[0]}"
+
+
+def models_by_name(base: str) -> dict[str, dict]:
+    got, _, body = request(base, "GET", "/api/models", key=None)
+    assert got == 200, body
+    return {m["name"]: m for m in body["models"]}
+
+
+def op(base: str, name: str, what: str, body=None):
+    """(status, body) of POST /api/models/NAME/WHAT."""
+    got, _, out = request(base, "POST", f"/api/models/{name}/{what}", body, key=None)
+    return got, out
+
+
+def test_api_models_reports_residency(res_base, res_engine):
+    models = models_by_name(res_base)
+    status = {s["name"]: s for s in res_engine.status()}
+    assert set(models) == {"a", "b"}
+    for name, m in models.items():
+        s = status[name]
+        for key in ("state", "pinned", "device_bytes", "host_shadow_bytes", "warm_bytes",
+                    "n_ctx", "arch"):
+            assert m[key] == s[key], key
+        assert m["device_bytes_total"] == sum(m["device_bytes"].values())
+        assert m["host_shadow_bytes"] > 0 and m["pinned"] is False
+    assert models["a"]["state"] == "warm" and models["b"]["state"] == "cold"
+    cold = models["b"]["device_bytes"]
+    assert "weights" not in cold and cold["kv"] > 0            # weights-only keeps the KV
+
+
+def test_api_vram(res_base, res_engine):
+    got, _, vram = request(res_base, "GET", "/api/vram", key=None)
+    assert got == 200, vram
+    assert vram["budget_bytes"] == res_engine.arbiter.budget
+    assert vram["device"] == res_engine.device_name and vram["heap_bytes"] > 0
+    # a warm model holds its warm bytes, a cold one what it kept on the device
+    held = sum(m["device_bytes_total"] for m in models_by_name(res_base).values())
+    assert vram["granted_bytes"] == held <= vram["budget_bytes"]
+    assert vram["allocated_bytes"] >= vram["granted_bytes"]
+
+
+def test_warm_evict_pin_unpin(res_base):
+    got, a = op(res_base, "a", "warm")
+    assert got == 200, a
+    assert a["state"] == "warm" and a["transfer"]["op"] is None     # it already was
+    got, b = op(res_base, "b", "warm")
+    assert got == 200, b
+    assert b["state"] == "warm" and b["transfer"]["op"] == "restore"
+    assert b["transfer"]["bytes"] >= b["device_bytes"]["weights"]
+    assert models_by_name(res_base)["a"]["state"] == "cold"        # made room for b
+
+    got, b = op(res_base, "b", "evict", {"full": True})
+    assert got == 200, b
+    assert b["state"] == "cold" and b["transfer"]["op"] == "release"
+    assert b["device_bytes_total"] < 1 << 20 and b["host_shadow_bytes"] > 0
+
+    got, a = op(res_base, "a", "pin")
+    assert got == 200, a
+    assert a["state"] == "warm" and a["pinned"] is True
+    got, a = op(res_base, "a", "unpin")
+    assert got == 200 and a["pinned"] is False and a["state"] == "warm"
+    got, a = op(res_base, "a", "evict")           # no body: the server's mode, weights-only
+    assert got == 200, a
+    assert a["state"] == "cold" and "weights" not in a["device_bytes"]
+    assert a["device_bytes"]["kv"] > 0
+
+
+def test_budget_refusals_are_409(res_base):
+    got, a = op(res_base, "a", "pin")
+    assert got == 200 and a["pinned"] and a["state"] == "warm"
+    try:
+        got, body = op(res_base, "a", "evict")
+        err = assert_error(409, got, body, None, "budget_exceeded")
+        assert "a is pinned" in err["message"]
+        # a pinned, a second pin cannot fit: the arbiter's own message
+        got, body = op(res_base, "b", "pin")
+        err = assert_error(409, got, body, None, "budget_exceeded")
+        assert "pinning b" in err["message"] and "pinned models: a" in err["message"]
+        got, body = op(res_base, "b", "warm")
+        assert_error(409, got, body, None, "budget_exceeded")
+        # generating needs b warm: refused before a token, streamed or not
+        for stream in (False, True):
+            got, _, body = request(res_base, "POST", CHAT, key=None,
+                                   body=chat_body(model="b", stream=stream))
+            err = assert_error(409, got, body, None, "budget_exceeded")
+            assert "making warm b" in err["message"]
+        models = models_by_name(res_base)
+        assert models["a"]["state"] == "warm" and models["b"]["state"] == "cold"
+        assert models["b"]["pinned"] is False
+    finally:
+        assert op(res_base, "a", "unpin")[0] == 200
+
+
+def test_management_errors(res_base):
+    for what in ("pin", "unpin", "evict", "warm"):
+        got, body = op(res_base, "no-such-model", what)
+        assert_error(404, got, body, "name", "model_not_found")
+    got, body = op(res_base, "a", "evict", {"full": "yes"})
+    assert_error(400, got, body, "full", "invalid_type")
+    got, _, body = request(res_base, "POST", "/api/models/a/evict", raw=b"[1]", key=None)
+    assert_error(400, got, body, None, "invalid_type")
+    got, _, body = request(res_base, "GET", "/api/models/a/pin", key=None)
+    assert_error(405, got, body, None, "method_not_allowed")
+
+
+def test_chat_to_a_cold_model_warms_it(res_base, res_ref):
+    got, a = op(res_base, "a", "evict", {"full": True})     # the KV goes to host memory
+    assert got == 200 and a["state"] == "cold" and a["device_bytes_total"] < 1 << 20
+    got, _, body = request(res_base, "POST", CHAT, key=None,
+                           body={"model": "a", "messages": MESSAGES, "max_tokens": 6,
+                                 "temperature": 0})
+    assert got == 200, body
+    assert body["choices"][0]["message"]["content"] == res_ref.text
+    assert body["usage"]["completion_tokens"] == len(res_ref.tokens)
+    # the KV came back from its host shadow: the repeated prompt was reused
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    models = models_by_name(res_base)
+    assert models["a"]["state"] == "warm" and models["b"]["state"] == "cold"
+
+
+def test_management_waits_for_the_models_queue(res_base, res_server, res_engine, monkeypatch,
+                                               res_ref):
+    """An evict sent while a's generation is queued runs after it, in order."""
+    calls: list[str] = []
+    generate, evict = res_engine.generate, res_engine.evict
+
+    def recording_generate(*args, **kw):
+        calls.append("generate")
+        return generate(*args, **kw)
+
+    def recording_evict(*args, **kw):
+        calls.append("evict")
+        return evict(*args, **kw)
+
+    monkeypatch.setattr(res_engine, "generate", recording_generate)
+    monkeypatch.setattr(res_engine, "evict", recording_evict)
+    app_server = res_server.runners[0].app["hotseat.server"]
+    depth = 'hotseat_queue_depth{model="a"}'
+    results: dict[str, tuple] = {}
+
+    def wait_depth(n: int) -> None:
+        deadline = time.monotonic() + 120
+        while metric(res_base, depth) != n:
+            assert time.monotonic() < deadline, "the requests did not queue"
+            time.sleep(0.1)
+
+    asyncio.run_coroutine_threadsafe(app_server.turn.acquire(), res_server.loop).result(30)
+    try:
+        chat = threading.Thread(target=lambda: results.update(chat=request(
+            res_base, "POST", CHAT, key=None, body={"model": "a", "messages": MESSAGES,
+                                                    "max_tokens": 1, "temperature": 0})))
+        chat.start()
+        wait_depth(1)
+        ev = threading.Thread(target=lambda: results.update(evict=op(res_base, "a", "evict")))
+        ev.start()
+        wait_depth(2)
+        assert calls == []
+    finally:
+        res_server.loop.call_soon_threadsafe(app_server.turn.release)
+    chat.join(300)
+    ev.join(300)
+    assert calls == ["generate", "evict"]
+    got, _, body = results["chat"]
+    assert got == 200 and res_ref.text.startswith(body["choices"][0]["message"]["content"])
+    got, a = results["evict"]
+    assert got == 200 and a["state"] == "cold"
+
+
+def test_health_and_metrics_do_not_wait_for_the_engine(res_base, res_engine):
+    """While the engine is busy (its lock held, as during a generation) the probes answer."""
+    res_engine._lock.acquire()
+    try:
+        for path in ("/health", "/metrics"):
+            req = urllib.request.Request(res_base + path)
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                assert resp.status == 200
+    finally:
+        res_engine._lock.release()
