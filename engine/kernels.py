@@ -44,8 +44,8 @@ KERNELS: dict[str, KernelSpec] = {
     "mul_mat": KernelSpec(
         "mul_mat.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
-         ("row_offset", U), ("y_stride", U), ("corr_offset", U)),
-        (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3)), typed=True, writes=(2,)),
+         ("row_offset", U), ("y_stride", U)),
+        (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3), ("ACT", 4)), typed=True, writes=(2,)),
     "get_rows": KernelSpec("get_rows.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
                             ("part_rows", U)),
@@ -73,9 +73,10 @@ KERNELS: dict[str, KernelSpec] = {
 
 
 # The activation rounding ggml's CPU backend applies before a product with each weight type
-# (its vec_dot_type), as quantize_act's FMT: 0 Q8_0, 1 Q8_1, 2 Q8_K, 3 F16; None: f32 as is.
-ACT_FORMAT = {"Q4_0": 0, "Q5_0": 0, "Q8_0": 0, "Q4_1": 1, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2,
-              "F16": 3, "F32": None}
+# (its vec_dot_type). Blocks of 32 are rounded inside mul_mat (its ACT: 1 Q8_0, 2 Q8_1);
+# the others by a quantize_act pass first (its FMT: 2 Q8_K, 3 F16). None: f32 as is.
+ACT_INLINE = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "Q4_1": 2}
+ACT_FORMAT = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "F16": 3, "F32": None}
 ACT_BLOCK = {0: 32, 1: 32, 2: 256, 3: 4}
 
 

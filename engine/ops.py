@@ -13,7 +13,7 @@ import numpy as np
 
 from . import vk
 from .graph import Graph
-from .kernels import ACT_BLOCK, ACT_FORMAT
+from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE
 
 
 @dataclass(eq=False)
@@ -194,7 +194,7 @@ class Builder:
                       spec=dict(FMT=fmt), n_cols=n_in, n_rows=n, x_offset=x_row,
                       corr_offset=corr)
             self._rounded = key
-        return self.rs.xq, corr
+        return self.rs.xq
 
     def _wrote(self, buf: vk.Buffer) -> None:
         if self._rounded is not None and self._rounded[0] == id(buf):
@@ -214,17 +214,17 @@ class Builder:
         n_in, n_out = w.shape[0], w.rows
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
-        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACC=int(accumulate))
-        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics else None
-        corr = 0
+        inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACC=int(accumulate),
+                    ACT=inline)
+        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
         if fmt is not None:
-            x, corr = self._rounded_input(x, x_row, n, n_in, fmt)
+            x = self._rounded_input(x, x_row, n, n_in, fmt)
             x_row = 0
         for buf, first, count in w.bindings():
             self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
-                      x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out,
-                      corr_offset=corr)
+                      x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
         self._wrote(y)
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,

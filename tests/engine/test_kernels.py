@@ -100,7 +100,7 @@ def test_mul_mat(dev, kc, wtype, n_tokens, nt, rows, warps):
     run_once(dev, kc, "mul_mat", [bw, bx, by],
              (-(-n_out // (rows * warps)), -(-n_tokens // nt), 1), wtype=wtype,
              spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACC=0), n_in=n_in, n_out=n_out, n_tokens=n_tokens,
-             x_offset=0, y_offset=0, row_offset=0, y_stride=n_out, corr_offset=0)
+             x_offset=0, y_offset=0, row_offset=0, y_stride=n_out)
     got = read(dev, by)[: n_tokens * n_out].reshape(n_tokens, n_out)
     assert nmse(got, x @ w.T) < 1e-10
 
@@ -115,8 +115,7 @@ def test_mul_mat_accumulates_and_offsets(dev, kc):
     # last token only, second half of the weight rows, added into y
     run_once(dev, kc, "mul_mat", [bw, bx, by], (n_out, 1, 1), wtype="Q8_0",
              spec=dict(WG=dev.subgroup_size, ROWS=1, NT=1, ACC=1), n_in=n_in, n_out=n_out, n_tokens=1,
-             x_offset=2 * n_in // 4, y_offset=0, row_offset=n_out, y_stride=n_out,
-             corr_offset=0)
+             x_offset=2 * n_in // 4, y_offset=0, row_offset=n_out, y_stride=n_out)
     assert nmse(read(dev, by)[:n_out], y0 + w[n_out:] @ x[2]) < 1e-10
 
 
