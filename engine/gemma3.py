@@ -108,9 +108,8 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
         b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)       # [n, n_head_kv, head_dim]
         b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n * c.n_head, c.rms_eps)
         b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
-        b.rope(rs.q, rs.q, c.n_head, c.head_dim, c.head_dim, n, base, neox=True)
-        b.rope(rs.k, rs.k_cache[i], c.n_head_kv, c.head_dim, c.head_dim, n, base, neox=True)
-        b.set_rows(rs.v, rs.v_cache[i], c.n_head_kv * c.head_dim, n)
+        b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
+                   c.head_dim, c.head_dim, n, base, neox=True)
         b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                     c.head_dim, n, scale=c.attn_scale, window=c.window if local else 0)
         b.matmul(w[p + "attn_output.weight"], rs.att, rs.xn, n)   # [n, n_embd]

@@ -91,10 +91,8 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
         b.matmul(w[p + "attn_q.weight"], rs.xn, rs.q, n)       # [n, n_head * head_dim]
         b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)       # [n, n_head_kv * head_dim]
         b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)       # [n, n_head_kv * head_dim]
-        b.rope(rs.q, rs.q, c.n_head, c.head_dim, c.rope_dims, n, c.rope_base, neox=False)
-        b.rope(rs.k, rs.k_cache[i], c.n_head_kv, c.head_dim, c.rope_dims, n, c.rope_base,
-               neox=False)
-        b.set_rows(rs.v, rs.v_cache[i], c.n_head_kv * c.head_dim, n)
+        b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
+                   c.head_dim, c.rope_dims, n, c.rope_base, neox=False)
         b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                     c.head_dim, n, scale=c.head_dim ** -0.5)  # [n, n_head * head_dim]
         b.matmul(w[p + "attn_output.weight"], rs.att, x, n, accumulate=True)

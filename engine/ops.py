@@ -247,6 +247,19 @@ class Builder:
                   freq_base=base, freq_scale=freq_scale)
         self._wrote(x)
 
+    def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
+                 v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n_dims: int,
+                 n: int, base: float, neox: bool, freq_scale: float = 1.0) -> None:
+        """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0."""
+        table = self.rs.rope_table(base, n_dims, freq_scale) if self.t.ggml_numerics else q
+        count = n * ((n_head + n_head_kv) * n_dims // 2 + n_head_kv * head_dim)
+        self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step, table],
+                  (-(-count // 64), 1, 1), spec=dict(NEOX=int(neox),
+                                                     TABLE=int(self.t.ggml_numerics)),
+                  n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
+                  n_tokens=n, freq_base=base, freq_scale=freq_scale)
+        self._wrote(q)
+
     def set_rows(self, src: vk.Buffer, cache: vk.Buffer, n_cols: int, n: int) -> None:
         self.g.op("set_rows", [src, cache, self.rs.step], (-(-n * n_cols // 64), 1, 1),
                   n_cols=n_cols, n_rows=n)

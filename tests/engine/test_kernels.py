@@ -367,3 +367,31 @@ def test_attention_ggml_rounding(dev, kc):
             p = (p / p.sum()).astype(np.float16).astype(np.float32)
             want[t, h] = p @ v[:pos0 + t + 1, h // 3].astype(np.float32)
     assert np.abs(read(dev, bo).reshape(q.shape) - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("neox,table", [(0, 0), (1, 1)])
+def test_rope_qkv_fused(dev, kc, neox, table):
+    from engine.ops import RunState
+
+    rng = np.random.default_rng(17)
+    n_tok, n_head, n_kv, hd, pos0, n_ctx = 3, 6, 2, 64, 7, 16
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    k = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, q_dim=64, kv_dim=64, n_ff=64, n_vocab=64,
+                  n_ctx=n_ctx, max_tokens=8, rope=((1e4, hd),))
+    rs.set_step([0] * n_tok, pos0)
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
+    count = n_tok * ((n_head + n_kv) * hd // 2 + n_kv * hd)
+    run_once(dev, kc, "rope_qkv", [bq, bk, bv, kc_, vc_, rs.step, rs.rope_table(1e4, hd)],
+             (-(-count // 64), 1, 1), spec=dict(NEOX=neox, TABLE=table), n_head=n_head,
+             n_head_kv=n_kv, head_dim=hd, n_dims=hd, n_tokens=n_tok, freq_base=1e4,
+             freq_scale=1.0)
+    assert nmse(read(dev, bq).reshape(q.shape), rope_ref(q, pos0, hd, 1e4, bool(neox))) < 1e-11
+    kk = read(dev, kc_, np.float16).reshape(n_ctx, n_kv, hd).astype(np.float32)
+    assert nmse(kk[pos0:pos0 + n_tok], rope_ref(k, pos0, hd, 1e4, bool(neox))) < 1e-6
+    vv = read(dev, vc_, np.float16).reshape(n_ctx, n_kv, hd)
+    assert np.array_equal(vv[pos0:pos0 + n_tok], v.astype(np.float16))
+    assert not kk[:pos0].any() and not vv[pos0 + n_tok:].any()
+    rs.close()

@@ -1,0 +1,68 @@
+#version 450
+// rope on q (in place, f32) and k (into the f16 K cache), and v into the f16 V cache, in one
+// dispatch: the three small ops that follow the q/k/v projections in every layer.
+// Token t sits at position step.pos0 + t; a cache row for position p starts at
+// p * n_head_kv * head_dim. NEOX and TABLE as in rope.comp.
+#include "common.glsl"
+layout(local_size_x = 64) in;
+layout(constant_id = 0) const uint NEOX = 0;
+layout(constant_id = 1) const uint TABLE = 0;
+layout(std430, binding = 0) buffer Q { float q[]; };
+layout(std430, binding = 1) readonly buffer K { float k[]; };
+layout(std430, binding = 2) readonly buffer V { float v[]; };
+layout(std430, binding = 3) writeonly buffer KC { float16_t kc[]; };
+layout(std430, binding = 4) writeonly buffer VC { float16_t vc[]; };
+STEP_BUFFER(5)
+layout(std430, binding = 6) readonly buffer CS { vec2 cs[]; };
+layout(push_constant) uniform Push {
+    uint n_head;
+    uint n_head_kv;
+    uint head_dim;
+    uint n_dims;       // rotated dims (<= head_dim)
+    uint n_tokens;
+    float freq_base;
+    float freq_scale;
+} p;
+
+vec2 cos_sin(uint pos, uint i) {
+    if (TABLE != 0) return cs[pos * (p.n_dims / 2) + i];
+    const float theta = float(pos) * p.freq_scale
+                      * pow(p.freq_base, -2.0 * float(i) / float(p.n_dims));
+    return vec2(cos(theta), sin(theta));
+}
+
+void main() {
+    const uint half_dims = p.n_dims / 2;
+    const uint nq = p.n_tokens * p.n_head * half_dims;
+    const uint nk = p.n_tokens * p.n_head_kv * half_dims;
+    const uint kv_row = p.n_head_kv * p.head_dim;
+    uint idx = gl_GlobalInvocationID.x;
+    if (idx < nq + nk) {
+        const bool is_q = idx < nq;
+        if (!is_q) idx -= nq;
+        const uint heads = is_q ? p.n_head : p.n_head_kv;
+        const uint t = idx / (heads * half_dims);
+        const uint h = (idx / half_dims) % heads;
+        const uint i = idx % half_dims;
+        const uint pos = step.pos0 + t;
+        const vec2 c = cos_sin(pos, i);
+        const uint a = NEOX != 0 ? i : 2 * i;
+        const uint b = NEOX != 0 ? i + half_dims : 2 * i + 1;
+        const uint row = (t * heads + h) * p.head_dim;
+        if (is_q) {
+            const float x0 = q[row + a], x1 = q[row + b];
+            q[row + a] = x0 * c.x - x1 * c.y;
+            q[row + b] = x0 * c.y + x1 * c.x;
+        } else {
+            const float x0 = k[row + a], x1 = k[row + b];
+            const uint o = pos * kv_row + h * p.head_dim;
+            kc[o + a] = float16_t(x0 * c.x - x1 * c.y);
+            kc[o + b] = float16_t(x0 * c.y + x1 * c.x);
+            if (i == 0) for (uint d = p.n_dims; d < p.head_dim; d++) kc[o + d] = float16_t(k[row + d]);
+        }
+        return;
+    }
+    idx -= nq + nk;
+    if (idx >= p.n_tokens * kv_row) return;
+    vc[step.pos0 * kv_row + idx] = float16_t(v[idx]);
+}
