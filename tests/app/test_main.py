@@ -1,0 +1,146 @@
+"""The whole app on the fake engine: settings saved as the models change, restored at the
+next start (models loaded again, pins set again), and a corrupt file that only warns."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from app import settings
+from app.main import HotseatApp
+from tests.helpers.fake_engine import FakeEngine
+from tests.helpers.signals import Recorder, until
+
+pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")
+
+
+class Factory:
+    def __init__(self):
+        self.engines: list[FakeEngine] = []
+
+    def __call__(self, **kw) -> FakeEngine:
+        self.engines.append(FakeEngine(**kw))
+        return self.engines[-1]
+
+
+@pytest.fixture
+def start_app(qtbot):
+    apps = []
+
+    def start() -> tuple[HotseatApp, FakeEngine]:
+        factory = Factory()
+        hs = HotseatApp(engine_factory=factory, use_system_tray=False)
+        qtbot.addWidget(hs.window)
+        hs.rec = Recorder(hs.bridge)
+        apps.append(hs)
+        hs.start()
+        until(qtbot, lambda: factory.engines)
+        return hs, factory.engines[0]
+
+    yield start
+    for hs in apps:
+        hs.close()
+
+
+def saved() -> dict:
+    with open(settings.settings_path()) as f:
+        return json.load(f)
+
+
+def test_models_and_pins_are_saved_and_restored(qtbot, start_app, models):
+    hs, eng = start_app()
+    hs.window.load_paths([models["a"], models["b"]])
+    until(qtbot, lambda: set(hs.window.rows) == {"a", "b"})
+    hs.window.rows["b"].pin_button.click()
+    until(qtbot, lambda: any(m["pinned"] for m in saved()["models"]))
+    assert saved()["models"] == [{"path": models["a"], "name": "a", "pinned": False},
+                                 {"path": models["b"], "name": "b", "pinned": True}]
+    hs.close()
+
+    hs2, eng2 = start_app()
+    until(qtbot, lambda: set(hs2.window.rows) == {"a", "b"})
+    until(qtbot, lambda: hs2.rec.model("b").get("pinned"))
+    assert [c for c in eng2.calls if c[0] in ("load", "pin")] == \
+        [("load", models["a"]), ("load", models["b"]), ("pin", "b")]
+    assert not hs2.rec.model("a")["pinned"]
+    until(qtbot, lambda: hs2.window.progress.isHidden())
+
+
+def test_unload_is_saved(qtbot, start_app, models):
+    hs, eng = start_app()
+    hs.window.load_paths([models["a"]])
+    until(qtbot, lambda: saved()["models"] if os.path.exists(settings.settings_path())
+          else None)
+    hs.window.rows["a"].unload_button.click()
+    until(qtbot, lambda: saved()["models"] == [])
+
+
+def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
+    hs, eng = start_app()
+    w = hs.window
+    w.budget_spin.setValue(512)
+    w.budget_spin.editingFinished.emit()
+    until(qtbot, lambda: eng.arbiter.budget == 512 << 20)
+    w.release_combo.setCurrentIndex(w.release_combo.findData("weights"))
+    until(qtbot, lambda: eng.arbiter.full_release is False)
+    w.port_spin.setValue(9123)
+    w.port_spin.editingFinished.emit()
+    w.folder_edit.setText(str(tmp_path))
+    w.folder_edit.editingFinished.emit()
+    assert hs.watcher.folder == str(tmp_path)
+    w.autostart_check.setChecked(True)
+    assert os.path.exists(tmp_path / "xdg" / "autostart" / "hotseat.desktop")
+    s = saved()
+    assert (s["budget_mib"], s["release_mode"], s["port"], s["watched_folder"],
+            s["autostart"]) == (512, "weights", 9123, str(tmp_path), True)
+    hs.close()
+
+    hs2, eng2 = start_app()                                    # restored into engine and UI
+    assert eng2.arbiter.budget == 512 << 20 and eng2.arbiter.full_release is False
+    assert hs2.bridge.port == 9123 and hs2.window.port_spin.value() == 9123
+    assert hs2.window.autostart_check.isChecked() and hs2.watcher.folder == str(tmp_path)
+    hs2.window.autostart_check.setChecked(False)
+    assert not os.path.exists(tmp_path / "xdg" / "autostart" / "hotseat.desktop")
+
+
+def test_endpoint_state_is_restored(qtbot, start_app):
+    settings.save(settings.Settings(port=0, endpoint=True))
+    hs, eng = start_app()
+    until(qtbot, lambda: hs.rec.endpoint, timeout=10000)
+    assert hs.rec.endpoint[-1][0] is True
+    until(qtbot, lambda: hs.tray.endpoint_action.isChecked())
+    hs.window.endpoint_toggle.setChecked(False)
+    until(qtbot, lambda: saved()["endpoint"] is False, timeout=10000)
+
+
+def test_corrupt_settings_start_with_defaults_and_a_warning(qtbot, start_app, config_dir):
+    os.makedirs(config_dir)
+    with open(settings.settings_path(), "w") as f:
+        f.write('{"models": [{"path": ')
+    hs, eng = start_app()
+    assert hs.settings.models == [] and hs.settings.port == 8080
+    assert not hs.window.message.isHidden()
+    assert "corrupt" in hs.window.message.text()
+    assert os.path.exists(settings.settings_path() + ".bad")
+
+
+def test_a_saved_model_that_is_gone_is_dropped_with_a_message(qtbot, start_app, models,
+                                                              tmp_path):
+    gone = str(tmp_path / "gone.gguf")
+    settings.save(settings.Settings(models=[settings.ModelEntry(gone, "gone"),
+                                            settings.ModelEntry(models["a"], "a")]))
+    hs, eng = start_app()
+    until(qtbot, lambda: "a" in hs.window.rows)
+    until(qtbot, lambda: "gone.gguf" in hs.window.message.text())
+    until(qtbot, lambda: [m["name"] for m in saved()["models"]] == ["a"])
+
+
+# the offscreen platform's own complaints when a window is shown and raised
+@pytest.mark.qt_log_ignore("propagateSizeHints", r"support raise\(\)")
+def test_tray_open_shows_the_window(qtbot, start_app):
+    hs, eng = start_app()
+    assert hs.window.isHidden() and not hs.tray.available
+    hs.tray.open_action.trigger()
+    until(qtbot, lambda: hs.window.isVisible())
+

@@ -1,0 +1,250 @@
+"""A fake of the engine facade (engine/api.py) for UI tests: same method names, same status()
+and vram() dicts, no device, deterministic.
+
+    eng = FakeEngine()
+    eng.load(path, progress=cb)    # cb(done, total) LOAD_STEPS times; ModelFileError for a
+                                   # file named bad.gguf or one that is not GGUF
+    eng.calls                      # [("load", path), ("pin", name), ...] in order
+
+Each model holds MODEL_BYTES by kind while warm; evict() keeps the KV (weights-only) or
+nothing (full), as the real engine does. write_gguf() makes small real GGUF files.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+
+from engine.arbiter import BudgetError
+from engine.gguf_file import GGUFFile, ModelFileError
+
+MiB = 1 << 20
+MODEL_BYTES = {"weights": 96 * MiB, "kv": 6 * MiB, "recurrent": 2 * MiB, "compute": 8 * MiB,
+               "scratch": 1 * MiB}
+LOAD_STEPS = 4
+FAKE_BUDGET = 1024 * MiB
+
+
+class FakeCompletion:
+    def __init__(self, prompt_tokens: list[int], text: str):
+        self.prompt_tokens, self.tokens, self.text = prompt_tokens, [1] * len(text.split()), text
+        self.finish_reason, self.timings = "length", {}
+
+
+class FakeArbiter:
+    def __init__(self, budget_bytes: int, full_release: bool):
+        self.budget = int(budget_bytes)
+        self.full_release = full_release
+        self.pinned: set[str] = set()
+
+
+class FakeModel:
+    def __init__(self, name: str, path: str, arch: str, n_ctx: int):
+        self.name, self.path, self.arch, self.n_ctx = name, path, arch, n_ctx
+        self.state = "warm"
+        self.device_bytes = dict(MODEL_BYTES)
+        self.last_used = 0
+
+
+class FakeDevice:
+    name = "Fake GPU"
+    device_heap_bytes = 2048 * MiB
+
+
+class FakeEngine:
+    device_name = FakeDevice.name
+
+    def __init__(self, device: str | None = None, n_ctx: int = 2048,
+                 budget_bytes: int | None = None, full_release: bool = True,
+                 load_delay_s: float = 0.0):
+        self.dev = FakeDevice()
+        self.n_ctx = n_ctx
+        self.arbiter = FakeArbiter(budget_bytes or FAKE_BUDGET, full_release)
+        self.models: dict[str, FakeModel] = {}
+        self.calls: list[tuple] = []
+        self.load_delay_s = load_delay_s     # per progress step: lets a test see a load run
+        self.closed = False
+        self._lock = threading.RLock()
+        self._clock = 0
+
+    # -- models -----------------------------------------------------------------------------
+    def load(self, path, name=None, n_ctx=None, progress=None) -> str:
+        path = os.fspath(path)
+        name = name or os.path.splitext(os.path.basename(path))[0]
+        with self._lock:
+            self.calls.append(("load", path))
+            if name in self.models:
+                raise ValueError(f"a model named {name!r} is already loaded")
+            if os.path.basename(path) == "bad.gguf":
+                raise ModelFileError(path, "wrong magic b'BAD!', expected b'GGUF': not a GGUF "
+                                           "model")
+            g = GGUFFile(path)                # the real checks: missing, foreign, truncated
+            try:
+                arch = g.arch
+            finally:
+                g.close()
+            warm = sum(MODEL_BYTES.values())
+            self._make_room(warm, keep=None)
+            total = MODEL_BYTES["weights"]
+            for i in range(1, LOAD_STEPS + 1):
+                if self.load_delay_s:
+                    time.sleep(self.load_delay_s)
+                if progress is not None:
+                    progress(total * i // LOAD_STEPS, total)
+            m = FakeModel(name, path, arch, n_ctx or self.n_ctx)
+            self._touch(m)
+            self.models[name] = m
+            return name
+
+    def unload(self, name: str) -> None:
+        with self._lock:
+            self.calls.append(("unload", name))
+            self._get(name)
+            self.arbiter.pinned.discard(name)
+            del self.models[name]
+
+    def pin(self, name: str) -> None:
+        with self._lock:
+            self.calls.append(("pin", name))
+            m = self._get(name)
+            pinned = sum(self._warm_bytes(self.models[n]) for n in self.arbiter.pinned
+                         if n != name)
+            if pinned + self._warm_bytes(m) > self.arbiter.budget:
+                raise BudgetError(f"VRAM budget exceeded pinning {name}")
+            self.arbiter.pinned.add(name)
+            self._warm(m)
+
+    def unpin(self, name: str) -> None:
+        with self._lock:
+            self.calls.append(("unpin", name))
+            self._get(name)
+            self.arbiter.pinned.discard(name)
+
+    def evict(self, name: str, full: bool | None = None) -> dict:
+        with self._lock:
+            self.calls.append(("evict", name))
+            m = self._get(name)
+            if name in self.arbiter.pinned:
+                raise BudgetError(f"{name} is pinned; unpin it before evicting it")
+            self._release(m, self.arbiter.full_release if full is None else full)
+            return {}
+
+    def warm(self, name: str) -> dict:
+        with self._lock:
+            self.calls.append(("warm", name))
+            self._warm(self._get(name))
+            return {}
+
+    def _get(self, name: str | None) -> FakeModel:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise KeyError(f"no model named {name!r} is loaded") from None
+
+    # -- residency ----------------------------------------------------------------------------
+    @staticmethod
+    def _warm_bytes(m: FakeModel) -> int:
+        return sum(MODEL_BYTES.values())
+
+    def _touch(self, m: FakeModel) -> None:
+        self._clock += 1
+        m.last_used = self._clock
+
+    def _used(self) -> int:
+        return sum(sum(m.device_bytes.values()) for m in self.models.values())
+
+    def _release(self, m: FakeModel, full: bool) -> None:
+        m.state = "cold"
+        m.device_bytes = {} if full else {"kv": MODEL_BYTES["kv"]}
+
+    def _make_room(self, nbytes: int, keep: str | None) -> None:
+        """Release least recently used unpinned models until nbytes fit, as the arbiter does."""
+        order = sorted((m for m in self.models.values()
+                        if m.name != keep and m.name not in self.arbiter.pinned
+                        and m.state == "warm"), key=lambda m: m.last_used)
+        for m in order:
+            if self._used() + nbytes <= self.arbiter.budget:
+                return
+            self._release(m, self.arbiter.full_release)
+        if self._used() + nbytes > self.arbiter.budget:
+            raise BudgetError(f"VRAM budget exceeded making warm ({nbytes // MiB} MiB)")
+
+    def _warm(self, m: FakeModel) -> None:
+        if m.state != "warm":
+            self._make_room(self._warm_bytes(m) - sum(m.device_bytes.values()), keep=m.name)
+            m.state = "warm"
+            m.device_bytes = dict(MODEL_BYTES)
+        self._touch(m)
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
+                 sampling=None, stop=(), on_text=None, cancel=None) -> "FakeCompletion":
+        """Make the model warm and answer " ok" max_tokens times."""
+        with self._lock:
+            self.calls.append(("generate", name))
+            self._warm(self._get(name))
+        text = " ok" * max_tokens
+        if on_text is not None:
+            on_text(text)
+        return FakeCompletion(list(tokens or [1]), text)
+
+    # -- status -----------------------------------------------------------------------------
+    def status(self) -> list[dict]:
+        with self._lock:
+            return [{"name": m.name, "path": m.path, "arch": m.arch, "n_ctx": m.n_ctx,
+                     "state": m.state, "pinned": m.name in self.arbiter.pinned,
+                     "device_bytes": dict(m.device_bytes),
+                     "host_shadow_bytes": MODEL_BYTES["weights"] if m.state == "cold" else 0,
+                     "warm_bytes": self._warm_bytes(m), "cached_tokens": 0}
+                    for m in self.models.values()]
+
+    def vram(self) -> dict:
+        with self._lock:
+            used = self._used()
+            return {"budget_bytes": self.arbiter.budget, "granted_bytes": used,
+                    "allocated_bytes": used, "device": self.device_name,
+                    "heap_bytes": self.dev.device_heap_bytes}
+
+    def close(self) -> None:
+        with self._lock:
+            self.calls.append(("close",))
+            self.models.clear()
+            self.closed = True
+
+
+def write_gguf(path, arch: str = "llama", file_type: int | None = 7,
+               tensor_type: str = "Q8_0") -> str:
+    """A small real GGUF file (one 32x8 tensor): enough for GGUFFile and the app's quant
+    reading. file_type 7 is MOSTLY_Q8_0; None leaves the key out."""
+    import gguf
+
+    path = os.fspath(path)
+    w = gguf.GGUFWriter(path, arch)
+    w.add_name(os.path.splitext(os.path.basename(path))[0])
+    if file_type is not None:
+        w.add_file_type(file_type)
+    data = np.linspace(-1, 1, 256, dtype=np.float32).reshape(8, 32)
+    qtype = gguf.GGMLQuantizationType[tensor_type]
+    if qtype == gguf.GGMLQuantizationType.F32:
+        w.add_tensor("token_embd.weight", data)
+    else:
+        w.add_tensor("token_embd.weight", gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def fake_status(name: str, state: str = "warm", pinned: bool = False, **over) -> dict:
+    """One model as the bridge's models_changed carries it, for feeding a window directly."""
+    d = {"name": name, "path": f"/models/{name}.gguf", "arch": "llama", "n_ctx": 2048,
+         "state": state, "pinned": pinned,
+         "device_bytes": dict(MODEL_BYTES) if state == "warm" else {},
+         "host_shadow_bytes": 0 if state == "warm" else MODEL_BYTES["weights"],
+         "warm_bytes": sum(MODEL_BYTES.values()), "cached_tokens": 0,
+         "quant": "Q4_K_M", "file_bytes": 100 * MiB}
+    d.update(over)
+    return d
