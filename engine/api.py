@@ -13,6 +13,12 @@ Residency: every model is warm (all device buffers resident) or cold (weights re
 with full eviction also KV and compute buffers, the KV kept as a host shadow). Making a
 model warm acquires VRAM budget from the arbiter, which releases the least recently used
 unpinned models first; a generate on a cold model restores it before reading its KV.
+
+Across processes (opt-in, `Engine(arena=Arena())`, see engine/arena.py): the engine takes
+the arena's token before any upload and holds it while any model has device memory. When
+another process rings the doorbell, the engine goes fully cold at its next safe point
+(between requests, under the engine lock) and hands the token over; pinned models go too,
+since the arena outranks in-process pins. The next request takes the token back.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from . import vk
 from .arbiter import Arbiter, BudgetError
@@ -30,6 +36,9 @@ from .kernels import KernelCache
 from .model import Model, Timings
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
+
+if TYPE_CHECKING:
+    from .arena import Arena
 
 DEFAULT_CTX = 2048
 BUDGET_MARGIN = 0.10          # of the device heap, left for the desktop and other programs
@@ -64,13 +73,19 @@ class Loaded:
 
 class Engine:
     def __init__(self, device: str | None = None, n_ctx: int = DEFAULT_CTX,
-                 budget_bytes: int | None = None, full_release: bool = True):
+                 budget_bytes: int | None = None, full_release: bool = True,
+                 arena: Arena | None = None):
         self.dev = vk.Device(device)
         self.kernels = KernelCache(self.dev)
         self.n_ctx = n_ctx
         self.models: dict[str, Loaded] = {}
         self.arbiter = Arbiter(budget_bytes or default_budget(self.dev), full_release)
         self._lock = threading.RLock()
+        self.arena = arena
+        self._arena_claims = 0               # requests holding the token, not yet the lock
+        self._claims_lock = threading.Lock()
+        if arena is not None:
+            arena.attach(self._arena_yield)
 
     @property
     def device_name(self) -> str:
@@ -97,11 +112,14 @@ class Engine:
                 raise ModelFileError(path, f"unusable tokenizer metadata ({exc})") from None
             self.arbiter.register(name, self._releaser(model))
             try:
+                if self.arena is not None:
+                    self.arena.acquire(f"load {name}")
                 self.arbiter.acquire(name, model.warm_bytes())   # budget before upload
                 model.restore(progress)
             except BaseException:
                 self.arbiter.unregister(name)
                 model.close()
+                self._arena_drop_if_idle()
                 raise
             self.models[name] = Loaded(name, model, tok, chat)
             return name
@@ -114,6 +132,8 @@ class Engine:
 
     def _warm(self, m: Loaded) -> None:
         """Make m warm: acquire budget (evicting others), then restore from host shadows."""
+        if self.arena is not None:
+            self.arena.acquire(f"warm {m.name}")          # at once while held
         self.arbiter.acquire(m.name, m.model.warm_bytes())
         if m.model.state != "warm":
             m.model.restore()
@@ -123,6 +143,7 @@ class Engine:
             self._get(name).model.close()
             self.arbiter.unregister(name)
             del self.models[name]
+            self._arena_drop_if_idle()
 
     def warm(self, name: str) -> dict:
         with self._lock:
@@ -138,6 +159,7 @@ class Engine:
                 raise BudgetError(f"{name} is pinned; unpin it before evicting it")
             info = m.model.release(full=self.arbiter.full_release if full is None else full)
             self.arbiter.update(name, sum(m.model.device_bytes().values()))
+            self._arena_drop_if_idle()
             return info
 
     def pin(self, name: str) -> None:
@@ -189,6 +211,8 @@ class Engine:
             driver = self.dev.memory_budget()
             if driver is not None:
                 out["driver_budget_bytes"], out["driver_usage_bytes"] = driver
+            if self.arena is not None:
+                out["arena"] = self.arena.describe()
             return out
 
     # -- generation ---------------------------------------------------------------------------
@@ -222,7 +246,10 @@ class Engine:
         hold = max((len(s) for s in stop), default=0)    # text held back to catch stop strings
         emitted = 0
         t0 = time.perf_counter()
+        claimed = self._arena_claim(f"generate {m.name}")
         with self._lock:
+            if claimed:
+                self._arena_unclaim()
             self._warm(m)
             if max_tokens > 0:
                 gen = m.model.generate(prompt_ids, max_tokens,
@@ -253,10 +280,63 @@ class Engine:
         t["total_s"] = time.perf_counter() - t0
         return Completion(list(prompt_ids), out, text, finish, t)
 
+    # -- the cross-process arena --------------------------------------------------------------
+    def resident_bytes(self) -> int:
+        """Device bytes held by all models now."""
+        with self._lock:
+            return sum(sum(m.model.device_bytes().values()) for m in self.models.values())
+
+    def _arena_claim(self, why: str) -> bool:
+        """Wait for the token before taking the engine lock, so that status and the like
+        stay answered meanwhile; the releaser leaves a claimed token to its request. A new
+        request hands the token over first when another process has asked for it, so that
+        back-to-back requests of one process do not starve the others."""
+        if self.arena is None:
+            return False
+        if self.arena.wanted():
+            self._arena_yield()        # someone is waiting: hand over first, then queue up
+        with self._claims_lock:
+            self._arena_claims += 1
+        try:
+            self.arena.acquire(why)
+        except BaseException:
+            self._arena_unclaim()
+            raise
+        return True
+
+    def _arena_unclaim(self) -> None:
+        with self._claims_lock:
+            self._arena_claims -= 1
+
+    def _arena_yield(self) -> None:
+        """The doorbell rang (on the arena's watcher thread, or a new request saw the ring):
+        at the next safe point, evict every model fully, pinned ones too, and hand the token
+        over."""
+        while True:
+            with self._lock:
+                if self.arena is None or not self.arena.held:
+                    return
+                if not self._arena_claims:
+                    for m in self.models.values():
+                        if m.model.device_bytes():
+                            m.model.release(full=True)
+                            self.arbiter.update(m.name, sum(m.model.device_bytes().values()))
+                    self.arena.release()
+                    return
+            time.sleep(0.005)          # a request has the token and comes for the lock
+
+    def _arena_drop_if_idle(self) -> None:
+        if self.arena is not None and self.arena.held and not self._arena_claims \
+                and not any(m.model.device_bytes() for m in self.models.values()):
+            self.arena.release()
+
     def close(self) -> None:
         with self._lock:
             for name in list(self.models):
                 self.unload(name)
+            if self.arena is not None:
+                self.arena.detach(self._arena_yield)
+                self.arena.release()
             self.kernels.close()
             self.dev.close()
 

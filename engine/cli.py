@@ -174,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     from . import serve as _serve
     _serve.add_parser(sub, model_help)
+    from . import arena as _arena
+    _arena.add_parser(sub)
     from . import client as _client
     _client.add_parsers(sub)
     return p
