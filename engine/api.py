@@ -79,7 +79,8 @@ class Engine:
         self.kernels = KernelCache(self.dev)
         self.n_ctx = n_ctx
         self.models: dict[str, Loaded] = {}
-        self.arbiter = Arbiter(budget_bytes or default_budget(self.dev), full_release)
+        self.arbiter = Arbiter(default_budget(self.dev) if budget_bytes is None else budget_bytes,
+                               full_release)
         self._lock = threading.RLock()
         self.arena = arena
         self._arena_claims = 0               # requests holding the token, not yet the lock
@@ -146,8 +147,12 @@ class Engine:
             self._arena_drop_if_idle()
 
     def warm(self, name: str) -> dict:
+        """Make a model warm now; what was restored ({"op": None} if it already was warm)."""
         with self._lock:
             m = self._get(name)
+            if m.model.state == "warm":
+                self._warm(m)                    # still refreshes its place in the LRU order
+                return {"op": None, "seconds": 0.0, "bytes": 0}
             self._warm(m)
             return m.model.last_transfer
 
