@@ -67,8 +67,8 @@ KERNELS: dict[str, KernelSpec] = {
                              ("scale", F)),
                             (("SG", 0), ("HD", 1), ("GGML", 2)), writes=(3,)),
     "quantize_act": KernelSpec("quantize_act.comp", 2,
-                               (("n_cols", U), ("n_rows", U), ("x_offset", U),
-                                ("corr_offset", U)), (("FMT", 0),), writes=(1,)),
+                               (("n_cols", U), ("n_rows", U), ("x_offset", U)),
+                               (("FMT", 0),), writes=(1,)),
     "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),), (("GELU", 0),), writes=(2,)),
     "add": KernelSpec("add.comp", 3, (("n", U),), writes=(2,)),
     "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("SG", 0),),
@@ -78,10 +78,10 @@ KERNELS: dict[str, KernelSpec] = {
 
 # The activation rounding ggml's CPU backend applies before a product with each weight type
 # (its vec_dot_type). Blocks of 32 are rounded inside mul_mat (its ACT: 1 Q8_0, 2 Q8_1);
-# the others by a quantize_act pass first (its FMT: 2 Q8_K, 3 F16). None: f32 as is.
+# the others by a quantize_act pass first (its FMT: 0 Q8_0, 2 Q8_K, 3 F16). None: f32 as is.
 ACT_INLINE = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "Q4_1": 2}
 ACT_FORMAT = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "F16": 3, "F32": None}
-ACT_BLOCK = {0: 32, 1: 32, 2: 256, 3: 4}
+ACT_BLOCK = {0: 32, 2: 256, 3: 4}
 
 
 def variant_name(kernel: str, wtype: str | None = None) -> str:

@@ -89,7 +89,7 @@ class RunState:
         self.up = act("up", T * n_ff)
         self.logits = act("logits", n_vocab)         # [1, n_vocab] last token only
         k_max = max(n_embd, q_dim, n_ff)
-        self.xq = act("xq", T * k_max + T * k_max // 32)   # rounded activations + corrections
+        self.xq = act("xq", T * k_max)               # [T, k_max] rounded activations
         self.rope_tables: dict[tuple, vk.Buffer] = {}      # (base, n_dims, scale) -> table
         self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
         self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
@@ -129,7 +129,7 @@ class RunState:
         T = max_tokens
         k_max = max(n_embd, q_dim, n_ff)
         floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim + 2 * n_ff) + n_vocab
-        floats += T * k_max + T * k_max // 32 + sum(n_ctx * d for _, d in rope)
+        floats += T * k_max + sum(n_ctx * d for _, d in rope)
         host = 4 * T + 16 + 4 * n_vocab
         layers = n_layer if kv_layers is None else len(kv_layers)
         return 4 * floats + host + 2 * 2 * n_ctx * kv_dim * layers
@@ -187,12 +187,10 @@ class Builder:
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
         """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
         key = (id(x), x_row, n, n_in, fmt)
-        corr = n * n_in if fmt == 1 else 0
         if self._rounded != key:
             blocks = n * n_in // ACT_BLOCK[fmt]
             self.g.op("quantize_act", [x, self.rs.xq], (-(-blocks // 64), 1, 1),
-                      spec=dict(FMT=fmt), n_cols=n_in, n_rows=n, x_offset=x_row,
-                      corr_offset=corr)
+                      spec=dict(FMT=fmt), n_cols=n_in, n_rows=n, x_offset=x_row)
             self._rounded = key
         return self.rs.xq
 
@@ -233,20 +231,6 @@ class Builder:
                   x_offset=row_offset)
         self._wrote(out)
 
-    def rope(self, x: vk.Buffer, out: vk.Buffer, n_heads: int, head_dim: int, n_dims: int,
-             n: int, base: float, neox: bool, freq_scale: float = 1.0) -> None:
-        """In place when out is x (f32); into an f16 KV cache at step.pos0 when out is kind kv."""
-        to_cache = out.kind == "kv"
-        pairs = n * n_heads * n_dims // 2
-        table = self.rs.rope_table(base, n_dims, freq_scale) if self.t.ggml_numerics else x
-        self.g.op("rope", [x, x if to_cache else out, out if to_cache else x, self.rs.step,
-                           table],
-                  (-(-pairs // 64), 1, 1), spec=dict(NEOX=int(neox), OUT_F16=int(to_cache),
-                                                    TABLE=int(self.t.ggml_numerics)),
-                  n_heads=n_heads, head_dim=head_dim, n_dims=n_dims, n_tokens=n,
-                  freq_base=base, freq_scale=freq_scale)
-        self._wrote(x)
-
     def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
                  v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n_dims: int,
                  n: int, base: float, neox: bool, freq_scale: float = 1.0) -> None:
@@ -259,10 +243,6 @@ class Builder:
                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
                   n_tokens=n, freq_base=base, freq_scale=freq_scale)
         self._wrote(q)
-
-    def set_rows(self, src: vk.Buffer, cache: vk.Buffer, n_cols: int, n: int) -> None:
-        self.g.op("set_rows", [src, cache, self.rs.step], (-(-n * n_cols // 64), 1, 1),
-                  n_cols=n_cols, n_rows=n)
 
     def attention(self, q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer, out: vk.Buffer,
                   n_head: int, n_head_kv: int, head_dim: int, n: int, scale: float,

@@ -1,11 +1,9 @@
 #version 450
 // Round activations the way ggml's CPU backend does before a quantized matrix product, so
-// greedy decoding follows llama.cpp's token for token. Per block of x (32 values, 256 for
-// Q8_K), out holds the dequantized rounded values; for Q8_1 a correction per block follows
-// the values (at corr_offset): fp16(d * sum(q)) - fp16(d) * sum(q), the difference between
-// the block sum ggml stores and the exact one, which mul_mat multiplies by the Q4_1 minimum.
+// greedy decoding follows llama.cpp's more closely. Per block of x (32 values, 256 for
+// Q8_K), out holds the dequantized rounded values. (mul_mat rounds Q8_0 and Q8_1 blocks
+// itself; this pass serves the formats whose blocks span more lanes than a subgroup has.)
 //   FMT 0: Q8_0   d = fp16(amax / 127), q = rne(x * 127 / amax)
-//   FMT 1: Q8_1   as Q8_0, plus the block-sum correction
 //   FMT 2: Q8_K   blocks of 256, iscale = -127 / max (signed), q = min(127, rne(iscale x)),
 //                 d = 1 / iscale in f32
 //   FMT 3: F16    x rounded to f16
@@ -18,7 +16,6 @@ layout(push_constant) uniform Push {
     uint n_cols;
     uint n_rows;
     uint x_offset;     // rows of x to skip
-    uint corr_offset;  // floats: where Q8_1 corrections start in out
 } p;
 
 float f16r(float v) { return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x; }
@@ -49,11 +46,5 @@ void main() {
     const float d = amax / 127.0;
     const float id = amax != 0.0 ? 127.0 / amax : 0.0;
     const float dh = f16r(d);
-    float qsum = 0.0;
-    for (uint j = 0; j < bs; j++) {
-        const float q = roundEven(x[src + j] * id);
-        qsum += q;
-        o[dst + j] = q * dh;
-    }
-    if (FMT == 1) o[p.corr_offset + row * nb + b] = f16r(d * qsum) - dh * qsum;
+    for (uint j = 0; j < bs; j++) o[dst + j] = roundEven(x[src + j] * id) * dh;
 }

@@ -316,7 +316,7 @@ def test_quantize_act_formats(dev, kc, fmt):
     x = (rng.standard_normal((2, 512)) * 5).astype(np.float32)
     bx, bo = buf(dev, x), buf(dev, nbytes=x.nbytes)
     run_once(dev, kc, "quantize_act", [bx, bo], (1 if fmt == 2 else 8, 1, 1),
-             spec=dict(FMT=fmt), n_cols=512, n_rows=2, x_offset=0, corr_offset=0)
+             spec=dict(FMT=fmt), n_cols=512, n_rows=2, x_offset=0)
     if fmt == 0:
         b = x.reshape(2, -1, 32)
         amax = np.abs(b).max(-1, keepdims=True)
