@@ -21,6 +21,10 @@ class BudgetError(RuntimeError):
     pass
 
 
+class PinnedError(BudgetError):
+    """An eviction asked of a pinned model (unpin it first)."""
+
+
 class Arbiter:
     def __init__(self, budget_bytes: int, full_release: bool = True):
         if budget_bytes <= 0:

@@ -85,7 +85,8 @@ class Model:
         self.shadow: list[vk.Buffer] = []       # their host-visible copy (discrete GPUs)
         self.weights: dict[str, Tensor] = {}
         self.rs: RunState | None = None        # activations and KV cache while resident
-        self.kv_shadow: dict[str, np.ndarray] | None = None   # host copy while evicted
+        # while fully evicted: (host-visible buffer or None, used bytes per layer, layer keys)
+        self.kv_shadow: tuple[vk.Buffer | None, int, list[str]] | None = None
         self._decode: dict[bool, Graph] = {}
         self._prefill: OrderedDict[int, Graph] = OrderedDict()
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1
@@ -124,14 +125,8 @@ class Model:
         t1 = time.perf_counter()
         if self.rs is None:
             self.rs = RunState(self.dev, self.name, **self._run_state_args())
-            if self.kv_shadow:
-                kv_bytes = sum(np.asarray(c).nbytes for c in self.kv_shadow.values())
-                with vk.Uploader(self.dev, staging_bytes=max(4096, min(
-                        vk.STAGING_BYTES, kv_bytes))) as up:
-                    for layer, buf in self._kv_buffers():
-                        up.write(buf, self.kv_shadow[layer])
-                    moved += up.bytes
-            self.kv_shadow = None
+            if self.kv_shadow is not None:
+                moved += self._restore_kv()
         t2 = time.perf_counter()
         self.last_transfer = {"op": "restore", "seconds": t2 - t0, "bytes": moved,
                               "weights_s": t1 - t0, "state_s": t2 - t1}
@@ -147,16 +142,41 @@ class Model:
             self.dev.allocator.free(b)
         self.arenas, self.weights = [], {}
         if full and self.rs is not None:
-            used = len(self.cache_tokens) * self.rs.kv_row_bytes
-            pairs = [(buf, used) for _, buf in self._kv_buffers()]
-            copies = vk.download_many(self.dev, pairs) if used else [b""] * len(pairs)
-            self.kv_shadow = {layer: c for (layer, _), c in zip(self._kv_buffers(), copies)}
-            moved = used * len(pairs)
+            moved = self._shadow_kv()
             self.rs.close()
             self.rs = None
         self.last_transfer = {"op": "release", "seconds": time.perf_counter() - t0,
                               "bytes": moved}
         return self.last_transfer
+
+    def _shadow_kv(self) -> int:
+        """Copy the used KV rows into one host-visible buffer (one submit); bytes moved."""
+        used = len(self.cache_tokens) * self.rs.kv_row_bytes
+        pairs = self._kv_buffers()
+        if not used:
+            self.kv_shadow = (None, used, [layer for layer, _ in pairs])
+            return 0
+        host = self.dev.allocator.alloc(used * len(pairs), f"{self.name}/kv_shadow", "shadow",
+                                        host=True)
+        with self.dev.one_shot() as cmd:
+            for i, (_, buf) in enumerate(pairs):
+                vk.copy_buffer(cmd, buf, 0, host, i * used, used)
+        self.kv_shadow = (host, used, [layer for layer, _ in pairs])
+        return used * len(pairs)
+
+    def _restore_kv(self) -> int:
+        """The KV host shadow back into the fresh cache (one submit); bytes moved."""
+        host, used, layers = self.kv_shadow
+        pairs = self._kv_buffers()
+        if [layer for layer, _ in pairs] != layers:
+            raise RuntimeError(f"{self.name}: KV layout changed while cold")
+        if host is not None:
+            with self.dev.one_shot() as cmd:
+                for i, (_, buf) in enumerate(pairs):
+                    vk.copy_buffer(cmd, host, i * used, buf, 0, used)
+            self.dev.allocator.free(host)
+        self.kv_shadow = None
+        return used * len(pairs) if host is not None else 0
 
     def _kv_buffers(self) -> list[tuple[str, vk.Buffer]]:
         out = [(f"k{i}", b) for i, b in self.rs.k_cache.items()]
@@ -172,15 +192,16 @@ class Model:
             pairs = [(buf, used) for _, buf in self._kv_buffers()]
             for c in (vk.download_many(self.dev, pairs) if used else []):
                 h.update(c.tobytes())
-        elif self.kv_shadow:
-            for c in self.kv_shadow.values():
-                h.update(np.asarray(c).tobytes())
+        elif self.kv_shadow is not None and self.kv_shadow[0] is not None:
+            host, used, layers = self.kv_shadow
+            for i in range(len(layers)):
+                h.update(host.view[i * used:(i + 1) * used].tobytes())
         return h.hexdigest()
 
     def host_shadow_bytes(self) -> int:
         """Host memory that backs a restore: the weights' host-visible copy (or, on unified
         memory, the mapped GGUF file) and any KV shadow."""
-        kv = sum(np.asarray(c).nbytes for c in self.kv_shadow.values()) if self.kv_shadow else 0
+        kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
         return self.weight_bytes + kv
 
     def _drop_graphs(self) -> None:
@@ -358,6 +379,8 @@ class Model:
         for b in self.shadow:
             self.dev.allocator.free(b)
         self.shadow = []
+        if self.kv_shadow is not None and self.kv_shadow[0] is not None:
+            self.dev.allocator.free(self.kv_shadow[0])
         self.kv_shadow = None
         self.gguf.close()
 

@@ -7,6 +7,7 @@ small host-visible buffers for per-step values.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -107,14 +108,7 @@ class RunState:
         pos * freq_scale and is multiplied by powf(base, -2 / n_dims) in float32 per pair."""
         key = (base, n_dims, freq_scale)
         if key not in self.rope_tables:
-            half = n_dims // 2
-            theta_scale = np.float32(base) ** np.float32(-2.0 / n_dims)
-            theta = np.empty((self.n_ctx, half), np.float32)
-            theta[:, 0] = np.arange(self.n_ctx, dtype=np.float32) * np.float32(freq_scale)
-            for i in range(1, half):
-                theta[:, i] = theta[:, i - 1] * theta_scale
-            t64 = theta.astype(np.float64)
-            table = np.stack([np.cos(t64), np.sin(t64)], axis=-1).astype(np.float32)
+            table = rope_angles(self.n_ctx, base, n_dims, freq_scale)
             buf = self.dev.allocator.alloc(table.nbytes, f"rope{base:g}", "compute")
             with vk.Uploader(self.dev, staging_bytes=table.nbytes) as up:
                 up.write(buf, table)
@@ -147,6 +141,22 @@ class RunState:
     def close(self) -> None:
         for b in self.buffers():
             self.dev.allocator.free(b)
+
+
+@functools.lru_cache(maxsize=16)
+def rope_angles(n_ctx: int, base: float, n_dims: int, freq_scale: float) -> np.ndarray:
+    """[n_ctx, n_dims / 2, (cos, sin)] float32; computed once per process (a full restore
+    rebuilds the device table from it)."""
+    half = n_dims // 2
+    theta_scale = np.float32(base) ** np.float32(-2.0 / n_dims)
+    theta = np.empty((n_ctx, half), np.float32)
+    theta[:, 0] = np.arange(n_ctx, dtype=np.float32) * np.float32(freq_scale)
+    for i in range(1, half):
+        theta[:, i] = theta[:, i - 1] * theta_scale
+    t64 = theta.astype(np.float64)
+    table = np.stack([np.cos(t64), np.sin(t64)], axis=-1).astype(np.float32)
+    table.flags.writeable = False
+    return table
 
 
 def check_hyperparameters(c, path: str, extra: list[str] = ()) -> None:

@@ -824,7 +824,10 @@ class Server:
 
 
 def _over_budget(exc: BudgetError) -> ApiError:
-    return ApiError(409, str(exc), None, "budget_exceeded")
+    from .arbiter import PinnedError
+
+    code = "model_pinned" if isinstance(exc, PinnedError) else "budget_exceeded"
+    return ApiError(409, str(exc), None, code)
 
 
 def _entry(s: dict) -> dict:

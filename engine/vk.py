@@ -305,6 +305,7 @@ class _OneShot:
         return self.cmd
 
     def __exit__(self, exc_type, *rest):
+        host_barrier(self.cmd)
         end(self.cmd)
         if exc_type is None:
             self.dev.submit([self.cmd])
@@ -326,6 +327,22 @@ def end(cmd) -> None:
     _vk.vkEndCommandBuffer(cmd)
 
 
+_HOST_BARRIER = None
+
+
+def host_barrier(cmd) -> None:
+    """Make the device's writes so far visible to host reads after the fence wait."""
+    global _HOST_BARRIER
+    if _HOST_BARRIER is None:
+        _HOST_BARRIER = ffi.new("VkMemoryBarrier*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+            "srcAccessMask": _vk.VK_ACCESS_SHADER_WRITE_BIT | _vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+            "dstAccessMask": _vk.VK_ACCESS_HOST_READ_BIT})
+    src = _vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | _vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+    lib.vkCmdPipelineBarrier(cmd, src, _vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1, _HOST_BARRIER,
+                             0, ffi.NULL, 0, ffi.NULL)
+
+
 # -- memory ---------------------------------------------------------------------------------
 
 BLOCK_BYTES = 256 << 20
@@ -336,8 +353,9 @@ BUFFER_USAGE = (_vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | _vk.VK_BUFFER_USAGE_TRA
 class _Block:
     """One VkDeviceMemory carved into buffers by first fit."""
 
-    def __init__(self, dev: Device, type_index: int, size: int):
+    def __init__(self, dev: Device, type_index: int, size: int, host: bool = False):
         self.dev, self.type_index, self.size = dev, type_index, size
+        self.host = host                 # serves host-memory requests (shadows, staging)
         try:
             self.memory = _vk.vkAllocateMemory(dev.device, _vk.VkMemoryAllocateInfo(
                 allocationSize=size, memoryTypeIndex=type_index), None)
@@ -426,37 +444,68 @@ class Allocator:
         self.dev = dev
         self.blocks: list[_Block] = []
         self.buffers: set[Buffer] = set()
+        # Emptied device-local blocks are kept as spares while everything reserved stays
+        # within spare_limit (the engine sets its VRAM budget): the next model's buffers
+        # then bind to memory already allocated, as vkAllocateMemory of a large block costs
+        # milliseconds. trim() gives them back.
+        self.spare: list[_Block] = []
+        self.spare_limit = 0
 
     def alloc(self, nbytes: int, label: str, kind: str, host: bool = False) -> Buffer:
         if kind not in KINDS:
             raise ValueError(f"unknown buffer kind {kind!r}")
         nbytes = max(int(nbytes), 4)
         dev = self.dev
-        handle = _vk.vkCreateBuffer(dev.device, _vk.VkBufferCreateInfo(
-            size=nbytes, usage=BUFFER_USAGE, sharingMode=_vk.VK_SHARING_MODE_EXCLUSIVE), None)
-        req = _vk.vkGetBufferMemoryRequirements(dev.device, handle)
+        # raw calls: a full restore creates a buffer per KV layer, and the wrappers cost
+        # ~25 us each against ~3 us
+        info = ffi.new("VkBufferCreateInfo*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, "size": nbytes,
+            "usage": BUFFER_USAGE, "sharingMode": _vk.VK_SHARING_MODE_EXCLUSIVE})
+        out = ffi.new("VkBuffer*")
+        # VkResult vkCreateBuffer(VkDevice, const VkBufferCreateInfo*,
+        #                         const VkAllocationCallbacks*, VkBuffer*)
+        check(lib.vkCreateBuffer(dev.device, info, ffi.NULL, out), "vkCreateBuffer")
+        handle = out[0]
+        req = ffi.new("VkMemoryRequirements*")
+        # void vkGetBufferMemoryRequirements(VkDevice, VkBuffer, VkMemoryRequirements*)
+        lib.vkGetBufferMemoryRequirements(dev.device, handle, req)
         type_index = dev.mem_host if host else dev.mem_device
         if not (req.memoryTypeBits >> type_index) & 1:
-            _vk.vkDestroyBuffer(dev.device, handle, None)
+            lib.vkDestroyBuffer(dev.device, handle, ffi.NULL)
             raise VulkanError(f"memory type {type_index} unusable for buffer {label}")
         align = max(int(req.alignment), dev.storage_align, 256)
         size = -(-int(req.size) // align) * align
         block, off = None, None
         for b in self.blocks:
-            if b.type_index == type_index:
+            if b.type_index == type_index and b.host == host:
                 off = b.take(size, align)
                 if off is not None:
                     block = b
                     break
+        if block is None and not host:
+            block = self._from_spare(type_index, size)
         if block is None:
+            want = max(BLOCK_BYTES, size)
+            while self.spare and not host and self.reserved_bytes() + want > self.spare_limit:
+                self.spare.pop().close()        # smallest last: keep the big ones longest
             try:
-                block = _Block(dev, type_index, max(BLOCK_BYTES, size))
+                block = _Block(dev, type_index, want, host)
             except OutOfMemory:
-                _vk.vkDestroyBuffer(dev.device, handle, None)
-                raise
+                if not self.spare:
+                    lib.vkDestroyBuffer(dev.device, handle, ffi.NULL)
+                    raise
+                self.trim()
+                try:
+                    block = _Block(dev, type_index, want, host)
+                except OutOfMemory:
+                    lib.vkDestroyBuffer(dev.device, handle, ffi.NULL)
+                    raise
             self.blocks.append(block)
+        if off is None:
             off = block.take(size, align)
-        _vk.vkBindBufferMemory(dev.device, handle, block.memory, off)
+        # VkResult vkBindBufferMemory(VkDevice, VkBuffer, VkDeviceMemory, VkDeviceSize)
+        check(lib.vkBindBufferMemory(dev.device, handle, block.memory, off),
+              "vkBindBufferMemory")
         buf = Buffer(label, kind, nbytes, host, handle, block, off, size)
         if block.mapped is not None:
             buf.view = block.mapped[off:off + nbytes]
@@ -467,11 +516,17 @@ class Allocator:
         """Release a buffer; its record stays valid with `released` true and no handle."""
         if buf.handle is None:
             return
-        _vk.vkDestroyBuffer(self.dev.device, buf.handle, None)
+        # void vkDestroyBuffer(VkDevice, VkBuffer, const VkAllocationCallbacks*)
+        lib.vkDestroyBuffer(self.dev.device, buf.handle, ffi.NULL)
         buf.block.give(buf.offset, buf.alloc_bytes)
         if buf.block.used == 0:
-            buf.block.close()
             self.blocks.remove(buf.block)
+            if not buf.block.host and self.reserved_bytes() + buf.block.size \
+                    <= self.spare_limit:
+                self.spare.append(buf.block)
+                self.spare.sort(key=lambda b: -b.size)
+            else:
+                buf.block.close()
         buf.handle, buf.block, buf.view = None, None, None
         self.buffers.discard(buf)
 
@@ -482,8 +537,34 @@ class Allocator:
             out[b.kind] += b.nbytes
         return out
 
+    def _from_spare(self, type_index: int, size: int) -> _Block | None:
+        """The smallest spare block that holds `size`, made live again."""
+        fits = [b for b in self.spare if b.type_index == type_index and b.size >= size]
+        if not fits:
+            return None
+        block = min(fits, key=lambda b: b.size)
+        self.spare.remove(block)
+        self.blocks.append(block)
+        return block
+
     def reserved_bytes(self) -> int:
-        return sum(b.size for b in self.blocks)
+        """Device memory this allocator holds: live blocks and spares (host-memory blocks
+        for shadows and staging are not counted: they are not VRAM)."""
+        return sum(b.size for b in self.blocks if not b.host) + self.spare_bytes()
+
+    def host_bytes(self) -> int:
+        return sum(b.size for b in self.blocks if b.host)
+
+    def spare_bytes(self) -> int:
+        return sum(b.size for b in self.spare)
+
+    def trim(self) -> int:
+        """Free the spare blocks; the bytes given back."""
+        freed = self.spare_bytes()
+        for b in self.spare:
+            b.close()
+        self.spare = []
+        return freed
 
     def close(self) -> None:
         for b in list(self.buffers):
@@ -491,6 +572,7 @@ class Allocator:
         for blk in self.blocks:
             blk.close()
         self.blocks = []
+        self.trim()
 
 
 # -- transfers ------------------------------------------------------------------------------
@@ -781,6 +863,7 @@ class CommandList:
         lib.vkCmdResetQueryPool(self.cmd, pool.pool, 0, pool.count)
 
     def finish(self) -> None:
+        host_barrier(self.cmd)
         end(self.cmd)
 
     def close(self) -> None:

@@ -71,3 +71,58 @@ def test_two_architectures_in_one_process(smollm2_path, gemma3_path):
         for name, ref in ((a, smol), (b, gem), (a, smol)):
             out = eng.generate(name, prompt=ref["text"], max_tokens=8, sampling=GREEDY)
             assert out.tokens == ref["greedy_ids"][:8], name
+
+
+def test_releases_run_on_the_engine_thread_and_status_answers_meanwhile(smollm2_path, ref):
+    import threading
+    import time
+
+    with Engine(n_ctx=256) as eng:
+        eng.load(smollm2_path, name="a")
+        seen = []
+        release = eng.arbiter._release["a"]
+        eng.arbiter._release["a"] = lambda full: (seen.append(threading.current_thread()),
+                                                  release(full))[1]
+        done = threading.Event()
+        out = {}
+
+        def request():
+            out["c"] = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=40,
+                                    sampling=GREEDY)
+            done.set()
+        t = threading.Thread(target=request)
+        t.start()
+        while not eng.models["a"].model.cache_tokens:       # decoding has begun
+            time.sleep(0.01)
+        t0 = time.perf_counter()
+        states = eng.status()                                 # not queued behind the request
+        asked = time.perf_counter() - t0
+        vram = eng.vram()
+        assert states[0]["state"] == "warm" and vram["granted_bytes"] > 0
+        assert not done.is_set() and asked < 0.5, asked
+        # a load of a second model that must evict "a" waits for the request to finish
+        eng.arbiter.budget = eng.arbiter.held("a") + eng.models["a"].model.warm_bytes() // 2
+        eng.load(smollm2_path, name="b")
+        assert done.is_set()
+        t.join()
+        assert out["c"].tokens[:len(ref["greedy_ids"])] == ref["greedy_ids"][:40]
+        assert seen and all(th is eng.thread._thread for th in seen)
+
+
+def test_vram_agrees_with_the_drivers_memory_budget(smollm2_path):
+    """Where the driver reports VK_EXT_memory_budget, the device usage it reports moves
+    with what the engine allocates (lavapipe has no such extension)."""
+    with Engine(n_ctx=256) as eng:
+        if eng.dev.memory_budget() is None:
+            pytest.skip(f"{eng.dev.name} does not report VK_EXT_memory_budget")
+        eng.dev.allocator.spare_limit = 0
+        before = eng.vram()
+        eng.load(smollm2_path, name="a")
+        warm = eng.vram()
+        eng.evict("a", full=True)
+        cold = eng.vram()
+        grown = warm["driver_usage_bytes"] - before["driver_usage_bytes"]
+        ours = warm["allocated_bytes"] - before["allocated_bytes"]
+        assert ours > 0 and abs(grown - ours) <= max(0.05 * ours, 8 << 20), (grown, ours)
+        assert abs(cold["driver_usage_bytes"] - before["driver_usage_bytes"]) <= 8 << 20
+        assert warm["driver_budget_bytes"] >= warm["allocated_bytes"]

@@ -659,8 +659,8 @@ def test_budget_refusals_are_409(res_base):
     got, a = op(res_base, "a", "pin")
     assert got == 200 and a["pinned"] and a["state"] == "warm"
     try:
-        got, body = op(res_base, "a", "evict")
-        err = assert_error(409, got, body, None, "budget_exceeded")
+        got, body = op(res_base, "a", "evict")      # its own code: not a budget matter
+        err = assert_error(409, got, body, None, "model_pinned")
         assert "a is pinned" in err["message"]
         # a pinned, a second pin cannot fit: the arbiter's own message
         got, body = op(res_base, "b", "pin")

@@ -86,3 +86,30 @@ def test_pipeline_cache_is_written(tmp_path):
     assert len(files) == 1 and files[0].stat().st_size > 0
     d2 = vk.Device(cache_dir=str(tmp_path))       # and read back
     d2.close()
+
+
+def test_emptied_blocks_are_kept_as_spares_within_the_limit(dev):
+    """A freed block is reused by the next allocation (no vkAllocateMemory on a switch),
+    kept only while everything reserved fits spare_limit, and trim() gives it back."""
+    a = dev.allocator
+    size = vk.BLOCK_BYTES + (1 << 20)             # a dedicated block of its own
+    a.spare_limit = a.reserved_bytes() + size + (1 << 20)
+    try:
+        first = a.alloc(size, "big", "weights")
+        memory = first.block.memory
+        a.free(first)
+        assert a.spare_bytes() >= size and a.reserved_bytes() >= size
+        second = a.alloc(size - 4096, "big-again", "weights")
+        assert second.block.memory == memory and a.spare_bytes() == 0
+        vk.upload(dev, second, np.full(second.nbytes, 7, np.uint8))
+        assert (vk.download(dev, second) == 7).all()
+        a.free(second)
+        assert a.trim() >= size and a.spare_bytes() == 0
+        # past the limit, an emptied block goes back at once
+        a.spare_limit = 0
+        third = a.alloc(size, "big", "weights")
+        a.free(third)
+        assert a.spare_bytes() == 0
+    finally:
+        a.spare_limit = 0
+        a.trim()
