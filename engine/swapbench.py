@@ -67,7 +67,7 @@ def run_swap_bench(args) -> int:
             names.append(eng.load(p, name=base if base not in eng.models else f"{base}#{i + 1}"))
         bandwidth = copy_bandwidth(eng.dev)
         per = {n: {"restore_s": [], "bytes": [], "residual": [], "cached": [], "release_s": [],
-                   "alloc_s": [], "copy_s": []} for n in names}
+                   "alloc_s": [], "copy_s": [], "state_s": []} for n in names}
         answers: dict[str, list] = {n: [] for n in names}
         for _ in range(args.cycles):
             for n in names:
@@ -76,6 +76,7 @@ def run_swap_bench(args) -> int:
                 if info["op"] == "restore" and info["bytes"]:
                     per[n]["restore_s"].append(info["seconds"])
                     per[n]["bytes"].append(info["bytes"])
+                    per[n]["state_s"].append(info.get("state_s", 0.0))
                     for k in ("alloc_s", "copy_s"):
                         if k in getattr(m, "upload_timing", {}):
                             per[n][k].append(m.upload_timing[k])
@@ -110,6 +111,7 @@ def run_swap_bench(args) -> int:
             "release_s_median": statistics.median(r["release_s"]),
             "weights_alloc_s_median": statistics.median(r["alloc_s"]) if r["alloc_s"] else None,
             "weights_copy_s_median": statistics.median(r["copy_s"]) if r["copy_s"] else None,
+            "state_restore_s_median": statistics.median(r["state_s"]) if r["state_s"] else None,
             "cold_residual_bytes": max(r["residual"]),
             "cached_tokens": r["cached"],
             "outputs_identical_across_cycles": all(a == answers[n][0] for a in answers[n]),
@@ -125,7 +127,8 @@ def run_swap_bench(args) -> int:
                   f"{m['bytes_moved'] / 2**20:.1f} MiB ({m['achieved_GBps']:.2f} GB/s, "
                   f"{100 * m['vs_copy_bandwidth']:.0f}% of copy bandwidth; weight alloc "
                   f"{1e3 * (m['weights_alloc_s_median'] or 0):.1f} ms, weight copy "
-                  f"{1e3 * (m['weights_copy_s_median'] or 0):.1f} ms), cold residual "
+                  f"{1e3 * (m['weights_copy_s_median'] or 0):.1f} ms, KV and compute "
+                  f"{1e3 * (m['state_restore_s_median'] or 0):.1f} ms), cold residual "
                   f"{m['cold_residual_bytes']} B, cached tokens {m['cached_tokens']}, "
                   f"identical outputs {m['outputs_identical_across_cycles']}, reload from "
                   f"disk {1e3 * m['reload_from_disk_s']:.0f} ms")

@@ -450,6 +450,7 @@ class Allocator:
         # milliseconds. trim() gives them back.
         self.spare: list[_Block] = []
         self.spare_limit = 0
+        self.host_spare: _Block | None = None   # one emptied host block (mapping is slow)
 
     def alloc(self, nbytes: int, label: str, kind: str, host: bool = False) -> Buffer:
         if kind not in KINDS:
@@ -484,6 +485,10 @@ class Allocator:
                     break
         if block is None and not host:
             block = self._from_spare(type_index, size)
+        if block is None and host and self.host_spare is not None \
+                and self.host_spare.type_index == type_index and size <= self.host_spare.size:
+            block, self.host_spare = self.host_spare, None
+            self.blocks.append(block)
         if block is None:
             want = max(BLOCK_BYTES, size)
             while self.spare and not host and self.reserved_bytes() + want > self.spare_limit:
@@ -525,6 +530,9 @@ class Allocator:
                     <= self.spare_limit:
                 self.spare.append(buf.block)
                 self.spare.sort(key=lambda b: -b.size)
+            elif buf.block.host and self.spare_limit and self.host_spare is None \
+                    and buf.block.size == BLOCK_BYTES:
+                self.host_spare = buf.block      # staging and KV shadows come and go
             else:
                 buf.block.close()
         buf.handle, buf.block, buf.view = None, None, None
@@ -564,6 +572,9 @@ class Allocator:
         for b in self.spare:
             b.close()
         self.spare = []
+        if self.host_spare is not None:
+            self.host_spare.close()
+            self.host_spare = None
         return freed
 
     def close(self) -> None:

@@ -31,7 +31,7 @@ def test_load_evict_pin_on_the_real_engine(qtbot, smollm2_path):
         until(qtbot, lambda: rec.loaded or rec.failed, timeout=LOAD_TIMEOUT_MS)
         assert not rec.failed, rec.failed
         name = rec.loaded[0][1]
-        until(qtbot, lambda: rec.model(name).get("state") == "warm")
+        until(qtbot, lambda: rec.model(name).get("state") == "warm", timeout=LOAD_TIMEOUT_MS)
         m = rec.model(name)
         assert m["arch"] == "llama" and m["quant"] == "Q4_1" and not m["pinned"]
         assert m["device_bytes"]["weights"] > 50 << 20 and m["device_bytes"]["kv"] > 0

@@ -757,12 +757,20 @@ def test_management_waits_for_the_models_queue(res_base, res_server, res_engine,
 
 
 def test_health_and_metrics_do_not_wait_for_the_engine(res_base, res_engine):
-    """While the engine is busy (its lock held, as during a generation) the probes answer."""
-    res_engine._lock.acquire()
+    """While the engine thread is busy (as during a generation) the probes answer."""
+    busy, go = threading.Event(), threading.Event()
+
+    def hold():
+        busy.set()
+        go.wait(60)
+    t = threading.Thread(target=res_engine.thread.run, args=(hold,))
+    t.start()
     try:
+        assert busy.wait(30)
         for path in ("/health", "/metrics"):
             req = urllib.request.Request(res_base + path)
             with urllib.request.urlopen(req, timeout=30) as resp:
                 assert resp.status == 200
     finally:
-        res_engine._lock.release()
+        go.set()
+        t.join()
