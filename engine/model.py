@@ -83,7 +83,8 @@ class Model:
         self._layout = self._plan_layout()      # where each tensor sits in the weight arenas
         self.arenas: list[vk.Buffer] = []       # device weights while they are resident
         self.shadow: list[vk.Buffer] = []       # their host-visible copy (discrete GPUs)
-        self.weights: dict[str, Tensor] = {}
+        self.weights: dict[str, Tensor] = {}   # while resident: self._tensors
+        self._tensors: dict[str, Tensor] = {}
         self.rs: RunState | None = None        # activations and KV cache while resident
         # while fully evicted: (host-visible buffer or None, used bytes per layer, layer keys)
         self.kv_shadow: tuple[vk.Buffer | None, int, list[str]] | None = None
@@ -140,7 +141,8 @@ class Model:
         self._drop_graphs()
         for b in self.arenas:
             self.dev.allocator.free(b)
-        self.arenas, self.weights = [], {}
+        self.arenas.clear()                     # the same list: the Tensors refer to it
+        self.weights = {}
         if full and self.rs is not None:
             moved = self._shadow_kv()
             self.rs.close()
@@ -246,8 +248,8 @@ class Model:
         placements, sizes = self._layout
         total = sum(p[5] for p in placements)
         t0 = time.perf_counter()
-        self.arenas = [self.dev.allocator.alloc(n, f"{self.name}/weights.{i}", "weights")
-                       for i, n in enumerate(sizes)]
+        self.arenas[:] = [self.dev.allocator.alloc(n, f"{self.name}/weights.{i}", "weights")
+                          for i, n in enumerate(sizes)]
         self.upload_timing = {"alloc_s": time.perf_counter() - t0}
         direct = self.arenas[0].view is not None and self.write_in_place
         if not direct and not self.shadow:
@@ -272,12 +274,13 @@ class Model:
             self.upload_timing["copy_s"] = time.perf_counter() - t0
             if progress and targets is None:
                 progress(total, total)
-        self.weights = {}
-        for n, first, count, a, off, nbytes, _ in placements:
-            t = self.gguf.tensor(n)
-            if n not in self.weights:
-                self.weights[n] = Tensor(t.type_name, t.shape, [], self.arenas)
-            self.weights[n].parts.append((first, count, a, off, nbytes))
+        if not self._tensors:                  # the layout never changes: built once
+            for n, first, count, a, off, nbytes, _ in placements:
+                t = self.gguf.tensor(n)
+                if n not in self._tensors:
+                    self._tensors[n] = Tensor(t.type_name, t.shape, [], self.arenas)
+                self._tensors[n].parts.append((first, count, a, off, nbytes))
+        self.weights = self._tensors
         return total
 
     # -- graphs -----------------------------------------------------------------------------
