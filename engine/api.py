@@ -296,6 +296,7 @@ class Engine:
                  "pinned": m.name in pinned,
                  "device_bytes": m.model.device_bytes(),
                  "host_shadow_bytes": m.model.host_shadow_bytes(),
+                 "pinned_host_bytes": m.model.pinned_bytes(),
                  "warm_bytes": m.model.warm_bytes(),
                  "cached_tokens": len(m.model.cache_tokens)}
                 for m in list(self.models.values())]

@@ -288,6 +288,11 @@ class GGUFFile:
         return self.metadata[key]
 
     # -- tensors ----------------------------------------------------------------------------
+    @property
+    def mapped(self) -> np.ndarray:
+        """The whole file as a read-only uint8 memmap (tensor offsets index into it)."""
+        return self._reader.data
+
     def tensor(self, name: str) -> TensorInfo:
         try:
             return self.tensors[name]

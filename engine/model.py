@@ -82,7 +82,9 @@ class Model:
         self.profile = False                    # record graphs with per-op timestamps
         self._layout = self._plan_layout()      # where each tensor sits in the weight arenas
         self.arenas: list[vk.Buffer] = []       # device weights while they are resident
-        self.shadow: list[vk.Buffer] = []       # their host-visible copy (discrete GPUs)
+        self.shadow: list[vk.Buffer] = []       # host-visible copy of what is not pinned
+        self.pinned: vk.HostImport | None = None  # the file's pages, imported (discrete GPUs)
+        self._sources = None                    # per arena: where a restore copies from
         self.weights: dict[str, Tensor] = {}   # while resident: self._tensors
         self._tensors: dict[str, Tensor] = {}
         self.rs: RunState | None = None        # activations and KV cache while resident
@@ -242,37 +244,34 @@ class Model:
         return placements, sizes
 
     def _upload(self, progress) -> int:
-        """Weights onto the device: from the host-visible shadow when there is one (one
-        copy command per arena), else from the GGUF memmap, building the shadow on the way
-        on discrete GPUs so that later restores are plain device copies."""
+        """Weights onto the device. On unified memory they are written in place from the
+        GGUF memmap. Otherwise every restore is copy commands from host memory the GPU
+        reads: the file's own pages, imported (pinned) where the driver allows, and for the
+        rest a host-visible shadow filled once, on the first upload."""
         placements, sizes = self._layout
         total = sum(p[5] for p in placements)
         t0 = time.perf_counter()
         self.arenas[:] = [self.dev.allocator.alloc(n, f"{self.name}/weights.{i}", "weights")
                           for i, n in enumerate(sizes)]
         self.upload_timing = {"alloc_s": time.perf_counter() - t0}
-        direct = self.arenas[0].view is not None and self.write_in_place
-        if not direct and not self.shadow:
-            self.shadow = [self.dev.allocator.alloc(n, f"{self.name}/shadow.{i}", "shadow",
-                                                    host=True) for i, n in enumerate(sizes)]
-            targets = self.shadow
-        else:
-            targets = self.arenas if direct else None
-        if targets is not None:
+        if self.arenas[0].view is not None and self.write_in_place:
             done = 0
             for n, first, count, a, off, nbytes, src in placements:
                 t = self.gguf.tensor(n)
-                targets[a].view[off:off + nbytes] = t.data[src:src + nbytes]
+                self.arenas[a].view[off:off + nbytes] = t.data[src:src + nbytes]
                 done += nbytes
                 if progress:
                     progress(done, total)
-        if not direct:
+        else:
+            if self._sources is None:
+                self._sources = self._plan_sources(progress, total)
             t0 = time.perf_counter()
             with self.dev.one_shot() as cmd:
-                for sh, ar, n in zip(self.shadow, self.arenas, sizes):
-                    vk.copy_buffer(cmd, sh, 0, ar, 0, n)
+                for a, by_src in enumerate(self._sources):
+                    for src_buf, regions in by_src:
+                        vk.copy_regions(cmd, src_buf, self.arenas[a], regions)
             self.upload_timing["copy_s"] = time.perf_counter() - t0
-            if progress and targets is None:
+            if progress:
                 progress(total, total)
         if not self._tensors:                  # the layout never changes: built once
             for n, first, count, a, off, nbytes, _ in placements:
@@ -282,6 +281,54 @@ class Model:
                 self._tensors[n].parts.append((first, count, a, off, nbytes))
         self.weights = self._tensors
         return total
+
+    pin_host = True                # import the file's pages where the driver allows
+
+    def _plan_sources(self, progress, total: int):
+        """Per arena, [(source buffer, [(src offset, dst offset, bytes)])]: the imported
+        file pages for every tensor they cover, else a host-visible shadow filled now."""
+        placements, sizes = self._layout
+        imp = None
+        if self.pin_host and self.dev.host_import_align:
+            imp = vk.HostImport(self.dev, self.gguf.mapped, f"{self.name}/file")
+            if not imp.chunks:
+                imp.close()
+                imp = None
+        self.pinned = imp
+        plan: list[dict] = [{} for _ in sizes]          # arena -> {source: regions}
+        missing: list[list] = [[] for _ in sizes]
+        for n, first, count, a, off, nbytes, src in placements:
+            t = self.gguf.tensor(n)
+            spans = imp.spans(t.offset + src, nbytes) if imp is not None else None
+            if spans is None:                      # not imported (or straddles a refused
+                missing[a].append((n, off, nbytes, src))   # chunk): from the shadow
+                continue
+            dst = off
+            for buf, src_off, k in spans:          # a tensor across two chunks: two copies
+                plan[a].setdefault(id(buf), (buf, []))[1].append((src_off, dst, k))
+                dst += k
+        done = total - sum(p[2] for m in missing for p in m)
+        for a, parts in enumerate(missing):
+            if not parts:
+                continue
+            size = sum(-(-p[2] // 16) * 16 for p in parts)
+            shadow = self.dev.allocator.alloc(size, f"{self.name}/shadow.{a}", "shadow",
+                                              host=True)
+            self.shadow.append(shadow)
+            regions, pos = [], 0
+            for n, off, nbytes, src in parts:
+                shadow.view[pos:pos + nbytes] = self.gguf.tensor(n).data[src:src + nbytes]
+                regions.append((pos, off, nbytes))
+                pos += -(-nbytes // 16) * 16
+                done += nbytes
+                if progress:
+                    progress(done, total)
+            plan[a][id(shadow)] = (shadow, regions)
+        return [list(p.values()) for p in plan]
+
+    def pinned_bytes(self) -> int:
+        """Host bytes imported for the device to copy from (the GGUF file's own pages)."""
+        return self.pinned.nbytes if self.pinned is not None else 0
 
     # -- graphs -----------------------------------------------------------------------------
     def _record(self, n: int, greedy: bool) -> Graph:
@@ -382,6 +429,10 @@ class Model:
         for b in self.shadow:
             self.dev.allocator.free(b)
         self.shadow = []
+        if self.pinned is not None:
+            self.pinned.close()
+            self.pinned = None
+        self._sources = None
         if self.kv_shadow is not None and self.kv_shadow[0] is not None:
             self.dev.allocator.free(self.kv_shadow[0])
         self.kv_shadow = None

@@ -835,7 +835,8 @@ def _entry(s: dict) -> dict:
     return {"name": s["name"], "path": s["path"], "arch": s["arch"], "n_ctx": s["n_ctx"],
             "state": s["state"], "pinned": s["pinned"], "device_bytes": s["device_bytes"],
             "device_bytes_total": sum(s["device_bytes"].values()),
-            "host_shadow_bytes": s["host_shadow_bytes"], "warm_bytes": s["warm_bytes"],
+            "host_shadow_bytes": s["host_shadow_bytes"],
+            "pinned_host_bytes": s.get("pinned_host_bytes", 0), "warm_bytes": s["warm_bytes"],
             "cached_tokens": s["cached_tokens"]}
 
 

@@ -22,8 +22,8 @@ import numpy as np
 import vulkan as _vk
 from vulkan import ffi, lib
 
-KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging", "shadow")
-HOST_KINDS = ("staging", "shadow")     # host memory: not VRAM, whatever heap backs it
+KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging", "shadow", "pinned")
+HOST_KINDS = ("staging", "shadow", "pinned")   # host memory: not VRAM, whatever heap backs it
 
 
 class VulkanError(RuntimeError):
@@ -130,6 +130,17 @@ class Device:
         self.extensions = dev_exts
         self.has_memory_budget = "VK_EXT_memory_budget" in dev_exts
         self.has_external_host = "VK_EXT_external_memory_host" in dev_exts
+
+        self.host_import_align = 0            # VK_EXT_external_memory_host, if present
+        if self.has_external_host:
+            ext = _vk.VkPhysicalDeviceExternalMemoryHostPropertiesEXT()
+            _vk.vkGetPhysicalDeviceProperties2(self.physical,
+                                               _vk.VkPhysicalDeviceProperties2(pNext=ext))
+            self.host_import_align = int(ext.minImportedHostPointerAlignment)
+        self.max_allocation = 1 << 30
+        m3 = _vk.VkPhysicalDeviceMaintenance3Properties()
+        _vk.vkGetPhysicalDeviceProperties2(self.physical, _vk.VkPhysicalDeviceProperties2(pNext=m3))
+        self.max_allocation = int(m3.maxMemoryAllocationSize) or self.max_allocation
 
         self._pick_memory_types()
         qf = _vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
@@ -422,6 +433,7 @@ class Buffer:
     offset: int = 0
     alloc_bytes: int = 0
     view: np.ndarray | None = field(default=None, repr=False)   # mapped bytes, if mappable
+    memory: object = None                 # its own VkDeviceMemory (imported host pages)
 
     @property
     def released(self) -> bool:
@@ -586,6 +598,115 @@ class Allocator:
         self.trim()
 
 
+# -- host memory the device reads in place -------------------------------------------------
+
+HOST_ALLOCATION = 0x00000080     # VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
+IMPORT_CHUNK = 256 << 20
+
+
+class HostImport:
+    """Host pages (a file's memmap, a shadow) imported as device-readable buffers.
+
+    With VK_EXT_external_memory_host the device copies from, or reads, those very pages: no
+    staging copy and no second copy of the weights in RAM. The region is imported in
+    page-aligned chunks no larger than the device's buffer limits; `spans(offset, n)` maps
+    a byte range onto them. Pages the driver refuses (and the partial pages at either end)
+    are simply not covered: the caller falls back to a one-time copy into a host-visible
+    buffer for those ranges.
+    """
+
+    def __init__(self, dev: Device, region: np.ndarray, label: str,
+                 chunk_bytes: int | None = None):
+        self.dev, self.label = dev, label
+        self.region = region                  # kept alive while imported
+        self.chunks: list[tuple[int, int, Buffer]] = []   # (region offset, bytes, buffer)
+        self.errors: list[str] = []
+        align = dev.host_import_align
+        if not align or region.nbytes < align:
+            return
+        base = int(ffi.cast("uintptr_t", ffi.from_buffer(region)))
+        first = -(-base // align) * align - base
+        end = (base + region.nbytes) // align * align - base
+        limit = min(chunk_bytes or IMPORT_CHUNK, dev.max_storage_range, dev.max_allocation) // align * align
+        get_props = _vk.vkGetDeviceProcAddr(dev.device, "vkGetMemoryHostPointerPropertiesEXT")
+        for off in range(first, end, limit):
+            n = min(limit, end - off)
+            try:
+                self.chunks.append((off, n, self._import(get_props, base + off, n,
+                                                         f"{label}@{off}")))
+            except VulkanError as exc:
+                self.errors.append(str(exc))
+
+    def _import(self, get_props, address: int, n: int, label: str) -> Buffer:
+        dev = self.dev
+        ptr = ffi.cast("void*", address)
+        try:
+            props = get_props(dev.device, HOST_ALLOCATION, ptr)
+        except _vk.VkError as exc:
+            raise VulkanError(f"{label}: host pointer refused ({type(exc).__name__})") from None
+        bits = int(props.memoryTypeBits)
+        if not bits:
+            raise VulkanError(f"{label}: no memory type can import these pages")
+        type_index = dev.mem_host if (bits >> dev.mem_host) & 1 else (bits & -bits).bit_length() - 1
+        ext_info = ffi.new("VkExternalMemoryBufferCreateInfo*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_EXTERNAL_MEMORY_BUFFER_CREATE_INFO,
+            "handleTypes": HOST_ALLOCATION})
+        info = ffi.new("VkBufferCreateInfo*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, "pNext": ext_info, "size": n,
+            "usage": BUFFER_USAGE, "sharingMode": _vk.VK_SHARING_MODE_EXCLUSIVE})
+        out = ffi.new("VkBuffer*")
+        check(lib.vkCreateBuffer(dev.device, info, ffi.NULL, out), "vkCreateBuffer")
+        handle = out[0]
+        imp = ffi.new("VkImportMemoryHostPointerInfoEXT*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT,
+            "handleType": HOST_ALLOCATION, "pHostPointer": ptr})
+        alloc = ffi.new("VkMemoryAllocateInfo*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, "pNext": imp,
+            "allocationSize": n, "memoryTypeIndex": type_index})
+        mem = ffi.new("VkDeviceMemory*")
+        # VkResult vkAllocateMemory(VkDevice, const VkMemoryAllocateInfo*,
+        #                           const VkAllocationCallbacks*, VkDeviceMemory*)
+        r = lib.vkAllocateMemory(dev.device, alloc, ffi.NULL, mem)
+        if r != _vk.VK_SUCCESS:
+            lib.vkDestroyBuffer(dev.device, handle, ffi.NULL)
+            raise VulkanError(f"{label}: vkAllocateMemory of host pages failed ({r})")
+        r = lib.vkBindBufferMemory(dev.device, handle, mem[0], 0)
+        if r != _vk.VK_SUCCESS:
+            lib.vkDestroyBuffer(dev.device, handle, ffi.NULL)
+            lib.vkFreeMemory(dev.device, mem[0], ffi.NULL)
+            raise VulkanError(f"{label}: vkBindBufferMemory of host pages failed ({r})")
+        buf = Buffer(label, "pinned", n, True, handle, None, 0, n)
+        buf.memory = mem[0]
+        return buf
+
+    @property
+    def nbytes(self) -> int:
+        return sum(n for _, n, _ in self.chunks)
+
+    def spans(self, offset: int, n: int) -> list[tuple[Buffer, int, int]] | None:
+        """(buffer, offset in it, bytes) covering region[offset:offset + n] in order, or None
+        when part of the range is not imported."""
+        out, pos, end = [], offset, offset + n
+        for start, size, buf in self.chunks:      # chunks are in region order
+            if start + size <= pos:
+                continue
+            if start > pos:
+                return None
+            take = min(end, start + size) - pos
+            out.append((buf, pos - start, take))
+            pos += take
+            if pos >= end:
+                return out
+        return None if pos < end else out
+
+    def close(self) -> None:
+        for _, _, buf in self.chunks:
+            lib.vkDestroyBuffer(self.dev.device, buf.handle, ffi.NULL)
+            lib.vkFreeMemory(self.dev.device, buf.memory, ffi.NULL)
+            buf.handle = None
+        self.chunks, self.region = [], None
+
+
 # -- transfers ------------------------------------------------------------------------------
 
 STAGING_BYTES = 32 << 20
@@ -729,6 +850,15 @@ def download_many(dev: Device, sources: list[tuple[Buffer, int]]) -> list[np.nda
         return [staging.view[o:o + n].copy() for o, (_, n) in zip(offsets, sources)]
     finally:
         dev.allocator.free(staging)
+
+
+def copy_regions(cmd, src: Buffer, dst: Buffer, regions: list[tuple[int, int, int]]) -> None:
+    """Many (src offset, dst offset, bytes) copies between two buffers in one command."""
+    if not regions:
+        return
+    arr = ffi.new("VkBufferCopy[]", [{"srcOffset": a, "dstOffset": b, "size": n}
+                                     for a, b, n in regions])
+    lib.vkCmdCopyBuffer(cmd, src.handle, dst.handle, len(regions), arr)
 
 
 def copy_buffer(cmd, src: Buffer, src_off: int, dst: Buffer, dst_off: int, nbytes: int) -> None:

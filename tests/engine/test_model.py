@@ -147,16 +147,28 @@ def test_absurd_hyperparameters(dev, kc, tmp_path):
 
 # -- residency ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("full,in_place", [(False, True), (True, True), (True, False)])
-def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_place,
+@pytest.mark.parametrize("full,in_place,pinned", [(False, True, False), (True, True, False),
+                                                  (True, False, False), (True, False, True)])
+def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_place, pinned,
                                               monkeypatch):
-    """Both release modes; in_place=False takes the discrete-GPU path: weights restored
-    from a host-visible shadow by device copies."""
+    """Both release modes; in_place=False takes the discrete-GPU path: weights restored by
+    device copies, from a host-visible shadow, or (pinned) from the file's own pages
+    imported in chunks small enough that many tensors straddle two of them."""
+    from engine import vk
+
     monkeypatch.setattr(Model, "write_in_place", in_place)
+    monkeypatch.setattr(Model, "pin_host", pinned)
+    monkeypatch.setattr(vk, "IMPORT_CHUNK", (1 << 20) + 4096 * 3)
     ref = load_reference("smollm2-135m-instruct-q4_1.json")["prompts"]["plain"]
     m = Model(dev, kc, smollm2_path, n_ctx=256, name=f"cycle{int(full)}")
-    if not in_place:
+    if not in_place and not pinned:
         assert sum(b.nbytes for b in m.shadow) == m.weight_bytes
+    if pinned:
+        if not dev.host_import_align:
+            pytest.skip(f"{dev.name} lacks VK_EXT_external_memory_host")
+        shadowed = sum(b.nbytes for b in m.shadow)
+        assert m.pinned_bytes() > 0.9 * m.weight_bytes and shadowed < 0.1 * m.weight_bytes
+        assert len(m.pinned.chunks) > 50
     try:
         first = list(m.generate(ref["prompt_ids"], 4))
         kv = m.kv_checksum()

@@ -113,3 +113,34 @@ def test_emptied_blocks_are_kept_as_spares_within_the_limit(dev):
     finally:
         a.spare_limit = 0
         a.trim()
+
+
+def test_host_import_covers_whole_pages_and_copies_from_them(dev):
+    if not dev.host_import_align:
+        pytest.skip(f"{dev.name} lacks VK_EXT_external_memory_host")
+    page = dev.host_import_align
+    raw = np.random.default_rng(1).integers(0, 255, 10 * page + 300, dtype=np.uint8)
+    region = raw[100:]                       # starts off a page boundary
+    imp = vk.HostImport(dev, region, "t", chunk_bytes=3 * page)
+    try:
+        base = int(vk.ffi.cast("uintptr_t", vk.ffi.from_buffer(region)))
+        head = -(-base // page) * page - base
+        assert imp.chunks and imp.chunks[0][0] == head
+        assert all(n <= 3 * page for _, n, _ in imp.chunks)
+        assert imp.spans(0, 16) is None                      # the partial first page
+        assert imp.spans(region.nbytes - 8, 8) is None       # and the last
+        lo, n = head + page - 40, 2 * page + 80              # across two chunks
+        spans = imp.spans(lo, n)
+        assert spans is not None and len(spans) == 2 and sum(k for *_, k in spans) == n
+        dst = dev.allocator.alloc(n, "dst", "scratch")
+        try:
+            with dev.one_shot() as cmd:
+                pos = 0
+                for buf, off, k in spans:
+                    vk.copy_buffer(cmd, buf, off, dst, pos, k)
+                    pos += k
+            assert (vk.download(dev, dst) == region[lo:lo + n]).all()
+        finally:
+            dev.allocator.free(dst)
+    finally:
+        imp.close()
