@@ -70,9 +70,10 @@ class View:
 
     @property
     def transposed(self) -> bool:
-        """Stored with dim 1 contiguous (and dim 0 not)."""
+        """Stored with dim 1 contiguous and dim 0 strided (one row along dim 0 is just a
+        contiguous vector: a decode step's transposed B * x)."""
         s0, s1, _ = self.strides
-        return s1 == 1 and s0 != 1
+        return s1 == 1 and s0 != 1 and self.ne[0] > 1
 
 
 @dataclass
@@ -344,7 +345,7 @@ class Builder:
         shared memory; tiled=False takes the element-wise path whatever the strides."""
         if a.ne[1:] != b.ne[1:]:
             raise ValueError(f"concat along dim 0 of {a.ne} and {b.ne}")
-        tsrc = 1 if b.transposed else 0
+        tsrc = 0 if a.strides[1] < b.strides[1] else 1    # the one read along dim 1
         if tiled is None:
             tiled = a.transposed or b.transposed
         ne0, (_, ne1, ne2) = a.ne[0] + b.ne[0], a.ne

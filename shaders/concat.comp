@@ -37,7 +37,8 @@ void main() {
         const uint group = gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
         const uint i = group * 256 + gl_LocalInvocationIndex;
         if (i >= ne0 * p.ne1 * p.ne2) return;
-        const uint i0 = i % ne0, i1 = (i / ne0) % p.ne1, i2 = i / (ne0 * p.ne1);
+        const uint row = i / ne0, i2 = row / p.ne1;      // two divisions, not four
+        const uint i0 = i - row * ne0, i1 = row - i2 * p.ne1;
         d[i] = src(i0, i1, i2);
         return;
     }
