@@ -19,7 +19,7 @@ PROMPT = [5, 17, 3, 88, 41, 9, 60, 2, 77, 23, 14, 51, 30, 8, 66, 45, 12, 90, 36,
 CHUNK = 8                # prefill chunk for these tests: the prompt takes three
 
 
-def write_lfm2(path: str, seed: int = 0) -> str:
+def write_lfm2(path: str, seed: int = 0, conv_dtype=np.float32) -> str:
     """Random weights in the layout llama.cpp's lfm2 loader expects; odd layers and the
     embeddings in Q8_0, one F16 matrix, the rest F32."""
     import gguf
@@ -58,7 +58,7 @@ def write_lfm2(path: str, seed: int = 0) -> str:
         if kv == 0:
             mat(p + "shortconv.in_proj.weight", 3 * N_EMBD, N_EMBD, q)
             w.add_tensor(p + "shortconv.conv.weight",
-                         rng.standard_normal((N_EMBD, L_CACHE)).astype(np.float32) * 0.5)
+                         (rng.standard_normal((N_EMBD, L_CACHE)) * 0.5).astype(conv_dtype))
             mat(p + "shortconv.out_proj.weight", N_EMBD, N_EMBD, q)
         else:
             mat(p + "attn_q.weight", N_HEAD * hd, N_EMBD, q)
@@ -165,6 +165,14 @@ def test_conv_state_is_the_last_inputs(dev, kc, lfm2_path, small_chunks):
             assert nmse(got.T, ref.state.conv[i]) < 1e-7, i    # f16 KV upstream of layer 3
     finally:
         m.close()
+
+
+def test_conv_kernel_must_be_f32(dev, kc, tmp_path):
+    from engine.gguf_file import ModelFileError
+
+    path = write_lfm2(str(tmp_path / "lfm2-f16conv.gguf"), conv_dtype=np.float16)
+    with pytest.raises(ModelFileError, match="shortconv.conv.weight has type F16, expected F32"):
+        Model(dev, kc, path, n_ctx=64)
 
 
 # -- residency ---------------------------------------------------------------------------------
