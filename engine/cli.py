@@ -116,6 +116,12 @@ def cmd_swap_bench(args) -> int:
     return run_swap_bench(args)
 
 
+def cmd_kernel_bench(args) -> int:
+    from .kernelbench import run_kernel_bench
+
+    return run_kernel_bench(args)
+
+
 # -- parser --------------------------------------------------------------------------------
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,6 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--ctx", type=int, default=2048)
     sb.add_argument("--json", action="store_true")
     sb.set_defaults(func=cmd_swap_bench)
+
+    kb = sub.add_parser("kernel-bench", help="time one kernel's paths against each other")
+    kb.add_argument("kernel", choices=["concat"],
+                    help="concat: the tiled (transposed source) path against the element-wise one")
+    kb.add_argument("-r", "--repeats", type=int, default=50, help="replays per path (default 50)")
+    kb.add_argument("--json", action="store_true")
+    kb.set_defaults(func=cmd_kernel_bench)
 
     from . import serve as _serve
     _serve.add_parser(sub, model_help)

@@ -73,6 +73,19 @@ KERNELS: dict[str, KernelSpec] = {
     "add": KernelSpec("add.comp", 3, (("n", U),), writes=(2,)),
     "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("SG", 0),),
                          writes=(1,)),
+    "mul": KernelSpec("mul.comp", 3,
+                      (("n_cols", U), ("n_rows", U), ("a_offset", U), ("a_stride", U),
+                       ("b_offset", U), ("b_stride", U)), writes=(2,)),
+    "cpy": KernelSpec("cpy.comp", 2,
+                      (("n_cols", U), ("n_rows", U), ("src_offset", U), ("src_stride", U),
+                       ("dst_offset", U), ("dst_stride", U)), writes=(1,)),
+    "concat": KernelSpec("concat.comp", 3,
+                         (("ne00", U), ("ne10", U), ("ne1", U), ("ne2", U), ("a_nb0", U),
+                          ("a_nb1", U), ("a_nb2", U), ("b_nb0", U), ("b_nb1", U), ("b_nb2", U),
+                          ("a_offset", U), ("b_offset", U)),
+                         (("TILED", 0), ("TSRC", 1)), writes=(2,)),
+    "ssm_conv": KernelSpec("ssm_conv.comp", 3, (("n_channels", U), ("n_tokens", U), ("width", U)),
+                           writes=(2,)),
 }
 
 

@@ -14,18 +14,19 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import gemma3, llama, vk
+from . import gemma3, lfm2, llama, vk
 from .gguf_file import GGUFFile, ModelFileError
 from .graph import Graph
 from .kernels import WEIGHT_TYPES, KernelCache
 from .ops import Builder, RunState, Tensor, Tuning, run_state_args
 
-ARCHITECTURES = {"llama": llama, "gemma3": gemma3}
+ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "lfm2": lfm2}
 PREFILL_CHUNK = 256
 PREFILL_GRAPHS_KEPT = 4
 
 
 def _check_tensors(g: GGUFFile, cfg) -> None:
+    only = cfg.tensor_types() if hasattr(cfg, "tensor_types") else {}
     for name, shape in cfg.tensor_shapes().items():
         t = g.tensor(name)                      # raises "missing tensor"
         if t.shape != shape:
@@ -35,6 +36,9 @@ def _check_tensors(g: GGUFFile, cfg) -> None:
             raise ModelFileError(g.path, f"tensor {name} has type {t.type_name}, which this "
                                          f"engine does not run (supported: "
                                          f"{', '.join(WEIGHT_TYPES)})")
+        if name in only and t.type_name not in only[name]:
+            raise ModelFileError(g.path, f"tensor {name} has type {t.type_name}, expected "
+                                         f"{' or '.join(only[name])}")
 
 
 @dataclass
@@ -73,6 +77,7 @@ class Model:
         self.arch = ARCHITECTURES[arch]
         self.config = self.arch.Config.from_gguf(self.gguf)
         self.config.validate(path)
+        self.recurrent = bool(getattr(self.config, "conv_layers", ()))
         _check_tensors(self.gguf, self.config)
         if not 16 <= n_ctx <= 1 << 20:
             raise ValueError(f"context size {n_ctx} out of range")
@@ -90,9 +95,13 @@ class Model:
         self.rs: RunState | None = None        # activations and KV cache while resident
         # while fully evicted: (host-visible buffer or None, used bytes per layer, layer keys)
         self.kv_shadow: tuple[vk.Buffer | None, int, list[str]] | None = None
+        # the conv states of recurrent layers, captured at every release (they are
+        # read-write, so the device copy is not a cache of anything) and written back on restore
+        self.recurrent_shadow: dict[int, np.ndarray] | None = None
         self._decode: dict[bool, Graph] = {}
         self._prefill: OrderedDict[int, Graph] = OrderedDict()
-        self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1
+        self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
+                                                # recurrent states belong to the end of them
         self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
         if warm:
             try:
@@ -130,6 +139,13 @@ class Model:
             self.rs = RunState(self.dev, self.name, **self._run_state_args())
             if self.kv_shadow is not None:
                 moved += self._restore_kv()
+        if self.recurrent_shadow is not None:
+            with vk.Uploader(self.dev, staging_bytes=max(4096, sum(
+                    c.nbytes for c in self.recurrent_shadow.values()))) as up:
+                for layer, buf in self.rs.conv_state.items():
+                    up.write(buf, self.recurrent_shadow[layer])
+                moved += up.bytes
+            self.recurrent_shadow = None
         t2 = time.perf_counter()
         self.last_transfer = {"op": "restore", "seconds": t2 - t0, "bytes": moved,
                               "weights_s": t1 - t0, "state_s": t2 - t1}
@@ -137,16 +153,23 @@ class Model:
 
     def release(self, full: bool = True) -> dict:
         """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
-        back); full eviction copies the used KV to host memory and frees everything."""
+        back); full eviction copies the used KV to host memory and frees everything. Both
+        copy the recurrent states to host memory."""
         t0 = time.perf_counter()
         moved = 0
         self._drop_graphs()
+        if self.rs is not None and self.rs.conv_state:
+            layers = list(self.rs.conv_state)
+            copies = vk.download_many(self.dev, [(self.rs.conv_state[i],
+                                                  self.rs.conv_state[i].nbytes) for i in layers])
+            self.recurrent_shadow = dict(zip(layers, copies))
+            moved += sum(c.nbytes for c in copies)
         for b in self.arenas:
             self.dev.allocator.free(b)
         self.arenas.clear()                     # the same list: the Tensors refer to it
         self.weights = {}
         if full and self.rs is not None:
-            moved = self._shadow_kv()
+            moved += self._shadow_kv()
             self.rs.close()
             self.rs = None
         self.last_transfer = {"op": "release", "seconds": time.perf_counter() - t0,
@@ -202,11 +225,29 @@ class Model:
                 h.update(host.view[i * used:(i + 1) * used].tobytes())
         return h.hexdigest()
 
+    def recurrent_checksum(self) -> str:
+        """Digest of the recurrent states: the host shadow while there is one (it is what a
+        restore writes back), else the device copy."""
+        import hashlib
+
+        h = hashlib.sha256()
+        if self.recurrent_shadow is not None:
+            for layer in sorted(self.recurrent_shadow):
+                h.update(self.recurrent_shadow[layer].tobytes())
+        elif self.rs is not None and self.rs.conv_state:
+            layers = sorted(self.rs.conv_state)
+            bufs = [(self.rs.conv_state[i], self.rs.conv_state[i].nbytes) for i in layers]
+            for c in vk.download_many(self.dev, bufs):
+                h.update(c.tobytes())
+        return h.hexdigest()
+
     def host_shadow_bytes(self) -> int:
         """Host memory that backs a restore: the weights' host-visible copy (or, on unified
-        memory, the mapped GGUF file) and any KV shadow."""
+        memory, the mapped GGUF file), any KV shadow and the recurrent states."""
         kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
-        return self.weight_bytes + kv
+        rec = sum(c.nbytes for c in self.recurrent_shadow.values()) \
+            if self.recurrent_shadow else 0
+        return self.weight_bytes + kv + rec
 
     def _drop_graphs(self) -> None:
         for g in list(self._decode.values()) + list(self._prefill.values()):
@@ -361,6 +402,13 @@ class Model:
             raise RuntimeError(f"{self.name} is cold: restore it before running it")
         if pos0 + len(tokens) > self.n_ctx:
             raise ContextFull(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}")
+        if self.recurrent:
+            # a recurrent state cannot rewind: a run starts a sequence or continues the last
+            if pos0 == 0:
+                self.rs.reset_recurrent()
+            elif pos0 != len(self.cache_tokens):
+                raise ValueError(f"{self.name}: the recurrent state is at position "
+                                 f"{len(self.cache_tokens)}, not {pos0}")
         self.rs.set_step(tokens, pos0)
         self._graph(len(tokens), greedy).replay()
         del self.cache_tokens[pos0:]
@@ -384,7 +432,8 @@ class Model:
         """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
 
         The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
-        token is recomputed, for its logits).
+        token is recomputed, for its logits). Recurrent states belong to the end of the cache,
+        so with them the cache is reused only when all of it is a prefix of prompt[:-1].
         """
         if not prompt:
             raise ValueError("empty prompt")
@@ -395,6 +444,8 @@ class Model:
             if a != b:
                 break
             reuse += 1
+        if self.recurrent and reuse < len(self.cache_tokens):
+            reuse = 0
         t.prompt_tokens, t.cached_tokens = len(prompt), reuse
         history = list(prompt)
         t0 = time.perf_counter()
@@ -436,6 +487,7 @@ class Model:
         if self.kv_shadow is not None and self.kv_shadow[0] is not None:
             self.dev.allocator.free(self.kv_shadow[0])
         self.kv_shadow = None
+        self.recurrent_shadow = None
         self.gguf.close()
 
 

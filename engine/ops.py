@@ -48,6 +48,35 @@ class Tensor:
         return n
 
 
+@dataclass(frozen=True)
+class View:
+    """An f32 tensor inside a buffer, as ggml sees one: sizes `ne` and strides `nb` (in
+    floats) per dim, dim 0 first; contiguous when nb is None."""
+    buf: vk.Buffer
+    ne: tuple[int, int, int]
+    nb: tuple[int, int, int] | None = None
+    offset: int = 0             # floats
+
+    @property
+    def strides(self) -> tuple[int, int, int]:
+        if self.nb is not None:
+            return self.nb
+        return (1, self.ne[0], self.ne[0] * self.ne[1])
+
+    @property
+    def T(self) -> "View":
+        """ggml_transpose: dims 0 and 1 swapped, no data moved."""
+        (n0, n1, n2), (s0, s1, s2) = self.ne, self.strides
+        return View(self.buf, (n1, n0, n2), (s1, s0, s2), self.offset)
+
+    @property
+    def transposed(self) -> bool:
+        """Stored with dim 1 contiguous and dim 0 strided (one row along dim 0 is just a
+        contiguous vector: a decode step's transposed B * x)."""
+        s0, s1, _ = self.strides
+        return s1 == 1 and s0 != 1 and self.ne[0] > 1
+
+
 @dataclass
 class Tuning:
     """Tile sizes picked per device (lavapipe wants different ones than a discrete GPU)."""
@@ -71,7 +100,8 @@ class RunState:
     def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, q_dim: int,
                  kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
                  kv_layers: list[int] | None = None,
-                 rope: tuple[tuple[float, int], ...] = ()):
+                 rope: tuple[tuple[float, int], ...] = (),
+                 conv_layers: tuple[int, ...] = (), d_conv: int = 0):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
@@ -100,6 +130,14 @@ class RunState:
                         for i in layers}             # [n_ctx, n_head_kv, head_dim] f16
         self.v_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/v_cache.{i}", "kv")
                         for i in layers}
+        # short-convolution layers: per channel the last d_conv inputs (ggml's conv state)
+        self.conv_state = {i: alloc(4 * d_conv * n_embd, f"{label}/conv_state.{i}", "recurrent")
+                           for i in conv_layers}         # [n_embd, d_conv] f32
+        if conv_layers:
+            self.bcx = act("bcx", T * 3 * n_embd)        # [T, 3 * n_embd] B | C | x
+            self.bx = act("bx", T * n_embd)              # [T, n_embd] B * x
+            self.conv_x = act("conv_x", n_embd * (d_conv + T))   # [n_embd, d_conv + T]
+            self.conv = act("conv", T * n_embd)          # [T, n_embd] conv output, then C * it
         for base, n_dims in rope:
             self.rope_table(base, n_dims)
 
@@ -118,12 +156,16 @@ class RunState:
     @staticmethod
     def bytes_for(*, n_layer: int, n_embd: int, q_dim: int, kv_dim: int, n_ff: int,
                   n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None,
-                  rope: tuple[tuple[float, int], ...] = ()) -> int:
+                  rope: tuple[tuple[float, int], ...] = (), conv_layers: tuple[int, ...] = (),
+                  d_conv: int = 0) -> int:
         """What the constructor allocates, without allocating (for the arbiter)."""
         T = max_tokens
         k_max = max(n_embd, q_dim, n_ff)
         floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim + 2 * n_ff) + n_vocab
         floats += T * k_max + sum(n_ctx * d for _, d in rope)
+        if conv_layers:
+            floats += len(conv_layers) * d_conv * n_embd + T * 5 * n_embd
+            floats += n_embd * (d_conv + T)
         host = 4 * T + 16 + 4 * n_vocab
         layers = n_layer if kv_layers is None else len(kv_layers)
         return 4 * floats + host + 2 * 2 * n_ctx * kv_dim * layers
@@ -133,10 +175,19 @@ class RunState:
         self.ids.write(ids)
         self.step.write(np.array([pos0, pos0 + len(ids), 0, 0], np.uint32))
 
+    def reset_recurrent(self) -> None:
+        """Zero every conv state: a sequence starting at position 0 has no past inputs."""
+        if not self.conv_state:
+            return
+        zeros = np.zeros(next(iter(self.conv_state.values())).nbytes, np.uint8)
+        with vk.Uploader(self.dev, staging_bytes=max(4096, zeros.nbytes)) as up:
+            for buf in self.conv_state.values():
+                up.write(buf, zeros)
+
     def buffers(self) -> list[vk.Buffer]:
         return [b for b in vars(self).values() if isinstance(b, vk.Buffer)] + \
             list(self.k_cache.values()) + list(self.v_cache.values()) + \
-            list(self.rope_tables.values())
+            list(self.conv_state.values()) + list(self.rope_tables.values())
 
     def close(self) -> None:
         for b in self.buffers():
@@ -181,10 +232,12 @@ def check_hyperparameters(c, path: str, extra: list[str] = ()) -> None:
 
 
 def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = ()) -> dict:
-    """RunState's sizes for a model config (attention-and-FFN architectures)."""
+    """RunState's sizes for a model config. Hybrid configs name their attention layers
+    (`kv_layers`) and their short-convolution layers (`conv_layers`, of `d_conv` inputs)."""
     return dict(n_layer=c.n_layer, n_embd=c.n_embd, q_dim=c.n_head * c.head_dim,
                 kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff, n_vocab=c.n_vocab, n_ctx=n_ctx,
-                max_tokens=max_tokens, rope=rope)
+                max_tokens=max_tokens, rope=rope, kv_layers=getattr(c, "kv_layers", None),
+                conv_layers=getattr(c, "conv_layers", ()), d_conv=getattr(c, "d_conv", 0))
 
 
 class Builder:
@@ -274,6 +327,54 @@ class Builder:
 
     def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
         self.g.op("argmax", [x, out], (1, 1, 1), n=count, x_offset=0)
+
+    def mul(self, a: View, b: View, out: vk.Buffer) -> None:
+        """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous."""
+        (n_cols, n_rows, _), (a0, a_stride, _), (b0, b_stride, _) = a.ne, a.strides, b.strides
+        if a0 != 1 or b0 != 1 or b.ne[:2] != a.ne[:2]:
+            raise ValueError("mul takes two row views of one shape")
+        self.g.op("mul", [a.buf, b.buf, out], (-(-n_cols // 64), n_rows, 1), n_cols=n_cols,
+                  n_rows=n_rows, a_offset=a.offset, a_stride=a_stride, b_offset=b.offset,
+                  b_stride=b_stride)
+        self._wrote(out)
+
+    def cpy(self, src: View, dst: View) -> None:
+        """dst = src between 2-D row views."""
+        (n_cols, n_rows, _), (s0, s_stride, _), (d0, d_stride, _) = \
+            src.ne, src.strides, dst.strides
+        if s0 != 1 or d0 != 1 or dst.ne[:2] != src.ne[:2]:
+            raise ValueError("cpy takes two row views of one shape")
+        self.g.op("cpy", [src.buf, dst.buf], _groups_1d(n_cols * n_rows), n_cols=n_cols,
+                  n_rows=n_rows, src_offset=src.offset, src_stride=s_stride,
+                  dst_offset=dst.offset, dst_stride=d_stride)
+        self._wrote(dst.buf)
+
+    def concat(self, a: View, b: View, out: vk.Buffer, tiled: bool | None = None) -> None:
+        """out = concat(a, b) along dim 0, contiguous [ne2, ne1, a.ne0 + b.ne0]. The tiled
+        path (the default when one source is stored transposed) transposes that one through
+        shared memory; tiled=False takes the element-wise path whatever the strides."""
+        if a.ne[1:] != b.ne[1:]:
+            raise ValueError(f"concat along dim 0 of {a.ne} and {b.ne}")
+        tsrc = 0 if a.strides[1] < b.strides[1] else 1    # the one read along dim 1
+        if tiled is None:
+            tiled = a.transposed or b.transposed
+        ne0, (_, ne1, ne2) = a.ne[0] + b.ne[0], a.ne
+        if tiled:
+            groups = (-(-ne0 // 32), -(-ne1 // 32), ne2)
+        else:
+            groups = _groups_1d(ne0 * ne1 * ne2, 256)
+        (a0, a1, a2), (b0, b1, b2) = a.strides, b.strides
+        self.g.op("concat", [a.buf, b.buf, out], groups, spec=dict(TILED=int(tiled), TSRC=tsrc),
+                  ne00=a.ne[0], ne10=b.ne[0], ne1=ne1, ne2=ne2, a_nb0=a0, a_nb1=a1, a_nb2=a2,
+                  b_nb0=b0, b_nb1=b1, b_nb2=b2, a_offset=a.offset, b_offset=b.offset)
+        self._wrote(out)
+
+    def ssm_conv(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int) -> None:
+        """out[t, c] = sum_k x[c, t + k] * w[c, k]; x holds d_conv + n inputs per channel."""
+        width, n_channels = w.shape
+        self.g.op("ssm_conv", [x, w.binding(), out], (-(-n_channels // 64), n, 1),
+                  n_channels=n_channels, n_tokens=n, width=width)
+        self._wrote(out)
 
 
 def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:

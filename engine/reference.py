@@ -1,7 +1,7 @@
 """A numpy reference forward pass: what the GPU engine is checked against.
 
 Float32 math on weights dequantized once from the GGUF file, computed the way llama.cpp's
-graph builders compute it (src/models/llama.cpp, src/models/gemma3.cpp), with ggml's rounding
+graph builders compute it (src/models/llama.cpp, gemma3.cpp, lfm2.cpp), with ggml's rounding
 order in the cheap places (rms_norm, the rope angles). Slow but plain: one matrix product per
 weight for a whole batch of tokens, a float32 KV cache.
 
@@ -22,7 +22,7 @@ import numpy as np
 
 from .gguf_file import GGUFFile, ModelFileError
 
-ARCHS = ("llama", "gemma3")
+ARCHS = ("llama", "gemma3", "lfm2")
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,8 @@ class Config:
     attn_scale: float
     embd_scale: float           # multiplies the token embeddings
     final_softcap: float        # logits = c * tanh(logits / c); 0: none
+    recurrent_layers: tuple[bool, ...] = ()   # lfm2: short-convolution layers
+    d_conv: int = 0             # lfm2: conv state length, l_cache - 1
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Config":
@@ -56,6 +58,19 @@ class Config:
         head_dim = int(key("attention.key_length", n_embd // n_head))
         n_vocab = int(g.tensor("token_embd.weight").shape[1])
         rope_base = float(key("rope.freq_base", 10000.0))
+        if arch == "lfm2":
+            # head_count_kv per layer: zero marks a short-convolution layer
+            kv = key("attention.head_count_kv")
+            kv = [int(k) for k in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * n_layer
+            n_swa = int(key("attention.sliding_window", 0) or 0)
+            return cls(arch, n_layer, n_embd, n_head, max(kv) or n_head, head_dim,
+                       int(key("feed_forward_length")), n_vocab,
+                       float(key("attention.layer_norm_rms_epsilon")), rope_base, rope_base,
+                       rope_neox=True, n_swa=n_swa, swa_layers=tuple(n_swa > 0 and k > 0
+                                                                     for k in kv),
+                       attn_scale=1.0 / math.sqrt(head_dim), embd_scale=1.0, final_softcap=0.0,
+                       recurrent_layers=tuple(k == 0 for k in kv),
+                       d_conv=int(key("shortconv.l_cache")) - 1)
         if arch == "llama":
             return cls(arch, n_layer, n_embd, n_head, int(key("attention.head_count_kv", n_head)),
                        head_dim, int(key("feed_forward_length")), n_vocab,
@@ -158,18 +173,21 @@ class Linear:
 class Block:
     """The tensors blk.{il}.*.weight of one layer."""
     attn_norm: np.ndarray           # [n_embd]
-    attn_q: Linear                  # [n_head * head_dim, n_embd]
-    attn_k: Linear                  # [n_head_kv * head_dim, n_embd]
-    attn_v: Linear                  # [n_head_kv * head_dim, n_embd]
-    attn_output: Linear             # [n_embd, n_head * head_dim]
     ffn_norm: np.ndarray            # [n_embd]
     ffn_gate: Linear                # [n_ff, n_embd]
     ffn_up: Linear                  # [n_ff, n_embd]
     ffn_down: Linear                # [n_embd, n_ff]
+    attn_q: Linear | None = None    # [n_head * head_dim, n_embd]; None in lfm2 conv layers
+    attn_k: Linear | None = None    # [n_head_kv * head_dim, n_embd]
+    attn_v: Linear | None = None    # [n_head_kv * head_dim, n_embd]
+    attn_output: Linear | None = None   # [n_embd, n_head * head_dim]
     attn_q_norm: np.ndarray | None = None           # [head_dim]   gemma3
     attn_k_norm: np.ndarray | None = None           # [head_dim]   gemma3
     post_attention_norm: np.ndarray | None = None   # [n_embd]     gemma3
     post_ffw_norm: np.ndarray | None = None         # [n_embd]     gemma3
+    shortconv_in_proj: Linear | None = None         # [3 * n_embd, n_embd]  lfm2: B | C | x
+    shortconv_conv: np.ndarray | None = None        # [n_embd, l_cache]     lfm2
+    shortconv_out_proj: Linear | None = None        # [n_embd, n_embd]      lfm2
 
 
 @dataclass
@@ -186,19 +204,27 @@ class Weights:
         blocks = []
         for il in range(cfg.n_layer):
             p = f"blk.{il}."
+            conv = bool(cfg.recurrent_layers) and cfg.recurrent_layers[il]
+            attn = lambda name: None if conv else lin(p + name)
+            short = lambda name: lin(p + name) if conv else None
             blocks.append(Block(
-                attn_norm=vec(p + "attn_norm.weight"), attn_q=lin(p + "attn_q.weight"),
-                attn_k=lin(p + "attn_k.weight"), attn_v=lin(p + "attn_v.weight"),
-                attn_output=lin(p + "attn_output.weight"), ffn_norm=vec(p + "ffn_norm.weight"),
+                attn_norm=vec(p + "attn_norm.weight"), attn_q=attn("attn_q.weight"),
+                attn_k=attn("attn_k.weight"), attn_v=attn("attn_v.weight"),
+                attn_output=attn("attn_output.weight"), ffn_norm=vec(p + "ffn_norm.weight"),
                 ffn_gate=lin(p + "ffn_gate.weight"), ffn_up=lin(p + "ffn_up.weight"),
                 ffn_down=lin(p + "ffn_down.weight"),
                 attn_q_norm=vec(p + "attn_q_norm.weight"),
                 attn_k_norm=vec(p + "attn_k_norm.weight"),
                 post_attention_norm=vec(p + "post_attention_norm.weight"),
-                post_ffw_norm=vec(p + "post_ffw_norm.weight")))
+                post_ffw_norm=vec(p + "post_ffw_norm.weight"),
+                shortconv_in_proj=short("shortconv.in_proj.weight"),
+                shortconv_conv=vec(p + "shortconv.conv.weight"),
+                shortconv_out_proj=short("shortconv.out_proj.weight")))
         token_embd = lin("token_embd.weight")
         output = lin("output.weight") if "output.weight" in g.tensors else token_embd
-        return cls(token_embd, vec("output_norm.weight"), output, blocks)
+        # lfm2's final norm is stored under the name token_embd_norm
+        norm = "token_embd_norm.weight" if cfg.arch == "lfm2" else "output_norm.weight"
+        return cls(token_embd, vec(norm), output, blocks)
 
 
 # -- the pieces forward() is made of ----------------------------------------------------------
@@ -259,13 +285,20 @@ def softmax(x: np.ndarray) -> np.ndarray:
 
 
 class RunState:
-    """The KV cache, float32, preallocated for n_ctx positions."""
+    """The KV cache, float32, preallocated for n_ctx positions; lfm2's conv states."""
 
     def __init__(self, cfg: Config, n_ctx: int):
         shape = (cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim)
         self.k = np.zeros(shape, np.float32)    # [n_layer, n_ctx, n_head_kv, head_dim]
         self.v = np.zeros(shape, np.float32)    # [n_layer, n_ctx, n_head_kv, head_dim]
+        # the previous d_conv inputs of each short-convolution layer, oldest first
+        self.conv = {il: np.zeros((cfg.d_conv, cfg.n_embd), np.float32)   # [d_conv, n_embd]
+                     for il, r in enumerate(cfg.recurrent_layers) if r}
         self.n_past = 0
+
+    def reset_conv(self) -> None:
+        for c in self.conv.values():
+            c[:] = 0
 
 
 class ReferenceModel:
@@ -280,6 +313,7 @@ class ReferenceModel:
 
     def reset(self) -> None:
         self.state.n_past = 0
+        self.state.reset_conv()
 
     def forward(self, tokens: list[int], start_pos: int) -> np.ndarray:
         """Logits [len(tokens), n_vocab] for tokens at positions start_pos...; fills the cache."""
@@ -289,10 +323,17 @@ class ReferenceModel:
             raise ValueError(f"{start_pos + len(tokens)} positions exceed n_ctx={self.n_ctx}")
         if start_pos > self.state.n_past:
             raise ValueError(f"start_pos {start_pos} leaves a gap after {self.state.n_past}")
+        if self.state.conv and start_pos not in (0, self.state.n_past):
+            raise ValueError(f"conv states are at {self.state.n_past}, cannot rewind to "
+                             f"{start_pos}")
+        if start_pos == 0:
+            self.state.reset_conv()
         tok = np.asarray(tokens, dtype=np.int64)
         pos = np.arange(start_pos, start_pos + len(tokens))
         if self.config.arch == "gemma3":
             logits = self._forward_gemma3(tok, pos)
+        elif self.config.arch == "lfm2":
+            logits = self._forward_lfm2(tok, pos)
         else:
             logits = self._forward_llama(tok, pos)
         self.state.n_past = start_pos + len(tokens)
@@ -377,3 +418,38 @@ class ReferenceModel:
         if c.final_softcap:
             logits = np.tanh(logits / c.final_softcap) * c.final_softcap
         return logits
+
+    # -- lfm2 -------------------------------------------------------------------------------
+    def _shortconv(self, il: int, L: Block, h: np.ndarray) -> np.ndarray:
+        """h [T, n_embd] -> [T, n_embd]: in_proj to B, C, x; B * x through the causal depthwise
+        convolution over (conv state, new inputs); C * conv; out_proj. Moves the state on."""
+        T = len(h)
+        b, c, x = np.split(L.shortconv_in_proj(h), 3, axis=-1)             # 3 x [T, n_embd]
+        sx = np.concatenate([self.state.conv[il], b * x])          # [d_conv + T, n_embd]
+        self.state.conv[il] = sx[T:].copy()                         # the last d_conv inputs
+        w = L.shortconv_conv                                        # [n_embd, l_cache]
+        conv = np.zeros_like(b)                                     # [T, n_embd]
+        for k in range(w.shape[1]):             # in k order, f32, as ggml_ssm_conv sums
+            conv = conv + sx[k:k + T] * w[:, k]
+        return L.shortconv_out_proj(c * conv)
+
+    def _forward_lfm2(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W, T = self.config, self.weights, len(tok)
+        x = W.token_embd.w[tok]                                             # [T, n_embd]
+        for il, L in enumerate(W.blk):
+            h = rms_norm(x, L.attn_norm, c.rms_eps)                         # [T, n_embd]
+            if c.recurrent_layers[il]:
+                h = self._shortconv(il, L, h)                               # [T, n_embd]
+            else:
+                q = L.attn_q(h).reshape(T, c.n_head, -1)                    # [T, n_head, hd]
+                k = L.attn_k(h).reshape(T, -1, c.head_dim)                  # [T, n_head_kv, hd]
+                v = L.attn_v(h).reshape(T, -1, c.head_dim)                  # [T, n_head_kv, hd]
+                q = rope(rms_norm(q, L.attn_q_norm, c.rms_eps), pos, c.rope_base, neox=True)
+                k = rope(rms_norm(k, L.attn_k_norm, c.rms_eps), pos, c.rope_base, neox=True)
+                h = L.attn_output(self._attention(il, q, k, v, pos, c.attn_scale))
+            x = x + h
+            h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
+            h = silu(L.ffn_gate(h)) * L.ffn_up(h)                           # [T, n_ff]
+            x = x + L.ffn_down(h)                                           # [T, n_embd]
+        x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
+        return W.output(x)                                                  # [T, n_vocab]

@@ -79,3 +79,14 @@ def test_bad_files_give_one_line_errors(tmp_path):
 def test_bad_arguments_exit_2():
     r = hotseat("generate", "--prompt", "x", "-n", "-3")
     _one_line_error(r, "-n")
+
+
+def test_kernel_bench_concat_json():
+    """Both concat paths timed on lfm2's shapes; the command checks both outputs first."""
+    r = hotseat("kernel-bench", "concat", "--json", "-r", "3")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["kernel"] == "concat" and len(out["rows"]) >= 4
+    for row in out["rows"]:
+        assert row["tiled_us"] > 0 and row["generic_us"] > 0
+        assert row["generic_over_tiled"] == pytest.approx(row["generic_us"] / row["tiled_us"])

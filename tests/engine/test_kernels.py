@@ -395,3 +395,99 @@ def test_rope_qkv_fused(dev, kc, neox, table):
     assert np.array_equal(vv[pos0:pos0 + n_tok], v.astype(np.float16))
     assert not kk[:pos0].any() and not vv[pos0 + n_tok:].any()
     rs.close()
+
+
+# -- short convolution: concat, ssm_conv, row-view mul and cpy ---------------------------------
+
+def _concat_op(dev, kc, a: np.ndarray, a_view, b: np.ndarray, b_view, tiled):
+    """Run concat through Builder on numpy-backed Views; returns the device result."""
+    from engine.graph import Graph
+    from engine.ops import Builder, Tuning, View
+
+    (ne_a, nb_a, off_a), (ne_b, nb_b, off_b) = a_view, b_view
+    ba, bb = buf(dev, a), buf(dev, b)
+    ne0, ne1, ne2 = ne_a[0] + ne_b[0], ne_a[1], ne_a[2]
+    bo = buf(dev, nbytes=4 * ne0 * ne1 * ne2)
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, None, Tuning.for_device(dev)).concat(
+        View(ba, ne_a, nb_a, off_a), View(bb, ne_b, nb_b, off_b), bo, tiled=tiled)
+    g.replay()
+    g.close()
+    return read(dev, bo)[: ne0 * ne1 * ne2].reshape(ne2, ne1, ne0)
+
+
+def _ggml_view(data: np.ndarray, ne, nb, off) -> np.ndarray:
+    """numpy [ne2, ne1, ne0] of the ggml view (ne, nb in floats, offset) of flat data."""
+    i2, i1, i0 = np.meshgrid(*(np.arange(n) for n in reversed(ne)), indexing="ij")
+    return data.reshape(-1)[off + i0 * nb[0] + i1 * nb[1] + i2 * nb[2]]
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+@pytest.mark.parametrize("d_conv,n,e,ne2", [(2, 1, 64, 1), (2, 37, 100, 1), (3, 256, 1024, 1),
+                                            (31, 33, 65, 2)])
+def test_concat_state_and_transposed_inputs(dev, kc, tiled, d_conv, n, e, ne2):
+    """lfm2's concat(conv_state, transpose(bx), 0): a contiguous [e, d_conv] and a [n, e]
+    token-major block read transposed -> [e, d_conv + n]; sizes off the 32-wide tile too."""
+    rng = np.random.default_rng(18)
+    state = rng.standard_normal((ne2, e, d_conv)).astype(np.float32)
+    bx = rng.standard_normal((ne2, n, e)).astype(np.float32)
+    got = _concat_op(dev, kc, state, ((d_conv, e, ne2), None, 0),
+                     bx, ((n, e, ne2), (e, 1, n * e), 0), tiled)
+    want = np.concatenate([state, bx.transpose(0, 2, 1)], axis=-1)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+def test_concat_transposed_first_source_and_offsets(dev, kc, tiled):
+    """The transposed source first, the other one a strided view with an offset."""
+    rng = np.random.default_rng(19)
+    a = rng.standard_normal((45, 70)).astype(np.float32)        # stored [ne0=45][ne1=70]
+    b = rng.standard_normal((70, 3 * 19)).astype(np.float32)    # rows of 57, take cols 19..37
+    va = ((45, 70, 1), (70, 1, 45 * 70), 0)                      # transposed: [70, 45]
+    vb = ((19, 70, 1), (1, 57, 57 * 70), 19)
+    got = _concat_op(dev, kc, a, va, b, vb, tiled)
+    want = np.concatenate([_ggml_view(a, *va), _ggml_view(b, *vb)], axis=-1)
+    assert np.array_equal(got, want)
+
+
+def test_concat_generic_strides(dev, kc):
+    """Neither source transposed: plain row views, and a dim-2 stride that skips rows."""
+    rng = np.random.default_rng(20)
+    a = rng.standard_normal(4 * 9 * 10).astype(np.float32)
+    b = rng.standard_normal(3 * 9 * 3).astype(np.float32)
+    va = ((5, 9, 3), (1, 10, 120), 2)
+    vb = ((3, 9, 3), (1, 3, 27), 0)
+    got = _concat_op(dev, kc, a, va, b, vb, None)
+    want = np.concatenate([_ggml_view(a, *va), _ggml_view(b, *vb)], axis=-1)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("width,n", [(3, 1), (3, 21), (4, 64)])
+def test_ssm_conv(dev, kc, width, n):
+    rng = np.random.default_rng(21)
+    e = 200
+    x = rng.standard_normal((e, width - 1 + n)).astype(np.float32)
+    w = rng.standard_normal((e, width)).astype(np.float32)
+    bx, bw, bo = buf(dev, x), buf(dev, w), buf(dev, nbytes=4 * n * e)
+    run_once(dev, kc, "ssm_conv", [bx, bw, bo], (-(-e // 64), n, 1), n_channels=e,
+             n_tokens=n, width=width)
+    want = np.zeros((n, e), np.float32)
+    for k in range(width):
+        want += x[:, k:k + n].T * w[:, k]
+    assert nmse(read(dev, bo).reshape(n, e), want) < 1e-13
+
+
+def test_mul_row_views_and_cpy(dev, kc):
+    rng = np.random.default_rng(22)
+    n, e = 5, 96
+    bcx = rng.standard_normal((n, 3 * e)).astype(np.float32)
+    bb, bo = buf(dev, bcx), buf(dev, nbytes=4 * n * e)
+    run_once(dev, kc, "mul", [bb, bb, bo], (2, n, 1), n_cols=e, n_rows=n, a_offset=0,
+             a_stride=3 * e, b_offset=2 * e, b_stride=3 * e)
+    assert np.array_equal(read(dev, bo).reshape(n, e), bcx[:, :e] * bcx[:, 2 * e:])
+    # the last 2 of 2 + n columns of each of e rows into a [e, 2] state
+    x = rng.standard_normal((e, 2 + n)).astype(np.float32)
+    bx, bs = buf(dev, x), buf(dev, np.zeros((e, 2), np.float32))
+    run_once(dev, kc, "cpy", [bx, bs], (-(-2 * e // 64), 1, 1), n_cols=2, n_rows=e,
+             src_offset=n, src_stride=2 + n, dst_offset=0, dst_stride=2)
+    assert np.array_equal(read(dev, bs).reshape(e, 2), x[:, n:])
