@@ -1,8 +1,8 @@
 """Recorded graphs: kernels dispatched into one command buffer, replayed with one submit.
 
 `Graph.op()` binds buffers, packs push constants from keyword arguments, and inserts a
-memory barrier only when the op touches a buffer written since the last barrier, so
-independent ops (the q, k and v projections) run back to back.
+memory barrier only when the op touches a buffer written since the last barrier or writes
+one read since then, so independent ops (the q, k and v projections) run back to back.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class Graph:
         self._pools: list[vk.DescriptorArena] = []
         self._pool_left = 0
         self._dirty: set[int] = set()       # ids of buffers written since the last barrier
+        self._read: set[int] = set()        # and of those only read since then
         self.n_ops = 0
         self.finished = False
 
@@ -52,11 +53,14 @@ class Graph:
             if b[0].released:
                 raise ValueError(f"{name}: buffer {b[0].label} is released")
         touched = {id(b[0]) for b in bindings}
-        if touched & self._dirty:
+        writes = {id(bindings[i][0]) for i in ks.writes}
+        # read after write, and write after read: an op must not overwrite what an op
+        # since the last barrier may still be reading
+        if touched & self._dirty or writes & self._read:
             self.cmd.barrier()
-            self._dirty = set()
-        for i in ks.writes:
-            self._dirty.add(id(bindings[i][0]))
+            self._dirty, self._read = set(), set()
+        self._dirty |= writes
+        self._read |= touched - writes
         ds = self._descriptor_set(kernel, bindings)
         self.cmd.dispatch(kernel, ds, ks.pack(**push) if ks.push else b"", groups, indirect)
         self.n_ops += 1
@@ -65,15 +69,16 @@ class Graph:
             self.cmd.timestamp(self._ts, self.n_ops)
 
     def copy(self, src: vk.Buffer, src_off: int, dst: vk.Buffer, dst_off: int, nbytes: int):
-        if {id(src), id(dst)} & self._dirty:
+        if {id(src), id(dst)} & self._dirty or id(dst) in self._read:
             self.cmd.barrier()
-            self._dirty = set()
+            self._dirty, self._read = set(), set()
         self.cmd.copy(src, src_off, dst, dst_off, nbytes)
         self._dirty.add(id(dst))
+        self._read.add(id(src))
 
     def barrier(self) -> None:
         self.cmd.barrier()
-        self._dirty = set()
+        self._dirty, self._read = set(), set()
 
     def finish(self) -> "Graph":
         self.cmd.finish()
