@@ -4,9 +4,14 @@ Decode is one recorded command buffer replayed per token: the host writes the to
 position into small host-visible buffers, submits once, and reads back either the argmax
 (greedy) or the logits (sampling). Prefill runs the prompt in chunks of up to
 `max_tokens`; its graphs are recorded per chunk length and kept for reuse.
+
+Expert placement (`cpu_moe`, llama.cpp's --n-cpu-moe with a fraction): the expert tensors
+of the first layers live in host-visible memory that the GPU reads in place, so they take no
+VRAM. Placement moves bytes, not work: the graphs and their results are the same.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -14,13 +19,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import gemma3, llama, vk
+from . import gemma3, llama, qwen3moe, vk
 from .gguf_file import GGUFFile, ModelFileError
 from .graph import Graph
 from .kernels import WEIGHT_TYPES, KernelCache
 from .ops import Builder, RunState, Tensor, Tuning, run_state_args
 
-ARCHITECTURES = {"llama": llama, "gemma3": gemma3}
+ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "qwen3moe": qwen3moe}
 PREFILL_CHUNK = 256
 PREFILL_GRAPHS_KEPT = 4
 
@@ -59,10 +64,14 @@ class Timings:
         }
 
 
+class PlacementError(ValueError):
+    """A cpu_moe setting the model cannot take."""
+
+
 class Model:
     def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, n_ctx: int = 2048,
                  progress: Callable[[int, int], None] | None = None, name: str | None = None,
-                 warm: bool = True):
+                 warm: bool = True, cpu_moe: float = 0.0):
         self.dev, self.kernels = dev, kernels
         self.gguf = GGUFFile(path)
         self.path = path
@@ -80,9 +89,16 @@ class Model:
         self.name = name or path.rsplit("/", 1)[-1]
         self.tuning = Tuning.for_device(dev)
         self.profile = False                    # record graphs with per-op timestamps
+        try:
+            self.host_tensors = self._host_tensors(cpu_moe)   # read by the GPU from host memory
+        except PlacementError:
+            self.gguf.close()
+            raise
+        self.cpu_moe = float(cpu_moe)
         self._layout = self._plan_layout()      # where each tensor sits in the weight arenas
         self.arenas: list[vk.Buffer] = []       # device weights while they are resident
         self.shadow: list[vk.Buffer] = []       # their host-visible copy (discrete GPUs)
+        self.host_arenas: list[vk.Buffer] = []  # host-placed weights, from first restore to close
         self.weights: dict[str, Tensor] = {}
         self.rs: RunState | None = None        # activations and KV cache while resident
         self.kv_shadow: dict[str, np.ndarray] | None = None   # host copy while evicted
@@ -105,7 +121,13 @@ class Model:
 
     @property
     def weight_bytes(self) -> int:
+        """Device bytes of the weights (the host-placed ones excluded)."""
         return sum(self._layout[1])
+
+    @property
+    def host_weight_bytes(self) -> int:
+        """Bytes of the weights cpu_moe keeps in host-visible memory (no VRAM)."""
+        return sum(self._layout[2])
 
     def warm_bytes(self) -> int:
         """Device bytes this model holds when warm (what the arbiter must grant)."""
@@ -139,7 +161,9 @@ class Model:
 
     def release(self, full: bool = True) -> dict:
         """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
-        back); full eviction copies the used KV to host memory and frees everything."""
+        back); full eviction copies the used KV to host memory and frees everything on the
+        device. Host-placed weights stay where they are either way: they hold no VRAM, and
+        keeping them spares the restore their copy (close() frees them)."""
         t0 = time.perf_counter()
         moved = 0
         self._drop_graphs()
@@ -178,8 +202,9 @@ class Model:
         return h.hexdigest()
 
     def host_shadow_bytes(self) -> int:
-        """Host memory that backs a restore: the weights' host-visible copy (or, on unified
-        memory, the mapped GGUF file) and any KV shadow."""
+        """Host memory that backs a restore: the device weights' host-visible copy (or, on
+        unified memory, the mapped GGUF file) and any KV shadow. Host-placed weights are
+        counted apart, in host_weight_bytes."""
         kv = sum(np.asarray(c).nbytes for c in self.kv_shadow.values()) if self.kv_shadow else 0
         return self.weight_bytes + kv
 
@@ -193,69 +218,117 @@ class Model:
     write_in_place = True          # on unified memory; tests turn it off to take the
                                    # discrete-GPU path (host shadow + device copy)
 
-    def _plan_layout(self):
-        """Pack every tensor into arenas; split tensors past the storage-buffer range by rows.
+    def _host_tensors(self, cpu_moe: float) -> frozenset[str]:
+        """The expert tensors cpu_moe places in host memory. Its integer part N takes every
+        expert tensor of layers 0..N-1; its fraction takes, of layer N, the longest prefix of
+        (gate, up) whose bytes stay within that fraction of the layer's expert bytes: with the
+        three of one size, 0.34 takes gate, 0.67 gate and up. Down stays on the device."""
+        if isinstance(cpu_moe, bool) or not isinstance(cpu_moe, (int, float)) \
+                or not math.isfinite(cpu_moe) or cpu_moe < 0:
+            raise PlacementError(f"cpu_moe must be a number >= 0, got {cpu_moe!r}")
+        if cpu_moe == 0:
+            return frozenset()
+        experts = getattr(self.arch, "expert_tensors", None)
+        if experts is None:
+            raise PlacementError(f"cpu_moe {cpu_moe:g}: {self.name} ({self.gguf.arch}) is not "
+                                 "a mixture-of-experts model, it has no expert tensors")
+        n_layer = self.config.n_layer
+        if cpu_moe > n_layer:
+            raise PlacementError(f"cpu_moe {cpu_moe:g} is beyond the {n_layer} layers of "
+                                 f"{self.name}")
+        whole = int(cpu_moe)
+        names = [n for i in range(whole) for n in experts(self.config, i)]
+        if cpu_moe > whole:
+            layer = experts(self.config, whole)
+            budget = (cpu_moe - whole) * sum(self.gguf.tensor(n).nbytes for n in layer)
+            taken = 0
+            for n in layer[:-1]:
+                taken += self.gguf.tensor(n).nbytes
+                if taken > budget:
+                    break
+                names.append(n)
+        return frozenset(names)
 
-        Returns (placements, arena sizes): placements are (name, first row, rows, arena,
-        offset, bytes, file offset)."""
+    def _plan_layout(self):
+        """Pack every tensor into arenas, the host-placed ones into host arenas; split tensors
+        past the storage-buffer range by rows (expert tensors by whole experts).
+
+        Returns (placements, device arena sizes, host arena sizes): placements are (name,
+        first row, rows, arena, offset, bytes, file offset, host). Every part takes its size
+        rounded up to the alignment, so the arenas of each side add up to their tensors'
+        padded bytes however the tensors are split between the sides."""
         align = max(self.dev.storage_align, 256)
         limit = min(self.dev.max_storage_range, self.ARENA_BYTES)
-        placements, sizes = [], [0]
+        placements, sizes = [], {False: [], True: []}
         for n in self.config.tensor_shapes():
             t = self.gguf.tensor(n)
+            host = n in self.host_tensors
             rows = t.n_elements // t.shape[0]
             row_bytes = t.nbytes // rows
-            per_part = max(1, min(rows, limit // row_bytes))
+            unit = t.shape[1] if len(t.shape) == 3 else 1      # rows of one expert
+            if unit * row_bytes > limit:
+                raise ModelFileError(self.path, f"tensor {n}: one expert's {unit * row_bytes} "
+                                                f"bytes exceed the device's buffer range")
+            per_part = max(unit, min(rows, limit // row_bytes) // unit * unit)
+            arenas = sizes[host]
             for first in range(0, rows, per_part):
                 count = min(per_part, rows - first)
                 nbytes = count * row_bytes
-                off = -(-sizes[-1] // align) * align
-                if off + nbytes > self.ARENA_BYTES and sizes[-1] > 0:
-                    sizes.append(0)
-                    off = 0
-                placements.append((n, first, count, len(sizes) - 1, off, nbytes,
-                                   first * row_bytes))
-                sizes[-1] = off + nbytes
-        return placements, sizes
+                padded = -(-nbytes // align) * align
+                if not arenas or (arenas[-1] + padded > self.ARENA_BYTES and arenas[-1] > 0):
+                    arenas.append(0)
+                placements.append((n, first, count, len(arenas) - 1, arenas[-1], nbytes,
+                                   first * row_bytes, host))
+                arenas[-1] += padded
+        return placements, sizes[False], sizes[True]
 
     def _upload(self, progress) -> int:
         """Weights onto the device: from the host-visible shadow when there is one (one
         copy command per arena), else from the GGUF memmap, building the shadow on the way
-        on discrete GPUs so that later restores are plain device copies."""
-        placements, sizes = self._layout
-        total = sum(p[5] for p in placements)
+        on discrete GPUs so that later restores are plain device copies. Host-placed
+        weights are written from the memmap on the first upload and kept."""
+        placements, sizes, host_sizes = self._layout
+        fill_host = bool(host_sizes) and not self.host_arenas
+        total = sum(p[5] for p in placements if fill_host or not p[7])
         t0 = time.perf_counter()
-        self.arenas = [self.dev.allocator.alloc(n, f"{self.name}/weights.{i}", "weights")
+        alloc = self.dev.allocator.alloc
+        self.arenas = [alloc(n, f"{self.name}/weights.{i}", "weights")
                        for i, n in enumerate(sizes)]
+        if fill_host:
+            self.host_arenas = [alloc(n, f"{self.name}/host_weights.{i}", "host_weights",
+                                      host=True) for i, n in enumerate(host_sizes)]
         self.upload_timing = {"alloc_s": time.perf_counter() - t0}
         direct = self.arenas[0].view is not None and self.write_in_place
         if not direct and not self.shadow:
-            self.shadow = [self.dev.allocator.alloc(n, f"{self.name}/shadow.{i}", "shadow",
-                                                    host=True) for i, n in enumerate(sizes)]
+            self.shadow = [alloc(n, f"{self.name}/shadow.{i}", "shadow", host=True)
+                           for i, n in enumerate(sizes)]
             targets = self.shadow
         else:
             targets = self.arenas if direct else None
-        if targets is not None:
-            done = 0
-            for n, first, count, a, off, nbytes, src in placements:
-                t = self.gguf.tensor(n)
-                targets[a].view[off:off + nbytes] = t.data[src:src + nbytes]
-                done += nbytes
-                if progress:
-                    progress(done, total)
+        done = 0
+        for n, first, count, a, off, nbytes, src, host in placements:
+            dst = (self.host_arenas if fill_host else None) if host else targets
+            if dst is None:
+                continue
+            t = self.gguf.tensor(n)
+            dst[a].view[off:off + nbytes] = t.data[src:src + nbytes]
+            done += nbytes
+            if progress:
+                progress(done, total)
         if not direct:
             t0 = time.perf_counter()
             with self.dev.one_shot() as cmd:
                 for sh, ar, n in zip(self.shadow, self.arenas, sizes):
                     vk.copy_buffer(cmd, sh, 0, ar, 0, n)
             self.upload_timing["copy_s"] = time.perf_counter() - t0
-            if progress and targets is None:
+            if progress and done < total:
                 progress(total, total)
         self.weights = {}
-        for n, first, count, a, off, nbytes, _ in placements:
+        for n, first, count, a, off, nbytes, _, host in placements:
             t = self.gguf.tensor(n)
             if n not in self.weights:
-                self.weights[n] = Tensor(t.type_name, t.shape, [], self.arenas)
+                self.weights[n] = Tensor(t.type_name, t.shape, [],
+                                         self.host_arenas if host else self.arenas)
             self.weights[n].parts.append((first, count, a, off, nbytes))
         return total
 
@@ -355,9 +428,9 @@ class Model:
         if self.rs is not None:
             self.rs.close()
             self.rs = None
-        for b in self.shadow:
+        for b in self.shadow + self.host_arenas:
             self.dev.allocator.free(b)
-        self.shadow = []
+        self.shadow, self.host_arenas = [], []
         self.kv_shadow = None
         self.gguf.close()
 

@@ -22,8 +22,10 @@ import numpy as np
 import vulkan as _vk
 from vulkan import ffi, lib
 
-KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging", "shadow")
-HOST_KINDS = ("staging", "shadow")     # host memory: not VRAM, whatever heap backs it
+KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging", "shadow",
+         "host_weights")
+HOST_KINDS = ("staging", "shadow", "host_weights")   # host memory: not VRAM, whatever heap
+                                                     # backs it (host_weights: read in place)
 
 
 class VulkanError(RuntimeError):
