@@ -6,6 +6,10 @@
     eng.status()                         # models and their device bytes by kind
     eng.close()
 
+`load(path, cpu_moe=N.F)` keeps the expert tensors of a mixture-of-experts model's first
+layers in host memory that the GPU reads in place (engine/model.py): the model then holds
+that much less VRAM, which status() and vram() report as host_weight_bytes.
+
 All work on the device happens under one lock, so callers on several threads are safe and
 a release never races a decode: the arbiter only evicts between requests.
 
@@ -94,14 +98,14 @@ class Engine:
 
     # -- models -----------------------------------------------------------------------------
     def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
-             progress: Callable[[int, int], None] | None = None) -> str:
+             progress: Callable[[int, int], None] | None = None, cpu_moe: float = 0.0) -> str:
         path = os.fspath(path)
         name = name or os.path.splitext(os.path.basename(path))[0]
         with self._lock:
             if name in self.models:
                 raise ValueError(f"a model named {name!r} is already loaded")
             model = Model(self.dev, self.kernels, path, n_ctx or self.n_ctx, name=name,
-                          warm=False)
+                          warm=False, cpu_moe=cpu_moe)
             try:
                 tok = Tokenizer.from_gguf(model.gguf)
                 chat = ChatTemplate.from_gguf(model.gguf)
@@ -195,14 +199,16 @@ class Engine:
         return self._get(name).tokenizer
 
     def status(self) -> list[dict]:
-        """Per model: state, pin, device bytes by kind (released buffers skipped) and host
-        shadow bytes."""
+        """Per model: state, pin, device bytes by kind (released buffers skipped), host
+        shadow bytes, and the bytes of weights placed in host memory (cpu_moe)."""
         with self._lock:
             return [{"name": m.name, "path": m.model.path, "arch": m.model.gguf.arch,
                      "n_ctx": m.model.n_ctx, "state": m.model.state,
                      "pinned": m.name in self.arbiter.pinned,
                      "device_bytes": m.model.device_bytes(),
                      "host_shadow_bytes": m.model.host_shadow_bytes(),
+                     "cpu_moe": m.model.cpu_moe,
+                     "host_weight_bytes": m.model.host_weight_bytes,
                      "warm_bytes": m.model.warm_bytes(),
                      "cached_tokens": len(m.model.cache_tokens)}
                     for m in self.models.values()]
@@ -212,7 +218,10 @@ class Engine:
         with self._lock:
             out = {"budget_bytes": self.arbiter.budget, "granted_bytes": self.arbiter.used,
                    "allocated_bytes": self.dev.allocator.reserved_bytes(),
-                   "device": self.dev.name, "heap_bytes": self.dev.device_heap_bytes}
+                   "device": self.dev.name, "heap_bytes": self.dev.device_heap_bytes,
+                   # weights the GPU reads from host memory: outside the budget
+                   "host_weight_bytes": sum(m.model.host_weight_bytes
+                                            for m in self.models.values())}
             driver = self.dev.memory_budget()
             if driver is not None:
                 out["driver_budget_bytes"], out["driver_usage_bytes"] = driver

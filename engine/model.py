@@ -220,9 +220,9 @@ class Model:
 
     def _host_tensors(self, cpu_moe: float) -> frozenset[str]:
         """The expert tensors cpu_moe places in host memory. Its integer part N takes every
-        expert tensor of layers 0..N-1; its fraction takes, of layer N, the longest prefix of
-        (gate, up) whose bytes stay within that fraction of the layer's expert bytes: with the
-        three of one size, 0.34 takes gate, 0.67 gate and up. Down stays on the device."""
+        expert tensor of layers 0..N-1; its fraction takes that share of layer N's three
+        (gate, up, down), rounded down to whole tensors in that order: 0.34 to 0.66 takes
+        gate, 0.67 to 0.99 gate and up. Down stays on the device."""
         if isinstance(cpu_moe, bool) or not isinstance(cpu_moe, (int, float)) \
                 or not math.isfinite(cpu_moe) or cpu_moe < 0:
             raise PlacementError(f"cpu_moe must be a number >= 0, got {cpu_moe!r}")
@@ -240,13 +240,12 @@ class Model:
         names = [n for i in range(whole) for n in experts(self.config, i)]
         if cpu_moe > whole:
             layer = experts(self.config, whole)
-            budget = (cpu_moe - whole) * sum(self.gguf.tensor(n).nbytes for n in layer)
-            taken = 0
-            for n in layer[:-1]:
-                taken += self.gguf.tensor(n).nbytes
-                if taken > budget:
-                    break
-                names.append(n)
+            take = int((cpu_moe - whole) * len(layer) + 1e-6)
+            if take == 0:
+                raise PlacementError(f"cpu_moe {cpu_moe:g}: the fraction places whole tensors "
+                                     f"of layer {whole}, of {len(layer)}; {1 / len(layer):.2f} "
+                                     "or more takes its gate")
+            names += layer[:take]
         return frozenset(names)
 
     def _plan_layout(self):
