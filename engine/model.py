@@ -221,8 +221,8 @@ class Model:
     def _host_tensors(self, cpu_moe: float) -> frozenset[str]:
         """The expert tensors cpu_moe places in host memory. Its integer part N takes every
         expert tensor of layers 0..N-1; its fraction takes that share of layer N's three
-        (gate, up, down), rounded down to whole tensors in that order: 0.34 to 0.66 takes
-        gate, 0.67 to 0.99 gate and up. Down stays on the device."""
+        (gate, up, down), rounded down to whole tensors in that order, a third written as
+        0.33: 0.33 to 0.65 takes gate, 0.66 to 0.99 gate and up. Down stays on the device."""
         if isinstance(cpu_moe, bool) or not isinstance(cpu_moe, (int, float)) \
                 or not math.isfinite(cpu_moe) or cpu_moe < 0:
             raise PlacementError(f"cpu_moe must be a number >= 0, got {cpu_moe!r}")
@@ -240,11 +240,11 @@ class Model:
         names = [n for i in range(whole) for n in experts(self.config, i)]
         if cpu_moe > whole:
             layer = experts(self.config, whole)
-            take = int((cpu_moe - whole) * len(layer) + 1e-6)
+            take = int((cpu_moe - whole) * len(layer) + 0.03)   # 0.33 is a third
             if take == 0:
                 raise PlacementError(f"cpu_moe {cpu_moe:g}: the fraction places whole tensors "
-                                     f"of layer {whole}, of {len(layer)}; {1 / len(layer):.2f} "
-                                     "or more takes its gate")
+                                     f"of layer {whole}, gate then up; .33 or more takes its "
+                                     "gate")
             names += layer[:take]
         return frozenset(names)
 

@@ -167,6 +167,9 @@ def test_greedy_tokens_agree_with_reference(dev, kc, moe_path, ggml_numerics):
             want = ReferenceModel(g, n_ctx=64, quantize_activations=ggml_numerics) \
                 .generate_greedy(PROMPT, 16)
         assert list(m.generate(PROMPT, 16)) == want
+        # routing happened on the device: one decode graph, recorded once, served every step
+        decode = m._decode[True]
+        assert m._run([want[-1]], len(PROMPT) + 15, True) >= 0 and m._decode == {True: decode}
     finally:
         m.close()
 
@@ -175,7 +178,8 @@ def test_greedy_tokens_agree_with_reference(dev, kc, moe_path, ggml_numerics):
 
 PLACEMENTS = [
     (0.5, ["blk.0.ffn_gate_exps.weight"]),
-    (0.7, ["blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]),
+    (0.33, ["blk.0.ffn_gate_exps.weight"]),
+    (0.66, ["blk.0.ffn_gate_exps.weight", "blk.0.ffn_up_exps.weight"]),
     (1, expert_names([0])),
     (1.5, expert_names([0]) + ["blk.1.ffn_gate_exps.weight"]),
     (N_LAYER, expert_names(range(N_LAYER))),
@@ -247,7 +251,7 @@ def test_release_restore_with_host_experts(dev, kc, moe_path, base_run, full, in
 def test_unsupported_placements(dev, kc, moe_path, smollm2_path):
     for bad, why in ((-0.5, "must be a number >= 0"), (float("nan"), "must be a number"),
                      (N_LAYER + 0.5, "beyond the 3 layers"), (N_LAYER + 1, "beyond"),
-                     (1.2, "places whole tensors of layer 1")):
+                     (1.32, "places whole tensors of layer 1")):
         with pytest.raises(PlacementError, match=why):
             Model(dev, kc, moe_path, n_ctx=64, cpu_moe=bad, warm=False)
     with pytest.raises(PlacementError, match=r"\(llama\) is not a mixture-of-experts model"):
