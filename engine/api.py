@@ -6,6 +6,10 @@
     eng.status()                         # models and their device bytes by kind
     eng.close()
 
+`load(path, cpu_moe=N.F)` keeps the expert tensors of a mixture-of-experts model's first
+layers in host memory that the GPU reads in place (engine/model.py): the model then holds
+that much less VRAM, which status() and vram() report as host_weight_bytes.
+
 All work on the device runs on the engine's own thread, one job at a time (a load's upload,
 a warm, an evict, a whole request), so callers on several threads are safe and a release
 never races a decode: the arbiter and the arena only release between jobs. `status()` and
@@ -172,7 +176,7 @@ class Engine:
 
     # -- models -----------------------------------------------------------------------------
     def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
-             progress: Callable[[int, int], None] | None = None) -> str:
+             progress: Callable[[int, int], None] | None = None, cpu_moe: float = 0.0) -> str:
         """Parse the file here, then upload on the engine thread (budget acquired first)."""
         path = os.fspath(path)
         name = name or os.path.splitext(os.path.basename(path))[0]
@@ -182,7 +186,7 @@ class Engine:
             self._loading.add(name)
         try:
             model = Model(self.dev, self.kernels, path, n_ctx or self.n_ctx, name=name,
-                          warm=False)
+                          warm=False, cpu_moe=cpu_moe)
             try:
                 tok = Tokenizer.from_gguf(model.gguf)
                 chat = ChatTemplate.from_gguf(model.gguf)
@@ -289,7 +293,7 @@ class Engine:
 
     def status(self) -> list[dict]:
         """Per model: state, pin, device bytes by kind (released buffers skipped) and host
-        shadow bytes. Reads bookkeeping only, so it answers while a request runs."""
+        shadow bytes, and weights placed in host memory (cpu_moe). Reads bookkeeping only, so it answers while a request runs."""
         pinned = set(self.arbiter.pinned)
         return [{"name": m.name, "path": m.model.path, "arch": m.model.gguf.arch,
                  "n_ctx": m.model.n_ctx, "state": m.model.state,
@@ -297,6 +301,8 @@ class Engine:
                  "device_bytes": m.model.device_bytes(),
                  "host_shadow_bytes": m.model.host_shadow_bytes(),
                  "pinned_host_bytes": m.model.pinned_bytes(),
+                 "cpu_moe": m.model.cpu_moe,
+                 "host_weight_bytes": m.model.host_weight_bytes,
                  "warm_bytes": m.model.warm_bytes(),
                  "cached_tokens": len(m.model.cache_tokens)}
                 for m in list(self.models.values())]
@@ -309,7 +315,10 @@ class Engine:
         alloc = self.dev.allocator
         out = {"budget_bytes": self.arbiter.budget, "granted_bytes": self.arbiter.used,
                "allocated_bytes": alloc.reserved_bytes(), "spare_bytes": alloc.spare_bytes(),
-               "device": self.dev.name, "heap_bytes": self.dev.device_heap_bytes}
+               "device": self.dev.name, "heap_bytes": self.dev.device_heap_bytes,
+               # weights the GPU reads from host memory: outside the budget
+               "host_weight_bytes": sum(m.model.host_weight_bytes
+                                        for m in list(self.models.values()))}
         driver = self.dev.memory_budget()
         if driver is not None:
             out["driver_budget_bytes"], out["driver_usage_bytes"] = driver

@@ -66,7 +66,7 @@ def run_bench(args) -> int:
     n_ctx = max(2048, args.n_prompt + args.n_gen + 8)
     results = []
     with Engine(n_ctx=n_ctx) as eng:
-        name = eng.load(path)
+        name = eng.load(path, cpu_moe=args.cpu_moe)
         loaded = eng.models[name]
         model = loaded.model
         model.profile = bool(args.profile)

@@ -37,6 +37,15 @@ def _progress_bar(label: str):
     return show
 
 
+def add_cpu_moe_argument(p: argparse.ArgumentParser) -> None:
+    # the engine checks the value against the model (PlacementError, one line, status 2)
+    p.add_argument("--cpu-moe", type=float, default=0.0, metavar="N.F",
+                   help="mixture-of-experts models: keep the expert tensors of the first N "
+                        "layers in host memory, read by the GPU in place (less VRAM, slower); "
+                        "a fraction also takes part of layer N's, gate first, then up "
+                        "(default 0: all on the device)")
+
+
 def _open(args, n_ctx: int | None = None):
     from .api import Engine
     from .models import resolve
@@ -44,7 +53,8 @@ def _open(args, n_ctx: int | None = None):
     path = resolve(args.model)
     eng = Engine(n_ctx=n_ctx or getattr(args, "ctx", None) or 2048)
     try:
-        name = eng.load(path, progress=_progress_bar("loading " + os.path.basename(path)))
+        name = eng.load(path, progress=_progress_bar("loading " + os.path.basename(path)),
+                        cpu_moe=getattr(args, "cpu_moe", 0.0))
     except BaseException:
         eng.close()
         raise
@@ -152,6 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", help="stop string (repeatable)")
     g.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
     g.add_argument("--json", action="store_true")
+    add_cpu_moe_argument(g)
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="prefill and decode tokens/s, optionally beside llama.cpp")
@@ -165,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also run llama.cpp's CPU backend through llama-cpp-python")
     b.add_argument("--profile", action="store_true", help="per-kernel GPU times")
     b.add_argument("--json", action="store_true")
+    add_cpu_moe_argument(b)
     b.set_defaults(func=cmd_bench)
 
     sb = sub.add_parser("swap-bench", help="cycle models warm/cold and time the restores")
@@ -176,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("-n", type=int, default=8, help="tokens generated per turn")
     sb.add_argument("--ctx", type=int, default=2048)
     sb.add_argument("--json", action="store_true")
+    add_cpu_moe_argument(sb)
     sb.set_defaults(func=cmd_swap_bench)
 
     kb = sub.add_parser("kernel-bench", help="time one kernel's paths against each other")

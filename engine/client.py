@@ -113,8 +113,11 @@ def format_ps(models: list[dict], vram: dict) -> str:
 
 
 def _residency(m: dict) -> str:
+    host = f", experts in host memory {_mib(m['host_weight_bytes'])}" \
+        if m.get("host_weight_bytes") else ""
     return (f"{m['state']}{', pinned' if m['pinned'] else ''}; "
-            f"VRAM {_mib(m['device_bytes_total'])}, host shadow {_mib(m['host_shadow_bytes'])}")
+            f"VRAM {_mib(m['device_bytes_total'])}, host shadow {_mib(m['host_shadow_bytes'])}"
+            + host)
 
 
 def _done(args, answer: dict, line: str) -> int:
@@ -143,6 +146,8 @@ def cmd_load(args) -> int:
     # anything else (a bundled model's name) goes as given
     path = os.path.abspath(args.path) if os.path.exists(args.path) else args.path
     body = {"path": path} if args.name is None else {"path": path, "name": args.name}
+    if args.cpu_moe:
+        body["cpu_moe"] = args.cpu_moe
     m = call(args, "POST", "/api/models", body)
     return _done(args, m, f"loaded {m['name']} ({m['arch']}, context {m['n_ctx']}): "
                           + _residency(m))
@@ -200,6 +205,8 @@ def add_parsers(subparsers) -> None:
     ld = add("load", "load a model into a running server", cmd_load, name=False)
     ld.add_argument("path", help="a GGUF file, or a bundled model (smollm2, gemma3)")
     ld.add_argument("--name", help="the name to serve it under (default: the file's name)")
+    from .cli import add_cpu_moe_argument
+    add_cpu_moe_argument(ld)
     add("unload", "unload a model from a running server", cmd_unload)
     add("pin", "keep a model warm: make it warm now and never evict it", cmd_pin)
     add("unpin", "let the server evict a model again when another needs the room", cmd_unpin)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
 K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")         # 256-weight super-blocks: rows of 256k weights
 _FMT = {"u32": "I", "f32": "f"}
+MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_USED
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,14 @@ KERNELS: dict[str, KernelSpec] = {
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("row_offset", U), ("y_stride", U)),
         (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3), ("ACT", 4)), typed=True, writes=(2,)),
+    "mul_mat_id": KernelSpec(
+        "mul_mat_id.comp", 4,
+        (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U), ("n_experts", U)),
+        (("WG", 0), ("ROWS", 1), ("ACT", 2), ("X_SLOT", 3)), typed=True, writes=(3,)),
+    "moe_router": KernelSpec("moe_router.comp", 3, (("n_expert", U), ("n_used", U)),
+                             (("SG", 0), ("NORM", 1)), writes=(1, 2)),
+    "moe_combine": KernelSpec("moe_combine.comp", 3,
+                              (("n_embd", U), ("n_used", U), ("n", U)), writes=(2,)),
     "get_rows": KernelSpec("get_rows.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
                             ("part_rows", U)),

@@ -4,9 +4,14 @@ Decode is one recorded command buffer replayed per token: the host writes the to
 position into small host-visible buffers, submits once, and reads back either the argmax
 (greedy) or the logits (sampling). Prefill runs the prompt in chunks of up to
 `max_tokens`; its graphs are recorded per chunk length and kept for reuse.
+
+Expert placement (`cpu_moe`, llama.cpp's --n-cpu-moe with a fraction): the expert tensors
+of the first layers live in host-visible memory that the GPU reads in place, so they take no
+VRAM. Placement moves bytes, not work: the graphs and their results are the same.
 """
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -14,13 +19,13 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from . import gemma3, lfm2, llama, vk
+from . import gemma3, lfm2, llama, qwen3moe, vk
 from .gguf_file import GGUFFile, ModelFileError
 from .graph import Graph
 from .kernels import WEIGHT_TYPES, KernelCache
 from .ops import Builder, RunState, Tensor, Tuning, run_state_args
 
-ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "lfm2": lfm2}
+ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe}
 PREFILL_CHUNK = 256
 PREFILL_GRAPHS_KEPT = 4
 
@@ -63,10 +68,14 @@ class Timings:
         }
 
 
+class PlacementError(ValueError):
+    """A cpu_moe setting the model cannot take."""
+
+
 class Model:
     def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, n_ctx: int = 2048,
                  progress: Callable[[int, int], None] | None = None, name: str | None = None,
-                 warm: bool = True):
+                 warm: bool = True, cpu_moe: float = 0.0):
         self.dev, self.kernels = dev, kernels
         self.gguf = GGUFFile(path)
         self.path = path
@@ -85,11 +94,18 @@ class Model:
         self.name = name or path.rsplit("/", 1)[-1]
         self.tuning = Tuning.for_device(dev)
         self.profile = False                    # record graphs with per-op timestamps
+        try:
+            self.host_tensors = self._host_tensors(cpu_moe)   # read by the GPU from host memory
+        except PlacementError:
+            self.gguf.close()
+            raise
+        self.cpu_moe = float(cpu_moe)
         self._layout = self._plan_layout()      # where each tensor sits in the weight arenas
         self.arenas: list[vk.Buffer] = []       # device weights while they are resident
         self.shadow: list[vk.Buffer] = []       # host-visible copy of what is not pinned
         self.pinned: vk.HostImport | None = None  # the file's pages, imported (discrete GPUs)
         self._sources = None                    # per arena: where a restore copies from
+        self.host_arenas: list[vk.Buffer] = []  # host-placed weights, from first restore to close
         self.weights: dict[str, Tensor] = {}   # while resident: self._tensors
         self._tensors: dict[str, Tensor] = {}
         self.rs: RunState | None = None        # activations and KV cache while resident
@@ -118,7 +134,13 @@ class Model:
 
     @property
     def weight_bytes(self) -> int:
+        """Device bytes of the weights (the host-placed ones excluded)."""
         return sum(self._layout[1])
+
+    @property
+    def host_weight_bytes(self) -> int:
+        """Bytes of the weights cpu_moe keeps in host-visible memory (no VRAM)."""
+        return sum(self._layout[2])
 
     def warm_bytes(self) -> int:
         """Device bytes this model holds when warm (what the arbiter must grant)."""
@@ -153,8 +175,10 @@ class Model:
 
     def release(self, full: bool = True) -> dict:
         """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
-        back); full eviction copies the used KV to host memory and frees everything. Both
-        copy the recurrent states to host memory."""
+        back); full eviction copies the used KV to host memory and frees everything on the
+        device. Both copy the recurrent states to host memory. Host-placed weights stay where
+        they are either way: they hold no VRAM, and keeping them spares the restore their
+        copy (close() frees them)."""
         t0 = time.perf_counter()
         moved = 0
         self._drop_graphs()
@@ -242,8 +266,9 @@ class Model:
         return h.hexdigest()
 
     def host_shadow_bytes(self) -> int:
-        """Host memory that backs a restore: the weights' host-visible copy (or, on unified
-        memory, the mapped GGUF file), any KV shadow and the recurrent states."""
+        """Host memory that backs a restore: the device weights' host-visible copy (or the
+        mapped GGUF file), any KV shadow and the recurrent states. Host-placed weights are
+        counted apart, in host_weight_bytes."""
         kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
         rec = sum(c.nbytes for c in self.recurrent_shadow.values()) \
             if self.recurrent_shadow else 0
@@ -259,53 +284,101 @@ class Model:
     write_in_place = True          # on unified memory; tests turn it off to take the
                                    # discrete-GPU path (host shadow + device copy)
 
-    def _plan_layout(self):
-        """Pack every tensor into arenas; split tensors past the storage-buffer range by rows.
+    def _host_tensors(self, cpu_moe: float) -> frozenset[str]:
+        """The expert tensors cpu_moe places in host memory. Its integer part N takes every
+        expert tensor of layers 0..N-1; its fraction takes that share of layer N's three
+        (gate, up, down), rounded down to whole tensors in that order, a third written as
+        0.33: 0.33 to 0.65 takes gate, 0.66 to 0.99 gate and up. Down stays on the device."""
+        if isinstance(cpu_moe, bool) or not isinstance(cpu_moe, (int, float)) \
+                or not math.isfinite(cpu_moe) or cpu_moe < 0:
+            raise PlacementError(f"cpu_moe must be a number >= 0, got {cpu_moe!r}")
+        if cpu_moe == 0:
+            return frozenset()
+        experts = getattr(self.arch, "expert_tensors", None)
+        if experts is None:
+            raise PlacementError(f"cpu_moe {cpu_moe:g}: {self.name} ({self.gguf.arch}) is not "
+                                 "a mixture-of-experts model, it has no expert tensors")
+        n_layer = self.config.n_layer
+        if cpu_moe > n_layer:
+            raise PlacementError(f"cpu_moe {cpu_moe:g} is beyond the {n_layer} layers of "
+                                 f"{self.name}")
+        whole = int(cpu_moe)
+        names = [n for i in range(whole) for n in experts(self.config, i)]
+        if cpu_moe > whole:
+            layer = experts(self.config, whole)
+            take = int((cpu_moe - whole) * len(layer) + 0.03)   # 0.33 is a third
+            if take == 0:
+                raise PlacementError(f"cpu_moe {cpu_moe:g}: the fraction places whole tensors "
+                                     f"of layer {whole}, gate then up; .33 or more takes its "
+                                     "gate")
+            names += layer[:take]
+        return frozenset(names)
 
-        Returns (placements, arena sizes): placements are (name, first row, rows, arena,
-        offset, bytes, file offset)."""
+    def _plan_layout(self):
+        """Pack every tensor into arenas, the host-placed ones into host arenas; split tensors
+        past the storage-buffer range by rows (expert tensors by whole experts).
+
+        Returns (placements, device arena sizes, host arena sizes): placements are (name,
+        first row, rows, arena, offset, bytes, file offset, host). Every part takes its size
+        rounded up to the alignment, so the arenas of each side add up to their tensors'
+        padded bytes however the tensors are split between the sides."""
         align = max(self.dev.storage_align, 256)
         limit = min(self.dev.max_storage_range, self.ARENA_BYTES)
-        placements, sizes = [], [0]
+        placements, sizes = [], {False: [], True: []}
         for n in self.config.tensor_shapes():
             t = self.gguf.tensor(n)
+            host = n in self.host_tensors
             rows = t.n_elements // t.shape[0]
             row_bytes = t.nbytes // rows
-            per_part = max(1, min(rows, limit // row_bytes))
+            unit = t.shape[1] if len(t.shape) == 3 else 1      # rows of one expert
+            if unit * row_bytes > limit:
+                raise ModelFileError(self.path, f"tensor {n}: one expert's {unit * row_bytes} "
+                                                f"bytes exceed the device's buffer range")
+            per_part = max(unit, min(rows, limit // row_bytes) // unit * unit)
+            arenas = sizes[host]
             for first in range(0, rows, per_part):
                 count = min(per_part, rows - first)
                 nbytes = count * row_bytes
-                off = -(-sizes[-1] // align) * align
-                if off + nbytes > self.ARENA_BYTES and sizes[-1] > 0:
-                    sizes.append(0)
-                    off = 0
-                placements.append((n, first, count, len(sizes) - 1, off, nbytes,
-                                   first * row_bytes))
-                sizes[-1] = off + nbytes
-        return placements, sizes
+                padded = -(-nbytes // align) * align
+                if not arenas or (arenas[-1] + padded > self.ARENA_BYTES and arenas[-1] > 0):
+                    arenas.append(0)
+                placements.append((n, first, count, len(arenas) - 1, arenas[-1], nbytes,
+                                   first * row_bytes, host))
+                arenas[-1] += padded
+        return placements, sizes[False], sizes[True]
 
     def _upload(self, progress) -> int:
         """Weights onto the device. On unified memory they are written in place from the
         GGUF memmap. Otherwise every restore is copy commands from host memory the GPU
         reads: the file's own pages, imported (pinned) where the driver allows, and for the
-        rest a host-visible shadow filled once, on the first upload."""
-        placements, sizes = self._layout
-        total = sum(p[5] for p in placements)
+        rest a host-visible shadow filled once, on the first upload. Host-placed weights
+        (cpu_moe) are written from the memmap on the first upload and kept."""
+        placements, sizes, host_sizes = self._layout
+        fill_host = bool(host_sizes) and not self.host_arenas
+        total = sum(p[5] for p in placements if fill_host or not p[7])
         t0 = time.perf_counter()
-        self.arenas[:] = [self.dev.allocator.alloc(n, f"{self.name}/weights.{i}", "weights")
+        alloc = self.dev.allocator.alloc
+        self.arenas[:] = [alloc(n, f"{self.name}/weights.{i}", "weights")
                           for i, n in enumerate(sizes)]
+        if fill_host:
+            self.host_arenas = [alloc(n, f"{self.name}/host_weights.{i}", "host_weights",
+                                      host=True) for i, n in enumerate(host_sizes)]
         self.upload_timing = {"alloc_s": time.perf_counter() - t0}
-        if self.arenas[0].view is not None and self.write_in_place:
-            done = 0
-            for n, first, count, a, off, nbytes, src in placements:
-                t = self.gguf.tensor(n)
-                self.arenas[a].view[off:off + nbytes] = t.data[src:src + nbytes]
-                done += nbytes
-                if progress:
-                    progress(done, total)
-        else:
+        direct = self.arenas[0].view is not None and self.write_in_place
+        done = 0
+        for n, first, count, a, off, nbytes, src, host in placements:
+            dst = (self.host_arenas if fill_host else None) if host else \
+                (self.arenas if direct else None)
+            if dst is None:
+                continue
+            t = self.gguf.tensor(n)
+            dst[a].view[off:off + nbytes] = t.data[src:src + nbytes]
+            done += nbytes
+            if progress:
+                progress(done, total)
+        if not direct:
             if self._sources is None:
-                self._sources = self._plan_sources(progress, total)
+                self._sources = self._plan_sources(progress, done, total)
             t0 = time.perf_counter()
             with self.dev.one_shot() as cmd:
                 for a, by_src in enumerate(self._sources):
@@ -315,20 +388,21 @@ class Model:
             if progress:
                 progress(total, total)
         if not self._tensors:                  # the layout never changes: built once
-            for n, first, count, a, off, nbytes, _ in placements:
+            for n, first, count, a, off, nbytes, _, host in placements:
                 t = self.gguf.tensor(n)
                 if n not in self._tensors:
-                    self._tensors[n] = Tensor(t.type_name, t.shape, [], self.arenas)
+                    self._tensors[n] = Tensor(t.type_name, t.shape, [],
+                                              self.host_arenas if host else self.arenas)
                 self._tensors[n].parts.append((first, count, a, off, nbytes))
         self.weights = self._tensors
         return total
 
     pin_host = True                # import the file's pages where the driver allows
 
-    def _plan_sources(self, progress, total: int):
+    def _plan_sources(self, progress, done: int, total: int):
         """Per arena, [(source buffer, [(src offset, dst offset, bytes)])]: the imported
         file pages for every tensor they cover, else a host-visible shadow filled now."""
-        placements, sizes = self._layout
+        placements, sizes, _ = self._layout
         imp = None
         if self.pin_host and self.dev.host_import_align:
             imp = vk.HostImport(self.dev, self.gguf.mapped, f"{self.name}/file")
@@ -338,7 +412,9 @@ class Model:
         self.pinned = imp
         plan: list[dict] = [{} for _ in sizes]          # arena -> {source: regions}
         missing: list[list] = [[] for _ in sizes]
-        for n, first, count, a, off, nbytes, src in placements:
+        for n, first, count, a, off, nbytes, src, host in placements:
+            if host:
+                continue
             t = self.gguf.tensor(n)
             spans = imp.spans(t.offset + src, nbytes) if imp is not None else None
             if spans is None:                      # not imported (or straddles a refused
@@ -348,7 +424,7 @@ class Model:
             for buf, src_off, k in spans:          # a tensor across two chunks: two copies
                 plan[a].setdefault(id(buf), (buf, []))[1].append((src_off, dst, k))
                 dst += k
-        done = total - sum(p[2] for m in missing for p in m)
+        done += total - done - sum(p[2] for m in missing for p in m)
         for a, parts in enumerate(missing):
             if not parts:
                 continue
@@ -477,9 +553,9 @@ class Model:
         if self.rs is not None:
             self.rs.close()
             self.rs = None
-        for b in self.shadow:
+        for b in self.shadow + self.host_arenas:
             self.dev.allocator.free(b)
-        self.shadow = []
+        self.shadow, self.host_arenas = [], []
         if self.pinned is not None:
             self.pinned.close()
             self.pinned = None

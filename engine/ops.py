@@ -95,17 +95,22 @@ class Tuning:
 
 
 class RunState:
-    """Activations for up to `max_tokens` tokens per pass, and an f16 KV cache of n_ctx."""
+    """Activations for up to `max_tokens` tokens per pass, and an f16 KV cache of n_ctx.
+
+    With experts (n_expert > 0) the feed-forward buffers hold n_expert_used slots per token
+    (n_ff is then one expert's), beside the router's logits and choices."""
 
     def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, q_dim: int,
                  kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
                  kv_layers: list[int] | None = None,
                  rope: tuple[tuple[float, int], ...] = (),
-                 conv_layers: tuple[int, ...] = (), d_conv: int = 0):
+                 conv_layers: tuple[int, ...] = (), d_conv: int = 0, n_expert: int = 0,
+                 n_expert_used: int = 0):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
         T = max_tokens
+        S = T * max(n_expert_used, 1)               # feed-forward rows: token (or token, slot)
 
         def act(name: str, floats: int) -> vk.Buffer:
             return alloc(4 * floats, f"{label}/{name}", "compute")
@@ -116,11 +121,16 @@ class RunState:
         self.k = act("k", T * kv_dim)                # [T, n_head_kv * head_dim]
         self.v = act("v", T * kv_dim)
         self.att = act("att", T * q_dim)             # [T, n_head * head_dim]
-        self.gate = act("gate", T * n_ff)            # [T, n_ff]
-        self.up = act("up", T * n_ff)
+        self.gate = act("gate", S * n_ff)            # [T, n_ff] or [T, n_expert_used, n_ff]
+        self.up = act("up", S * n_ff)
         self.logits = act("logits", n_vocab)         # [1, n_vocab] last token only
         k_max = max(n_embd, q_dim, n_ff)
-        self.xq = act("xq", T * k_max)               # [T, k_max] rounded activations
+        self.xq = act("xq", S * k_max)               # [S, k_max] rounded activations
+        if n_expert:
+            self.router = act("router", T * n_expert)               # [T, n_expert] logits
+            self.expert_ids = alloc(4 * S, f"{label}/expert_ids", "compute")   # [T, used] u32
+            self.expert_w = act("expert_w", S)                      # [T, n_expert_used]
+            self.moe_out = act("moe_out", S * n_embd)               # [T, n_expert_used, n_embd]
         self.rope_tables: dict[tuple, vk.Buffer] = {}      # (base, n_dims, scale) -> table
         self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
         self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
@@ -157,12 +167,15 @@ class RunState:
     def bytes_for(*, n_layer: int, n_embd: int, q_dim: int, kv_dim: int, n_ff: int,
                   n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None,
                   rope: tuple[tuple[float, int], ...] = (), conv_layers: tuple[int, ...] = (),
-                  d_conv: int = 0) -> int:
+                  d_conv: int = 0, n_expert: int = 0, n_expert_used: int = 0) -> int:
         """What the constructor allocates, without allocating (for the arbiter)."""
         T = max_tokens
+        S = T * max(n_expert_used, 1)
         k_max = max(n_embd, q_dim, n_ff)
-        floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim + 2 * n_ff) + n_vocab
-        floats += T * k_max + sum(n_ctx * d for _, d in rope)
+        floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim) + 2 * S * n_ff + n_vocab
+        floats += S * k_max + sum(n_ctx * d for _, d in rope)
+        if n_expert:
+            floats += T * n_expert + 2 * S + S * n_embd      # router, ids, weights, moe_out
         if conv_layers:
             floats += len(conv_layers) * d_conv * n_embd + T * 5 * n_embd
             floats += n_embd * (d_conv + T)
@@ -233,11 +246,14 @@ def check_hyperparameters(c, path: str, extra: list[str] = ()) -> None:
 
 def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = ()) -> dict:
     """RunState's sizes for a model config. Hybrid configs name their attention layers
-    (`kv_layers`) and their short-convolution layers (`conv_layers`, of `d_conv` inputs)."""
+    (`kv_layers`) and their short-convolution layers (`conv_layers`, of `d_conv` inputs);
+    with experts, c.n_ff is one expert's."""
     return dict(n_layer=c.n_layer, n_embd=c.n_embd, q_dim=c.n_head * c.head_dim,
                 kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff, n_vocab=c.n_vocab, n_ctx=n_ctx,
                 max_tokens=max_tokens, rope=rope, kv_layers=getattr(c, "kv_layers", None),
-                conv_layers=getattr(c, "conv_layers", ()), d_conv=getattr(c, "d_conv", 0))
+                conv_layers=getattr(c, "conv_layers", ()), d_conv=getattr(c, "d_conv", 0),
+                n_expert=getattr(c, "n_expert", 0),
+                n_expert_used=getattr(c, "n_expert_used", 0))
 
 
 class Builder:
@@ -287,6 +303,39 @@ class Builder:
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
         self._wrote(y)
+
+    def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
+                  n_used: int, per_slot: bool = False) -> None:
+        """y[t, j, :] = x[t (, j), :] @ w[ids[t, j]]^T for n tokens of n_used routed experts;
+        w is [n_in, n_out, n_expert], x is [n, n_in] or, per_slot, [n, n_used, n_in]."""
+        n_in, n_out = w.shape[0], w.shape[1]
+        per_group = self.t.mv_rows * self.t.warps
+        inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=self.t.mv_rows, ACT=inline,
+                    X_SLOT=int(per_slot))
+        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
+        if fmt is not None:
+            x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
+        for buf, first, count in w.bindings():          # parts of whole experts
+            self.g.op("mul_mat_id", [buf, x, ids, y], (-(-n_out // per_group), n_used, n),
+                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
+                      expert_base=first // n_out, n_experts=count // n_out)
+        self._wrote(y)
+
+    def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,
+                   n_expert: int, n_used: int, norm: bool = True) -> None:
+        """Softmax over n_expert logits per token; the n_used largest into ids and weights."""
+        self.g.op("moe_router", [logits, ids, weights], (n, 1, 1), spec=dict(NORM=int(norm)),
+                  n_expert=n_expert, n_used=n_used)
+        self._wrote(ids)
+        self._wrote(weights)
+
+    def moe_combine(self, y: vk.Buffer, weights: vk.Buffer, x: vk.Buffer, n: int, n_embd: int,
+                    n_used: int) -> None:
+        """x[t] += sum_j weights[t, j] * y[t, j] (the experts' outputs into the residual)."""
+        self.g.op("moe_combine", [y, weights, x], _groups_1d(n * n_embd), n_embd=n_embd,
+                  n_used=n_used, n=n * n_embd)
+        self._wrote(x)
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
                  row_offset: int = 0) -> None:

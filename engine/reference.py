@@ -1,9 +1,10 @@
 """A numpy reference forward pass: what the GPU engine is checked against.
 
 Float32 math on weights dequantized once from the GGUF file, computed the way llama.cpp's
-graph builders compute it (src/models/llama.cpp, gemma3.cpp, lfm2.cpp), with ggml's rounding
-order in the cheap places (rms_norm, the rope angles). Slow but plain: one matrix product per
-weight for a whole batch of tokens, a float32 KV cache.
+graph builders compute it (src/models/llama.cpp, gemma3.cpp, lfm2.cpp, qwen3moe.cpp with
+build_moe_ffn), with ggml's rounding order in the cheap places (rms_norm, the rope angles).
+Slow but plain: one matrix product per weight for a whole batch of tokens (per token and
+expert for the experts), a float32 KV cache.
 
 `quantize_activations=True` also rounds the numbers the way llama.cpp's CPU backend does:
 activations go through Q8_0 / Q8_1 / Q8_K blocks before every product with a quantized
@@ -22,7 +23,7 @@ import numpy as np
 
 from .gguf_file import GGUFFile, ModelFileError
 
-ARCHS = ("llama", "gemma3", "lfm2")
+ARCHS = ("llama", "gemma3", "lfm2", "qwen3moe")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class Config:
     final_softcap: float        # logits = c * tanh(logits / c); 0: none
     recurrent_layers: tuple[bool, ...] = ()   # lfm2: short-convolution layers
     d_conv: int = 0             # lfm2: conv state length, l_cache - 1
+    n_expert: int = 0           # experts per layer (qwen3moe); 0: a dense feed-forward
+    n_expert_used: int = 0      # experts routed per token
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Config":
@@ -71,6 +74,13 @@ class Config:
                        attn_scale=1.0 / math.sqrt(head_dim), embd_scale=1.0, final_softcap=0.0,
                        recurrent_layers=tuple(k == 0 for k in kv),
                        d_conv=int(key("shortconv.l_cache")) - 1)
+        if arch == "qwen3moe":
+            return cls(arch, n_layer, n_embd, n_head, int(key("attention.head_count_kv", n_head)),
+                       head_dim, 0, n_vocab, float(key("attention.layer_norm_rms_epsilon")),
+                       rope_base, rope_base, rope_neox=True, n_swa=0,
+                       swa_layers=(False,) * n_layer, attn_scale=1.0 / math.sqrt(head_dim),
+                       embd_scale=1.0, final_softcap=0.0, n_expert=int(key("expert_count")),
+                       n_expert_used=int(key("expert_used_count")))
         if arch == "llama":
             return cls(arch, n_layer, n_embd, n_head, int(key("attention.head_count_kv", n_head)),
                        head_dim, int(key("feed_forward_length")), n_vocab,
@@ -139,32 +149,35 @@ VEC_DOT = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1
 
 
 class Linear:
-    """One weight matrix, dequantized: y = x @ w.T, optionally with ggml's activation rounding."""
+    """One weight matrix, dequantized: y = x @ w.T, optionally with ggml's activation rounding.
+    A 3-D tensor holds one matrix per expert: y = x @ w[expert].T."""
 
     def __init__(self, g: GGUFFile, name: str, emulate: bool):
         t = g.tensor(name)
-        self.w = g.dequantize(name)                     # [rows, row_len], float32
+        self.w = g.dequantize(name)             # [rows, row_len] or [n_expert, rows, row_len]
         self.act = VEC_DOT.get(t.type_name, "F32") if emulate else "F32"
         self.mins = None
         if self.act == "Q8_1":
             # Q4_1/Q5_1 blocks hold (d, m) as float16 first; ggml adds m * s with the rounded s.
-            blk = t.data.reshape(self.w.shape[0], -1, t.nbytes // (self.w.size // 32))
+            blk = t.data.reshape(*self.w.shape[:-1], -1, t.nbytes // (self.w.size // 32))
             self.mins = blk[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
 
-    def __call__(self, x: np.ndarray) -> np.ndarray:
+    def __call__(self, x: np.ndarray, expert: int | None = None) -> np.ndarray:
+        w = self.w if expert is None else self.w[expert]
         if self.act == "F32":
-            return x @ self.w.T
+            return x @ w.T
         if self.act == "F16":
-            return _f16(x) @ self.w.T
+            return _f16(x) @ w.T
         if self.act == "BF16":
-            return _bf16(x) @ self.w.T
+            return _bf16(x) @ w.T
         if self.act == "Q8_0":
-            return _q8_0(x) @ self.w.T
+            return _q8_0(x) @ w.T
         if self.act == "Q8_K":
-            return _q8_k(x) @ self.w.T
+            return _q8_k(x) @ w.T
+        mins = self.mins if expert is None else self.mins[expert]
         xq, s = _q8_1(x)                                # xq [T, row_len], s [T, n_blocks]
         exact = xq.reshape(*s.shape, 32).sum(axis=-1)
-        return xq @ self.w.T + (s - exact) @ self.mins.T
+        return xq @ w.T + (s - exact) @ mins.T
 
 
 # -- weights, named as the GGUF tensors ----------------------------------------------------------
@@ -174,15 +187,19 @@ class Block:
     """The tensors blk.{il}.*.weight of one layer."""
     attn_norm: np.ndarray           # [n_embd]
     ffn_norm: np.ndarray            # [n_embd]
-    ffn_gate: Linear                # [n_ff, n_embd]
-    ffn_up: Linear                  # [n_ff, n_embd]
-    ffn_down: Linear                # [n_embd, n_ff]
+    ffn_gate: Linear | None = None  # [n_ff, n_embd]      dense feed-forward
+    ffn_up: Linear | None = None    # [n_ff, n_embd]
+    ffn_down: Linear | None = None  # [n_embd, n_ff]
     attn_q: Linear | None = None    # [n_head * head_dim, n_embd]; None in lfm2 conv layers
     attn_k: Linear | None = None    # [n_head_kv * head_dim, n_embd]
     attn_v: Linear | None = None    # [n_head_kv * head_dim, n_embd]
     attn_output: Linear | None = None   # [n_embd, n_head * head_dim]
-    attn_q_norm: np.ndarray | None = None           # [head_dim]   gemma3
-    attn_k_norm: np.ndarray | None = None           # [head_dim]   gemma3
+    attn_q_norm: np.ndarray | None = None           # [head_dim]   gemma3, qwen3moe
+    attn_k_norm: np.ndarray | None = None           # [head_dim]   gemma3, qwen3moe
+    ffn_gate_inp: Linear | None = None              # [n_expert, n_embd]           qwen3moe
+    ffn_gate_exps: Linear | None = None             # [n_expert, n_ff_exp, n_embd] qwen3moe
+    ffn_up_exps: Linear | None = None               # [n_expert, n_ff_exp, n_embd] qwen3moe
+    ffn_down_exps: Linear | None = None             # [n_expert, n_embd, n_ff_exp] qwen3moe
     post_attention_norm: np.ndarray | None = None   # [n_embd]     gemma3
     post_ffw_norm: np.ndarray | None = None         # [n_embd]     gemma3
     shortconv_in_proj: Linear | None = None         # [3 * n_embd, n_embd]  lfm2: B | C | x
@@ -200,6 +217,7 @@ class Weights:
     @classmethod
     def from_gguf(cls, g: GGUFFile, cfg: Config, emulate: bool) -> "Weights":
         lin = lambda name: Linear(g, name, emulate)
+        opt = lambda name: Linear(g, name, emulate) if name in g.tensors else None
         vec = lambda name: g.dequantize(name) if name in g.tensors else None
         blocks = []
         for il in range(cfg.n_layer):
@@ -211,8 +229,12 @@ class Weights:
                 attn_norm=vec(p + "attn_norm.weight"), attn_q=attn("attn_q.weight"),
                 attn_k=attn("attn_k.weight"), attn_v=attn("attn_v.weight"),
                 attn_output=attn("attn_output.weight"), ffn_norm=vec(p + "ffn_norm.weight"),
-                ffn_gate=lin(p + "ffn_gate.weight"), ffn_up=lin(p + "ffn_up.weight"),
-                ffn_down=lin(p + "ffn_down.weight"),
+                ffn_gate=opt(p + "ffn_gate.weight"), ffn_up=opt(p + "ffn_up.weight"),
+                ffn_down=opt(p + "ffn_down.weight"),
+                ffn_gate_inp=opt(p + "ffn_gate_inp.weight"),
+                ffn_gate_exps=opt(p + "ffn_gate_exps.weight"),
+                ffn_up_exps=opt(p + "ffn_up_exps.weight"),
+                ffn_down_exps=opt(p + "ffn_down_exps.weight"),
                 attn_q_norm=vec(p + "attn_q_norm.weight"),
                 attn_k_norm=vec(p + "attn_k_norm.weight"),
                 post_attention_norm=vec(p + "post_attention_norm.weight"),
@@ -334,6 +356,8 @@ class ReferenceModel:
             logits = self._forward_gemma3(tok, pos)
         elif self.config.arch == "lfm2":
             logits = self._forward_lfm2(tok, pos)
+        elif self.config.arch == "qwen3moe":
+            logits = self._forward_qwen3moe(tok, pos)
         else:
             logits = self._forward_llama(tok, pos)
         self.state.n_past = start_pos + len(tokens)
@@ -453,3 +477,40 @@ class ReferenceModel:
             x = x + L.ffn_down(h)                                           # [T, n_embd]
         x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
         return W.output(x)                                                  # [T, n_vocab]
+
+    # -- qwen3moe ---------------------------------------------------------------------------
+    def _forward_qwen3moe(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W, T = self.config, self.weights, len(tok)
+        x = W.token_embd.w[tok]                                             # [T, n_embd]
+        for il, L in enumerate(W.blk):
+            h = rms_norm(x, L.attn_norm, c.rms_eps)                         # [T, n_embd]
+            q = L.attn_q(h).reshape(T, c.n_head, c.head_dim)                # [T, n_head, hd]
+            k = L.attn_k(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            v = L.attn_v(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            q = rope(rms_norm(q, L.attn_q_norm, c.rms_eps), pos, c.rope_base, neox=True)
+            k = rope(rms_norm(k, L.attn_k_norm, c.rms_eps), pos, c.rope_base, neox=True)
+            att = self._attention(il, q, k, v, pos, c.attn_scale)           # [T, n_head * hd]
+            x = x + L.attn_output(att)                                      # [T, n_embd]
+            h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
+            x = self._moe(L, h) + x                                         # [T, n_embd]
+        x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
+        return W.output(x)                                                  # [T, n_vocab]
+
+    def _moe(self, L: Block, h: np.ndarray) -> np.ndarray:
+        """build_moe_ffn with softmax gating and renormalised weights: h [T, n_embd] ->
+        the weighted sum of each token's n_expert_used SwiGLU experts [T, n_embd]."""
+        k = self.config.n_expert_used
+        probs = softmax(L.ffn_gate_inp(h))                                  # [T, n_expert]
+        out = np.empty_like(h)
+        for t in range(len(h)):
+            top = np.argsort(-probs[t], kind="stable")[:k]      # largest, lowest index on ties
+            w = probs[t, top]                                               # [k]
+            w = w / max(w.sum(dtype=np.float32), np.float32(6.103515625e-5))
+            acc = None
+            for j, e in enumerate(top):
+                g = L.ffn_gate_exps(h[t:t + 1], e)                          # [1, n_ff_exp]
+                u = L.ffn_up_exps(h[t:t + 1], e)                            # [1, n_ff_exp]
+                y = L.ffn_down_exps(silu(g) * u, e)[0] * w[j]               # [n_embd]
+                acc = y if acc is None else acc + y             # summed in slot order
+            out[t] = acc
+        return out

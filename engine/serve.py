@@ -541,6 +541,7 @@ class Server:
 
     async def api_load(self, request: web.Request) -> web.Response:
         from .gguf_file import ModelFileError
+        from .model import PlacementError
         from .models import resolve
 
         body = await self._body(request)
@@ -554,13 +555,20 @@ class Server:
                                  or name != name.strip()):
             raise _bad("name must be a non-empty string without '/' or surrounding spaces",
                        "name", "invalid_value")
+        cpu_moe = body.get("cpu_moe", 0)
+        if isinstance(cpu_moe, bool) or not isinstance(cpu_moe, (int, float)) \
+                or not math.isfinite(cpu_moe) or cpu_moe < 0:
+            raise _bad("cpu_moe must be a number >= 0 (layers of experts kept in host memory)",
+                       "cpu_moe", "invalid_value")
         try:
             resolved = resolve(path)
             name = name or os.path.splitext(os.path.basename(resolved))[0]
             if name in self.models:
                 raise ApiError(409, f"a model named {name!r} is already loaded", "name",
                                "model_exists")
-            name = await self._run(self.engine.load, resolved, name)
+            name = await self._run(self.engine.load, resolved, name, cpu_moe=cpu_moe)
+        except PlacementError as exc:
+            raise _bad(str(exc), "cpu_moe", "invalid_value") from None
         except ModelFileError as exc:
             raise _bad(str(exc), "path", "invalid_model_file") from None
         except OSError as exc:
@@ -837,6 +845,7 @@ def _entry(s: dict) -> dict:
             "device_bytes_total": sum(s["device_bytes"].values()),
             "host_shadow_bytes": s["host_shadow_bytes"],
             "pinned_host_bytes": s.get("pinned_host_bytes", 0), "warm_bytes": s["warm_bytes"],
+            "cpu_moe": s["cpu_moe"], "host_weight_bytes": s["host_weight_bytes"],
             "cached_tokens": s["cached_tokens"]}
 
 
@@ -894,6 +903,8 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
                         "memory less a margin)")
     s.add_argument("--evict-kv", action="store_true",
                    help="full eviction (KV to host too) instead of weights-only")
+    from .cli import add_cpu_moe_argument
+    add_cpu_moe_argument(s)
     s.set_defaults(func=cmd_serve)
     return s
 
@@ -913,7 +924,7 @@ def cmd_serve(args) -> int:
     budget = None if args.budget_mib is None else args.budget_mib << 20
     eng = Engine(n_ctx=args.ctx, budget_bytes=budget, full_release=args.evict_kv)
     try:
-        names = [eng.load(p) for p in paths]
+        names = [eng.load(p, cpu_moe=args.cpu_moe) for p in paths]
         return asyncio.run(_serve(eng, names, args))
     finally:
         eng.close()

@@ -64,7 +64,8 @@ def run_swap_bench(args) -> int:
         names = []
         for i, p in enumerate(paths):
             base = os.path.splitext(os.path.basename(p))[0]
-            names.append(eng.load(p, name=base if base not in eng.models else f"{base}#{i + 1}"))
+            names.append(eng.load(p, name=base if base not in eng.models else f"{base}#{i + 1}",
+                                  cpu_moe=args.cpu_moe))
         bandwidth = copy_bandwidth(eng.dev)
         per = {n: {"restore_s": [], "bytes": [], "residual": [], "cached": [], "release_s": [],
                    "alloc_s": [], "copy_s": [], "state_s": []} for n in names}
@@ -92,7 +93,8 @@ def run_swap_bench(args) -> int:
         for n, p in zip(names, paths):
             eng.unload(n)
             t0 = time.perf_counter()
-            fresh = Model(eng.dev, eng.kernels, p, n_ctx=args.ctx, name=n + "-reload")
+            fresh = Model(eng.dev, eng.kernels, p, n_ctx=args.ctx, name=n + "-reload",
+                          cpu_moe=args.cpu_moe)
             reload_s[n] = time.perf_counter() - t0
             fresh.close()
     report = {"device": eng.dev.name, "mode": "full" if full else "weights-only",

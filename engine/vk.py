@@ -22,8 +22,10 @@ import numpy as np
 import vulkan as _vk
 from vulkan import ffi, lib
 
-KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging", "shadow", "pinned")
-HOST_KINDS = ("staging", "shadow", "pinned")   # host memory: not VRAM, whatever heap backs it
+KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging", "shadow", "pinned",
+         "host_weights")
+# host memory: not VRAM, whatever heap backs it (host_weights: expert tensors read in place)
+HOST_KINDS = ("staging", "shadow", "pinned", "host_weights")
 
 
 class VulkanError(RuntimeError):

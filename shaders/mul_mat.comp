@@ -4,13 +4,10 @@
 // 8 weights and the tile stays in registers, so there is no shared memory and no barrier.
 // Each weight unit is dequantized once per NT tokens. NT = 1 is the decode matrix-vector
 // product.
-// ACT rounds x on the fly as ggml's CPU backend rounds activations for this weight type:
-// 1 = Q8_0, 2 = Q8_1 blocks of 32 (the four lanes holding one block agree on its scale
-// through xor shuffles; Q8_1 adds m * (stored block sum - exact sum)). Clustered subgroup
-// operations would say it shorter, but Mesa's lavapipe reduces over the whole subgroup.
+// ACT rounds x on the fly as ggml's CPU backend rounds activations for this weight type
+// (include/act.glsl): 1 = Q8_0, 2 = Q8_1 blocks of 32.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
-#extension GL_KHR_shader_subgroup_shuffle : require
 
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 2;
@@ -20,6 +17,7 @@ layout(constant_id = 4) const uint ACT = 0;      // activation rounding, see abo
 
 #define WEIGHT_BINDING 0
 #include "quant.glsl"
+#include "act.glsl"
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 
@@ -32,16 +30,6 @@ layout(push_constant) uniform Push {
     uint row_offset; // first weight row (in rows) of this dispatch
     uint y_stride;   // floats between token rows of y (n_out unless W comes in parts)
 } p;
-
-// reductions over the four lanes (lane ^ 1, lane ^ 2) that hold one block of 32
-float quad_max(float v) {
-    v = max(v, subgroupShuffleXor(v, 1));
-    return max(v, subgroupShuffleXor(v, 2));
-}
-float quad_add(float v) {
-    v += subgroupShuffleXor(v, 1);
-    return v + subgroupShuffleXor(v, 2);
-}
 
 void main() {
     const uint lane = gl_SubgroupInvocationID;
@@ -66,20 +54,7 @@ void main() {
         }
         float corr[NT];
         if (ACT != 0) {
-            [[unroll]] for (uint t = 0; t < NT; t++) {
-                const vec4 m4 = max(abs(xa[t]), abs(xb[t]));
-                const float amax = quad_max(max(max(m4.x, m4.y), max(m4.z, m4.w)));
-                const float d = amax / 127.0;
-                const float id = amax != 0.0 ? 127.0 / amax : 0.0;
-                const float dh = unpackHalf2x16(packHalf2x16(vec2(d, 0.0))).x;
-                const vec4 qa = roundEven(xa[t] * id), qb = roundEven(xb[t] * id);
-                xa[t] = qa * dh;
-                xb[t] = qb * dh;
-                if (ACT == 2) {
-                    const float qs = quad_add(dot(qa + qb, vec4(1.0)));
-                    corr[t] = unpackHalf2x16(packHalf2x16(vec2(d * qs, 0.0))).x - dh * qs;
-                }
-            }
+            [[unroll]] for (uint t = 0; t < NT; t++) corr[t] = round_act(ACT, xa[t], xb[t]);
         }
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             const uint row = min(row0 + r, p.n_out - 1) + p.row_offset;

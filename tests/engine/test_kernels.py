@@ -119,6 +119,113 @@ def test_mul_mat_accumulates_and_offsets(dev, kc):
     assert nmse(read(dev, by)[:n_out], y0 + w[n_out:] @ x[2]) < 1e-10
 
 
+# -- mixture of experts ----------------------------------------------------------------------
+
+def router_ref(logits: np.ndarray, k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    ids = np.argsort(-p, axis=-1, kind="stable")[:, :k]       # largest, lowest index on ties
+    w = np.take_along_axis(p, ids, -1)
+    return ids, w / w.sum(-1, keepdims=True) if norm else w
+
+
+@pytest.mark.parametrize("n_expert,k,norm", [(8, 2, 1), (60, 4, 1), (128, 8, 0), (5, 5, 1)])
+def test_moe_router(dev, kc, n_expert, k, norm):
+    rng = np.random.default_rng(20)
+    T = 6
+    logits = (rng.standard_normal((T, n_expert)) * 3).astype(np.float32)
+    logits[0, [1, 3, 6 % n_expert]] = 9.0                 # a tie: the lower indices win
+    bl, bi, bw = buf(dev, logits), buf(dev, nbytes=4 * T * k), buf(dev, nbytes=4 * T * k)
+    run_once(dev, kc, "moe_router", [bl, bi, bw], (T, 1, 1), spec=dict(NORM=norm),
+             n_expert=n_expert, n_used=k)
+    ids, w = router_ref(logits.astype(np.float64), k, bool(norm))
+    assert np.array_equal(read(dev, bi, np.uint32).reshape(T, k), ids)
+    assert nmse(read(dev, bw).reshape(T, k), w) < 1e-12
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("per_slot", [0, 1])
+def test_mul_mat_id(dev, kc, wtype, per_slot):
+    """Each token's routed experts, from an ids buffer; x shared by a token's slots (gate,
+    up) or one row per slot (down)."""
+    rng = np.random.default_rng(21)
+    n_expert, n_out, n_in, T, k, rows, warps = 5, 40, 256, 3, 2, 2, 2
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    w = w.reshape(n_expert, n_out, n_in)
+    ids = np.array([[4, 0], [2, 4], [1, 3]], np.uint32)
+    x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
+    bw, bx, bi = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, ids)
+    by = buf(dev, nbytes=4 * T * k * n_out)
+    run_once(dev, kc, "mul_mat_id", [bw, bx, bi, by], (-(-n_out // (rows * warps)), k, T),
+             wtype=wtype, spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, X_SLOT=per_slot),
+             n_in=n_in, n_out=n_out, n_used=k, expert_base=0, n_experts=n_expert)
+    want = np.stack([np.stack([w[ids[t, j]] @ (x[t, j] if per_slot else x[t])
+                               for j in range(k)]) for t in range(T)])
+    assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10
+
+
+def test_mul_mat_id_from_expert_parts(dev, kc):
+    """W bound as two parts of whole experts: each dispatch writes only the slots whose
+    expert its part holds."""
+    rng = np.random.default_rng(22)
+    n_expert, n_out, n_in, T, k = 4, 24, 64, 4, 2
+    raw, w = quantized("Q8_0", n_expert * n_out, n_in, rng)
+    w = w.reshape(n_expert, n_out, n_in)
+    ids = np.array([[3, 0], [1, 2], [2, 3], [0, 1]], np.uint32)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    bx, bi, by = buf(dev, x), buf(dev, ids), buf(dev, np.zeros((T, k, n_out), np.float32))
+    per_expert = raw.nbytes // n_expert
+    for first, count in ((0, 1), (1, 3)):
+        part = buf(dev, raw[first * per_expert:(first + count) * per_expert])
+        run_once(dev, kc, "mul_mat_id", [part, bx, bi, by], (n_out, k, T), wtype="Q8_0",
+                 spec=dict(WG=dev.subgroup_size, ROWS=1), n_in=n_in, n_out=n_out, n_used=k,
+                 expert_base=first, n_experts=count)
+    want = np.stack([np.stack([w[e] @ x[t] for e in ids[t]]) for t in range(T)])
+    assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10
+
+
+def test_mul_mat_id_rounds_like_ggml(dev, kc):
+    """ACT = 2 (Q4_1 against Q8_1 activations), as in mul_mat."""
+    rng = np.random.default_rng(23)
+    n_expert, n_out, n_in, T, k = 3, 32, 128, 2, 2
+    raw, _ = quantized("Q4_1", n_expert * n_out, n_in, rng)
+    ids = np.array([[2, 0], [1, 2]], np.uint32)
+    x = (rng.standard_normal((T, n_in)) * 3).astype(np.float32)
+    bw, bx, bi = buf(dev, raw), buf(dev, x), buf(dev, ids)
+    by = buf(dev, nbytes=4 * T * k * n_out)
+    run_once(dev, kc, "mul_mat_id", [bw, bx, bi, by], (n_out // 4, k, T), wtype="Q4_1",
+             spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACT=2), n_in=n_in, n_out=n_out,
+             n_used=k, expert_base=0, n_experts=n_expert)
+    per_expert = raw.nbytes // n_expert
+    want = np.stack([np.stack([
+        ggml_dot_q4_1_q8_1(raw[e * per_expert:(e + 1) * per_expert], x[t:t + 1], n_out,
+                           n_in)[0] for e in ids[t]]) for t in range(T)])
+    got = read(dev, by).reshape(T, k, n_out)
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+
+
+def test_moe_combine(dev, kc):
+    rng = np.random.default_rng(24)
+    T, k, n_embd = 5, 3, 96
+    y = rng.standard_normal((T, k, n_embd)).astype(np.float32)
+    w = rng.uniform(0, 1, (T, k)).astype(np.float32)
+    x = rng.standard_normal((T, n_embd)).astype(np.float32)
+    by, bw, bx = buf(dev, y), buf(dev, w), buf(dev, x)
+    run_once(dev, kc, "moe_combine", [by, bw, bx], (-(-T * n_embd // 64), 1, 1), n_embd=n_embd,
+             n_used=k, n=T * n_embd)
+    acc = y[:, 0] * w[:, :1]
+    for j in range(1, k):
+        acc = acc + y[:, j] * w[:, j:j + 1]
+    assert nmse(read(dev, bx).reshape(T, n_embd), acc + x) < 1e-13
+
+
+def test_moe_limits_match_glsl():
+    from engine.kernels import MOE_MAX_EXPERT, MOE_MAX_USED
+
+    src = (SHADERS / "moe_router.comp").read_text()
+    assert f"MAX_EXPERT = {MOE_MAX_EXPERT}, MAX_USED = {MOE_MAX_USED};" in src
+
+
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 def test_get_rows(dev, kc, wtype):
     rng = np.random.default_rng(3)

@@ -162,7 +162,8 @@ def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_pl
     ref = load_reference("smollm2-135m-instruct-q4_1.json")["prompts"]["plain"]
     m = Model(dev, kc, smollm2_path, n_ctx=256, name=f"cycle{int(full)}")
     if not in_place and not pinned:
-        assert sum(b.nbytes for b in m.shadow) == m.weight_bytes
+        device = sum(p[5] for p in m._layout[0] if not p[7])     # every device tensor
+        assert device <= sum(b.nbytes for b in m.shadow) <= m.weight_bytes
     if pinned:
         if not dev.host_import_align:
             pytest.skip(f"{dev.name} lacks VK_EXT_external_memory_host")

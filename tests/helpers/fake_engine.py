@@ -70,7 +70,7 @@ class FakeEngine:
         self._clock = 0
 
     # -- models -----------------------------------------------------------------------------
-    def load(self, path, name=None, n_ctx=None, progress=None) -> str:
+    def load(self, path, name=None, n_ctx=None, progress=None, cpu_moe=0.0) -> str:
         path = os.fspath(path)
         name = name or os.path.splitext(os.path.basename(path))[0]
         with self._lock:
@@ -197,7 +197,8 @@ class FakeEngine:
                      "state": m.state, "pinned": m.name in self.arbiter.pinned,
                      "device_bytes": dict(m.device_bytes),
                      "host_shadow_bytes": MODEL_BYTES["weights"] if m.state == "cold" else 0,
-                     "warm_bytes": self._warm_bytes(m), "cached_tokens": 0}
+                     "warm_bytes": self._warm_bytes(m), "cpu_moe": 0.0,
+                     "host_weight_bytes": 0, "cached_tokens": 0}
                     for m in self.models.values()]
 
     def vram(self) -> dict:
@@ -205,7 +206,7 @@ class FakeEngine:
             used = self._used()
             return {"budget_bytes": self.arbiter.budget, "granted_bytes": used,
                     "allocated_bytes": used, "device": self.device_name,
-                    "heap_bytes": self.dev.device_heap_bytes}
+                    "heap_bytes": self.dev.device_heap_bytes, "host_weight_bytes": 0}
 
     def close(self) -> None:
         with self._lock:
