@@ -7,6 +7,7 @@ position into small host-visible buffers, submits once, and reads back either th
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -23,6 +24,11 @@ from .ops import Builder, RunState, Tensor, Tuning, run_state_args
 ARCHITECTURES = {"llama": llama, "gemma3": gemma3}
 PREFILL_CHUNK = 256
 PREFILL_GRAPHS_KEPT = 4
+
+
+def default_flash_attn() -> str:
+    """$HOTSEAT_FLASH_ATTN (auto, on or off) or "auto": what a model takes when not told."""
+    return os.environ.get("HOTSEAT_FLASH_ATTN") or "auto"
 
 
 def _check_tensors(g: GGUFFile, cfg) -> None:
@@ -62,7 +68,7 @@ class Timings:
 class Model:
     def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, n_ctx: int = 2048,
                  progress: Callable[[int, int], None] | None = None, name: str | None = None,
-                 warm: bool = True):
+                 warm: bool = True, flash_attn: str | None = None):
         self.dev, self.kernels = dev, kernels
         self.gguf = GGUFFile(path)
         self.path = path
@@ -78,7 +84,7 @@ class Model:
             raise ValueError(f"context size {n_ctx} out of range")
         self.n_ctx = n_ctx
         self.name = name or path.rsplit("/", 1)[-1]
-        self.tuning = Tuning.for_device(dev)
+        self.tuning = Tuning.for_device(dev, flash_attn or default_flash_attn())
         self.profile = False                    # record graphs with per-op timestamps
         self._layout = self._plan_layout()      # where each tensor sits in the weight arenas
         self.arenas: list[vk.Buffer] = []       # device weights while they are resident
@@ -111,9 +117,16 @@ class Model:
         """Device bytes this model holds when warm (what the arbiter must grant)."""
         return self.weight_bytes + RunState.bytes_for(**self._run_state_args())
 
+    @property
+    def flash_attn(self) -> bool:
+        """Whether prefill runs tiled (flash) attention on this device, for this model."""
+        return self.tuning.use_flash_attn(self.config.head_dim, PREFILL_CHUNK)
+
     def _run_state_args(self) -> dict:
+        block = self.tuning.flash_block(self.config.head_dim) if self.flash_attn else None
         return run_state_args(self.config, self.n_ctx, PREFILL_CHUNK,
-                              self.arch.rope_tables(self.config))
+                              self.arch.rope_tables(self.config),
+                              self.arch.attn_windows(self.config), block)
 
     def restore(self, progress: Callable[[int, int], None] | None = None) -> dict:
         """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""
