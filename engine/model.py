@@ -19,7 +19,7 @@ from . import gemma3, llama, vk
 from .gguf_file import GGUFFile, ModelFileError
 from .graph import Graph
 from .kernels import WEIGHT_TYPES, KernelCache
-from .ops import Builder, RunState, Tensor, Tuning, run_state_args
+from .ops import Builder, RunState, Tensor, Tuning, flash_attn_mode, run_state_args
 
 ARCHITECTURES = {"llama": llama, "gemma3": gemma3}
 PREFILL_CHUNK = 256
@@ -28,7 +28,11 @@ PREFILL_GRAPHS_KEPT = 4
 
 def default_flash_attn() -> str:
     """$HOTSEAT_FLASH_ATTN (auto, on or off) or "auto": what a model takes when not told."""
-    return os.environ.get("HOTSEAT_FLASH_ATTN") or "auto"
+    mode = os.environ.get("HOTSEAT_FLASH_ATTN") or "auto"
+    try:
+        return flash_attn_mode(mode)
+    except ValueError as exc:
+        raise ValueError(f"HOTSEAT_FLASH_ATTN: {exc}") from None
 
 
 def _check_tensors(g: GGUFFile, cfg) -> None:
@@ -118,12 +122,23 @@ class Model:
         return self.weight_bytes + RunState.bytes_for(**self._run_state_args())
 
     @property
-    def flash_attn(self) -> bool:
+    def uses_flash_attn(self) -> bool:
         """Whether prefill runs tiled (flash) attention on this device, for this model."""
         return self.tuning.use_flash_attn(self.config.head_dim, PREFILL_CHUNK)
 
+    def set_flash_attn(self, mode: str) -> bool:
+        """Prefill attention "auto", "on" or "off" from now on. When that changes what this
+        model runs (its run state holds the masks only when it runs flash attention), the
+        model goes fully cold, KV kept on the host, and restores with it: returns True."""
+        before = self.uses_flash_attn
+        self.tuning.flash_attn = flash_attn_mode(mode)
+        if self.uses_flash_attn == before:
+            return False
+        self.release(full=True)
+        return True
+
     def _run_state_args(self) -> dict:
-        block = self.tuning.flash_block(self.config.head_dim) if self.flash_attn else None
+        block = self.tuning.flash_block(self.config.head_dim) if self.uses_flash_attn else None
         return run_state_args(self.config, self.n_ctx, PREFILL_CHUNK,
                               self.arch.rope_tables(self.config),
                               self.arch.attn_windows(self.config), block)

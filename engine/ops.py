@@ -60,6 +60,14 @@ GCN_NAMES = re.compile(r"\bRX [456]\d0X?\b|\bR[579] [23M]\d\d|\bR9 (FURY|NANO)|\
                        r"|RADEON VII|\bHD [78]\d{3}\b|\bPRO WX [2-9]\d{3}\b|FIREPRO")
 
 
+def flash_attn_mode(mode: str) -> str:
+    """mode, checked: one of FLASH_ATTN_MODES."""
+    if mode not in FLASH_ATTN_MODES:
+        raise ValueError(f"flash attention must be one of {', '.join(FLASH_ATTN_MODES)}, "
+                         f"got {mode!r}")
+    return mode
+
+
 def is_amd_gcn(info: vk.DeviceInfo) -> bool:
     """An AMD GPU of the GCN generations (not RDNA), by the name its driver reports."""
     if info.vendor_id != AMD_VENDOR:
@@ -95,10 +103,8 @@ class Tuning:
     @classmethod
     def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
                  flash_attn: str = "auto") -> "Tuning":
-        if flash_attn not in FLASH_ATTN_MODES:
-            raise ValueError(f"flash attention must be one of {', '.join(FLASH_ATTN_MODES)}, "
-                             f"got {flash_attn!r}")
-        common = dict(subgroup=subgroup, flash_attn=flash_attn, amd_gcn=is_amd_gcn(info),
+        common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
+                      amd_gcn=is_amd_gcn(info),
                       max_shared=max_shared)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
@@ -389,9 +395,9 @@ class Builder:
         if window not in self._masks:
             rows, cols = self.rs.flash_block
             stride = -(-self.rs.n_ctx // cols) * cols
-            self.g.op("attn_mask", [mask, tiles, self.rs.step], (stride // cols, -(-n // rows), 1),
-                      spec=dict(WG=64, BR=rows, BC=cols), n_tokens=n, stride=stride,
-                      window=window)
+            self.g.op("attn_mask", [mask, tiles, self.rs.step],
+                      (stride // cols, -(-n // rows), 1), spec=dict(WG=64, BR=rows, BC=cols),
+                      n_tokens=n, stride=stride, window=window)
             self._masks.add(window)
         return mask, tiles
 

@@ -19,7 +19,8 @@ layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4
 layout(constant_id = 2) const uint BR = 16;         // query rows per tile
 layout(constant_id = 3) const uint BC = 32;         // KV positions per block
 layout(constant_id = 4) const uint LP = 4;          // lanes per row, a power of two <= SG
-// GGML = 1 rounds q to f16 first, as ggml's flash attention does (K is f16 already).
+// GGML = 1 follows ggml's CPU arithmetic: q rounded to f16, and two passes over the KV, the
+// first for each row's max and sum, the second rounding the probabilities to f16 before P.V.
 layout(constant_id = 5) const uint GGML = 0;
 layout(constant_id = 6) const uint SKIP = 1;        // use the tile classes
 
@@ -66,44 +67,64 @@ void main() {
     vec4 acc[DL];
     [[unroll]] for (uint i = 0; i < DL; i++) acc[i] = vec4(0.0);
 
-    for (uint j = 0; j < n_blocks; j++) {
-        const uint c_ = SKIP != 0 ? cls[tile * (p.stride / BC) + j] : MIXED;
-        if (c_ == MASKED) continue;
-        barrier();                                   // the last block's reads are done
-        for (uint idx = t; idx < BC * D4; idx += gl_WorkGroupSize.x) {
-            const uint kp = j * BC + idx / D4;
-            const uint src = (kp * p.n_head_kv + kvh) * D4 + idx % D4;
-            ksh[idx] = kp < n_kv ? k4[src] : f16vec4(0.0);
-            vsh[idx] = kp < n_kv ? v4[src] : f16vec4(0.0);
-        }
-        if (c_ != VISIBLE) {
-            for (uint idx = t; idx < BR * BC; idx += gl_WorkGroupSize.x)
-                msh[idx] = mask[(tile * BR + idx / BC) * p.stride + j * BC + idx % BC];
-        }
-        barrier();
+    // GGML: a first pass for each row's max and sum, so that the second can round the
+    // normalised probabilities to f16 before P.V, as ggml's CPU attention does
+    for (uint pass = GGML != 0 ? 0 : 1; pass < 2; pass++) {
+        const float inv = 1.0 / l;
+        for (uint j = 0; j < n_blocks; j++) {
+            const uint c_ = SKIP != 0 ? cls[tile * (p.stride / BC) + j] : MIXED;
+            if (c_ == MASKED) continue;
+            barrier();                               // the last block's reads are done
+            for (uint idx = t; idx < BC * D4; idx += gl_WorkGroupSize.x) {
+                const uint kp = j * BC + idx / D4;
+                const uint src = (kp * p.n_head_kv + kvh) * D4 + idx % D4;
+                ksh[idx] = kp < n_kv ? k4[src] : f16vec4(0.0);
+                if (pass == 1) vsh[idx] = kp < n_kv ? v4[src] : f16vec4(0.0);
+            }
+            if (c_ != VISIBLE) {
+                for (uint idx = t; idx < BR * BC; idx += gl_WorkGroupSize.x)
+                    msh[idx] = mask[(tile * BR + idx / BC) * p.stride + j * BC + idx % BC];
+            }
+            barrier();
 
-        float s[BC];
-        float mx = NEG;
-        [[unroll]] for (uint c = 0; c < BC; c++) {
-            float d = 0.0;
-            [[unroll]] for (uint i = 0; i < DL; i++) d += dot(qv[i], vec4(ksh[c * D4 + lane + LP * i]));
-            [[unroll]] for (uint o = 1; o < LP; o *= 2) d += subgroupShuffleXor(d, o);
-            s[c] = d * p.scale;
-            if (c_ != VISIBLE) s[c] += float(msh[r * BC + c]);
-            mx = max(mx, s[c]);
+            float s[BC];
+            float mx = NEG;
+            [[unroll]] for (uint c = 0; c < BC; c++) {
+                float d = 0.0;
+                [[unroll]] for (uint i = 0; i < DL; i++)
+                    d += dot(qv[i], vec4(ksh[c * D4 + lane + LP * i]));
+                [[unroll]] for (uint o = 1; o < LP; o *= 2) d += subgroupShuffleXor(d, o);
+                s[c] = d * p.scale;
+                if (c_ != VISIBLE) s[c] += float(msh[r * BC + c]);
+                mx = max(mx, s[c]);
+            }
+            if (GGML != 0 && pass == 1) {            // m and l are the row's final ones
+                [[unroll]] for (uint c = 0; c < BC; c++) {
+                    const float pr = float(float16_t(exp(s[c] - m) * inv));
+                    [[unroll]] for (uint i = 0; i < DL; i++)
+                        acc[i] += pr * vec4(vsh[c * D4 + lane + LP * i]);
+                }
+                continue;
+            }
+            const float mn = max(m, mx);
+            const float f = exp(m - mn);
+            l *= f;
+            if (pass == 1) {
+                [[unroll]] for (uint i = 0; i < DL; i++) acc[i] *= f;
+            }
+            [[unroll]] for (uint c = 0; c < BC; c++) {
+                const float e = exp(s[c] - mn);
+                l += e;
+                if (pass == 1) {
+                    [[unroll]] for (uint i = 0; i < DL; i++)
+                        acc[i] += e * vec4(vsh[c * D4 + lane + LP * i]);
+                }
+            }
+            m = mn;
         }
-        const float mn = max(m, mx);
-        const float f = exp(m - mn);
-        l *= f;
-        [[unroll]] for (uint i = 0; i < DL; i++) acc[i] *= f;
-        [[unroll]] for (uint c = 0; c < BC; c++) {
-            const float e = exp(s[c] - mn);
-            l += e;
-            [[unroll]] for (uint i = 0; i < DL; i++) acc[i] += e * vec4(vsh[c * D4 + lane + LP * i]);
-        }
-        m = mn;
     }
     if (row < p.n_tokens) {
-        [[unroll]] for (uint i = 0; i < DL; i++) o4[qb + LP * i] = acc[i] / l;
+        [[unroll]] for (uint i = 0; i < DL; i++)
+            o4[qb + LP * i] = GGML != 0 ? acc[i] : acc[i] / l;
     }
 }
