@@ -76,11 +76,12 @@ class EngineBridge(QObject):
 
     def __init__(self, engine_factory: Callable[..., object] | None = None, *,
                  budget_bytes: int | None = None, full_release: bool = True,
-                 port: int = 8080, parent: QObject | None = None):
+                 port: int = 8080, flash_attn: str = "auto", parent: QObject | None = None):
         super().__init__(parent)
         self._factory = engine_factory or _real_engine
         self._budget_bytes = budget_bytes
         self._full_release = full_release
+        self._flash_attn = flash_attn
         self._port = int(port)
         self._engine = None                # touched on the worker thread only
         self._open_error = ""
@@ -173,6 +174,12 @@ class EngineBridge(QObject):
     def set_full_release(self, full: bool) -> None:
         self._submit(lambda: self._set_arbiter(full_release=bool(full)))
 
+    @Slot(str)
+    def set_flash_attn(self, mode: str) -> None:
+        """Prompt attention "auto", "on" or "off"; loaded models whose kernels change go cold
+        and come back with them at their next use."""
+        self._submit(lambda: self._set_flash_attn(str(mode)))
+
     def _submit(self, job: Callable[[], None]) -> None:
         if self._closing:
             return
@@ -193,7 +200,8 @@ class EngineBridge(QObject):
     def _open(self) -> None:
         try:
             self._engine = self._factory(budget_bytes=self._budget_bytes,
-                                         full_release=self._full_release)
+                                         full_release=self._full_release,
+                                         flash_attn=self._flash_attn)
         except Exception as exc:
             self._open_error = f"Cannot open the GPU: {_message(exc)}"
             log.warning("%s", self._open_error)
@@ -308,6 +316,12 @@ class EngineBridge(QObject):
         if full_release is not None:
             arb.full_release = full_release
         self._emit_status()
+
+    def _set_flash_attn(self, mode: str) -> None:
+        self._flash_attn = mode
+        if self._engine is not None:
+            self._engine.set_flash_attn(mode)
+            self._emit_status()
 
     def _set_endpoint(self, enabled: bool) -> None:
         if enabled and self._endpoint is None:

@@ -45,7 +45,8 @@ class HotseatApp(QObject):
         self.settings.autostart = autostart.is_enabled()
         s = self.settings
         self.bridge = EngineBridge(engine_factory, budget_bytes=s.budget_bytes,
-                                   full_release=s.full_release, port=s.port)
+                                   full_release=s.full_release, port=s.port,
+                                   flash_attn=s.flash_attn)
         self.window = MainWindow(self.bridge, s)
         self.tray = Tray(self.bridge, use_system_tray=use_system_tray)
         self.window.hide_on_close = self.tray.available
@@ -122,6 +123,8 @@ class HotseatApp(QObject):
             self.bridge.set_budget_bytes(self.settings.budget_bytes)
         elif key == "release_mode":
             self.bridge.set_full_release(self.settings.full_release)
+        elif key == "flash_attn":
+            self.bridge.set_flash_attn(value)
         elif key == "watched_folder":
             self.watcher.set_folder(value)
         elif key == "autostart":

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 FILE_NAME = "settings.json"
 RELEASE_MODES = ("full", "weights")     # engine full_release=True / False
+FLASH_ATTN_MODES = ("auto", "on", "off")  # engine flash_attn
 DEFAULT_PORT = 8080
 
 
@@ -35,6 +36,7 @@ class Settings:
     watched_folder: str = ""             # "" : no folder watched
     endpoint: bool = False               # start the local endpoint at start-up
     autostart: bool = False              # start at login (XDG autostart entry)
+    flash_attn: str = "auto"             # prompt attention: "auto" (engine decides), "on", "off"
 
     @property
     def full_release(self) -> bool:
@@ -68,6 +70,8 @@ def _valid(name: str, value) -> bool:
         return type(value) is int and value >= 0
     if name == "release_mode":
         return value in RELEASE_MODES
+    if name == "flash_attn":
+        return value in FLASH_ATTN_MODES
     if name in ("watched_folder",):
         return isinstance(value, str)
     if name in ("endpoint", "autostart"):

@@ -18,11 +18,12 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QFileDialog, QFormLayout, Q
 
 from .bridge import EngineBridge
 from .icons import app_icon
-from .settings import RELEASE_MODES, Settings
+from .settings import FLASH_ATTN_MODES, RELEASE_MODES, Settings
 from .vrambar import KIND_COLORS, KIND_LABELS, KINDS, Swatch, VramBar, format_bytes
 
 REFRESH_MS = 1000
 RELEASE_LABELS = {"full": "Full (weights, KV and compute)", "weights": "Weights only (KV stays)"}
+FLASH_ATTN_LABELS = {"auto": "Automatic", "on": "On", "off": "Off"}
 MAX_BUDGET_MIB = 1 << 20
 BAR_TEXT_WIDTH = 220
 
@@ -187,7 +188,7 @@ class OfferRow(QFrame):
 
 class MainWindow(QMainWindow):
     #: (key, value): a setting was edited; keys are Settings field names (port, budget_mib,
-    #: release_mode, watched_folder, autostart)
+    #: release_mode, flash_attn, watched_folder, autostart)
     setting_changed = Signal(str, object)
 
     def __init__(self, bridge: EngineBridge, settings: Settings | None = None,
@@ -325,6 +326,11 @@ class MainWindow(QMainWindow):
             self.release_combo.addItem(RELEASE_LABELS[mode], mode)
         self.release_combo.setToolTip("What evicting a model frees: weights only keeps its KV "
                                       "cache in VRAM for the fastest switch back")
+        self.flash_combo = QComboBox()
+        for mode in FLASH_ATTN_MODES:
+            self.flash_combo.addItem(FLASH_ATTN_LABELS[mode], mode)
+        self.flash_combo.setToolTip("Tiled attention for prompts. Automatic turns it on where "
+                                    "it is faster (AMD GCN GPUs, models with large heads)")
         folder_row = QHBoxLayout()
         self.folder_edit = QLineEdit()
         self.folder_edit.setPlaceholderText("none")
@@ -335,12 +341,14 @@ class MainWindow(QMainWindow):
         form.addRow("Endpoint port", self.port_spin)
         form.addRow("VRAM budget", self.budget_spin)
         form.addRow("Eviction", self.release_combo)
+        form.addRow("Flash attention", self.flash_combo)
         form.addRow("Watched folder", folder_row)
         form.addRow("", self.autostart_check)
 
         self.port_spin.editingFinished.connect(self.on_port_edited)
         self.budget_spin.editingFinished.connect(self.on_budget_edited)
         self.release_combo.currentIndexChanged.connect(self.on_release_mode_changed)
+        self.flash_combo.currentIndexChanged.connect(self.on_flash_attn_changed)
         self.folder_edit.editingFinished.connect(self.on_folder_edited)
         self.folder_button.clicked.connect(self.on_browse_clicked)
         self.autostart_check.toggled.connect(self.on_autostart_toggled)
@@ -351,8 +359,8 @@ class MainWindow(QMainWindow):
 
     def apply_settings(self, s: Settings) -> None:
         """Show s in the settings area without emitting setting_changed."""
-        widgets = (self.port_spin, self.budget_spin, self.release_combo, self.folder_edit,
-                   self.autostart_check)
+        widgets = (self.port_spin, self.budget_spin, self.release_combo, self.flash_combo,
+                   self.folder_edit, self.autostart_check)
         for w in widgets:
             w.blockSignals(True)
         try:
@@ -360,14 +368,15 @@ class MainWindow(QMainWindow):
             self.budget_spin.setValue(s.budget_mib)
             self.release_combo.setCurrentIndex(max(0, self.release_combo.findData(
                 s.release_mode)))
+            self.flash_combo.setCurrentIndex(max(0, self.flash_combo.findData(s.flash_attn)))
             self.folder_edit.setText(s.watched_folder)
             self.autostart_check.setChecked(s.autostart)
         finally:
             for w in widgets:
                 w.blockSignals(False)
         self._applied = {"port": s.port, "budget_mib": s.budget_mib,
-                         "release_mode": s.release_mode, "watched_folder": s.watched_folder,
-                         "autostart": s.autostart}
+                         "release_mode": s.release_mode, "flash_attn": s.flash_attn,
+                         "watched_folder": s.watched_folder, "autostart": s.autostart}
 
     def _edited(self, key: str, value) -> None:
         if self._applied.get(key) != value:
@@ -583,6 +592,10 @@ class MainWindow(QMainWindow):
     @Slot(int)
     def on_release_mode_changed(self, _index: int) -> None:
         self._edited("release_mode", self.release_combo.currentData())
+
+    @Slot(int)
+    def on_flash_attn_changed(self, _index: int) -> None:
+        self._edited("flash_attn", self.flash_combo.currentData())
 
     @Slot()
     def on_folder_edited(self) -> None:

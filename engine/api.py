@@ -41,7 +41,8 @@ from .arbiter import Arbiter, BudgetError, PinnedError
 from .chat import ChatTemplate
 from .gguf_file import ModelFileError
 from .kernels import KernelCache
-from .model import Model, Timings
+from .model import Model, Timings, default_flash_attn
+from .ops import flash_attn_mode
 from .sampling import Sampler, SamplingParams
 from .tokenizer import StreamDecoder, Tokenizer
 
@@ -133,7 +134,10 @@ class EngineThread:
 class Engine:
     def __init__(self, device: str | None = None, n_ctx: int = DEFAULT_CTX,
                  budget_bytes: int | None = None, full_release: bool = True,
-                 arena: Arena | None = None):
+                 arena: Arena | None = None, flash_attn: str | None = None):
+        """flash_attn: prefill attention, "auto" (tiled where it pays: AMD GCN, heads of 256
+        and more), "on" or "off"; None: $HOTSEAT_FLASH_ATTN, else "auto"."""
+        self.flash_attn = flash_attn_mode(flash_attn) if flash_attn else default_flash_attn()
         self.dev = vk.Device(device)
         self.kernels = KernelCache(self.dev)
         self.n_ctx = n_ctx
@@ -186,7 +190,7 @@ class Engine:
             self._loading.add(name)
         try:
             model = Model(self.dev, self.kernels, path, n_ctx or self.n_ctx, name=name,
-                          warm=False, cpu_moe=cpu_moe)
+                          warm=False, cpu_moe=cpu_moe, flash_attn=self.flash_attn)
             try:
                 tok = Tokenizer.from_gguf(model.gguf)
                 chat = ChatTemplate.from_gguf(model.gguf)
@@ -259,6 +263,18 @@ class Engine:
             self._arena_drop_if_idle()
             return info
         return self.thread.run(job)
+
+    def set_flash_attn(self, mode: str) -> None:
+        """Prefill attention for the loaded models and later loads: "auto", "on" or "off". A
+        model whose kernels change goes cold (KV kept on the host) and restores with them at
+        its next use."""
+        mode = flash_attn_mode(mode)
+        with self._lock:
+            self.flash_attn = mode
+            for m in self.models.values():
+                if m.model.set_flash_attn(mode):
+                    self.arbiter.update(m.name, sum(m.model.device_bytes().values()))
+            self._arena_drop_if_idle()
 
     def pin(self, name: str) -> None:
         """Keep a model warm: it is made warm now and never released by the arbiter."""

@@ -65,7 +65,7 @@ def run_bench(args) -> int:
     path = resolve(args.model)
     n_ctx = max(2048, args.n_prompt + args.n_gen + 8)
     results = []
-    with Engine(n_ctx=n_ctx) as eng:
+    with Engine(n_ctx=n_ctx, flash_attn=args.flash_attn) as eng:
         name = eng.load(path, cpu_moe=args.cpu_moe)
         loaded = eng.models[name]
         model = loaded.model

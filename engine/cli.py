@@ -51,7 +51,8 @@ def _open(args, n_ctx: int | None = None):
     from .models import resolve
 
     path = resolve(args.model)
-    eng = Engine(n_ctx=n_ctx or getattr(args, "ctx", None) or 2048)
+    eng = Engine(n_ctx=n_ctx or getattr(args, "ctx", None) or 2048,
+                 flash_attn=getattr(args, "flash_attn", None))
     try:
         name = eng.load(path, progress=_progress_bar("loading " + os.path.basename(path)),
                         cpu_moe=getattr(args, "cpu_moe", 0.0))
@@ -134,6 +135,13 @@ def cmd_kernel_bench(args) -> int:
 
 # -- parser --------------------------------------------------------------------------------
 
+def add_flash_attn_arg(p: argparse.ArgumentParser) -> None:
+    """--flash-attn on a command that loads models."""
+    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default=None,
+                   help="tiled attention for prompts: auto (on AMD GCN GPUs with heads of 256 "
+                        "and more), on or off (default: $HOTSEAT_FLASH_ATTN, else auto)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotseat", description="Local LLMs taking turns on one GPU.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -163,6 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
     g.add_argument("--json", action="store_true")
     add_cpu_moe_argument(g)
+    add_flash_attn_arg(g)
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="prefill and decode tokens/s, optionally beside llama.cpp")
@@ -177,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profile", action="store_true", help="per-kernel GPU times")
     b.add_argument("--json", action="store_true")
     add_cpu_moe_argument(b)
+    add_flash_attn_arg(b)
     b.set_defaults(func=cmd_bench)
 
     sb = sub.add_parser("swap-bench", help="cycle models warm/cold and time the restores")
@@ -189,6 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--ctx", type=int, default=2048)
     sb.add_argument("--json", action="store_true")
     add_cpu_moe_argument(sb)
+    add_flash_attn_arg(sb)
     sb.set_defaults(func=cmd_swap_bench)
 
     kb = sub.add_parser("kernel-bench", help="time one kernel's paths against each other")
@@ -199,7 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     kb.set_defaults(func=cmd_kernel_bench)
 
     from . import serve as _serve
-    _serve.add_parser(sub, model_help)
+    add_flash_attn_arg(_serve.add_parser(sub, model_help))
     from . import arena as _arena
     _arena.add_parser(sub)
     from . import client as _client

@@ -92,6 +92,11 @@ def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
     return ((c.rope_base, c.head_dim), (c.rope_base_local, c.head_dim))
 
 
+def attn_windows(c: Config) -> tuple[int, ...]:
+    """The sliding windows of the attention layers (0: full causal); one mask each."""
+    return tuple(sorted({c.window if c.is_local(i) else 0 for i in range(c.n_layer)}))
+
+
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits."""
     w = b.weights

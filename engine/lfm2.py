@@ -115,6 +115,11 @@ class Config:
         check_hyperparameters(self, path, extra)
 
 
+def attn_windows(c: Config) -> tuple[int, ...]:
+    """The sliding windows of the attention layers (0: full causal); one mask each."""
+    return (c.window,)
+
+
 def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
     """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""
     return ((c.rope_base, c.head_dim),) if c.kv_layers else ()

@@ -79,6 +79,11 @@ def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
     return ((c.rope_base, c.rope_dims),)
 
 
+def attn_windows(c: Config) -> tuple[int, ...]:
+    """The sliding windows of the attention layers (0: full causal); one mask each."""
+    return (0,)
+
+
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits."""
     w = b.weights

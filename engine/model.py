@@ -12,6 +12,7 @@ VRAM. Placement moves bytes, not work: the graphs and their results are the same
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -23,11 +24,20 @@ from . import gemma3, lfm2, llama, qwen3moe, vk
 from .gguf_file import GGUFFile, ModelFileError
 from .graph import Graph
 from .kernels import WEIGHT_TYPES, KernelCache
-from .ops import Builder, RunState, Tensor, Tuning, run_state_args
+from .ops import Builder, RunState, Tensor, Tuning, flash_attn_mode, run_state_args
 
 ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe}
 PREFILL_CHUNK = 256
 PREFILL_GRAPHS_KEPT = 4
+
+
+def default_flash_attn() -> str:
+    """$HOTSEAT_FLASH_ATTN (auto, on or off) or "auto": what a model takes when not told."""
+    mode = os.environ.get("HOTSEAT_FLASH_ATTN") or "auto"
+    try:
+        return flash_attn_mode(mode)
+    except ValueError as exc:
+        raise ValueError(f"HOTSEAT_FLASH_ATTN: {exc}") from None
 
 
 def _check_tensors(g: GGUFFile, cfg) -> None:
@@ -75,7 +85,7 @@ class PlacementError(ValueError):
 class Model:
     def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, n_ctx: int = 2048,
                  progress: Callable[[int, int], None] | None = None, name: str | None = None,
-                 warm: bool = True, cpu_moe: float = 0.0):
+                 warm: bool = True, cpu_moe: float = 0.0, flash_attn: str | None = None):
         self.dev, self.kernels = dev, kernels
         self.gguf = GGUFFile(path)
         self.path = path
@@ -92,7 +102,7 @@ class Model:
             raise ValueError(f"context size {n_ctx} out of range")
         self.n_ctx = n_ctx
         self.name = name or path.rsplit("/", 1)[-1]
-        self.tuning = Tuning.for_device(dev)
+        self.tuning = Tuning.for_device(dev, flash_attn or default_flash_attn())
         self.profile = False                    # record graphs with per-op timestamps
         try:
             self.host_tensors = self._host_tensors(cpu_moe)   # read by the GPU from host memory
@@ -146,9 +156,27 @@ class Model:
         """Device bytes this model holds when warm (what the arbiter must grant)."""
         return self.weight_bytes + RunState.bytes_for(**self._run_state_args())
 
+    @property
+    def uses_flash_attn(self) -> bool:
+        """Whether prefill runs tiled (flash) attention on this device, for this model."""
+        return self.tuning.use_flash_attn(self.config.head_dim, PREFILL_CHUNK)
+
+    def set_flash_attn(self, mode: str) -> bool:
+        """Prefill attention "auto", "on" or "off" from now on. When that changes what this
+        model runs (its run state holds the masks only when it runs flash attention), the
+        model goes fully cold, KV kept on the host, and restores with it: returns True."""
+        before = self.uses_flash_attn
+        self.tuning.flash_attn = flash_attn_mode(mode)
+        if self.uses_flash_attn == before:
+            return False
+        self.release(full=True)
+        return True
+
     def _run_state_args(self) -> dict:
+        block = self.tuning.flash_block(self.config.head_dim) if self.uses_flash_attn else None
         return run_state_args(self.config, self.n_ctx, PREFILL_CHUNK,
-                              self.arch.rope_tables(self.config))
+                              self.arch.rope_tables(self.config),
+                              self.arch.attn_windows(self.config), block)
 
     def restore(self, progress: Callable[[int, int], None] | None = None) -> dict:
         """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""

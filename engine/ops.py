@@ -8,6 +8,7 @@ small host-visible buffers for per-step values.
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,35 +78,116 @@ class View:
         return s1 == 1 and s0 != 1 and self.ne[0] > 1
 
 
+FLASH_ATTN_MODES = ("auto", "on", "off")
+MAX_SPLITS = 32          # decode attention: KV splits per head, at most
+AMD_VENDOR = 0x1002
+# GCN chips (GCN 1 to 5) as RADV names them ("AMD RADV POLARIS10"), and the marketing names
+# other drivers report for the same generations (RX 480/580, R9 390, RX Vega, Radeon VII...)
+GCN_CHIPS = ("TAHITI", "PITCAIRN", "VERDE", "OLAND", "HAINAN", "BONAIRE", "KAVERI", "KABINI",
+             "HAWAII", "MULLINS", "TONGA", "ICELAND", "TOPAZ", "CARRIZO", "FIJI", "STONEY",
+             "POLARIS", "VEGAM", "VEGA", "RAVEN", "RENOIR")
+GCN_NAMES = re.compile(r"\bRX [456]\d0X?\b|\bR[579] [23M]\d\d|\bR9 (FURY|NANO)|\bRX VEGA"
+                       r"|RADEON VII|\bHD [78]\d{3}\b|\bPRO WX [2-9]\d{3}\b|FIREPRO")
+
+
+def flash_attn_mode(mode: str) -> str:
+    """mode, checked: one of FLASH_ATTN_MODES."""
+    if mode not in FLASH_ATTN_MODES:
+        raise ValueError(f"flash attention must be one of {', '.join(FLASH_ATTN_MODES)}, "
+                         f"got {mode!r}")
+    return mode
+
+
+def is_amd_gcn(info: vk.DeviceInfo) -> bool:
+    """An AMD GPU of the GCN generations (not RDNA), by the name its driver reports."""
+    if info.vendor_id != AMD_VENDOR:
+        return False
+    name = info.name.upper()
+    return any(re.search(rf"\b{chip}\d*\b", name) for chip in GCN_CHIPS) or \
+        bool(GCN_NAMES.search(name))
+
+
 @dataclass
 class Tuning:
-    """Tile sizes picked per device (lavapipe wants different ones than a discrete GPU)."""
+    """Tile sizes and kernel choices picked per device (lavapipe wants different ones than a
+    discrete GPU)."""
     subgroup: int = 32      # the device's subgroup size
     warps: int = 4          # subgroups per matrix-product workgroup
     mv_rows: int = 2        # weight rows per subgroup, decode
     mm_rows: int = 4        # weight rows per subgroup, prefill
     mm_tokens: int = 8      # tokens per subgroup, prefill
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy)
+    flash_attn: str = "auto"     # prefill attention: "on" tiled (flash_attn.comp), "off" per
+                                 # token (attention.comp), "auto" tiled on AMD GCN at head
+                                 # size >= 256, where the per-token kernel is slowest
+    amd_gcn: bool = False
+    max_shared: int = 32768      # shared memory per workgroup, bytes
+    flash_skip: bool = True      # flash attention skips masked tiles (off: for tests)
+    split_max: int = 16          # decode attention: KV splits per head at long context
+    split_chunk: int = 32        # ... and the fewest positions a split takes
 
     @classmethod
-    def for_device(cls, dev: vk.Device) -> "Tuning":
-        if dev.info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
-            return cls(subgroup=dev.subgroup_size, warps=4, mv_rows=4, mm_rows=8, mm_tokens=8)
-        return cls(subgroup=dev.subgroup_size, warps=4, mv_rows=2, mm_rows=4, mm_tokens=8)
+    def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
+        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn)
+
+    @classmethod
+    def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
+                 flash_attn: str = "auto") -> "Tuning":
+        common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
+                      amd_gcn=is_amd_gcn(info),
+                      max_shared=max_shared)
+        if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
+            return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
+                       split_chunk=64, **common)
+        return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+
+    def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
+        """Tiled attention for this pass? Never for decode (one token), which splits instead."""
+        if n_tokens <= 1 or self.flash_attn == "off":
+            return False
+        return self.flash_attn == "on" or (self.amd_gcn and head_dim >= 256)
+
+    def attn_lanes(self, head_dim: int) -> int:
+        """Lanes that share one dot product of q and k (flash and decode attention): more at
+        large heads, for fewer registers per lane; they must divide head_dim / 4."""
+        lanes = min(8 if head_dim >= 128 else 4, self.subgroup)
+        while (head_dim // 4) % lanes:
+            lanes //= 2
+        return lanes
+
+    def flash_block(self, head_dim: int) -> tuple[int, int]:
+        """(query rows, KV positions) of a flash-attention tile: the widest KV block whose K
+        and V (f16) and mask tile fit in shared memory."""
+        rows = 16
+        for cols in (32, 16, 8):
+            if 2 * 2 * cols * head_dim + 2 * rows * cols <= self.max_shared:
+                return rows, cols
+        raise ValueError(f"head dim {head_dim} does not fit flash attention's shared memory")
+
+    def decode_splits(self, n_ctx: int) -> int:
+        """KV splits per head for decode: about one per 128 positions of context, so long
+        contexts fill the GPU; a pass uses only as many as min chunks of split_chunk allow."""
+        return max(1, min(self.split_max, MAX_SPLITS, n_ctx // 128))
 
 
 class RunState:
     """Activations for up to `max_tokens` tokens per pass, and an f16 KV cache of n_ctx.
 
     With experts (n_expert > 0) the feed-forward buffers hold n_expert_used slots per token
-    (n_ff is then one expert's), beside the router's logits and choices."""
+    (n_ff is then one expert's), beside the router's logits and choices.
 
-    def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, q_dim: int,
-                 kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
+    Attention scratch: per-split scores, maxima and outputs of decode attention, and with
+    `flash_block` = (rows, cols) one prefill mask and tile classes per sliding window in
+    `windows` (0: full causal), for flash attention.
+    """
+
+    def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, n_head: int,
+                 q_dim: int, kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
                  kv_layers: list[int] | None = None,
                  rope: tuple[tuple[float, int], ...] = (),
                  conv_layers: tuple[int, ...] = (), d_conv: int = 0, n_expert: int = 0,
-                 n_expert_used: int = 0):
+                 n_expert_used: int = 0, windows: tuple[int, ...] = (0,),
+                 flash_block: tuple[int, int] | None = None):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
@@ -131,6 +213,16 @@ class RunState:
             self.expert_ids = alloc(4 * S, f"{label}/expert_ids", "compute")   # [T, used] u32
             self.expert_w = act("expert_w", S)                      # [T, n_expert_used]
             self.moe_out = act("moe_out", S * n_embd)               # [T, n_expert_used, n_embd]
+        self.scores = act("scores", n_head * n_ctx)  # [n_head, n_ctx] decode attention
+        self.split_stats = act("split_stats", 2 * n_head * MAX_SPLITS)  # [n_head, splits, 2]
+        self.split_out = act("split_out", MAX_SPLITS * q_dim)  # [n_head, splits, head_dim]
+        self.flash_block = flash_block
+        self.masks: dict[int, tuple[vk.Buffer, vk.Buffer]] = {}   # window -> (mask, classes)
+        if flash_block:
+            rows, cols = _mask_shape(T, n_ctx, flash_block)
+            for w in windows:
+                self.masks[w] = (alloc(2 * rows * cols, f"{label}/mask{w}", "compute"),
+                                 act(f"mask{w}_tiles", _tiles(rows, cols, flash_block)))
         self.rope_tables: dict[tuple, vk.Buffer] = {}      # (base, n_dims, scale) -> table
         self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
         self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
@@ -164,10 +256,12 @@ class RunState:
         return self.rope_tables[key]
 
     @staticmethod
-    def bytes_for(*, n_layer: int, n_embd: int, q_dim: int, kv_dim: int, n_ff: int,
-                  n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None,
+    def bytes_for(*, n_layer: int, n_embd: int, n_head: int, q_dim: int, kv_dim: int,
+                  n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None,
                   rope: tuple[tuple[float, int], ...] = (), conv_layers: tuple[int, ...] = (),
-                  d_conv: int = 0, n_expert: int = 0, n_expert_used: int = 0) -> int:
+                  d_conv: int = 0, n_expert: int = 0, n_expert_used: int = 0,
+                  windows: tuple[int, ...] = (0,),
+                  flash_block: tuple[int, int] | None = None) -> int:
         """What the constructor allocates, without allocating (for the arbiter)."""
         T = max_tokens
         S = T * max(n_expert_used, 1)
@@ -179,9 +273,14 @@ class RunState:
         if conv_layers:
             floats += len(conv_layers) * d_conv * n_embd + T * 5 * n_embd
             floats += n_embd * (d_conv + T)
+        floats += n_head * n_ctx + 2 * n_head * MAX_SPLITS + MAX_SPLITS * q_dim
+        mask = 0
+        if flash_block:
+            rows, cols = _mask_shape(T, n_ctx, flash_block)
+            mask = len(windows) * (2 * rows * cols + 4 * _tiles(rows, cols, flash_block))
         host = 4 * T + 16 + 4 * n_vocab
         layers = n_layer if kv_layers is None else len(kv_layers)
-        return 4 * floats + host + 2 * 2 * n_ctx * kv_dim * layers
+        return 4 * floats + mask + host + 2 * 2 * n_ctx * kv_dim * layers
 
     def set_step(self, token_ids, pos0: int) -> None:
         ids = np.asarray(token_ids, np.uint32)
@@ -200,7 +299,8 @@ class RunState:
     def buffers(self) -> list[vk.Buffer]:
         return [b for b in vars(self).values() if isinstance(b, vk.Buffer)] + \
             list(self.k_cache.values()) + list(self.v_cache.values()) + \
-            list(self.conv_state.values()) + list(self.rope_tables.values())
+            list(self.conv_state.values()) + list(self.rope_tables.values()) + \
+            [b for pair in self.masks.values() for b in pair]
 
     def close(self) -> None:
         for b in self.buffers():
@@ -244,16 +344,29 @@ def check_hyperparameters(c, path: str, extra: list[str] = ()) -> None:
         raise ModelFileError(path, "absurd or unsupported hyperparameters: " + ", ".join(problems))
 
 
-def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = ()) -> dict:
+def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tuple = (0,),
+                   flash_block: tuple[int, int] | None = None) -> dict:
     """RunState's sizes for a model config. Hybrid configs name their attention layers
     (`kv_layers`) and their short-convolution layers (`conv_layers`, of `d_conv` inputs);
     with experts, c.n_ff is one expert's."""
-    return dict(n_layer=c.n_layer, n_embd=c.n_embd, q_dim=c.n_head * c.head_dim,
-                kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff, n_vocab=c.n_vocab, n_ctx=n_ctx,
-                max_tokens=max_tokens, rope=rope, kv_layers=getattr(c, "kv_layers", None),
+    return dict(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head,
+                q_dim=c.n_head * c.head_dim, kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff,
+                n_vocab=c.n_vocab, n_ctx=n_ctx, max_tokens=max_tokens, rope=rope,
+                kv_layers=getattr(c, "kv_layers", None),
                 conv_layers=getattr(c, "conv_layers", ()), d_conv=getattr(c, "d_conv", 0),
                 n_expert=getattr(c, "n_expert", 0),
-                n_expert_used=getattr(c, "n_expert_used", 0))
+                n_expert_used=getattr(c, "n_expert_used", 0), windows=windows,
+                flash_block=flash_block)
+
+
+def _mask_shape(max_tokens: int, n_ctx: int, block: tuple[int, int]) -> tuple[int, int]:
+    """(rows, columns) of a flash-attention mask: whole tiles."""
+    rows, cols = block
+    return -(-max_tokens // rows) * rows, -(-n_ctx // cols) * cols
+
+
+def _tiles(rows: int, cols: int, block: tuple[int, int]) -> int:
+    return (rows // block[0]) * (cols // block[1])
 
 
 class Builder:
@@ -262,6 +375,7 @@ class Builder:
     def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning):
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
+        self._masks: set[int] = set()    # windows whose attention mask this graph has built
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
         """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
@@ -359,10 +473,60 @@ class Builder:
     def attention(self, q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer, out: vk.Buffer,
                   n_head: int, n_head_kv: int, head_dim: int, n: int, scale: float,
                   window: int = 0) -> None:
-        self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
-                  spec=dict(HD=head_dim, GGML=int(self.t.ggml_numerics)), n_head=n_head,
-                  n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
+        """out[n, n_head, head_dim] = softmax(q k^T * scale) v over the cache up to each
+        token's position (the last `window` positions only, when window > 0)."""
+        if n == 1:
+            self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
+                                  scale, window)
+        elif self.t.use_flash_attn(head_dim, n):
+            self._flash_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
+                                  scale, window)
+        else:
+            self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
+                      spec=dict(HD=head_dim, GGML=int(self.t.ggml_numerics)), n_head=n_head,
+                      n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
         self._wrote(out)
+
+    def _split_attention(self, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, scale,
+                         window) -> None:
+        rs = self.rs
+        splits = self.t.decode_splits(rs.n_ctx)
+        bufs = [q, k_cache, v_cache, rs.scores, rs.split_stats, rs.split_out, rs.step]
+        for pass_ in (0, 1):
+            self.g.op("attn_split", bufs, (splits, n_head, 1),
+                      spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim),
+                                GGML=int(self.t.ggml_numerics), PASS=pass_),
+                      n_head=n_head, n_head_kv=n_head_kv, n_ctx=rs.n_ctx, window=window,
+                      n_split=splits, min_chunk=self.t.split_chunk, scale=scale)
+        self.g.op("attn_combine", [rs.split_out, out], (n_head, 1, 1), head_dim=head_dim,
+                  n_split=splits)
+
+    def attention_mask(self, n: int, window: int) -> tuple[vk.Buffer, vk.Buffer]:
+        """The (mask, tile classes) of this pass for `window`, built on first use."""
+        if window not in self.rs.masks:
+            raise ValueError(f"flash attention: the run state has no mask for window {window} "
+                             "(built without flash_block, or for other windows)")
+        mask, tiles = self.rs.masks[window]
+        if window not in self._masks:
+            rows, cols = self.rs.flash_block
+            stride = -(-self.rs.n_ctx // cols) * cols
+            self.g.op("attn_mask", [mask, tiles, self.rs.step],
+                      (stride // cols, -(-n // rows), 1), spec=dict(WG=64, BR=rows, BC=cols),
+                      n_tokens=n, stride=stride, window=window)
+            self._masks.add(window)
+        return mask, tiles
+
+    def _flash_attention(self, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
+                         scale, window) -> None:
+        mask, tiles = self.attention_mask(n, window)
+        rows, cols = self.rs.flash_block
+        lanes = self.t.attn_lanes(head_dim)
+        self.g.op("flash_attn", [q, k_cache, v_cache, out, mask, tiles, self.rs.step],
+                  (-(-n // rows), n_head, 1),
+                  spec=dict(WG=rows * lanes, HD=head_dim, BR=rows, BC=cols, LP=lanes,
+                            GGML=int(self.t.ggml_numerics), SKIP=int(self.t.flash_skip)),
+                  n_head=n_head, n_head_kv=n_head_kv, n_tokens=n,
+                  stride=-(-self.rs.n_ctx // cols) * cols, scale=scale)
 
     def silu_mul(self, gate: vk.Buffer, up: vk.Buffer, out: vk.Buffer, count: int,
                  gelu: bool = False) -> None:

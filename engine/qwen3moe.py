@@ -105,6 +105,11 @@ def expert_tensors(c: Config, layer: int) -> list[str]:
     return [f"blk.{layer}.{n}.weight" for n in EXPERT_TENSORS]
 
 
+def attn_windows(c: Config) -> tuple[int, ...]:
+    """The sliding windows of the attention layers (0: full causal); one mask each."""
+    return (0,)
+
+
 def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
     """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""
     return ((c.rope_base, c.rope_dims),)

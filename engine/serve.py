@@ -922,7 +922,8 @@ def cmd_serve(args) -> int:
     paths = [resolve(m) for m in (args.model or [None])]
     logging.basicConfig(level=logging.WARNING, format="hotseat: %(levelname)s: %(message)s")
     budget = None if args.budget_mib is None else args.budget_mib << 20
-    eng = Engine(n_ctx=args.ctx, budget_bytes=budget, full_release=args.evict_kv)
+    eng = Engine(n_ctx=args.ctx, budget_bytes=budget, full_release=args.evict_kv,
+                 flash_attn=args.flash_attn)
     try:
         names = [eng.load(p, cpu_moe=args.cpu_moe) for p in paths]
         return asyncio.run(_serve(eng, names, args))

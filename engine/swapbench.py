@@ -60,7 +60,7 @@ def run_swap_bench(args) -> int:
         raise ValueError("--cycles must be >= 1")
     full = bool(args.evict_kv)
     greedy = SamplingParams(temperature=0.0)
-    with Engine(n_ctx=args.ctx, full_release=full) as eng:
+    with Engine(n_ctx=args.ctx, full_release=full, flash_attn=args.flash_attn) as eng:
         names = []
         for i, p in enumerate(paths):
             base = os.path.splitext(os.path.basename(p))[0]

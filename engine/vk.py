@@ -58,8 +58,9 @@ class DeviceInfo:
     index: int
     name: str
     kind: str              # discrete / integrated / virtual / cpu / other
-    vendor_id: int
+    vendor_id: int         # PCI vendor: 0x1002 AMD, 0x10DE NVIDIA, 0x8086 Intel
     api_version: str
+    device_id: int = 0     # PCI device id (the driver's own number for CPU devices)
 
 
 def choose_device(infos: list[DeviceInfo], wanted: str | None) -> DeviceInfo:
@@ -109,7 +110,7 @@ class Device:
             infos.append(DeviceInfo(i, ffi.string(p.deviceName).decode()
                                     if not isinstance(p.deviceName, str) else p.deviceName,
                                     _TYPE_NAME[_TYPE_RANK.get(p.deviceType, 4)], p.vendorID,
-                                    _version_str(p.apiVersion)))
+                                    _version_str(p.apiVersion), p.deviceID))
         self.all_devices = infos
         self.info = choose_device(infos, wanted if wanted is not None
                                   else os.environ.get("HOTSEAT_DEVICE"))

@@ -152,6 +152,15 @@ def test_budget_and_release_mode_reach_the_arbiter(qtbot, make_bridge):
     until(qtbot, lambda: bridge.rec.vram[-1]["budget_bytes"] != 256 << 20)
 
 
+def test_flash_attn_reaches_the_engine(qtbot, make_bridge):
+    bridge = make_bridge(flash_attn="on")
+    until(qtbot, lambda: bridge.rec.devices)
+    assert bridge.fake.flash_attn == "on"
+    bridge.set_flash_attn("off")
+    until(qtbot, lambda: bridge.fake.flash_attn == "off")
+    assert ("set_flash_attn", "off") in bridge.fake.calls
+
+
 def test_engine_that_cannot_open_reports_and_keeps_answering(qtbot):
     def broken(**kw):
         raise RuntimeError("no Vulkan device")

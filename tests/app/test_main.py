@@ -84,6 +84,8 @@ def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
     until(qtbot, lambda: eng.arbiter.budget == 512 << 20)
     w.release_combo.setCurrentIndex(w.release_combo.findData("weights"))
     until(qtbot, lambda: eng.arbiter.full_release is False)
+    w.flash_combo.setCurrentIndex(w.flash_combo.findData("on"))
+    until(qtbot, lambda: eng.flash_attn == "on")
     w.port_spin.setValue(9123)
     w.port_spin.editingFinished.emit()
     w.folder_edit.setText(str(tmp_path))
@@ -93,11 +95,12 @@ def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
     assert os.path.exists(tmp_path / "xdg" / "autostart" / "hotseat.desktop")
     s = saved()
     assert (s["budget_mib"], s["release_mode"], s["port"], s["watched_folder"],
-            s["autostart"]) == (512, "weights", 9123, str(tmp_path), True)
+            s["autostart"], s["flash_attn"]) == (512, "weights", 9123, str(tmp_path), True, "on")
     hs.close()
 
     hs2, eng2 = start_app()                                    # restored into engine and UI
     assert eng2.arbiter.budget == 512 << 20 and eng2.arbiter.full_release is False
+    assert eng2.flash_attn == "on" and hs2.window.flash_combo.currentData() == "on"
     assert hs2.bridge.port == 9123 and hs2.window.port_spin.value() == 9123
     assert hs2.window.autostart_check.isChecked() and hs2.watcher.folder == str(tmp_path)
     hs2.window.autostart_check.setChecked(False)

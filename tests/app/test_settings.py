@@ -25,12 +25,13 @@ def test_missing_file_is_defaults_without_warning():
     s, warning = settings.load()
     assert s == Settings() and warning is None
     assert s.full_release and s.budget_bytes is None and s.port == 8080
+    assert s.flash_attn == "auto"
 
 
 def test_round_trip():
     s = Settings(models=[ModelEntry("/m/a.gguf", "a", True), ModelEntry("/m/b.gguf", "b")],
                  port=9000, budget_mib=3072, release_mode="weights",
-                 watched_folder="/m", endpoint=True, autostart=True)
+                 watched_folder="/m", endpoint=True, autostart=True, flash_attn="on")
     settings.save(s)
     back, warning = settings.load()
     assert warning is None and back == s
@@ -71,12 +72,14 @@ def test_bad_fields_fall_back_one_by_one(config_dir):
     with open(settings.settings_path(), "w") as f:
         json.dump({"port": "eighty", "budget_mib": -5, "release_mode": "sometimes",
                    "models": [{"path": "/m/a.gguf"}], "watched_folder": 3, "endpoint": 1,
-                   "autostart": True, "unknown_key": 1}, f)
+                   "autostart": True, "flash_attn": True, "unknown_key": 1}, f)
     s, warning = settings.load()
     assert s.port == 8080 and s.budget_mib == 0 and s.release_mode == "full"
+    assert s.flash_attn == "auto"
     assert s.models == [ModelEntry("/m/a.gguf", "a", False)]    # name from the file name
     assert s.autostart is True and s.watched_folder == "" and s.endpoint is False
-    for key in ("port", "budget_mib", "release_mode", "watched_folder", "endpoint"):
+    for key in ("port", "budget_mib", "release_mode", "watched_folder", "endpoint",
+                "flash_attn"):
         assert key in warning
 
 

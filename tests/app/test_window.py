@@ -234,10 +234,11 @@ def test_endpoint_failure_unchecks_the_toggle(qtbot, window, bridge):
 
 def test_settings_area_shows_and_emits(qtbot, window):
     s = Settings(port=9001, budget_mib=4096, release_mode="weights",
-                 watched_folder="/models", autostart=True)
+                 watched_folder="/models", autostart=True, flash_attn="off")
     window.apply_settings(s)
     assert window.port_spin.value() == 9001 and window.budget_spin.value() == 4096
     assert window.release_combo.currentData() == "weights"
+    assert window.flash_combo.currentData() == "off"
     assert window.folder_edit.text() == "/models" and window.autostart_check.isChecked()
     got = []
     window.setting_changed.connect(lambda k, v: got.append((k, v)))
@@ -247,11 +248,12 @@ def test_settings_area_shows_and_emits(qtbot, window):
     window.budget_spin.setValue(0)
     window.budget_spin.editingFinished.emit()
     window.release_combo.setCurrentIndex(window.release_combo.findData("full"))
+    window.flash_combo.setCurrentIndex(window.flash_combo.findData("auto"))
     window.folder_edit.setText("/other ")
     window.folder_edit.editingFinished.emit()
     window.autostart_check.setChecked(False)
     assert got == [("port", 9002), ("budget_mib", 0), ("release_mode", "full"),
-                   ("watched_folder", "/other"), ("autostart", False)]
+                   ("flash_attn", "auto"), ("watched_folder", "/other"), ("autostart", False)]
     assert window.budget_spin.text() == "automatic"
 
 

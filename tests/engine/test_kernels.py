@@ -403,8 +403,8 @@ def test_quantized_activations_match_ggml_dot(dev, kc):
     raw, _ = quantized("Q4_1", n_out, n_in, rng)
     x = (rng.standard_normal((T, n_in)) * 3).astype(np.float32)
     want = ggml_dot_q4_1_q8_1(raw, x, n_out, n_in)
-    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, q_dim=n_in, kv_dim=64, n_ff=n_in,
-                  n_vocab=n_out, n_ctx=16, max_tokens=8)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
     bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, nbytes=4 * T * n_out)
     w = Tensor("Q4_1", (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
     for n, x_row, rows in ((T, 0, slice(None)), (1, T - 1, slice(T - 1, T))):
@@ -441,8 +441,8 @@ def test_quantize_act_formats(dev, kc, fmt):
 def test_rope_from_ggml_table(dev, kc):
     from engine.ops import RunState
 
-    rs = RunState(dev, "t", n_layer=1, n_embd=64, q_dim=64, kv_dim=64, n_ff=64, n_vocab=64,
-                  n_ctx=64, max_tokens=8, rope=((1e5, 64),))
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=64, max_tokens=8, rope=((1e5, 64),))
     x = np.random.default_rng(15).standard_normal((5, 3, 64)).astype(np.float32)
     bx = buf(dev, x)
     rs.set_step([0] * 5, 30)
@@ -451,6 +451,23 @@ def test_rope_from_ggml_table(dev, kc):
              n_tokens=5, freq_base=1e5, freq_scale=1.0)
     assert nmse(read(dev, bx).reshape(x.shape), rope_ref(x, 30, 64, 1e5, False)) < 1e-11
     rs.close()
+
+
+def attention_ggml_ref(q, k, v, pos0, window, scale):
+    """ggml's CPU attention: q rounded to f16, softmax in f32, probabilities rounded to f16."""
+    n_tok, n_head, hd = q.shape
+    group = n_head // k.shape[1]
+    qh = q.astype(np.float16).astype(np.float32)
+    out = np.zeros_like(q)
+    for t in range(n_tok):
+        pos = pos0 + t
+        lo = pos - window + 1 if window and pos >= window else 0
+        for h in range(n_head):
+            s = (k[lo:pos + 1, h // group].astype(np.float32) @ qh[t, h]) * np.float32(scale)
+            p = np.exp(s - s.max())
+            p = (p / p.sum()).astype(np.float16).astype(np.float32)
+            out[t, h] = p @ v[lo:pos + 1, h // group].astype(np.float32)
+    return out
 
 
 def test_attention_ggml_rounding(dev, kc):
@@ -465,14 +482,7 @@ def test_attention_ggml_rounding(dev, kc):
     run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n_tok, 1),
              spec=dict(HD=hd, GGML=1), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok,
              window=0, scale=scale)
-    qh = q.astype(np.float16).astype(np.float32)
-    want = np.zeros_like(q)
-    for t in range(n_tok):
-        for h in range(n_head):
-            s = (k[:pos0 + t + 1, h // 3].astype(np.float32) @ qh[t, h]) * np.float32(scale)
-            p = np.exp(s - s.max())
-            p = (p / p.sum()).astype(np.float16).astype(np.float32)
-            want[t, h] = p @ v[:pos0 + t + 1, h // 3].astype(np.float32)
+    want = attention_ggml_ref(q, k, v, pos0, 0, scale)
     assert np.abs(read(dev, bo).reshape(q.shape) - want).max() < 1e-5
 
 
@@ -485,8 +495,8 @@ def test_rope_qkv_fused(dev, kc, neox, table):
     q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
     k = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
-    rs = RunState(dev, "t", n_layer=1, n_embd=64, q_dim=64, kv_dim=64, n_ff=64, n_vocab=64,
-                  n_ctx=n_ctx, max_tokens=8, rope=((1e4, hd),))
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=((1e4, hd),))
     rs.set_step([0] * n_tok, pos0)
     bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
     kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
@@ -598,3 +608,150 @@ def test_mul_row_views_and_cpy(dev, kc):
     run_once(dev, kc, "cpy", [bx, bs], (-(-2 * e // 64), 1, 1), n_cols=2, n_rows=e,
              src_offset=n, src_stride=2 + n, dst_offset=0, dst_stride=2)
     assert np.array_equal(read(dev, bs).reshape(e, 2), x[:, n:])
+
+
+# -- flash attention (prefill) and split-KV decode attention ---------------------------------
+
+def attn_inputs(seed: int, n_ctx: int, n_head: int, n_kv: int, hd: int, n_tok: int):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    q = (rng.standard_normal((n_tok, n_head, hd)) * 2).astype(np.float32)
+    return q, k, v
+
+
+def builder_attention(dev, kc, tuning, q, k, v, pos0: int, window: int) -> np.ndarray:
+    """Builder.attention as a model records it (on a RunState of its own): [n, n_head, hd]."""
+    from engine.graph import Graph
+    from engine.ops import Builder, RunState
+
+    n, n_head, hd = q.shape
+    n_ctx, n_kv = k.shape[:2]
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=n_head, q_dim=n_head * hd,
+                  kv_dim=n_kv * hd, n_ff=64, n_vocab=64, n_ctx=n_ctx, max_tokens=n,
+                  windows=(window,), flash_block=tuning.flash_block(hd))
+    bq, bk, bv, bo = buf(dev, q), buf(dev, k), buf(dev, v), buf(dev, nbytes=q.nbytes)
+    g = Graph(dev, kc, "t")
+    try:
+        Builder(g, {}, rs, tuning).attention(bq, bk, bv, bo, n_head, n_kv, hd, n, hd ** -0.5,
+                                             window)
+        rs.set_step([0] * n, pos0)
+        g.replay()
+        return read(dev, bo).reshape(q.shape)
+    finally:
+        g.close()
+        rs.close()
+        for b in (bq, bk, bv, bo):
+            dev.allocator.free(b)
+
+
+def old_attention(dev, kc, q, k, v, pos0: int, window: int, ggml: int) -> np.ndarray:
+    """attention.comp, the per-token kernel, on the same inputs."""
+    n, n_head, hd = q.shape
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    bo, st = buf(dev, nbytes=q.nbytes), step_buffer(dev, pos0)
+    run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n, 1),
+             spec=dict(HD=hd, GGML=ggml), n_head=n_head, n_head_kv=k.shape[1], n_tokens=n,
+             window=window, scale=hd ** -0.5)
+    out = read(dev, bo).reshape(q.shape)
+    for b in (bq, bk, bv, bo, st):
+        dev.allocator.free(b)
+    return out
+
+
+@pytest.mark.parametrize("n,pos0,window", [(7, 0, 0), (1, 30, 0), (37, 50, 0), (40, 0, 0),
+                                           (37, 50, 20), (20, 130, 7), (40, 100, 60)])
+def test_attention_mask_and_tile_classes(dev, kc, n, pos0, window):
+    from engine.graph import Graph
+    from engine.ops import Builder, RunState, Tuning
+
+    n_ctx = 160
+    tuning = Tuning.for_device(dev)
+    rows, cols = block = tuning.flash_block(64)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=n_ctx, max_tokens=40, windows=(window,), flash_block=block)
+    g = Graph(dev, kc, "t")
+    try:
+        mask_buf, tiles_buf = Builder(g, {}, rs, tuning).attention_mask(n, window)
+        rs.set_step([0] * n, pos0)
+        g.replay()
+        stride = -(-n_ctx // cols) * cols
+        mask = read(dev, mask_buf, np.float16).reshape(-1, stride)
+        tiles = read(dev, tiles_buf, np.uint32).reshape(-1, stride // cols)
+    finally:
+        g.close()
+        rs.close()
+    n_past = pos0 + n
+    pos = pos0 + np.arange(n)[:, None]
+    col = np.arange(stride)[None, :]
+    lo = np.where((window > 0) & (pos >= window), pos - window + 1, 0)
+    visible = (col >= lo) & (col <= pos) & (col < n_past)
+    written = -(-n_past // cols) * cols
+    assert np.array_equal(mask[:n, :written] == 0, visible[:, :written])
+    assert np.all(np.isneginf(mask[:n, :written][~visible[:, :written]]))
+    n_tiles = -(-n // rows)
+    assert not mask[n:n_tiles * rows, :written].any()        # padding rows read as visible
+    for ti in range(n_tiles):
+        for j in range(stride // cols):
+            vis = visible[ti * rows:(ti + 1) * rows, j * cols:(j + 1) * cols]
+            want = 2 if vis.all() else 1 if not vis.any() else 0
+            assert tiles[ti, j] == want, (ti, j)
+    if window >= rows + cols:                    # a band wide enough for all three classes
+        assert set(tiles[:n_tiles].ravel()) == {0, 1, 2}
+
+
+FLASH_CASES = [(64, 37, 50, 0), (64, 37, 50, 20), (256, 37, 50, 0), (256, 37, 50, 20),
+               (64, 16, 0, 0), (256, 3, 0, 0), (64, 40, 100, 33)]
+
+
+@pytest.mark.parametrize("hd,n,pos0,window", FLASH_CASES)
+def test_flash_attention(dev, kc, hd, n, pos0, window):
+    """Tiled prefill attention against numpy and against attention.comp, with grouped heads;
+    tile skipping on and off give the same bits."""
+    from engine.ops import Tuning
+
+    q, k, v = attn_inputs(20, 160, 6, 2, hd, n)
+    scale = hd ** -0.5
+    t = Tuning.for_device(dev, "on")
+    t.ggml_numerics = False
+    got = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    assert nmse(got, attention_ref(q, k, v, pos0, window, scale)) < 1e-10
+    assert nmse(got, old_attention(dev, kc, q, k, v, pos0, window, 0)) < 1e-10
+    t.flash_skip = False
+    assert np.array_equal(builder_attention(dev, kc, t, q, k, v, pos0, window), got)
+    # llama.cpp's CPU numerics: q and the probabilities rounded to f16 (see the decode test)
+    t.ggml_numerics = True
+    got16 = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    t.flash_skip = True
+    assert np.array_equal(builder_attention(dev, kc, t, q, k, v, pos0, window), got16)
+    for want16 in (attention_ggml_ref(q, k, v, pos0, window, scale),
+                   old_attention(dev, kc, q, k, v, pos0, window, 1)):
+        assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < 1e-8
+
+
+@pytest.mark.parametrize("splits", ["device", "gpu"])
+@pytest.mark.parametrize("hd", [64, 256])
+@pytest.mark.parametrize("n_kv_len,window", [(1, 0), (7, 0), (7, 4), (300, 0), (300, 256),
+                                             (2000, 0), (2000, 256)])
+def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
+    """One query token over n_kv_len cached positions, the KV range split across workgroups
+    (this device's split counts, and a GPU's: 16 splits of at least 32 positions)."""
+    from engine.ops import Tuning
+
+    q, k, v = attn_inputs(21, 2048, 6, 2, hd, 1)
+    pos0, scale = n_kv_len - 1, hd ** -0.5
+    t = Tuning.for_device(dev)
+    if splits == "gpu":
+        t.split_max, t.split_chunk = 16, 32
+    t.ggml_numerics = False
+    got = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    assert nmse(got, attention_ref(q, k, v, pos0, window, scale)) < 1e-10
+    assert nmse(got, old_attention(dev, kc, q, k, v, pos0, window, 0)) < 1e-10
+    t.ggml_numerics = True
+    got16 = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    want16 = attention_ggml_ref(q, k, v, pos0, window, scale)
+    old16 = old_attention(dev, kc, q, k, v, pos0, window, 1)
+    # p rounded to f16 on both sides: a last-bit difference in a score can move one p by an
+    # f16 step, nothing more
+    assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < 1e-8
+    assert np.abs(got16 - old16).max() < 2e-3 and nmse(got16, old16) < 1e-8

@@ -58,9 +58,10 @@ class FakeEngine:
 
     def __init__(self, device: str | None = None, n_ctx: int = 2048,
                  budget_bytes: int | None = None, full_release: bool = True,
-                 load_delay_s: float = 0.0):
+                 load_delay_s: float = 0.0, flash_attn: str | None = None):
         self.dev = FakeDevice()
         self.n_ctx = n_ctx
+        self.flash_attn = flash_attn or "auto"
         self.arbiter = FakeArbiter(budget_bytes or FAKE_BUDGET, full_release)
         self.models: dict[str, FakeModel] = {}
         self.calls: list[tuple] = []
@@ -136,6 +137,13 @@ class FakeEngine:
             self.calls.append(("warm", name))
             self._warm(self._get(name))
             return {}
+
+    def set_flash_attn(self, mode: str) -> None:
+        with self._lock:
+            self.calls.append(("set_flash_attn", mode))
+            if mode not in ("auto", "on", "off"):
+                raise ValueError(f"flash attention must be one of auto, on, off, got {mode!r}")
+            self.flash_attn = mode
 
     def _get(self, name: str | None) -> FakeModel:
         try:
