@@ -432,7 +432,7 @@ class Model:
         file pages for every tensor they cover, else a host-visible shadow filled now."""
         placements, sizes, _ = self._layout
         imp = None
-        if self.pin_host and self.dev.host_import_align:
+        if self.pin_host and self.dev.host_import_align and self.dev.imports_file_pages:
             imp = vk.HostImport(self.dev, self.gguf.mapped, f"{self.name}/file")
             if not imp.chunks:
                 imp.close()

@@ -135,6 +135,10 @@ class Device:
         self.has_external_host = "VK_EXT_external_memory_host" in dev_exts
 
         self.host_import_align = 0            # VK_EXT_external_memory_host, if present
+        # NVIDIA's driver (580) refuses file-backed pages (VK_ERROR_OUT_OF_DEVICE_MEMORY),
+        # and after a refused import its later 256 MiB host allocations failed as well: only
+        # anonymous memory is imported there
+        self.imports_file_pages = self.info.vendor_id != NVIDIA_VENDOR
         if self.has_external_host:
             ext = _vk.VkPhysicalDeviceExternalMemoryHostPropertiesEXT()
             _vk.vkGetPhysicalDeviceProperties2(self.physical,
@@ -603,6 +607,7 @@ class Allocator:
 
 # -- host memory the device reads in place -------------------------------------------------
 
+NVIDIA_VENDOR = 0x10DE
 HOST_ALLOCATION = 0x00000080     # VK_EXTERNAL_MEMORY_HANDLE_TYPE_HOST_ALLOCATION_BIT_EXT
 IMPORT_CHUNK = 256 << 20
 
