@@ -269,12 +269,14 @@ class Engine:
         model whose kernels change goes cold (KV kept on the host) and restores with them at
         its next use."""
         mode = flash_attn_mode(mode)
-        with self._lock:
+
+        def job():
             self.flash_attn = mode
             for m in self.models.values():
                 if m.model.set_flash_attn(mode):
                     self.arbiter.update(m.name, sum(m.model.device_bytes().values()))
             self._arena_drop_if_idle()
+        self.thread.run(job)
 
     def pin(self, name: str) -> None:
         """Keep a model warm: it is made warm now and never released by the arbiter."""

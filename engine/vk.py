@@ -579,9 +579,6 @@ class Allocator:
         for shadows and staging are not counted: they are not VRAM)."""
         return sum(b.size for b in self.blocks if not b.host) + self.spare_bytes()
 
-    def host_bytes(self) -> int:
-        return sum(b.size for b in self.blocks if b.host)
-
     def spare_bytes(self) -> int:
         return sum(b.size for b in self.spare)
 

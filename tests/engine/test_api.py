@@ -126,3 +126,17 @@ def test_vram_agrees_with_the_drivers_memory_budget(smollm2_path):
         assert ours > 0 and abs(grown - ours) <= max(0.05 * ours, 8 << 20), (grown, ours)
         assert abs(cold["driver_usage_bytes"] - before["driver_usage_bytes"]) <= 8 << 20
         assert warm["driver_budget_bytes"] >= warm["allocated_bytes"]
+
+
+def test_set_flash_attn_runs_on_the_engine_thread(smollm2_path, ref):
+    with Engine(n_ctx=256) as eng:
+        eng.load(smollm2_path, name="a")
+        with pytest.raises(ValueError, match="flash attention must be one of"):
+            eng.set_flash_attn("sometimes")
+        eng.set_flash_attn("on")
+        assert eng.flash_attn == "on"
+        assert len(eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3,
+                                sampling=GREEDY).tokens) == 3
+        eng.set_flash_attn("off")
+        out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY)
+        assert out.tokens == ref["greedy_ids"][:3]
