@@ -220,8 +220,8 @@ class EngineBridge(QObject):
         return self._engine
 
     def _load(self, path: str, name: str | None, pin: bool) -> None:
-        from engine.arbiter import BudgetError
-        from engine.gguf_file import ModelFileError
+        from engine.formats.gguf_file import ModelFileError
+        from engine.residency.arbiter import BudgetError
 
         try:
             eng = self._need_engine()
@@ -265,7 +265,7 @@ class EngineBridge(QObject):
         self._emit_status()
 
     def _call(self, method: str, name: str) -> None:
-        from engine.arbiter import BudgetError
+        from engine.residency.arbiter import BudgetError
 
         try:
             getattr(self._need_engine(), method)(name)
@@ -277,7 +277,7 @@ class EngineBridge(QObject):
         self._emit_status()
 
     def _generate(self, name: str, prompt: str, max_tokens: int) -> None:
-        from engine.sampling import SamplingParams
+        from engine.text.sampling import SamplingParams
 
         try:
             out = self._need_engine().generate(name, prompt=prompt, max_tokens=max_tokens,

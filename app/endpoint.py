@@ -1,4 +1,4 @@
-"""The local OpenAI-compatible endpoint, run from the tray: `engine.serve.make_app` on an
+"""The local OpenAI-compatible endpoint, run from the tray: `engine.server.app.make_app` on an
 aiohttp `AppRunner`/`TCPSite`, in an asyncio loop of its own on a background thread.
 
     ep = Endpoint(engine, [("smollm2", 2048)], port=8080)
@@ -31,7 +31,7 @@ class Endpoint:
 
     def start(self) -> str:
         """Listen; returns the URL. Blocks the calling (worker) thread until bound."""
-        from engine.serve import make_app
+        from engine.server.app import make_app
 
         app = make_app(self.engine, [])
         self._server = app["hotseat.server"]

@@ -39,7 +39,7 @@ def describe(path: str) -> dict:
             return dict(_cache[key])
     info = {"quant": "?", "file_bytes": st.st_size}
     try:
-        from engine.gguf_file import GGUFFile, ModelFileError
+        from engine.formats.gguf_file import GGUFFile, ModelFileError
     except ImportError:                   # pragma: no cover - engine always ships with app
         return info
     try:

@@ -7,7 +7,7 @@
     eng.close()
 
 `load(path, cpu_moe=N.F)` keeps the expert tensors of a mixture-of-experts model's first
-layers in host memory that the GPU reads in place (engine/model.py): the model then holds
+layers in host memory that the GPU reads in place (engine/residency/model.py): the model then holds
 that much less VRAM, which status() and vram() report as host_weight_bytes.
 
 All work on the device runs on the engine's own thread, one job at a time (a load's upload,
@@ -20,7 +20,7 @@ with full eviction also KV and compute buffers, the KV kept as a host shadow). M
 model warm acquires VRAM budget from the arbiter, which releases the least recently used
 unpinned models first; a generate on a cold model restores it before reading its KV.
 
-Across processes (opt-in, `Engine(arena=Arena())`, see engine/arena.py): the engine takes
+Across processes (opt-in, `Engine(arena=Arena())`, see engine/residency/arena.py): the engine takes
 the arena's token before any upload and holds it while any model has device memory. When
 another process rings the doorbell, the engine goes fully cold at its next safe point
 (between jobs, on the engine thread) and hands the token over; pinned models go too,
@@ -36,18 +36,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from . import vk
-from .arbiter import Arbiter, BudgetError, PinnedError
-from .chat import ChatTemplate
-from .gguf_file import ModelFileError
-from .kernels import KernelCache
-from .model import Model, Timings, default_flash_attn
-from .ops import flash_attn_mode
-from .sampling import Sampler, SamplingParams
-from .tokenizer import StreamDecoder, Tokenizer
+from .formats.gguf_file import ModelFileError
+from .gpu import vk
+from .gpu.kernels import KernelCache
+from .gpu.ops import flash_attn_mode
+from .residency.arbiter import Arbiter, BudgetError, PinnedError
+from .residency.model import Model, Timings, default_flash_attn
+from .text.chat import ChatTemplate
+from .text.sampling import Sampler, SamplingParams
+from .text.tokenizer import StreamDecoder, Tokenizer
 
 if TYPE_CHECKING:
-    from .arena import Arena
+    from .residency.arena import Arena
 
 DEFAULT_CTX = 2048
 BUDGET_MARGIN = 0.10          # of the device heap, left for the desktop and other programs

@@ -48,7 +48,7 @@ def add_cpu_moe_argument(p: argparse.ArgumentParser) -> None:
 
 def _open(args, n_ctx: int | None = None):
     from .api import Engine
-    from .models import resolve
+    from .formats.bundled import resolve
 
     path = resolve(args.model)
     eng = Engine(n_ctx=n_ctx or getattr(args, "ctx", None) or 2048,
@@ -65,9 +65,9 @@ def _open(args, n_ctx: int | None = None):
 # -- tokenize ------------------------------------------------------------------------------
 
 def cmd_tokenize(args) -> int:
-    from .gguf_file import GGUFFile
-    from .models import resolve
-    from .tokenizer import Tokenizer
+    from .formats.bundled import resolve
+    from .formats.gguf_file import GGUFFile
+    from .text.tokenizer import Tokenizer
 
     with GGUFFile(resolve(args.model)) as g:
         tok = Tokenizer.from_gguf(g)
@@ -84,7 +84,7 @@ def cmd_tokenize(args) -> int:
 # -- generate ------------------------------------------------------------------------------
 
 def _sampling(args):
-    from .sampling import SamplingParams
+    from .text.sampling import SamplingParams
 
     return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                           min_p=args.min_p, repeat_penalty=args.repeat_penalty, seed=args.seed)
@@ -116,19 +116,19 @@ def cmd_generate(args) -> int:
 # -- bench ---------------------------------------------------------------------------------
 
 def cmd_bench(args) -> int:
-    from .bench import run_bench
+    from .tools.bench import run_bench
 
     return run_bench(args)
 
 
 def cmd_swap_bench(args) -> int:
-    from .swapbench import run_swap_bench
+    from .tools.swapbench import run_swap_bench
 
     return run_swap_bench(args)
 
 
 def cmd_kernel_bench(args) -> int:
-    from .kernelbench import run_kernel_bench
+    from .tools.kernelbench import run_kernel_bench
 
     return run_kernel_bench(args)
 
@@ -209,19 +209,19 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)
 
-    from . import serve as _serve
+    from .server import app as _serve
     add_flash_attn_arg(_serve.add_parser(sub, model_help))
-    from . import arena as _arena
+    from .residency import arena as _arena
     _arena.add_parser(sub)
-    from . import client as _client
+    from .tools import client as _client
     _client.add_parsers(sub)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .arbiter import BudgetError
-    from .gguf_file import ModelFileError
-    from .vk import VulkanError
+    from .formats.gguf_file import ModelFileError
+    from .gpu.vk import VulkanError
+    from .residency.arbiter import BudgetError
 
     parser = build_parser()
     args = parser.parse_args(argv)

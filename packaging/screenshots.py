@@ -42,7 +42,7 @@ def main() -> int:
     from app.collector import GarbageCollector
     from app.icons import app_icon
     from app.main import HotseatApp
-    from engine.models import gemma3_path, smollm2_path
+    from engine.formats.bundled import gemma3_path, smollm2_path
     from tests.helpers.signals import Recorder
 
     app = QApplication([sys.argv[0]])

@@ -18,7 +18,7 @@ DATA = Path(__file__).resolve().parent / "data"
 @pytest.fixture(scope="module")
 def dev():
     """The Vulkan device (lavapipe where no GPU is present)."""
-    from engine import vk
+    from engine.gpu import vk
 
     d = vk.Device()
     yield d
@@ -27,7 +27,7 @@ def dev():
 
 @pytest.fixture(scope="module")
 def kc(dev):
-    from engine.kernels import KernelCache
+    from engine.gpu.kernels import KernelCache
 
     k = KernelCache(dev)
     yield k
@@ -36,13 +36,13 @@ def kc(dev):
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:
-    from engine.models import smollm2_path
+    from engine.formats.bundled import smollm2_path
     return smollm2_path()
 
 
 @pytest.fixture(scope="session")
 def gemma3_path() -> str:
-    from engine.models import gemma3_path
+    from engine.formats.bundled import gemma3_path
     return gemma3_path()
 
 

@@ -13,7 +13,7 @@ from app.bridge import EngineBridge
 from tests.helpers.fake_engine import MODEL_BYTES, FakeEngine
 from tests.helpers.signals import Recorder, until
 
-# engine/serve.py keys its aiohttp app with a string; not this package's to change
+# engine/server/app.py keys its aiohttp app with a string; not this package's to change
 pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")
 
 

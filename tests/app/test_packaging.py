@@ -46,7 +46,7 @@ def test_pyinstaller_bundle_starts(tmp_path):
 
     cmd = [str(exe), "--headless-check"]
     try:
-        from engine.models import smollm2_path
+        from engine.formats.bundled import smollm2_path
         cmd += ["--model", smollm2_path()]           # a load and two tokens, in the bundle
     except Exception:                                # no embedded model: the UI and device
         pass

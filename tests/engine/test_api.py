@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from engine.api import Engine
-from engine.arbiter import BudgetError
-from engine.sampling import SamplingParams
+from engine.residency.arbiter import BudgetError
+from engine.text.sampling import SamplingParams
 from tests.conftest import load_reference
 
 pytestmark = pytest.mark.gpu

@@ -67,7 +67,7 @@ def test_bad_files_give_one_line_errors(tmp_path):
     _one_line_error(hotseat("generate", "--model", str(garbage), "--prompt", "x"),
                     str(garbage), "magic")
     truncated = tmp_path / "truncated.gguf"
-    from engine.models import smollm2_path
+    from engine.formats.bundled import smollm2_path
     with open(smollm2_path(), "rb") as f:
         truncated.write_bytes(f.read(3_000_000))
     _one_line_error(hotseat("generate", "--model", str(truncated), "--prompt", "x"),

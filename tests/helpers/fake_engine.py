@@ -17,8 +17,8 @@ import time
 
 import numpy as np
 
-from engine.arbiter import BudgetError
-from engine.gguf_file import GGUFFile, ModelFileError
+from engine.formats.gguf_file import GGUFFile, ModelFileError
+from engine.residency.arbiter import BudgetError
 
 MiB = 1 << 20
 MODEL_BYTES = {"weights": 96 * MiB, "kv": 6 * MiB, "recurrent": 2 * MiB, "compute": 8 * MiB,

@@ -185,7 +185,7 @@ def make(name: str, path: str) -> dict:
 
 
 def main() -> None:
-    from engine.models import gemma3_path, smollm2_path
+    from engine.formats.bundled import gemma3_path, smollm2_path
 
     models = {"smollm2": smollm2_path, "gemma3": gemma3_path}
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -244,7 +244,7 @@ def pieces_digest(v: LlamaVocab, special: bool) -> str:
 def build(model: str) -> dict:
     import llama_cpp
 
-    from engine.models import BUNDLED
+    from engine.formats.bundled import BUNDLED
 
     path = BUNDLED[model]()
     v = LlamaVocab(path)

@@ -1,0 +1,113 @@
+"""The llama architecture (SmolLM2, Llama, Mistral-style GGUFs), as llama.cpp defines it.
+
+Weights keep their GGUF tensor names. Q and K in llama GGUFs are already permuted for
+rotary embedding of adjacent pairs, so rope runs in "normal" (non-NeoX) mode.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..formats.gguf_file import GGUFFile
+from ..gpu.ops import Builder, RunState, check_hyperparameters
+
+
+@dataclass(frozen=True)
+class Config:
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    n_ctx_train: int
+    rope_base: float
+    rope_dims: int
+    rms_eps: float
+    tied_output: bool
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> "Config":
+        a = g.arch
+        n_embd = int(g.require(f"{a}.embedding_length"))
+        n_head = int(g.require(f"{a}.attention.head_count"))
+        head_dim = int(g.get(f"{a}.attention.key_length", n_embd // max(n_head, 1)))
+        tokens = g.get("tokenizer.ggml.tokens")
+        n_vocab = int(g.get(f"{a}.vocab_size", len(tokens) if tokens else 0))
+        return cls(
+            n_layer=int(g.require(f"{a}.block_count")),
+            n_embd=n_embd,
+            n_head=n_head,
+            n_head_kv=int(g.get(f"{a}.attention.head_count_kv", n_head)),
+            head_dim=head_dim,
+            n_ff=int(g.require(f"{a}.feed_forward_length")),
+            n_vocab=n_vocab or g.tensor("token_embd.weight").shape[1],
+            n_ctx_train=int(g.get(f"{a}.context_length", 2048)),
+            rope_base=float(g.get(f"{a}.rope.freq_base", 10000.0)),
+            rope_dims=int(g.get(f"{a}.rope.dimension_count", head_dim)),
+            rms_eps=float(g.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
+            tied_output="output.weight" not in g.tensors,
+        )
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the forward pass reads, with its ggml shape (row length first)."""
+        e, hd = self.n_embd, self.head_dim
+        shapes = {"token_embd.weight": (e, self.n_vocab), "output_norm.weight": (e,)}
+        if not self.tied_output:
+            shapes["output.weight"] = (e, self.n_vocab)
+        for i in range(self.n_layer):
+            b = f"blk.{i}."
+            shapes.update({
+                b + "attn_norm.weight": (e,),
+                b + "attn_q.weight": (e, self.n_head * hd),
+                b + "attn_k.weight": (e, self.n_head_kv * hd),
+                b + "attn_v.weight": (e, self.n_head_kv * hd),
+                b + "attn_output.weight": (self.n_head * hd, e),
+                b + "ffn_norm.weight": (e,),
+                b + "ffn_gate.weight": (e, self.n_ff),
+                b + "ffn_up.weight": (e, self.n_ff),
+                b + "ffn_down.weight": (self.n_ff, e),
+            })
+        return shapes
+
+    def validate(self, path: str) -> None:
+        check_hyperparameters(self, path, [])
+
+
+def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
+    """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""
+    return ((c.rope_base, c.rope_dims),)
+
+
+def attn_windows(c: Config) -> tuple[int, ...]:
+    """The sliding windows of the attention layers (0: full causal); one mask each."""
+    return (0,)
+
+
+def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
+    """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits."""
+    w = b.weights
+    x = rs.x                                                   # [n, n_embd] residual stream
+    b.get_rows(w["token_embd.weight"], rs.ids, x, n)
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        # attention
+        b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
+        b.matmul(w[p + "attn_q.weight"], rs.xn, rs.q, n)       # [n, n_head * head_dim]
+        b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)       # [n, n_head_kv * head_dim]
+        b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)       # [n, n_head_kv * head_dim]
+        b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
+                   c.head_dim, c.rope_dims, n, c.rope_base, neox=False)
+        b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
+                    c.head_dim, n, scale=c.head_dim ** -0.5)  # [n, n_head * head_dim]
+        b.matmul(w[p + "attn_output.weight"], rs.att, x, n, accumulate=True)
+        # feed-forward
+        b.rms_norm(x, w[p + "ffn_norm.weight"], rs.xn, n, c.rms_eps)
+        b.matmul(w[p + "ffn_gate.weight"], rs.xn, rs.gate, n)  # [n, n_ff]
+        b.matmul(w[p + "ffn_up.weight"], rs.xn, rs.up, n)      # [n, n_ff]
+        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff)
+        b.matmul(w[p + "ffn_down.weight"], rs.gate, x, n, accumulate=True)
+    # only the last token's logits are needed
+    b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
+    head = w["token_embd.weight" if c.tied_output else "output.weight"]
+    b.matmul(head, rs.xn, rs.logits, 1, x_row=n - 1)           # [1, n_vocab]

@@ -1,0 +1,516 @@
+"""A numpy reference forward pass: what the GPU engine is checked against.
+
+Float32 math on weights dequantized once from the GGUF file, computed the way llama.cpp's
+graph builders compute it (src/models/llama.cpp, gemma3.cpp, lfm2.cpp, qwen3moe.cpp with
+build_moe_ffn), with ggml's rounding order in the cheap places (rms_norm, the rope angles).
+Slow but plain: one matrix product per weight for a whole batch of tokens (per token and
+expert for the experts), a float32 KV cache.
+
+`quantize_activations=True` also rounds the numbers the way llama.cpp's CPU backend does:
+activations go through Q8_0 / Q8_1 / Q8_K blocks before every product with a quantized
+weight (ggml's vec_dot_type), the KV cache, Q and the attention probabilities through
+float16, GELU through ggml's float16 table. Each op then agrees with llama.cpp's to float32
+rounding (~1e-7, against ~1e-3 without), but whole-model logits get no closer: one activation
+landing on the other side of a Q8 or float16 rounding step, from a 1e-7 difference in
+accumulation order, is magnified by the residual-stream outliers (1e4 to 1e5) of both models.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..formats.gguf_file import GGUFFile, ModelFileError
+
+ARCHS = ("llama", "gemma3", "lfm2", "qwen3moe")
+
+
+@dataclass(frozen=True)
+class Config:
+    arch: str
+    n_layer: int
+    n_embd: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    n_vocab: int
+    rms_eps: float
+    rope_base: float            # global layers
+    rope_base_swa: float        # sliding-window layers
+    rope_neox: bool             # rotate halves (NeoX) rather than adjacent pairs
+    n_swa: int                  # sliding window in tokens; 0: every layer attends to all
+    swa_layers: tuple[bool, ...]
+    attn_scale: float
+    embd_scale: float           # multiplies the token embeddings
+    final_softcap: float        # logits = c * tanh(logits / c); 0: none
+    recurrent_layers: tuple[bool, ...] = ()   # lfm2: short-convolution layers
+    d_conv: int = 0             # lfm2: conv state length, l_cache - 1
+    n_expert: int = 0           # experts per layer (qwen3moe); 0: a dense feed-forward
+    n_expert_used: int = 0      # experts routed per token
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile) -> "Config":
+        arch = g.arch
+        if arch not in ARCHS:
+            raise ModelFileError(g.path, f"architecture {arch!r} has no reference forward pass")
+        key = lambda k, *d: g.get(f"{arch}.{k}", *d) if d else g.require(f"{arch}.{k}")
+        n_layer, n_embd = int(key("block_count")), int(key("embedding_length"))
+        n_head = int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", n_embd // n_head))
+        n_vocab = int(g.tensor("token_embd.weight").shape[1])
+        rope_base = float(key("rope.freq_base", 10000.0))
+        if arch == "lfm2":
+            # head_count_kv per layer: zero marks a short-convolution layer
+            kv = key("attention.head_count_kv")
+            kv = [int(k) for k in kv] if isinstance(kv, (list, tuple)) else [int(kv)] * n_layer
+            n_swa = int(key("attention.sliding_window", 0) or 0)
+            return cls(arch, n_layer, n_embd, n_head, max(kv) or n_head, head_dim,
+                       int(key("feed_forward_length")), n_vocab,
+                       float(key("attention.layer_norm_rms_epsilon")), rope_base, rope_base,
+                       rope_neox=True, n_swa=n_swa, swa_layers=tuple(n_swa > 0 and k > 0
+                                                                     for k in kv),
+                       attn_scale=1.0 / math.sqrt(head_dim), embd_scale=1.0, final_softcap=0.0,
+                       recurrent_layers=tuple(k == 0 for k in kv),
+                       d_conv=int(key("shortconv.l_cache")) - 1)
+        if arch == "qwen3moe":
+            return cls(arch, n_layer, n_embd, n_head, int(key("attention.head_count_kv", n_head)),
+                       head_dim, 0, n_vocab, float(key("attention.layer_norm_rms_epsilon")),
+                       rope_base, rope_base, rope_neox=True, n_swa=0,
+                       swa_layers=(False,) * n_layer, attn_scale=1.0 / math.sqrt(head_dim),
+                       embd_scale=1.0, final_softcap=0.0, n_expert=int(key("expert_count")),
+                       n_expert_used=int(key("expert_used_count")))
+        if arch == "llama":
+            return cls(arch, n_layer, n_embd, n_head, int(key("attention.head_count_kv", n_head)),
+                       head_dim, int(key("feed_forward_length")), n_vocab,
+                       float(key("attention.layer_norm_rms_epsilon")), rope_base, rope_base,
+                       rope_neox=False, n_swa=0, swa_layers=(False,) * n_layer,
+                       attn_scale=1.0 / math.sqrt(head_dim), embd_scale=1.0, final_softcap=0.0)
+        # gemma3, as llama-model.cpp loads it: every 6th layer global (set_swa_pattern(6)), the
+        # local ones with rope base 10000; no sliding window key means all layers global.
+        n_swa = int(key("attention.sliding_window", 0))
+        swa = tuple(n_swa > 0 and (il + 1) % 6 != 0 for il in range(n_layer))
+        return cls(arch, n_layer, n_embd, n_head, int(key("attention.head_count_kv", n_head)),
+                   head_dim, int(key("feed_forward_length")), n_vocab,
+                   float(key("attention.layer_norm_rms_epsilon")), rope_base, 10000.0,
+                   rope_neox=True, n_swa=n_swa, swa_layers=swa,
+                   attn_scale=1.0 / math.sqrt(head_dim), embd_scale=math.sqrt(n_embd),
+                   final_softcap=float(key("final_logit_softcapping", 0.0)))
+
+
+# -- ggml's number formats, for quantize_activations -------------------------------------------
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """Round to bfloat16, nearest even, as GGML_FP32_TO_BF16."""
+    u = np.ascontiguousarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def _q8_0(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_0 (x86 SIMD) then dequantize: blocks of 32, d = amax/127 kept as f16."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127.0)
+    q = np.rint(b * np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0))
+    return (q * _f16(d)).reshape(x.shape)
+
+
+def _q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """quantize_row_q8_1 then dequantize; also the per-block sums s = fp16(d * sum(q))."""
+    b = x.reshape(*x.shape[:-1], -1, 32)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    d = amax / np.float32(127.0)
+    q = np.rint(b * np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0))
+    s = _f16(d[..., 0] * q.sum(axis=-1))
+    return (q * _f16(d)).reshape(x.shape), s
+
+
+def _q8_k(x: np.ndarray) -> np.ndarray:
+    """quantize_row_q8_K then dequantize: blocks of 256, float32 scale -max/127."""
+    b = x.reshape(*x.shape[:-1], -1, 256)
+    i = np.abs(b).argmax(axis=-1)[..., None]
+    mx = np.take_along_axis(b, i, axis=-1)
+    iscale = np.divide(np.float32(-127.0), mx, out=np.zeros_like(mx), where=mx != 0)
+    q = np.minimum(np.rint(iscale * b), 127)
+    d = np.divide(np.float32(1.0), iscale, out=np.zeros_like(iscale), where=iscale != 0)
+    return (q * d).reshape(x.shape)
+
+
+# The activation format ggml's CPU backend pairs with each weight type (its vec_dot_type).
+VEC_DOT = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1",
+           "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
+           "F16": "F16", "BF16": "BF16", "F32": "F32"}
+
+
+class Linear:
+    """One weight matrix, dequantized: y = x @ w.T, optionally with ggml's activation rounding.
+    A 3-D tensor holds one matrix per expert: y = x @ w[expert].T."""
+
+    def __init__(self, g: GGUFFile, name: str, emulate: bool):
+        t = g.tensor(name)
+        self.w = g.dequantize(name)             # [rows, row_len] or [n_expert, rows, row_len]
+        self.act = VEC_DOT.get(t.type_name, "F32") if emulate else "F32"
+        self.mins = None
+        if self.act == "Q8_1":
+            # Q4_1/Q5_1 blocks hold (d, m) as float16 first; ggml adds m * s with the rounded s.
+            blk = t.data.reshape(*self.w.shape[:-1], -1, t.nbytes // (self.w.size // 32))
+            self.mins = blk[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+
+    def __call__(self, x: np.ndarray, expert: int | None = None) -> np.ndarray:
+        w = self.w if expert is None else self.w[expert]
+        if self.act == "F32":
+            return x @ w.T
+        if self.act == "F16":
+            return _f16(x) @ w.T
+        if self.act == "BF16":
+            return _bf16(x) @ w.T
+        if self.act == "Q8_0":
+            return _q8_0(x) @ w.T
+        if self.act == "Q8_K":
+            return _q8_k(x) @ w.T
+        mins = self.mins if expert is None else self.mins[expert]
+        xq, s = _q8_1(x)                                # xq [T, row_len], s [T, n_blocks]
+        exact = xq.reshape(*s.shape, 32).sum(axis=-1)
+        return xq @ w.T + (s - exact) @ mins.T
+
+
+# -- weights, named as the GGUF tensors ----------------------------------------------------------
+
+@dataclass
+class Block:
+    """The tensors blk.{il}.*.weight of one layer."""
+    attn_norm: np.ndarray           # [n_embd]
+    ffn_norm: np.ndarray            # [n_embd]
+    ffn_gate: Linear | None = None  # [n_ff, n_embd]      dense feed-forward
+    ffn_up: Linear | None = None    # [n_ff, n_embd]
+    ffn_down: Linear | None = None  # [n_embd, n_ff]
+    attn_q: Linear | None = None    # [n_head * head_dim, n_embd]; None in lfm2 conv layers
+    attn_k: Linear | None = None    # [n_head_kv * head_dim, n_embd]
+    attn_v: Linear | None = None    # [n_head_kv * head_dim, n_embd]
+    attn_output: Linear | None = None   # [n_embd, n_head * head_dim]
+    attn_q_norm: np.ndarray | None = None           # [head_dim]   gemma3, qwen3moe
+    attn_k_norm: np.ndarray | None = None           # [head_dim]   gemma3, qwen3moe
+    ffn_gate_inp: Linear | None = None              # [n_expert, n_embd]           qwen3moe
+    ffn_gate_exps: Linear | None = None             # [n_expert, n_ff_exp, n_embd] qwen3moe
+    ffn_up_exps: Linear | None = None               # [n_expert, n_ff_exp, n_embd] qwen3moe
+    ffn_down_exps: Linear | None = None             # [n_expert, n_embd, n_ff_exp] qwen3moe
+    post_attention_norm: np.ndarray | None = None   # [n_embd]     gemma3
+    post_ffw_norm: np.ndarray | None = None         # [n_embd]     gemma3
+    shortconv_in_proj: Linear | None = None         # [3 * n_embd, n_embd]  lfm2: B | C | x
+    shortconv_conv: np.ndarray | None = None        # [n_embd, l_cache]     lfm2
+    shortconv_out_proj: Linear | None = None        # [n_embd, n_embd]      lfm2
+
+
+@dataclass
+class Weights:
+    token_embd: Linear              # [n_vocab, n_embd]
+    output_norm: np.ndarray         # [n_embd]
+    output: Linear                  # [n_vocab, n_embd]; token_embd when the file has no output
+    blk: list[Block]
+
+    @classmethod
+    def from_gguf(cls, g: GGUFFile, cfg: Config, emulate: bool) -> "Weights":
+        lin = lambda name: Linear(g, name, emulate)
+        opt = lambda name: Linear(g, name, emulate) if name in g.tensors else None
+        vec = lambda name: g.dequantize(name) if name in g.tensors else None
+        blocks = []
+        for il in range(cfg.n_layer):
+            p = f"blk.{il}."
+            conv = bool(cfg.recurrent_layers) and cfg.recurrent_layers[il]
+            attn = lambda name: None if conv else lin(p + name)
+            short = lambda name: lin(p + name) if conv else None
+            blocks.append(Block(
+                attn_norm=vec(p + "attn_norm.weight"), attn_q=attn("attn_q.weight"),
+                attn_k=attn("attn_k.weight"), attn_v=attn("attn_v.weight"),
+                attn_output=attn("attn_output.weight"), ffn_norm=vec(p + "ffn_norm.weight"),
+                ffn_gate=opt(p + "ffn_gate.weight"), ffn_up=opt(p + "ffn_up.weight"),
+                ffn_down=opt(p + "ffn_down.weight"),
+                ffn_gate_inp=opt(p + "ffn_gate_inp.weight"),
+                ffn_gate_exps=opt(p + "ffn_gate_exps.weight"),
+                ffn_up_exps=opt(p + "ffn_up_exps.weight"),
+                ffn_down_exps=opt(p + "ffn_down_exps.weight"),
+                attn_q_norm=vec(p + "attn_q_norm.weight"),
+                attn_k_norm=vec(p + "attn_k_norm.weight"),
+                post_attention_norm=vec(p + "post_attention_norm.weight"),
+                post_ffw_norm=vec(p + "post_ffw_norm.weight"),
+                shortconv_in_proj=short("shortconv.in_proj.weight"),
+                shortconv_conv=vec(p + "shortconv.conv.weight"),
+                shortconv_out_proj=short("shortconv.out_proj.weight")))
+        token_embd = lin("token_embd.weight")
+        output = lin("output.weight") if "output.weight" in g.tensors else token_embd
+        # lfm2's final norm is stored under the name token_embd_norm
+        norm = "token_embd_norm.weight" if cfg.arch == "lfm2" else "output_norm.weight"
+        return cls(token_embd, vec(norm), output, blocks)
+
+
+# -- the pieces forward() is made of ----------------------------------------------------------
+
+def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x / rms(x) * w over the last axis, rounded step by step as ggml_rms_norm and ggml_mul."""
+    sum_sq = (x * x).sum(axis=-1, keepdims=True, dtype=np.float64)   # float squares, double sum
+    mean = (sum_sq / x.shape[-1]).astype(np.float32)
+    scale = np.float32(1.0) / np.sqrt(mean + np.float32(eps))
+    return (x * scale) * w
+
+
+def rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool) -> np.ndarray:
+    """Rotate x [T, heads, head_dim] by position, the angles built as ggml's rope cache is."""
+    hd = x.shape[-1]
+    theta_scale = np.float32(base) ** (np.float32(-2.0) / np.float32(hd))
+    theta = np.empty((len(pos), hd // 2), np.float32)                   # [T, hd/2]
+    t = pos.astype(np.float32)
+    for i in range(hd // 2):                    # theta_i = p * s^i, one float multiply per step
+        theta[:, i] = t
+        t = t * theta_scale
+    cos = np.cos(theta.astype(np.float64)).astype(np.float32)[:, None]  # [T, 1, hd/2]
+    sin = np.sin(theta.astype(np.float64)).astype(np.float32)[:, None]
+    if neox:                                    # pairs (i, i + hd/2)
+        a, b = x[..., : hd // 2], x[..., hd // 2:]
+    else:                                       # pairs (2i, 2i + 1)
+        a, b = x[..., 0::2], x[..., 1::2]
+    # ggml's loop compiles to fma(x0, cos, -(x1 * sin)): one rounded product, one fused
+    a64 = a.astype(np.float64)
+    ra = (a64 * cos - b * sin).astype(np.float32)
+    rb = (a64 * sin + b * cos).astype(np.float32)
+    if neox:
+        return np.concatenate([ra, rb], axis=-1)
+    return np.stack([ra, rb], axis=-1).reshape(x.shape)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def gelu(x: np.ndarray) -> np.ndarray:
+    """The tanh approximation, as ggml_gelu."""
+    return 0.5 * x * (1.0 + np.tanh(np.float32(math.sqrt(2 / math.pi)) * x
+                                    * (1.0 + np.float32(0.044715) * x * x)))
+
+
+def gelu_f16_table(x: np.ndarray) -> np.ndarray:
+    """ggml's CPU GELU: looked up in a float16 table for |x| < 10."""
+    y = _f16(gelu(_f16(x)))
+    y = np.where(x >= 10.0, x, y)
+    return np.where(x <= -10.0, 0.0, y).astype(np.float32)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    """As ggml_soft_max: float exponentials, a double sum, a multiply by its inverse."""
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e * (1.0 / e.sum(axis=-1, keepdims=True, dtype=np.float64)).astype(np.float32)
+
+
+class RunState:
+    """The KV cache, float32, preallocated for n_ctx positions; lfm2's conv states."""
+
+    def __init__(self, cfg: Config, n_ctx: int):
+        shape = (cfg.n_layer, n_ctx, cfg.n_head_kv, cfg.head_dim)
+        self.k = np.zeros(shape, np.float32)    # [n_layer, n_ctx, n_head_kv, head_dim]
+        self.v = np.zeros(shape, np.float32)    # [n_layer, n_ctx, n_head_kv, head_dim]
+        # the previous d_conv inputs of each short-convolution layer, oldest first
+        self.conv = {il: np.zeros((cfg.d_conv, cfg.n_embd), np.float32)   # [d_conv, n_embd]
+                     for il, r in enumerate(cfg.recurrent_layers) if r}
+        self.n_past = 0
+
+    def reset_conv(self) -> None:
+        for c in self.conv.values():
+            c[:] = 0
+
+
+class ReferenceModel:
+    """A whole model in numpy: forward() a batch of tokens, logits out, KV cache kept."""
+
+    def __init__(self, g: GGUFFile, n_ctx: int = 2048, quantize_activations: bool = False):
+        self.config = Config.from_gguf(g)
+        self.n_ctx = n_ctx
+        self.emulate = quantize_activations
+        self.weights = Weights.from_gguf(g, self.config, quantize_activations)
+        self.state = RunState(self.config, n_ctx)
+
+    def reset(self) -> None:
+        self.state.n_past = 0
+        self.state.reset_conv()
+
+    def forward(self, tokens: list[int], start_pos: int) -> np.ndarray:
+        """Logits [len(tokens), n_vocab] for tokens at positions start_pos...; fills the cache."""
+        if not tokens:
+            raise ValueError("forward() needs at least one token")
+        if start_pos + len(tokens) > self.n_ctx:
+            raise ValueError(f"{start_pos + len(tokens)} positions exceed n_ctx={self.n_ctx}")
+        if start_pos > self.state.n_past:
+            raise ValueError(f"start_pos {start_pos} leaves a gap after {self.state.n_past}")
+        if self.state.conv and start_pos not in (0, self.state.n_past):
+            raise ValueError(f"conv states are at {self.state.n_past}, cannot rewind to "
+                             f"{start_pos}")
+        if start_pos == 0:
+            self.state.reset_conv()
+        tok = np.asarray(tokens, dtype=np.int64)
+        pos = np.arange(start_pos, start_pos + len(tokens))
+        if self.config.arch == "gemma3":
+            logits = self._forward_gemma3(tok, pos)
+        elif self.config.arch == "lfm2":
+            logits = self._forward_lfm2(tok, pos)
+        elif self.config.arch == "qwen3moe":
+            logits = self._forward_qwen3moe(tok, pos)
+        else:
+            logits = self._forward_llama(tok, pos)
+        self.state.n_past = start_pos + len(tokens)
+        return logits
+
+    def generate_greedy(self, prompt: list[int], n: int) -> list[int]:
+        """n tokens by argmax after the prompt, from an empty cache."""
+        self.reset()
+        logits = self.forward(prompt, 0)[-1]
+        out: list[int] = []
+        for _ in range(n):
+            out.append(int(np.argmax(logits)))
+            if len(out) == n:
+                break
+            logits = self.forward(out[-1:], len(prompt) + len(out) - 1)[-1]
+        return out
+
+    # -- attention, shared by both architectures -------------------------------------------
+    def _attention(self, il: int, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                   pos: np.ndarray, scale: float) -> np.ndarray:
+        """q [T, n_head, hd], k/v [T, n_head_kv, hd] -> [T, n_head * hd], causal (and windowed)."""
+        c, s = self.config, self.state
+        if self.emulate:                        # llama.cpp's cache and its mul_mat inputs are f16
+            q, k, v = _f16(q), _f16(k), _f16(v)
+        n = int(pos[-1]) + 1
+        s.k[il, pos[0]:n], s.v[il, pos[0]:n] = k, v
+        K, V = s.k[il, :n], s.v[il, :n]                             # [n, n_head_kv, hd]
+        T, g = len(pos), c.n_head // c.n_head_kv
+        qg = q.reshape(T, c.n_head_kv, g, c.head_dim).transpose(1, 2, 0, 3)  # [kv, g, T, hd]
+        att = qg @ K.transpose(1, 2, 0)[:, None] * np.float32(scale)        # [kv, g, T, n]
+        j = np.arange(n)
+        masked = j[None, :] > pos[:, None]                                  # [T, n]
+        if c.swa_layers[il]:
+            masked |= pos[:, None] - j[None, :] >= c.n_swa
+        att = softmax(np.where(masked, -np.inf, att).astype(np.float32))
+        if self.emulate:
+            att = _f16(att)
+        out = att @ V.transpose(1, 0, 2)[:, None]                           # [kv, g, T, hd]
+        return out.transpose(2, 0, 1, 3).reshape(T, c.n_head * c.head_dim)
+
+    # -- llama ------------------------------------------------------------------------------
+    def _forward_llama(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W, T = self.config, self.weights, len(tok)
+        x = W.token_embd.w[tok]                                             # [T, n_embd]
+        for il, L in enumerate(W.blk):
+            h = rms_norm(x, L.attn_norm, c.rms_eps)                         # [T, n_embd]
+            q = L.attn_q(h).reshape(T, c.n_head, c.head_dim)                # [T, n_head, hd]
+            k = L.attn_k(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            v = L.attn_v(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            q = rope(q, pos, c.rope_base, neox=False)   # GGUF q/k rows are permuted for this
+            k = rope(k, pos, c.rope_base, neox=False)
+            att = self._attention(il, q, k, v, pos, c.attn_scale)           # [T, n_head * hd]
+            x = x + L.attn_output(att)                                      # [T, n_embd]
+            h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
+            h = silu(L.ffn_gate(h)) * L.ffn_up(h)                           # [T, n_ff]
+            x = x + L.ffn_down(h)                                           # [T, n_embd]
+        x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
+        return W.output(x)                                                  # [T, n_vocab]
+
+    # -- gemma3 -----------------------------------------------------------------------------
+    def _forward_gemma3(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W, T = self.config, self.weights, len(tok)
+        act = gelu_f16_table if self.emulate else gelu
+        x = W.token_embd.w[tok] * np.float32(c.embd_scale)                  # [T, n_embd]
+        for il, L in enumerate(W.blk):
+            base = c.rope_base_swa if c.swa_layers[il] else c.rope_base
+            h = rms_norm(x, L.attn_norm, c.rms_eps)     # GGUF norms already hold 1 + w
+            q = L.attn_q(h).reshape(T, c.n_head, c.head_dim)                # [T, n_head, hd]
+            k = L.attn_k(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            v = L.attn_v(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            q = rope(rms_norm(q, L.attn_q_norm, c.rms_eps), pos, base, neox=True)
+            k = rope(rms_norm(k, L.attn_k_norm, c.rms_eps), pos, base, neox=True)
+            q = q * np.float32(c.attn_scale)            # llama.cpp scales Q, then attends at 1.0
+            att = self._attention(il, q, k, v, pos, 1.0)                    # [T, n_head * hd]
+            h = rms_norm(L.attn_output(att), L.post_attention_norm, c.rms_eps)  # [T, n_embd]
+            x = x + h
+            h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
+            h = act(L.ffn_gate(h)) * L.ffn_up(h)                            # [T, n_ff]
+            x = x + rms_norm(L.ffn_down(h), L.post_ffw_norm, c.rms_eps)     # [T, n_embd]
+        x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
+        logits = W.output(x)                                                # [T, n_vocab]
+        if c.final_softcap:
+            logits = np.tanh(logits / c.final_softcap) * c.final_softcap
+        return logits
+
+    # -- lfm2 -------------------------------------------------------------------------------
+    def _shortconv(self, il: int, L: Block, h: np.ndarray) -> np.ndarray:
+        """h [T, n_embd] -> [T, n_embd]: in_proj to B, C, x; B * x through the causal depthwise
+        convolution over (conv state, new inputs); C * conv; out_proj. Moves the state on."""
+        T = len(h)
+        b, c, x = np.split(L.shortconv_in_proj(h), 3, axis=-1)             # 3 x [T, n_embd]
+        sx = np.concatenate([self.state.conv[il], b * x])          # [d_conv + T, n_embd]
+        self.state.conv[il] = sx[T:].copy()                         # the last d_conv inputs
+        w = L.shortconv_conv                                        # [n_embd, l_cache]
+        conv = np.zeros_like(b)                                     # [T, n_embd]
+        for k in range(w.shape[1]):             # in k order, f32, as ggml_ssm_conv sums
+            conv = conv + sx[k:k + T] * w[:, k]
+        return L.shortconv_out_proj(c * conv)
+
+    def _forward_lfm2(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W, T = self.config, self.weights, len(tok)
+        x = W.token_embd.w[tok]                                             # [T, n_embd]
+        for il, L in enumerate(W.blk):
+            h = rms_norm(x, L.attn_norm, c.rms_eps)                         # [T, n_embd]
+            if c.recurrent_layers[il]:
+                h = self._shortconv(il, L, h)                               # [T, n_embd]
+            else:
+                q = L.attn_q(h).reshape(T, c.n_head, -1)                    # [T, n_head, hd]
+                k = L.attn_k(h).reshape(T, -1, c.head_dim)                  # [T, n_head_kv, hd]
+                v = L.attn_v(h).reshape(T, -1, c.head_dim)                  # [T, n_head_kv, hd]
+                q = rope(rms_norm(q, L.attn_q_norm, c.rms_eps), pos, c.rope_base, neox=True)
+                k = rope(rms_norm(k, L.attn_k_norm, c.rms_eps), pos, c.rope_base, neox=True)
+                h = L.attn_output(self._attention(il, q, k, v, pos, c.attn_scale))
+            x = x + h
+            h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
+            h = silu(L.ffn_gate(h)) * L.ffn_up(h)                           # [T, n_ff]
+            x = x + L.ffn_down(h)                                           # [T, n_embd]
+        x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
+        return W.output(x)                                                  # [T, n_vocab]
+
+    # -- qwen3moe ---------------------------------------------------------------------------
+    def _forward_qwen3moe(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W, T = self.config, self.weights, len(tok)
+        x = W.token_embd.w[tok]                                             # [T, n_embd]
+        for il, L in enumerate(W.blk):
+            h = rms_norm(x, L.attn_norm, c.rms_eps)                         # [T, n_embd]
+            q = L.attn_q(h).reshape(T, c.n_head, c.head_dim)                # [T, n_head, hd]
+            k = L.attn_k(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            v = L.attn_v(h).reshape(T, c.n_head_kv, c.head_dim)             # [T, n_head_kv, hd]
+            q = rope(rms_norm(q, L.attn_q_norm, c.rms_eps), pos, c.rope_base, neox=True)
+            k = rope(rms_norm(k, L.attn_k_norm, c.rms_eps), pos, c.rope_base, neox=True)
+            att = self._attention(il, q, k, v, pos, c.attn_scale)           # [T, n_head * hd]
+            x = x + L.attn_output(att)                                      # [T, n_embd]
+            h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
+            x = self._moe(L, h) + x                                         # [T, n_embd]
+        x = rms_norm(x, W.output_norm, c.rms_eps)                           # [T, n_embd]
+        return W.output(x)                                                  # [T, n_vocab]
+
+    def _moe(self, L: Block, h: np.ndarray) -> np.ndarray:
+        """build_moe_ffn with softmax gating and renormalised weights: h [T, n_embd] ->
+        the weighted sum of each token's n_expert_used SwiGLU experts [T, n_embd]."""
+        k = self.config.n_expert_used
+        probs = softmax(L.ffn_gate_inp(h))                                  # [T, n_expert]
+        out = np.empty_like(h)
+        for t in range(len(h)):
+            top = np.argsort(-probs[t], kind="stable")[:k]      # largest, lowest index on ties
+            w = probs[t, top]                                               # [k]
+            w = w / max(w.sum(dtype=np.float32), np.float32(6.103515625e-5))
+            acc = None
+            for j, e in enumerate(top):
+                g = L.ffn_gate_exps(h[t:t + 1], e)                          # [1, n_ff_exp]
+                u = L.ffn_up_exps(h[t:t + 1], e)                            # [1, n_ff_exp]
+                y = L.ffn_down_exps(silu(g) * u, e)[0] * w[j]               # [n_embd]
+                acc = y if acc is None else acc + y             # summed in slot order
+            out[t] = acc
+        return out

@@ -1,0 +1,600 @@
+"""A loaded model: weights on the device, its recorded graphs, and the token loop.
+
+Decode is one recorded command buffer replayed per token: the host writes the token id and
+position into small host-visible buffers, submits once, and reads back either the argmax
+(greedy) or the logits (sampling). Prefill runs the prompt in chunks of up to
+`max_tokens`; its graphs are recorded per chunk length and kept for reuse.
+
+Expert placement (`cpu_moe`, llama.cpp's --n-cpu-moe with a fraction): the expert tensors
+of the first layers live in host-visible memory that the GPU reads in place, so they take no
+VRAM. Placement moves bytes, not work: the graphs and their results are the same.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..arch import gemma3, lfm2, llama, qwen3moe
+from ..formats.gguf_file import GGUFFile, ModelFileError
+from ..gpu import vk
+from ..gpu.graph import Graph
+from ..gpu.kernels import WEIGHT_TYPES, KernelCache
+from ..gpu.ops import Builder, RunState, Tensor, Tuning, flash_attn_mode, run_state_args
+
+ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe}
+PREFILL_CHUNK = 256
+PREFILL_GRAPHS_KEPT = 4
+
+
+def default_flash_attn() -> str:
+    """$HOTSEAT_FLASH_ATTN (auto, on or off) or "auto": what a model takes when not told."""
+    mode = os.environ.get("HOTSEAT_FLASH_ATTN") or "auto"
+    try:
+        return flash_attn_mode(mode)
+    except ValueError as exc:
+        raise ValueError(f"HOTSEAT_FLASH_ATTN: {exc}") from None
+
+
+def _check_tensors(g: GGUFFile, cfg) -> None:
+    only = cfg.tensor_types() if hasattr(cfg, "tensor_types") else {}
+    for name, shape in cfg.tensor_shapes().items():
+        t = g.tensor(name)                      # raises "missing tensor"
+        if t.shape != shape:
+            raise ModelFileError(g.path, f"tensor {name} has shape {list(t.shape)}, "
+                                         f"expected {list(shape)}")
+        if t.type_name not in WEIGHT_TYPES:
+            raise ModelFileError(g.path, f"tensor {name} has type {t.type_name}, which this "
+                                         f"engine does not run (supported: "
+                                         f"{', '.join(WEIGHT_TYPES)})")
+        if name in only and t.type_name not in only[name]:
+            raise ModelFileError(g.path, f"tensor {name} has type {t.type_name}, expected "
+                                         f"{' or '.join(only[name])}")
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    generated: int = 0
+    decode_s: float = 0.0
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "prefill_tokens_per_s": (self.prompt_tokens - self.cached_tokens) / self.prefill_s
+            if self.prefill_s > 0 else 0.0,
+            # the first generated token comes out of prefill; the rest are decode steps
+            "decode_tokens_per_s": (self.generated - 1) / self.decode_s
+            if self.decode_s > 0 and self.generated > 1 else 0.0,
+        }
+
+
+class PlacementError(ValueError):
+    """A cpu_moe setting the model cannot take."""
+
+
+class Model:
+    def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, n_ctx: int = 2048,
+                 progress: Callable[[int, int], None] | None = None, name: str | None = None,
+                 warm: bool = True, cpu_moe: float = 0.0, flash_attn: str | None = None):
+        self.dev, self.kernels = dev, kernels
+        self.gguf = GGUFFile(path)
+        self.path = path
+        arch = self.gguf.arch
+        if arch not in ARCHITECTURES:
+            raise ModelFileError(path, f"unsupported architecture {arch!r} (supported: "
+                                       f"{', '.join(ARCHITECTURES)})")
+        self.arch = ARCHITECTURES[arch]
+        self.config = self.arch.Config.from_gguf(self.gguf)
+        self.config.validate(path)
+        self.recurrent = bool(getattr(self.config, "conv_layers", ()))
+        _check_tensors(self.gguf, self.config)
+        if not 16 <= n_ctx <= 1 << 20:
+            raise ValueError(f"context size {n_ctx} out of range")
+        self.n_ctx = n_ctx
+        self.name = name or path.rsplit("/", 1)[-1]
+        self.tuning = Tuning.for_device(dev, flash_attn or default_flash_attn())
+        self.profile = False                    # record graphs with per-op timestamps
+        try:
+            self.host_tensors = self._host_tensors(cpu_moe)   # read by the GPU from host memory
+        except PlacementError:
+            self.gguf.close()
+            raise
+        self.cpu_moe = float(cpu_moe)
+        self._layout = self._plan_layout()      # where each tensor sits in the weight arenas
+        self.arenas: list[vk.Buffer] = []       # device weights while they are resident
+        self.shadow: list[vk.Buffer] = []       # host-visible copy of what is not pinned
+        self.pinned: vk.HostImport | None = None  # the file's pages, imported (discrete GPUs)
+        self._sources = None                    # per arena: where a restore copies from
+        self.host_arenas: list[vk.Buffer] = []  # host-placed weights, from first restore to close
+        self.weights: dict[str, Tensor] = {}   # while resident: self._tensors
+        self._tensors: dict[str, Tensor] = {}
+        self.rs: RunState | None = None        # activations and KV cache while resident
+        # while fully evicted: (host-visible buffer or None, used bytes per layer, layer keys)
+        self.kv_shadow: tuple[vk.Buffer | None, int, list[str]] | None = None
+        # the conv states of recurrent layers, captured at every release (they are
+        # read-write, so the device copy is not a cache of anything) and written back on restore
+        self.recurrent_shadow: dict[int, np.ndarray] | None = None
+        self._decode: dict[bool, Graph] = {}
+        self._prefill: OrderedDict[int, Graph] = OrderedDict()
+        self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
+                                                # recurrent states belong to the end of them
+        self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
+        if warm:
+            try:
+                self.restore(progress)
+            except BaseException:
+                self.close()
+                raise
+
+    # -- residency ----------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """warm: everything on the device; cold: weights released (KV kept or shadowed)."""
+        return "warm" if self.arenas and self.rs is not None else "cold"
+
+    @property
+    def weight_bytes(self) -> int:
+        """Device bytes of the weights (the host-placed ones excluded)."""
+        return sum(self._layout[1])
+
+    @property
+    def host_weight_bytes(self) -> int:
+        """Bytes of the weights cpu_moe keeps in host-visible memory (no VRAM)."""
+        return sum(self._layout[2])
+
+    def warm_bytes(self) -> int:
+        """Device bytes this model holds when warm (what the arbiter must grant)."""
+        return self.weight_bytes + RunState.bytes_for(**self._run_state_args())
+
+    @property
+    def uses_flash_attn(self) -> bool:
+        """Whether prefill runs tiled (flash) attention on this device, for this model."""
+        return self.tuning.use_flash_attn(self.config.head_dim, PREFILL_CHUNK)
+
+    def set_flash_attn(self, mode: str) -> bool:
+        """Prefill attention "auto", "on" or "off" from now on. When that changes what this
+        model runs (its run state holds the masks only when it runs flash attention), the
+        model goes fully cold, KV kept on the host, and restores with it: returns True."""
+        before = self.uses_flash_attn
+        self.tuning.flash_attn = flash_attn_mode(mode)
+        if self.uses_flash_attn == before:
+            return False
+        self.release(full=True)
+        return True
+
+    def _run_state_args(self) -> dict:
+        block = self.tuning.flash_block(self.config.head_dim) if self.uses_flash_attn else None
+        return run_state_args(self.config, self.n_ctx, PREFILL_CHUNK,
+                              self.arch.rope_tables(self.config),
+                              self.arch.attn_windows(self.config), block)
+
+    def restore(self, progress: Callable[[int, int], None] | None = None) -> dict:
+        """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""
+        t0 = time.perf_counter()
+        moved = 0
+        if not self.arenas:
+            moved += self._upload(progress)
+        t1 = time.perf_counter()
+        if self.rs is None:
+            self.rs = RunState(self.dev, self.name, **self._run_state_args())
+            if self.kv_shadow is not None:
+                moved += self._restore_kv()
+        if self.recurrent_shadow is not None:
+            with vk.Uploader(self.dev, staging_bytes=max(4096, sum(
+                    c.nbytes for c in self.recurrent_shadow.values()))) as up:
+                for layer, buf in self.rs.conv_state.items():
+                    up.write(buf, self.recurrent_shadow[layer])
+                moved += up.bytes
+            self.recurrent_shadow = None
+        t2 = time.perf_counter()
+        self.last_transfer = {"op": "restore", "seconds": t2 - t0, "bytes": moved,
+                              "weights_s": t1 - t0, "state_s": t2 - t1}
+        return self.last_transfer
+
+    def release(self, full: bool = True) -> dict:
+        """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
+        back); full eviction copies the used KV to host memory and frees everything on the
+        device. Both copy the recurrent states to host memory. Host-placed weights stay where
+        they are either way: they hold no VRAM, and keeping them spares the restore their
+        copy (close() frees them)."""
+        t0 = time.perf_counter()
+        moved = 0
+        self._drop_graphs()
+        if self.rs is not None and self.rs.conv_state:
+            layers = list(self.rs.conv_state)
+            copies = vk.download_many(self.dev, [(self.rs.conv_state[i],
+                                                  self.rs.conv_state[i].nbytes) for i in layers])
+            self.recurrent_shadow = dict(zip(layers, copies))
+            moved += sum(c.nbytes for c in copies)
+        for b in self.arenas:
+            self.dev.allocator.free(b)
+        self.arenas.clear()                     # the same list: the Tensors refer to it
+        self.weights = {}
+        if full and self.rs is not None:
+            moved += self._shadow_kv()
+            self.rs.close()
+            self.rs = None
+        self.last_transfer = {"op": "release", "seconds": time.perf_counter() - t0,
+                              "bytes": moved}
+        return self.last_transfer
+
+    def _shadow_kv(self) -> int:
+        """Copy the used KV rows into one host-visible buffer (one submit); bytes moved."""
+        used = len(self.cache_tokens) * self.rs.kv_row_bytes
+        pairs = self._kv_buffers()
+        if not used:
+            self.kv_shadow = (None, used, [layer for layer, _ in pairs])
+            return 0
+        host = self.dev.allocator.alloc(used * len(pairs), f"{self.name}/kv_shadow", "shadow",
+                                        host=True)
+        with self.dev.one_shot() as cmd:
+            for i, (_, buf) in enumerate(pairs):
+                vk.copy_buffer(cmd, buf, 0, host, i * used, used)
+        self.kv_shadow = (host, used, [layer for layer, _ in pairs])
+        return used * len(pairs)
+
+    def _restore_kv(self) -> int:
+        """The KV host shadow back into the fresh cache (one submit); bytes moved."""
+        host, used, layers = self.kv_shadow
+        pairs = self._kv_buffers()
+        if [layer for layer, _ in pairs] != layers:
+            raise RuntimeError(f"{self.name}: KV layout changed while cold")
+        if host is not None:
+            with self.dev.one_shot() as cmd:
+                for i, (_, buf) in enumerate(pairs):
+                    vk.copy_buffer(cmd, host, i * used, buf, 0, used)
+            self.dev.allocator.free(host)
+        self.kv_shadow = None
+        return used * len(pairs) if host is not None else 0
+
+    def _kv_buffers(self) -> list[tuple[str, vk.Buffer]]:
+        out = [(f"k{i}", b) for i, b in self.rs.k_cache.items()]
+        return out + [(f"v{i}", b) for i, b in self.rs.v_cache.items()]
+
+    def kv_checksum(self) -> str:
+        """Digest of the used KV cache, from the device or from the host shadow."""
+        import hashlib
+
+        h = hashlib.sha256()
+        if self.rs is not None:
+            used = len(self.cache_tokens) * self.rs.kv_row_bytes
+            pairs = [(buf, used) for _, buf in self._kv_buffers()]
+            for c in (vk.download_many(self.dev, pairs) if used else []):
+                h.update(c.tobytes())
+        elif self.kv_shadow is not None and self.kv_shadow[0] is not None:
+            host, used, layers = self.kv_shadow
+            for i in range(len(layers)):
+                h.update(host.view[i * used:(i + 1) * used].tobytes())
+        return h.hexdigest()
+
+    def recurrent_checksum(self) -> str:
+        """Digest of the recurrent states: the host shadow while there is one (it is what a
+        restore writes back), else the device copy."""
+        import hashlib
+
+        h = hashlib.sha256()
+        if self.recurrent_shadow is not None:
+            for layer in sorted(self.recurrent_shadow):
+                h.update(self.recurrent_shadow[layer].tobytes())
+        elif self.rs is not None and self.rs.conv_state:
+            layers = sorted(self.rs.conv_state)
+            bufs = [(self.rs.conv_state[i], self.rs.conv_state[i].nbytes) for i in layers]
+            for c in vk.download_many(self.dev, bufs):
+                h.update(c.tobytes())
+        return h.hexdigest()
+
+    def host_shadow_bytes(self) -> int:
+        """Host memory that backs a restore: the device weights' host-visible copy (or the
+        mapped GGUF file), any KV shadow and the recurrent states. Host-placed weights are
+        counted apart, in host_weight_bytes."""
+        kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
+        rec = sum(c.nbytes for c in self.recurrent_shadow.values()) \
+            if self.recurrent_shadow else 0
+        return self.weight_bytes + kv + rec
+
+    def _drop_graphs(self) -> None:
+        for g in list(self._decode.values()) + list(self._prefill.values()):
+            g.close()
+        self._decode, self._prefill = {}, OrderedDict()
+
+    # -- weights ----------------------------------------------------------------------------
+    ARENA_BYTES = 1 << 30          # weights are packed into buffers of at most this size
+    write_in_place = True          # on unified memory; tests turn it off to take the
+                                   # discrete-GPU path (host shadow + device copy)
+
+    def _host_tensors(self, cpu_moe: float) -> frozenset[str]:
+        """The expert tensors cpu_moe places in host memory. Its integer part N takes every
+        expert tensor of layers 0..N-1; its fraction takes that share of layer N's three
+        (gate, up, down), rounded down to whole tensors in that order, a third written as
+        0.33: 0.33 to 0.65 takes gate, 0.66 to 0.99 gate and up. Down stays on the device."""
+        if isinstance(cpu_moe, bool) or not isinstance(cpu_moe, (int, float)) \
+                or not math.isfinite(cpu_moe) or cpu_moe < 0:
+            raise PlacementError(f"cpu_moe must be a number >= 0, got {cpu_moe!r}")
+        if cpu_moe == 0:
+            return frozenset()
+        experts = getattr(self.arch, "expert_tensors", None)
+        if experts is None:
+            raise PlacementError(f"cpu_moe {cpu_moe:g}: {self.name} ({self.gguf.arch}) is not "
+                                 "a mixture-of-experts model, it has no expert tensors")
+        n_layer = self.config.n_layer
+        if cpu_moe > n_layer:
+            raise PlacementError(f"cpu_moe {cpu_moe:g} is beyond the {n_layer} layers of "
+                                 f"{self.name}")
+        whole = int(cpu_moe)
+        names = [n for i in range(whole) for n in experts(self.config, i)]
+        if cpu_moe > whole:
+            layer = experts(self.config, whole)
+            take = int((cpu_moe - whole) * len(layer) + 0.03)   # 0.33 is a third
+            if take == 0:
+                raise PlacementError(f"cpu_moe {cpu_moe:g}: the fraction places whole tensors "
+                                     f"of layer {whole}, gate then up; .33 or more takes its "
+                                     "gate")
+            names += layer[:take]
+        return frozenset(names)
+
+    def _plan_layout(self):
+        """Pack every tensor into arenas, the host-placed ones into host arenas; split tensors
+        past the storage-buffer range by rows (expert tensors by whole experts).
+
+        Returns (placements, device arena sizes, host arena sizes): placements are (name,
+        first row, rows, arena, offset, bytes, file offset, host). Every part takes its size
+        rounded up to the alignment, so the arenas of each side add up to their tensors'
+        padded bytes however the tensors are split between the sides."""
+        align = max(self.dev.storage_align, 256)
+        limit = min(self.dev.max_storage_range, self.ARENA_BYTES)
+        placements, sizes = [], {False: [], True: []}
+        for n in self.config.tensor_shapes():
+            t = self.gguf.tensor(n)
+            host = n in self.host_tensors
+            rows = t.n_elements // t.shape[0]
+            row_bytes = t.nbytes // rows
+            unit = t.shape[1] if len(t.shape) == 3 else 1      # rows of one expert
+            if unit * row_bytes > limit:
+                raise ModelFileError(self.path, f"tensor {n}: one expert's {unit * row_bytes} "
+                                                f"bytes exceed the device's buffer range")
+            per_part = max(unit, min(rows, limit // row_bytes) // unit * unit)
+            arenas = sizes[host]
+            for first in range(0, rows, per_part):
+                count = min(per_part, rows - first)
+                nbytes = count * row_bytes
+                padded = -(-nbytes // align) * align
+                if not arenas or (arenas[-1] + padded > self.ARENA_BYTES and arenas[-1] > 0):
+                    arenas.append(0)
+                placements.append((n, first, count, len(arenas) - 1, arenas[-1], nbytes,
+                                   first * row_bytes, host))
+                arenas[-1] += padded
+        return placements, sizes[False], sizes[True]
+
+    def _upload(self, progress) -> int:
+        """Weights onto the device. On unified memory they are written in place from the
+        GGUF memmap. Otherwise every restore is copy commands from host memory the GPU
+        reads: the file's own pages, imported (pinned) where the driver allows, and for the
+        rest a host-visible shadow filled once, on the first upload. Host-placed weights
+        (cpu_moe) are written from the memmap on the first upload and kept."""
+        placements, sizes, host_sizes = self._layout
+        fill_host = bool(host_sizes) and not self.host_arenas
+        total = sum(p[5] for p in placements if fill_host or not p[7])
+        t0 = time.perf_counter()
+        alloc = self.dev.allocator.alloc
+        self.arenas[:] = [alloc(n, f"{self.name}/weights.{i}", "weights")
+                          for i, n in enumerate(sizes)]
+        if fill_host:
+            self.host_arenas = [alloc(n, f"{self.name}/host_weights.{i}", "host_weights",
+                                      host=True) for i, n in enumerate(host_sizes)]
+        self.upload_timing = {"alloc_s": time.perf_counter() - t0}
+        direct = self.arenas[0].view is not None and self.write_in_place
+        done = 0
+        for n, first, count, a, off, nbytes, src, host in placements:
+            dst = (self.host_arenas if fill_host else None) if host else \
+                (self.arenas if direct else None)
+            if dst is None:
+                continue
+            t = self.gguf.tensor(n)
+            dst[a].view[off:off + nbytes] = t.data[src:src + nbytes]
+            done += nbytes
+            if progress:
+                progress(done, total)
+        if not direct:
+            if self._sources is None:
+                self._sources = self._plan_sources(progress, done, total)
+            t0 = time.perf_counter()
+            with self.dev.one_shot() as cmd:
+                for a, by_src in enumerate(self._sources):
+                    for src_buf, regions in by_src:
+                        vk.copy_regions(cmd, src_buf, self.arenas[a], regions)
+            self.upload_timing["copy_s"] = time.perf_counter() - t0
+            if progress:
+                progress(total, total)
+        if not self._tensors:                  # the layout never changes: built once
+            for n, first, count, a, off, nbytes, _, host in placements:
+                t = self.gguf.tensor(n)
+                if n not in self._tensors:
+                    self._tensors[n] = Tensor(t.type_name, t.shape, [],
+                                              self.host_arenas if host else self.arenas)
+                self._tensors[n].parts.append((first, count, a, off, nbytes))
+        self.weights = self._tensors
+        return total
+
+    pin_host = True                # import the file's pages where the driver allows
+
+    def _plan_sources(self, progress, done: int, total: int):
+        """Per arena, [(source buffer, [(src offset, dst offset, bytes)])]: the imported
+        file pages for every tensor they cover, else a host-visible shadow filled now."""
+        placements, sizes, _ = self._layout
+        imp = None
+        if self.pin_host and self.dev.host_import_align and self.dev.imports_file_pages:
+            imp = vk.HostImport(self.dev, self.gguf.mapped, f"{self.name}/file")
+            if not imp.chunks:
+                imp.close()
+                imp = None
+        self.pinned = imp
+        plan: list[dict] = [{} for _ in sizes]          # arena -> {source: regions}
+        missing: list[list] = [[] for _ in sizes]
+        for n, first, count, a, off, nbytes, src, host in placements:
+            if host:
+                continue
+            t = self.gguf.tensor(n)
+            spans = imp.spans(t.offset + src, nbytes) if imp is not None else None
+            if spans is None:                      # not imported (or straddles a refused
+                missing[a].append((n, off, nbytes, src))   # chunk): from the shadow
+                continue
+            dst = off
+            for buf, src_off, k in spans:          # a tensor across two chunks: two copies
+                plan[a].setdefault(id(buf), (buf, []))[1].append((src_off, dst, k))
+                dst += k
+        done += total - done - sum(p[2] for m in missing for p in m)
+        for a, parts in enumerate(missing):
+            if not parts:
+                continue
+            size = sum(-(-p[2] // 16) * 16 for p in parts)
+            shadow = self.dev.allocator.alloc(size, f"{self.name}/shadow.{a}", "shadow",
+                                              host=True)
+            self.shadow.append(shadow)
+            regions, pos = [], 0
+            for n, off, nbytes, src in parts:
+                shadow.view[pos:pos + nbytes] = self.gguf.tensor(n).data[src:src + nbytes]
+                regions.append((pos, off, nbytes))
+                pos += -(-nbytes // 16) * 16
+                done += nbytes
+                if progress:
+                    progress(done, total)
+            plan[a][id(shadow)] = (shadow, regions)
+        return [list(p.values()) for p in plan]
+
+    def pinned_bytes(self) -> int:
+        """Host bytes imported for the device to copy from (the GGUF file's own pages)."""
+        return self.pinned.nbytes if self.pinned is not None else 0
+
+    # -- graphs -----------------------------------------------------------------------------
+    def _record(self, n: int, greedy: bool) -> Graph:
+        g = Graph(self.dev, self.kernels, f"{self.name}/n{n}", profile=self.profile)
+        b = Builder(g, self.weights, self.rs, self.tuning)
+        self.arch.forward(b, self.config, self.rs, n)
+        if greedy:
+            b.argmax(self.rs.logits, self.rs.result, self.config.n_vocab)
+        else:
+            g.copy(self.rs.logits, 0, self.rs.result, 0, 4 * self.config.n_vocab)
+        return g.finish()
+
+    def _graph(self, n: int, greedy: bool) -> Graph:
+        if n == 1:
+            if greedy not in self._decode:
+                self._decode[greedy] = self._record(1, greedy)
+            return self._decode[greedy]
+        key = (n, greedy)
+        if key in self._prefill:
+            self._prefill.move_to_end(key)
+            return self._prefill[key]
+        g = self._record(n, greedy)
+        self._prefill[key] = g
+        if len(self._prefill) > PREFILL_GRAPHS_KEPT:
+            self._prefill.popitem(last=False)[1].close()
+        return g
+
+    def _run(self, tokens: list[int], pos0: int, greedy: bool) -> int | np.ndarray:
+        if self.state != "warm":
+            raise RuntimeError(f"{self.name} is cold: restore it before running it")
+        if pos0 + len(tokens) > self.n_ctx:
+            raise ContextFull(f"{pos0 + len(tokens)} tokens exceed the context of {self.n_ctx}")
+        if self.recurrent:
+            # a recurrent state cannot rewind: a run starts a sequence or continues the last
+            if pos0 == 0:
+                self.rs.reset_recurrent()
+            elif pos0 != len(self.cache_tokens):
+                raise ValueError(f"{self.name}: the recurrent state is at position "
+                                 f"{len(self.cache_tokens)}, not {pos0}")
+        self.rs.set_step(tokens, pos0)
+        self._graph(len(tokens), greedy).replay()
+        del self.cache_tokens[pos0:]
+        self.cache_tokens.extend(tokens)
+        if greedy:
+            return int(self.rs.result.read(np.uint32, 1)[0])
+        return self.rs.result.read(np.float32, self.config.n_vocab)
+
+    def eval(self, tokens: list[int], pos0: int, greedy: bool = True) -> int | np.ndarray:
+        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits."""
+        out = None
+        for s in range(0, len(tokens), PREFILL_CHUNK):
+            chunk = tokens[s:s + PREFILL_CHUNK]
+            out = self._run(chunk, pos0 + s, greedy)
+        return out
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(self, prompt: list[int], max_new: int, sample: Callable | None = None,
+                 stop_ids: set[int] = frozenset(), timings: Timings | None = None
+                 ) -> Iterator[int]:
+        """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
+
+        The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
+        token is recomputed, for its logits). Recurrent states belong to the end of the cache,
+        so with them the cache is reused only when all of it is a prefix of prompt[:-1].
+        """
+        if not prompt:
+            raise ValueError("empty prompt")
+        t = timings if timings is not None else Timings()
+        greedy = sample is None
+        reuse = 0
+        for a, b in zip(self.cache_tokens, prompt[:-1]):
+            if a != b:
+                break
+            reuse += 1
+        if self.recurrent and reuse < len(self.cache_tokens):
+            reuse = 0
+        t.prompt_tokens, t.cached_tokens = len(prompt), reuse
+        history = list(prompt)
+        t0 = time.perf_counter()
+        out = self.eval(prompt[reuse:], reuse, greedy)
+        t.prefill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pos = len(prompt)
+        for i in range(max_new):
+            tok = out if greedy else sample(out, history)
+            t.generated += 1
+            yield tok
+            history.append(tok)
+            if tok in stop_ids or i == max_new - 1 or pos >= self.n_ctx:
+                break
+            out = self._run([tok], pos, greedy)
+            pos += 1
+            t.decode_s = time.perf_counter() - t0
+
+    def device_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        bufs = list(self.arenas) + (self.rs.buffers() if self.rs else [])
+        for b in bufs:
+            if not b.released:
+                out[b.kind] = out.get(b.kind, 0) + b.nbytes
+        return out
+
+    def close(self) -> None:
+        self.release(full=False)
+        if self.rs is not None:
+            self.rs.close()
+            self.rs = None
+        for b in self.shadow + self.host_arenas:
+            self.dev.allocator.free(b)
+        self.shadow, self.host_arenas = [], []
+        if self.pinned is not None:
+            self.pinned.close()
+            self.pinned = None
+        self._sources = None
+        if self.kv_shadow is not None and self.kv_shadow[0] is not None:
+            self.dev.allocator.free(self.kv_shadow[0])
+        self.kv_shadow = None
+        self.recurrent_shadow = None
+        self.gguf.close()
+
+
+class ContextFull(ValueError):
+    pass

@@ -1,0 +1,757 @@
+"""Every kernel against a numpy reference (gguf.quants for dequantization), by NMSE."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.gpu import vk
+from engine.gpu.graph import run_once
+from engine.gpu.kernels import K_QUANTS, KERNELS, WEIGHT_TYPES
+
+pytestmark = pytest.mark.gpu
+SHADERS = Path(__file__).resolve().parents[3] / "shaders"
+
+
+def nmse(got: np.ndarray, want: np.ndarray) -> float:
+    want = np.asarray(want, np.float64)
+    return float(np.sum((np.asarray(got, np.float64) - want) ** 2) / max(np.sum(want ** 2), 1e-30))
+
+
+def buf(dev, data: np.ndarray | None = None, nbytes: int | None = None, kind="compute"):
+    n = data.nbytes if data is not None else nbytes
+    b = dev.allocator.alloc(n, "test", kind)
+    if data is not None:
+        vk.upload(dev, b, np.ascontiguousarray(data))
+    return b
+
+
+def read(dev, b, dtype=np.float32):
+    return vk.download(dev, b).view(dtype)
+
+
+def step_buffer(dev, pos0: int):
+    return buf(dev, np.array([pos0, 0, 0, 0], np.uint32))
+
+
+def quantized(wtype: str, rows: int, cols: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    """(raw bytes as stored in GGUF, their dequantized float32 values)."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    w = rng.standard_normal((rows, cols)).astype(np.float32)
+    if wtype == "F32":
+        return w.view(np.uint8), w
+    qt = gguf.GGMLQuantizationType[wtype]
+    if wtype in K_QUANTS:
+        # gguf-py only dequantizes K-quants: random blocks with sane f16 scales stand in
+        block, size = gguf.GGML_QUANT_SIZES[qt]
+        raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
+        scales = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16)
+        if wtype == "Q6_K":
+            raw[..., -2:] = scales[..., :1].view(np.uint8)
+        else:
+            raw[..., :4] = scales.view(np.uint8).reshape(rows, cols // block, 4)
+        raw = raw.reshape(rows, -1)
+    else:
+        raw = quantize(w, qt)
+    return raw.reshape(-1).view(np.uint8), dequantize(raw, qt).reshape(rows, cols)
+
+
+# -- push constants match the GLSL blocks --------------------------------------------------
+
+_GLSL_TYPES = {"uint": "u32", "float": "f32"}
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_push_constants_match_glsl(name):
+    ks = KERNELS[name]
+    src = (SHADERS / ks.source).read_text()
+    block = re.search(r"push_constant\)\s*uniform\s+\w+\s*\{(.*?)\}", src, re.S)
+    fields = []
+    for line in block.group(1).split(";"):
+        line = re.sub(r"//.*", "", line).strip()
+        if not line:
+            continue
+        typ, *names = line.replace(",", " ").split()
+        fields += [(n, _GLSL_TYPES[typ]) for n in names]
+    assert tuple(fields) == ks.push
+    n_bindings = len(set(re.findall(r"binding\s*=\s*(\d+)", src)))
+    if "quant.glsl" in src:
+        n_bindings += 1          # the weight buffer is declared in the include
+    if "STEP_BUFFER" in src:
+        n_bindings += 1
+    assert n_bindings == ks.n_buffers
+
+
+# -- matrix products -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("n_tokens,nt,rows,warps", [(1, 1, 1, 1), (1, 1, 4, 4), (7, 4, 2, 2),
+                                                    (19, 8, 2, 4)])
+def test_mul_mat(dev, kc, wtype, n_tokens, nt, rows, warps):
+    rng = np.random.default_rng(1)
+    n_out, n_in = 70, 512
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = rng.standard_normal((n_tokens, n_in)).astype(np.float32)
+    bw, bx, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, nbytes=4 * n_tokens * n_out)
+    run_once(dev, kc, "mul_mat", [bw, bx, by],
+             (-(-n_out // (rows * warps)), -(-n_tokens // nt), 1), wtype=wtype,
+             spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACC=0), n_in=n_in, n_out=n_out, n_tokens=n_tokens,
+             x_offset=0, y_offset=0, row_offset=0, y_stride=n_out)
+    got = read(dev, by)[: n_tokens * n_out].reshape(n_tokens, n_out)
+    assert nmse(got, x @ w.T) < 1e-10
+
+
+def test_mul_mat_accumulates_and_offsets(dev, kc):
+    rng = np.random.default_rng(2)
+    n_out, n_in = 33, 64
+    raw, w = quantized("Q8_0", 2 * n_out, n_in, rng)
+    x = rng.standard_normal((3, n_in)).astype(np.float32)
+    y0 = rng.standard_normal(n_out).astype(np.float32)
+    bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, y0)
+    # last token only, second half of the weight rows, added into y
+    run_once(dev, kc, "mul_mat", [bw, bx, by], (n_out, 1, 1), wtype="Q8_0",
+             spec=dict(WG=dev.subgroup_size, ROWS=1, NT=1, ACC=1), n_in=n_in, n_out=n_out, n_tokens=1,
+             x_offset=2 * n_in // 4, y_offset=0, row_offset=n_out, y_stride=n_out)
+    assert nmse(read(dev, by)[:n_out], y0 + w[n_out:] @ x[2]) < 1e-10
+
+
+# -- mixture of experts ----------------------------------------------------------------------
+
+def router_ref(logits: np.ndarray, k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
+    e = np.exp(logits - logits.max(-1, keepdims=True))
+    p = e / e.sum(-1, keepdims=True)
+    ids = np.argsort(-p, axis=-1, kind="stable")[:, :k]       # largest, lowest index on ties
+    w = np.take_along_axis(p, ids, -1)
+    return ids, w / w.sum(-1, keepdims=True) if norm else w
+
+
+@pytest.mark.parametrize("n_expert,k,norm", [(8, 2, 1), (60, 4, 1), (128, 8, 0), (5, 5, 1)])
+def test_moe_router(dev, kc, n_expert, k, norm):
+    rng = np.random.default_rng(20)
+    T = 6
+    logits = (rng.standard_normal((T, n_expert)) * 3).astype(np.float32)
+    logits[0, [1, 3, 6 % n_expert]] = 9.0                 # a tie: the lower indices win
+    bl, bi, bw = buf(dev, logits), buf(dev, nbytes=4 * T * k), buf(dev, nbytes=4 * T * k)
+    run_once(dev, kc, "moe_router", [bl, bi, bw], (T, 1, 1), spec=dict(NORM=norm),
+             n_expert=n_expert, n_used=k)
+    ids, w = router_ref(logits.astype(np.float64), k, bool(norm))
+    assert np.array_equal(read(dev, bi, np.uint32).reshape(T, k), ids)
+    assert nmse(read(dev, bw).reshape(T, k), w) < 1e-12
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("per_slot", [0, 1])
+def test_mul_mat_id(dev, kc, wtype, per_slot):
+    """Each token's routed experts, from an ids buffer; x shared by a token's slots (gate,
+    up) or one row per slot (down)."""
+    rng = np.random.default_rng(21)
+    n_expert, n_out, n_in, T, k, rows, warps = 5, 40, 256, 3, 2, 2, 2
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    w = w.reshape(n_expert, n_out, n_in)
+    ids = np.array([[4, 0], [2, 4], [1, 3]], np.uint32)
+    x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
+    bw, bx, bi = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, ids)
+    by = buf(dev, nbytes=4 * T * k * n_out)
+    run_once(dev, kc, "mul_mat_id", [bw, bx, bi, by], (-(-n_out // (rows * warps)), k, T),
+             wtype=wtype, spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, X_SLOT=per_slot),
+             n_in=n_in, n_out=n_out, n_used=k, expert_base=0, n_experts=n_expert)
+    want = np.stack([np.stack([w[ids[t, j]] @ (x[t, j] if per_slot else x[t])
+                               for j in range(k)]) for t in range(T)])
+    assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10
+
+
+def test_mul_mat_id_from_expert_parts(dev, kc):
+    """W bound as two parts of whole experts: each dispatch writes only the slots whose
+    expert its part holds."""
+    rng = np.random.default_rng(22)
+    n_expert, n_out, n_in, T, k = 4, 24, 64, 4, 2
+    raw, w = quantized("Q8_0", n_expert * n_out, n_in, rng)
+    w = w.reshape(n_expert, n_out, n_in)
+    ids = np.array([[3, 0], [1, 2], [2, 3], [0, 1]], np.uint32)
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    bx, bi, by = buf(dev, x), buf(dev, ids), buf(dev, np.zeros((T, k, n_out), np.float32))
+    per_expert = raw.nbytes // n_expert
+    for first, count in ((0, 1), (1, 3)):
+        part = buf(dev, raw[first * per_expert:(first + count) * per_expert])
+        run_once(dev, kc, "mul_mat_id", [part, bx, bi, by], (n_out, k, T), wtype="Q8_0",
+                 spec=dict(WG=dev.subgroup_size, ROWS=1), n_in=n_in, n_out=n_out, n_used=k,
+                 expert_base=first, n_experts=count)
+    want = np.stack([np.stack([w[e] @ x[t] for e in ids[t]]) for t in range(T)])
+    assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10
+
+
+def test_mul_mat_id_rounds_like_ggml(dev, kc):
+    """ACT = 2 (Q4_1 against Q8_1 activations), as in mul_mat."""
+    rng = np.random.default_rng(23)
+    n_expert, n_out, n_in, T, k = 3, 32, 128, 2, 2
+    raw, _ = quantized("Q4_1", n_expert * n_out, n_in, rng)
+    ids = np.array([[2, 0], [1, 2]], np.uint32)
+    x = (rng.standard_normal((T, n_in)) * 3).astype(np.float32)
+    bw, bx, bi = buf(dev, raw), buf(dev, x), buf(dev, ids)
+    by = buf(dev, nbytes=4 * T * k * n_out)
+    run_once(dev, kc, "mul_mat_id", [bw, bx, bi, by], (n_out // 4, k, T), wtype="Q4_1",
+             spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACT=2), n_in=n_in, n_out=n_out,
+             n_used=k, expert_base=0, n_experts=n_expert)
+    per_expert = raw.nbytes // n_expert
+    want = np.stack([np.stack([
+        ggml_dot_q4_1_q8_1(raw[e * per_expert:(e + 1) * per_expert], x[t:t + 1], n_out,
+                           n_in)[0] for e in ids[t]]) for t in range(T)])
+    got = read(dev, by).reshape(T, k, n_out)
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+
+
+def test_moe_combine(dev, kc):
+    rng = np.random.default_rng(24)
+    T, k, n_embd = 5, 3, 96
+    y = rng.standard_normal((T, k, n_embd)).astype(np.float32)
+    w = rng.uniform(0, 1, (T, k)).astype(np.float32)
+    x = rng.standard_normal((T, n_embd)).astype(np.float32)
+    by, bw, bx = buf(dev, y), buf(dev, w), buf(dev, x)
+    run_once(dev, kc, "moe_combine", [by, bw, bx], (-(-T * n_embd // 64), 1, 1), n_embd=n_embd,
+             n_used=k, n=T * n_embd)
+    acc = y[:, 0] * w[:, :1]
+    for j in range(1, k):
+        acc = acc + y[:, j] * w[:, j:j + 1]
+    assert nmse(read(dev, bx).reshape(T, n_embd), acc + x) < 1e-13
+
+
+def test_moe_limits_match_glsl():
+    from engine.gpu.kernels import MOE_MAX_EXPERT, MOE_MAX_USED
+
+    src = (SHADERS / "moe_router.comp").read_text()
+    assert f"MAX_EXPERT = {MOE_MAX_EXPERT}, MAX_USED = {MOE_MAX_USED};" in src
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_get_rows(dev, kc, wtype):
+    rng = np.random.default_rng(3)
+    cols = 512 if wtype in K_QUANTS else 96
+    raw, w = quantized(wtype, 50, cols, rng)
+    ids = np.array([3, 0, 49, 3, 17], np.uint32)
+    bw, bi, bo = buf(dev, raw), buf(dev, ids), buf(dev, nbytes=4 * 5 * cols)
+    run_once(dev, kc, "get_rows", [bw, bi, bo], (5, 1, 1), wtype=wtype,
+             n_cols=cols, n_rows=5, scale=1.5, row_base=0, part_rows=50)
+    assert nmse(read(dev, bo).reshape(5, cols), 1.5 * w[ids]) < 1e-12
+
+
+def test_get_rows_from_table_parts(dev, kc):
+    rng = np.random.default_rng(12)
+    raw, w = quantized("Q8_0", 40, 64, rng)
+    row_bytes = raw.nbytes // 40
+    ids = np.array([39, 0, 25, 24], np.uint32)
+    bi, bo = buf(dev, ids), buf(dev, np.zeros((4, 64), np.float32))
+    for first, count in ((0, 25), (25, 15)):
+        part = buf(dev, raw[first * row_bytes:(first + count) * row_bytes])
+        run_once(dev, kc, "get_rows", [part, bi, bo], (4, 1, 1), wtype="Q8_0", n_cols=64,
+                 n_rows=4, scale=1.0, row_base=first, part_rows=count)
+    assert nmse(read(dev, bo).reshape(4, 64), w[ids]) < 1e-12
+
+
+# -- elementwise and normalisation ------------------------------------------------------------
+
+def test_rms_norm(dev, kc):
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((6, 576)).astype(np.float32) * 3
+    w = rng.standard_normal(576).astype(np.float32)
+    bx, bw, bo = buf(dev, x), buf(dev, w), buf(dev, nbytes=x.nbytes)
+    run_once(dev, kc, "rms_norm", [bx, bw, bo], (5, 1, 1), n_cols=576, n_rows=5, eps=1e-5,
+             x_offset=1)
+    want = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-5) * w
+    assert nmse(read(dev, bo).reshape(6, 576)[1:], want[1:]) < 1e-12
+
+
+@pytest.mark.parametrize("gelu", [0, 1])
+def test_silu_mul(dev, kc, gelu):
+    rng = np.random.default_rng(5)
+    g, u = (rng.standard_normal(1000).astype(np.float32) * 4 for _ in range(2))
+    bg, bu, bo = buf(dev, g), buf(dev, u), buf(dev, nbytes=g.nbytes)
+    run_once(dev, kc, "silu_mul", [bg, bu, bo], (16, 1, 1), spec=dict(GELU=gelu), n=1000)
+    if gelu:
+        a = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * g * (1 + 0.044715 * g * g)))
+    else:
+        a = g / (1 + np.exp(-g))
+    assert nmse(read(dev, bo), a * u) < 1e-12
+
+
+def test_add(dev, kc):
+    rng = np.random.default_rng(6)
+    a, b = (rng.standard_normal(300).astype(np.float32) for _ in range(2))
+    ba, bb, bo = buf(dev, a), buf(dev, b), buf(dev, nbytes=a.nbytes)
+    run_once(dev, kc, "add", [ba, bb, bo], (5, 1, 1), n=300)
+    assert np.array_equal(read(dev, bo), a + b)
+
+
+def test_argmax_lowest_index_on_ties(dev, kc):
+    x = np.random.default_rng(7).standard_normal(49152).astype(np.float32)
+    x[[1234, 40000]] = 9.0
+    bx, bo = buf(dev, x), buf(dev, nbytes=4)
+    run_once(dev, kc, "argmax", [bx, bo], (1, 1, 1), n=49152, x_offset=0)
+    assert read(dev, bo, np.uint32)[0] == 1234
+
+
+# -- rope, KV cache, attention ---------------------------------------------------------------
+
+def rope_ref(x: np.ndarray, pos0: int, n_dims: int, base: float, neox: bool) -> np.ndarray:
+    n_tok, n_heads, hd = x.shape
+    out = x.astype(np.float64).copy()
+    half = n_dims // 2
+    inv = base ** (-2.0 * np.arange(half) / n_dims)
+    for t in range(n_tok):
+        th = (pos0 + t) * inv
+        c, s = np.cos(th), np.sin(th)
+        a = np.arange(half) if neox else 2 * np.arange(half)
+        b = a + half if neox else a + 1
+        x0, x1 = x[t][:, a].astype(np.float64), x[t][:, b].astype(np.float64)
+        out[t][:, a] = x0 * c - x1 * s
+        out[t][:, b] = x0 * s + x1 * c
+    return out
+
+
+@pytest.mark.parametrize("neox", [0, 1])
+def test_rope_in_place(dev, kc, neox):
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((5, 3, 64)).astype(np.float32)
+    bx, st = buf(dev, x), step_buffer(dev, 37)
+    run_once(dev, kc, "rope", [bx, bx, bx, st, bx], (-(-5 * 3 * 32 // 64), 1, 1),
+             spec=dict(NEOX=neox, OUT_F16=0, TABLE=0), n_heads=3, head_dim=64, n_dims=64, n_tokens=5,
+             freq_base=10000.0, freq_scale=1.0)
+    assert nmse(read(dev, bx).reshape(x.shape), rope_ref(x, 37, 64, 10000.0, bool(neox))) < 1e-11
+
+
+def test_rope_into_f16_cache(dev, kc):
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((4, 2, 64)).astype(np.float32)
+    n_ctx = 16
+    bx, st = buf(dev, x), step_buffer(dev, 5)
+    cache = buf(dev, np.zeros((n_ctx, 2, 64), np.float16), kind="kv")
+    run_once(dev, kc, "rope", [bx, bx, cache, st, bx], (4, 1, 1),
+             spec=dict(NEOX=0, OUT_F16=1, TABLE=0),
+             n_heads=2, head_dim=64, n_dims=64, n_tokens=4, freq_base=1e5, freq_scale=1.0)
+    got = read(dev, cache, np.float16).reshape(n_ctx, 2, 64).astype(np.float32)
+    assert nmse(got[5:9], rope_ref(x, 5, 64, 1e5, False)) < 1e-6
+    assert not got[:5].any() and not got[9:].any()
+
+
+def test_set_rows(dev, kc):
+    x = np.random.default_rng(10).standard_normal((3, 192)).astype(np.float32)
+    st = step_buffer(dev, 2)
+    bx, cache = buf(dev, x), buf(dev, np.zeros((8, 192), np.float16))
+    run_once(dev, kc, "set_rows", [bx, cache, st], (9, 1, 1), n_cols=192, n_rows=3)
+    got = read(dev, cache, np.float16).reshape(8, 192)
+    assert np.array_equal(got[2:5], x.astype(np.float16)) and not got[5:].any()
+
+
+def attention_ref(q, k, v, pos0, window, scale):
+    n_tok, n_head, hd = q.shape
+    group = n_head // k.shape[1]
+    out = np.zeros_like(q, dtype=np.float64)
+    for t in range(n_tok):
+        pos = pos0 + t
+        lo = pos - window + 1 if window and pos >= window else 0
+        for h in range(n_head):
+            kk = k[lo:pos + 1, h // group].astype(np.float64)
+            s = kk @ q[t, h].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ v[lo:pos + 1, h // group].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("hd,window", [(64, 0), (256, 0), (64, 5)])
+def test_attention(dev, kc, hd, window):
+    rng = np.random.default_rng(11)
+    n_ctx, n_head, n_kv, n_tok, pos0 = 40, 6, 2, 4, 20
+    k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    bo, st = buf(dev, nbytes=q.nbytes), step_buffer(dev, pos0)
+    scale = hd ** -0.5
+    run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n_tok, 1), spec=dict(HD=hd),
+             n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window, scale=scale)
+    want = attention_ref(q, k, v, pos0, window, scale)
+    assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-10
+
+
+# -- llama.cpp CPU numerics -------------------------------------------------------------------
+
+def ggml_dot_q4_1_q8_1(raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
+    """ggml's Q4_1 x Q8_1 dot: integer sums per block, scaled by the f16 d's, plus m * s."""
+    xb = x.reshape(len(x), -1, 32)
+    amax = np.abs(xb).max(-1, keepdims=True)
+    d = amax / np.float32(127)
+    q = np.rint(xb * (np.float32(127) / amax))
+    dh = d.astype(np.float16).astype(np.float32)[..., 0]
+    s = (d[..., 0] * q.sum(-1)).astype(np.float16).astype(np.float32)
+    blk = raw.reshape(n_out, n_in // 32, 20)
+    dw = blk[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+    mw = blk[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
+    qw = np.concatenate([blk[..., 4:] & 15, blk[..., 4:] >> 4], -1).astype(np.float32)
+    sumi = np.einsum("obj,tbj->tob", qw, q)
+    return (dw[None] * dh[:, None, :] * sumi).sum(-1) + (mw[None] * s[:, None, :]).sum(-1)
+
+
+def test_quantized_activations_match_ggml_dot(dev, kc):
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, RunState, Tensor, Tuning
+
+    rng = np.random.default_rng(13)
+    n_in, n_out, T = 576, 96, 3
+    raw, _ = quantized("Q4_1", n_out, n_in, rng)
+    x = (rng.standard_normal((T, n_in)) * 3).astype(np.float32)
+    want = ggml_dot_q4_1_q8_1(raw, x, n_out, n_in)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
+    bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, nbytes=4 * T * n_out)
+    w = Tensor("Q4_1", (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    for n, x_row, rows in ((T, 0, slice(None)), (1, T - 1, slice(T - 1, T))):
+        g = Graph(dev, kc, "t")
+        Builder(g, {}, rs, Tuning.for_device(dev)).matmul(w, bx, by, n, x_row=x_row)
+        g.replay()
+        got = read(dev, by)[: n * n_out].reshape(n, n_out)
+        g.close()
+        assert np.abs(got - want[rows]).max() < 1e-5 * np.abs(want).max()
+    rs.close()
+
+
+@pytest.mark.parametrize("fmt", [0, 2, 3])
+def test_quantize_act_formats(dev, kc, fmt):
+    rng = np.random.default_rng(14)
+    x = (rng.standard_normal((2, 512)) * 5).astype(np.float32)
+    bx, bo = buf(dev, x), buf(dev, nbytes=x.nbytes)
+    run_once(dev, kc, "quantize_act", [bx, bo], (1 if fmt == 2 else 8, 1, 1),
+             spec=dict(FMT=fmt), n_cols=512, n_rows=2, x_offset=0)
+    if fmt == 0:
+        b = x.reshape(2, -1, 32)
+        amax = np.abs(b).max(-1, keepdims=True)
+        want = np.rint(b * (np.float32(127) / amax)) * (amax / 127).astype(np.float16)
+    elif fmt == 2:
+        b = x.reshape(2, -1, 256)
+        mx = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)
+        iscale = np.float32(-127) / mx
+        want = np.minimum(np.rint(iscale * b), 127) * (np.float32(1) / iscale)
+    else:
+        want = x.astype(np.float16)
+    assert np.array_equal(read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32))
+
+
+def test_rope_from_ggml_table(dev, kc):
+    from engine.gpu.ops import RunState
+
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=64, max_tokens=8, rope=((1e5, 64),))
+    x = np.random.default_rng(15).standard_normal((5, 3, 64)).astype(np.float32)
+    bx = buf(dev, x)
+    rs.set_step([0] * 5, 30)
+    run_once(dev, kc, "rope", [bx, bx, bx, rs.step, rs.rope_table(1e5, 64)], (8, 1, 1),
+             spec=dict(NEOX=0, OUT_F16=0, TABLE=1), n_heads=3, head_dim=64, n_dims=64,
+             n_tokens=5, freq_base=1e5, freq_scale=1.0)
+    assert nmse(read(dev, bx).reshape(x.shape), rope_ref(x, 30, 64, 1e5, False)) < 1e-11
+    rs.close()
+
+
+def attention_ggml_ref(q, k, v, pos0, window, scale):
+    """ggml's CPU attention: q rounded to f16, softmax in f32, probabilities rounded to f16."""
+    n_tok, n_head, hd = q.shape
+    group = n_head // k.shape[1]
+    qh = q.astype(np.float16).astype(np.float32)
+    out = np.zeros_like(q)
+    for t in range(n_tok):
+        pos = pos0 + t
+        lo = pos - window + 1 if window and pos >= window else 0
+        for h in range(n_head):
+            s = (k[lo:pos + 1, h // group].astype(np.float32) @ qh[t, h]) * np.float32(scale)
+            p = np.exp(s - s.max())
+            p = (p / p.sum()).astype(np.float16).astype(np.float32)
+            out[t, h] = p @ v[lo:pos + 1, h // group].astype(np.float32)
+    return out
+
+
+def test_attention_ggml_rounding(dev, kc):
+    rng = np.random.default_rng(16)
+    n_ctx, n_head, n_kv, n_tok, pos0, hd = 40, 6, 2, 4, 20, 64
+    k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    bo, st = buf(dev, nbytes=q.nbytes), step_buffer(dev, pos0)
+    scale = hd ** -0.5
+    run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n_tok, 1),
+             spec=dict(HD=hd, GGML=1), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok,
+             window=0, scale=scale)
+    want = attention_ggml_ref(q, k, v, pos0, 0, scale)
+    assert np.abs(read(dev, bo).reshape(q.shape) - want).max() < 1e-5
+
+
+@pytest.mark.parametrize("neox,table", [(0, 0), (1, 1)])
+def test_rope_qkv_fused(dev, kc, neox, table):
+    from engine.gpu.ops import RunState
+
+    rng = np.random.default_rng(17)
+    n_tok, n_head, n_kv, hd, pos0, n_ctx = 3, 6, 2, 64, 7, 16
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    k = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=((1e4, hd),))
+    rs.set_step([0] * n_tok, pos0)
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
+    count = n_tok * ((n_head + n_kv) * hd // 2 + n_kv * hd)
+    run_once(dev, kc, "rope_qkv", [bq, bk, bv, kc_, vc_, rs.step, rs.rope_table(1e4, hd)],
+             (-(-count // 64), 1, 1), spec=dict(NEOX=neox, TABLE=table), n_head=n_head,
+             n_head_kv=n_kv, head_dim=hd, n_dims=hd, n_tokens=n_tok, freq_base=1e4,
+             freq_scale=1.0)
+    assert nmse(read(dev, bq).reshape(q.shape), rope_ref(q, pos0, hd, 1e4, bool(neox))) < 1e-11
+    kk = read(dev, kc_, np.float16).reshape(n_ctx, n_kv, hd).astype(np.float32)
+    assert nmse(kk[pos0:pos0 + n_tok], rope_ref(k, pos0, hd, 1e4, bool(neox))) < 1e-6
+    vv = read(dev, vc_, np.float16).reshape(n_ctx, n_kv, hd)
+    assert np.array_equal(vv[pos0:pos0 + n_tok], v.astype(np.float16))
+    assert not kk[:pos0].any() and not vv[pos0 + n_tok:].any()
+    rs.close()
+
+
+# -- short convolution: concat, ssm_conv, row-view mul and cpy ---------------------------------
+
+def _concat_op(dev, kc, a: np.ndarray, a_view, b: np.ndarray, b_view, tiled):
+    """Run concat through Builder on numpy-backed Views; returns the device result."""
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, Tuning, View
+
+    (ne_a, nb_a, off_a), (ne_b, nb_b, off_b) = a_view, b_view
+    ba, bb = buf(dev, a), buf(dev, b)
+    ne0, ne1, ne2 = ne_a[0] + ne_b[0], ne_a[1], ne_a[2]
+    bo = buf(dev, nbytes=4 * ne0 * ne1 * ne2)
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, None, Tuning.for_device(dev)).concat(
+        View(ba, ne_a, nb_a, off_a), View(bb, ne_b, nb_b, off_b), bo, tiled=tiled)
+    g.replay()
+    g.close()
+    return read(dev, bo)[: ne0 * ne1 * ne2].reshape(ne2, ne1, ne0)
+
+
+def _ggml_view(data: np.ndarray, ne, nb, off) -> np.ndarray:
+    """numpy [ne2, ne1, ne0] of the ggml view (ne, nb in floats, offset) of flat data."""
+    i2, i1, i0 = np.meshgrid(*(np.arange(n) for n in reversed(ne)), indexing="ij")
+    return data.reshape(-1)[off + i0 * nb[0] + i1 * nb[1] + i2 * nb[2]]
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+@pytest.mark.parametrize("d_conv,n,e,ne2", [(2, 1, 64, 1), (2, 37, 100, 1), (3, 256, 1024, 1),
+                                            (31, 33, 65, 2)])
+def test_concat_state_and_transposed_inputs(dev, kc, tiled, d_conv, n, e, ne2):
+    """lfm2's concat(conv_state, transpose(bx), 0): a contiguous [e, d_conv] and a [n, e]
+    token-major block read transposed -> [e, d_conv + n]; sizes off the 32-wide tile too."""
+    rng = np.random.default_rng(18)
+    state = rng.standard_normal((ne2, e, d_conv)).astype(np.float32)
+    bx = rng.standard_normal((ne2, n, e)).astype(np.float32)
+    got = _concat_op(dev, kc, state, ((d_conv, e, ne2), None, 0),
+                     bx, ((n, e, ne2), (e, 1, n * e), 0), tiled)
+    want = np.concatenate([state, bx.transpose(0, 2, 1)], axis=-1)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("tiled", [True, False])
+def test_concat_transposed_first_source_and_offsets(dev, kc, tiled):
+    """The transposed source first, the other one a strided view with an offset."""
+    rng = np.random.default_rng(19)
+    a = rng.standard_normal((45, 70)).astype(np.float32)        # stored [ne0=45][ne1=70]
+    b = rng.standard_normal((70, 3 * 19)).astype(np.float32)    # rows of 57, take cols 19..37
+    va = ((45, 70, 1), (70, 1, 45 * 70), 0)                      # transposed: [70, 45]
+    vb = ((19, 70, 1), (1, 57, 57 * 70), 19)
+    got = _concat_op(dev, kc, a, va, b, vb, tiled)
+    want = np.concatenate([_ggml_view(a, *va), _ggml_view(b, *vb)], axis=-1)
+    assert np.array_equal(got, want)
+
+
+def test_concat_generic_strides(dev, kc):
+    """Neither source transposed: plain row views, and a dim-2 stride that skips rows."""
+    rng = np.random.default_rng(20)
+    a = rng.standard_normal(4 * 9 * 10).astype(np.float32)
+    b = rng.standard_normal(3 * 9 * 3).astype(np.float32)
+    va = ((5, 9, 3), (1, 10, 120), 2)
+    vb = ((3, 9, 3), (1, 3, 27), 0)
+    got = _concat_op(dev, kc, a, va, b, vb, None)
+    want = np.concatenate([_ggml_view(a, *va), _ggml_view(b, *vb)], axis=-1)
+    assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("width,n", [(3, 1), (3, 21), (4, 64)])
+def test_ssm_conv(dev, kc, width, n):
+    rng = np.random.default_rng(21)
+    e = 200
+    x = rng.standard_normal((e, width - 1 + n)).astype(np.float32)
+    w = rng.standard_normal((e, width)).astype(np.float32)
+    bx, bw, bo = buf(dev, x), buf(dev, w), buf(dev, nbytes=4 * n * e)
+    run_once(dev, kc, "ssm_conv", [bx, bw, bo], (-(-e // 64), n, 1), n_channels=e,
+             n_tokens=n, width=width)
+    want = np.zeros((n, e), np.float32)
+    for k in range(width):
+        want += x[:, k:k + n].T * w[:, k]
+    assert nmse(read(dev, bo).reshape(n, e), want) < 1e-13
+
+
+def test_mul_row_views_and_cpy(dev, kc):
+    rng = np.random.default_rng(22)
+    n, e = 5, 96
+    bcx = rng.standard_normal((n, 3 * e)).astype(np.float32)
+    bb, bo = buf(dev, bcx), buf(dev, nbytes=4 * n * e)
+    run_once(dev, kc, "mul", [bb, bb, bo], (2, n, 1), n_cols=e, n_rows=n, a_offset=0,
+             a_stride=3 * e, b_offset=2 * e, b_stride=3 * e)
+    assert np.array_equal(read(dev, bo).reshape(n, e), bcx[:, :e] * bcx[:, 2 * e:])
+    # the last 2 of 2 + n columns of each of e rows into a [e, 2] state
+    x = rng.standard_normal((e, 2 + n)).astype(np.float32)
+    bx, bs = buf(dev, x), buf(dev, np.zeros((e, 2), np.float32))
+    run_once(dev, kc, "cpy", [bx, bs], (-(-2 * e // 64), 1, 1), n_cols=2, n_rows=e,
+             src_offset=n, src_stride=2 + n, dst_offset=0, dst_stride=2)
+    assert np.array_equal(read(dev, bs).reshape(e, 2), x[:, n:])
+
+
+# -- flash attention (prefill) and split-KV decode attention ---------------------------------
+
+def attn_inputs(seed: int, n_ctx: int, n_head: int, n_kv: int, hd: int, n_tok: int):
+    rng = np.random.default_rng(seed)
+    k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    q = (rng.standard_normal((n_tok, n_head, hd)) * 2).astype(np.float32)
+    return q, k, v
+
+
+def builder_attention(dev, kc, tuning, q, k, v, pos0: int, window: int) -> np.ndarray:
+    """Builder.attention as a model records it (on a RunState of its own): [n, n_head, hd]."""
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, RunState
+
+    n, n_head, hd = q.shape
+    n_ctx, n_kv = k.shape[:2]
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=n_head, q_dim=n_head * hd,
+                  kv_dim=n_kv * hd, n_ff=64, n_vocab=64, n_ctx=n_ctx, max_tokens=n,
+                  windows=(window,), flash_block=tuning.flash_block(hd))
+    bq, bk, bv, bo = buf(dev, q), buf(dev, k), buf(dev, v), buf(dev, nbytes=q.nbytes)
+    g = Graph(dev, kc, "t")
+    try:
+        Builder(g, {}, rs, tuning).attention(bq, bk, bv, bo, n_head, n_kv, hd, n, hd ** -0.5,
+                                             window)
+        rs.set_step([0] * n, pos0)
+        g.replay()
+        return read(dev, bo).reshape(q.shape)
+    finally:
+        g.close()
+        rs.close()
+        for b in (bq, bk, bv, bo):
+            dev.allocator.free(b)
+
+
+def old_attention(dev, kc, q, k, v, pos0: int, window: int, ggml: int) -> np.ndarray:
+    """attention.comp, the per-token kernel, on the same inputs."""
+    n, n_head, hd = q.shape
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    bo, st = buf(dev, nbytes=q.nbytes), step_buffer(dev, pos0)
+    run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n, 1),
+             spec=dict(HD=hd, GGML=ggml), n_head=n_head, n_head_kv=k.shape[1], n_tokens=n,
+             window=window, scale=hd ** -0.5)
+    out = read(dev, bo).reshape(q.shape)
+    for b in (bq, bk, bv, bo, st):
+        dev.allocator.free(b)
+    return out
+
+
+@pytest.mark.parametrize("n,pos0,window", [(7, 0, 0), (1, 30, 0), (37, 50, 0), (40, 0, 0),
+                                           (37, 50, 20), (20, 130, 7), (40, 100, 60)])
+def test_attention_mask_and_tile_classes(dev, kc, n, pos0, window):
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, RunState, Tuning
+
+    n_ctx = 160
+    tuning = Tuning.for_device(dev)
+    rows, cols = block = tuning.flash_block(64)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=n_ctx, max_tokens=40, windows=(window,), flash_block=block)
+    g = Graph(dev, kc, "t")
+    try:
+        mask_buf, tiles_buf = Builder(g, {}, rs, tuning).attention_mask(n, window)
+        rs.set_step([0] * n, pos0)
+        g.replay()
+        stride = -(-n_ctx // cols) * cols
+        mask = read(dev, mask_buf, np.float16).reshape(-1, stride)
+        tiles = read(dev, tiles_buf, np.uint32).reshape(-1, stride // cols)
+    finally:
+        g.close()
+        rs.close()
+    n_past = pos0 + n
+    pos = pos0 + np.arange(n)[:, None]
+    col = np.arange(stride)[None, :]
+    lo = np.where((window > 0) & (pos >= window), pos - window + 1, 0)
+    visible = (col >= lo) & (col <= pos) & (col < n_past)
+    written = -(-n_past // cols) * cols
+    assert np.array_equal(mask[:n, :written] == 0, visible[:, :written])
+    assert np.all(np.isneginf(mask[:n, :written][~visible[:, :written]]))
+    n_tiles = -(-n // rows)
+    assert not mask[n:n_tiles * rows, :written].any()        # padding rows read as visible
+    for ti in range(n_tiles):
+        for j in range(stride // cols):
+            vis = visible[ti * rows:(ti + 1) * rows, j * cols:(j + 1) * cols]
+            want = 2 if vis.all() else 1 if not vis.any() else 0
+            assert tiles[ti, j] == want, (ti, j)
+    if window >= rows + cols:                    # a band wide enough for all three classes
+        assert set(tiles[:n_tiles].ravel()) == {0, 1, 2}
+
+
+FLASH_CASES = [(64, 37, 50, 0), (64, 37, 50, 20), (256, 37, 50, 0), (256, 37, 50, 20),
+               (64, 16, 0, 0), (256, 3, 0, 0), (64, 40, 100, 33)]
+
+
+@pytest.mark.parametrize("hd,n,pos0,window", FLASH_CASES)
+def test_flash_attention(dev, kc, hd, n, pos0, window):
+    """Tiled prefill attention against numpy and against attention.comp, with grouped heads;
+    tile skipping on and off give the same bits."""
+    from engine.gpu.ops import Tuning
+
+    q, k, v = attn_inputs(20, 160, 6, 2, hd, n)
+    scale = hd ** -0.5
+    t = Tuning.for_device(dev, "on")
+    t.ggml_numerics = False
+    got = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    assert nmse(got, attention_ref(q, k, v, pos0, window, scale)) < 1e-10
+    assert nmse(got, old_attention(dev, kc, q, k, v, pos0, window, 0)) < 1e-10
+    t.flash_skip = False
+    assert np.array_equal(builder_attention(dev, kc, t, q, k, v, pos0, window), got)
+    # llama.cpp's CPU numerics: q and the probabilities rounded to f16 (see the decode test)
+    t.ggml_numerics = True
+    got16 = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    t.flash_skip = True
+    assert np.array_equal(builder_attention(dev, kc, t, q, k, v, pos0, window), got16)
+    for want16 in (attention_ggml_ref(q, k, v, pos0, window, scale),
+                   old_attention(dev, kc, q, k, v, pos0, window, 1)):
+        assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < 1e-8
+
+
+@pytest.mark.parametrize("splits", ["device", "gpu"])
+@pytest.mark.parametrize("hd", [64, 256])
+@pytest.mark.parametrize("n_kv_len,window", [(1, 0), (7, 0), (7, 4), (300, 0), (300, 256),
+                                             (2000, 0), (2000, 256)])
+def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
+    """One query token over n_kv_len cached positions, the KV range split across workgroups
+    (this device's split counts, and a GPU's: 16 splits of at least 32 positions)."""
+    from engine.gpu.ops import Tuning
+
+    q, k, v = attn_inputs(21, 2048, 6, 2, hd, 1)
+    pos0, scale = n_kv_len - 1, hd ** -0.5
+    t = Tuning.for_device(dev)
+    if splits == "gpu":
+        t.split_max, t.split_chunk = 16, 32
+    t.ggml_numerics = False
+    got = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    assert nmse(got, attention_ref(q, k, v, pos0, window, scale)) < 1e-10
+    assert nmse(got, old_attention(dev, kc, q, k, v, pos0, window, 0)) < 1e-10
+    t.ggml_numerics = True
+    got16 = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    want16 = attention_ggml_ref(q, k, v, pos0, window, scale)
+    old16 = old_attention(dev, kc, q, k, v, pos0, window, 1)
+    # p rounded to f16 on both sides: a last-bit difference in a score can move one p by an
+    # f16 step, nothing more
+    assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < 1e-8
+    assert np.abs(got16 - old16).max() < 2e-3 and nmse(got16, old16) < 1e-8

@@ -1,0 +1,79 @@
+"""Per-device choices in ops.Tuning, from plain DeviceInfo records (no device needed)."""
+from __future__ import annotations
+
+import pytest
+
+from engine.gpu.ops import Tuning, is_amd_gcn
+from engine.gpu.vk import DeviceInfo
+
+AMD, NVIDIA, INTEL, MESA_CPU = 0x1002, 0x10DE, 0x8086, 0x10005
+
+
+def gpu(name: str, vendor: int = AMD, kind: str = "discrete") -> DeviceInfo:
+    return DeviceInfo(0, name, kind, vendor, "1.3", 0x67DF)
+
+
+@pytest.mark.parametrize("name", [
+    "AMD RADV POLARIS10", "AMD RADV POLARIS12", "AMD RADV VEGA10", "AMD RADV TONGA",
+    "AMD RADV FIJI", "AMD RADV HAWAII", "AMD RADV BONAIRE", "AMD RADV TAHITI", "AMD RADV RAVEN2",
+    "AMD RADV RENOIR", "AMD Radeon RX 580 Series (RADV POLARIS10)", "AMD Radeon RX 480",
+    "Radeon RX 570X", "AMD Radeon R9 390", "AMD Radeon R9 Fury", "AMD Radeon RX Vega",
+    "AMD Radeon VII", "AMD Radeon(TM) Vega 8 Graphics", "AMD Radeon HD 7970"])
+def test_gcn_names(name):
+    assert is_amd_gcn(gpu(name))
+
+
+@pytest.mark.parametrize("info", [
+    gpu("AMD RADV NAVI10"), gpu("AMD RADV NAVI21"), gpu("AMD RADV GFX1100"),
+    gpu("AMD RADV VANGOGH"), gpu("AMD RADV REMBRANDT"), gpu("AMD Radeon RX 5700 XT"),
+    gpu("AMD Radeon RX 6800 XT (RADV NAVI21)"), gpu("AMD Radeon RX 7900 XTX"),
+    gpu("AMD Radeon(TM) Graphics", kind="integrated"),
+    gpu("NVIDIA H200", NVIDIA), gpu("POLARIS10 lookalike", NVIDIA),
+    gpu("Intel(R) Arc(tm) A770 Graphics (DG2)", INTEL),
+    gpu("llvmpipe (LLVM 15.0.6, 256 bits)", MESA_CPU, "cpu")])
+def test_not_gcn(info):
+    assert not is_amd_gcn(info)
+
+
+def test_auto_turns_flash_attention_on_for_gcn_at_large_heads_in_prefill_only():
+    t = Tuning.for_info(gpu("AMD RADV POLARIS10"), subgroup=64, max_shared=65536)
+    assert t.flash_attn == "auto" and t.amd_gcn
+    assert t.use_flash_attn(256, 512) and t.use_flash_attn(512, 2)
+    assert not t.use_flash_attn(256, 1)                  # decode keeps the split path
+    assert not t.use_flash_attn(64, 512) and not t.use_flash_attn(128, 512)
+    for info in (gpu("AMD RADV NAVI21"), gpu("NVIDIA H200", NVIDIA),
+                 gpu("llvmpipe", MESA_CPU, "cpu")):
+        assert not Tuning.for_info(info, subgroup=32).use_flash_attn(256, 512), info.name
+
+
+def test_on_and_off_force_it():
+    on = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, flash_attn="on")
+    assert on.use_flash_attn(64, 2) and on.use_flash_attn(256, 256)
+    assert not on.use_flash_attn(64, 1)
+    off = Tuning.for_info(gpu("AMD RADV VEGA10"), subgroup=64, flash_attn="off")
+    assert not off.use_flash_attn(256, 512)
+    with pytest.raises(ValueError, match="auto, on, off"):
+        Tuning.for_info(gpu("AMD RADV VEGA10"), subgroup=64, flash_attn="yes")
+
+
+def test_flash_tiles_fit_shared_memory():
+    small = Tuning.for_info(gpu("llvmpipe", MESA_CPU, "cpu"), subgroup=8, max_shared=32768)
+    assert small.flash_block(64) == (16, 32) and small.flash_block(256) == (16, 16)
+    big = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, max_shared=49152)
+    assert big.flash_block(256) == (16, 32)
+    for t in (small, big):
+        for hd in (64, 256):
+            rows, cols = t.flash_block(hd)
+            assert 4 * cols * hd + 2 * rows * cols <= t.max_shared
+    assert small.attn_lanes(64) == 4 and small.attn_lanes(256) == 8
+    assert Tuning.for_info(gpu("x", MESA_CPU, "cpu"), subgroup=4).attn_lanes(256) == 4
+    assert small.attn_lanes(72) == 2                     # 18 vec4: lanes must divide it
+
+
+def test_decode_splits_follow_context_and_device():
+    gpu_t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32)
+    assert [gpu_t.decode_splits(n) for n in (16, 256, 1024, 2048, 8192, 1 << 17)] == \
+        [1, 2, 8, 16, 16, 16]
+    cpu_t = Tuning.for_info(gpu("llvmpipe", MESA_CPU, "cpu"), subgroup=8)
+    assert [cpu_t.decode_splits(n) for n in (16, 256, 2048)] == [1, 2, 2]
+    assert cpu_t.split_chunk >= gpu_t.split_chunk
