@@ -10,6 +10,8 @@ import json
 import os
 import sys
 
+from .args import add_cpu_moe_argument, add_flash_attn_argument
+
 EXIT_BAD_INPUT = 2
 
 
@@ -35,15 +37,6 @@ def _progress_bar(label: str):
             sys.stderr.write("\n")
         sys.stderr.flush()
     return show
-
-
-def add_cpu_moe_argument(p: argparse.ArgumentParser) -> None:
-    # the engine checks the value against the model (PlacementError, one line, status 2)
-    p.add_argument("--cpu-moe", type=float, default=0.0, metavar="N.F",
-                   help="mixture-of-experts models: keep the expert tensors of the first N "
-                        "layers in host memory, read by the GPU in place (less VRAM, slower); "
-                        "a fraction also takes part of layer N's, gate first, then up "
-                        "(default 0: all on the device)")
 
 
 def _open(args, n_ctx: int | None = None):
@@ -135,13 +128,6 @@ def cmd_kernel_bench(args) -> int:
 
 # -- parser --------------------------------------------------------------------------------
 
-def add_flash_attn_arg(p: argparse.ArgumentParser) -> None:
-    """--flash-attn on a command that loads models."""
-    p.add_argument("--flash-attn", choices=("auto", "on", "off"), default=None,
-                   help="tiled attention for prompts: auto (on AMD GCN GPUs with heads of 256 "
-                        "and more), on or off (default: $HOTSEAT_FLASH_ATTN, else auto)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="hotseat", description="Local LLMs taking turns on one GPU.")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -171,7 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
     g.add_argument("--json", action="store_true")
     add_cpu_moe_argument(g)
-    add_flash_attn_arg(g)
+    add_flash_attn_argument(g)
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="prefill and decode tokens/s, optionally beside llama.cpp")
@@ -186,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profile", action="store_true", help="per-kernel GPU times")
     b.add_argument("--json", action="store_true")
     add_cpu_moe_argument(b)
-    add_flash_attn_arg(b)
+    add_flash_attn_argument(b)
     b.set_defaults(func=cmd_bench)
 
     sb = sub.add_parser("swap-bench", help="cycle models warm/cold and time the restores")
@@ -199,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--ctx", type=int, default=2048)
     sb.add_argument("--json", action="store_true")
     add_cpu_moe_argument(sb)
-    add_flash_attn_arg(sb)
+    add_flash_attn_argument(sb)
     sb.set_defaults(func=cmd_swap_bench)
 
     kb = sub.add_parser("kernel-bench", help="time one kernel's paths against each other")
@@ -209,10 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)
 
-    from .server import app as _serve
-    add_flash_attn_arg(_serve.add_parser(sub, model_help))
-    from .residency import arena as _arena
-    _arena.add_parser(sub)
+    from .server import serve as _serve
+    add_flash_attn_argument(_serve.add_parser(sub, model_help))
+    from .tools import yield_gpu
+    yield_gpu.add_parser(sub)
     from .tools import client as _client
     _client.add_parsers(sub)
     return p

@@ -1,6 +1,6 @@
 """Compile every kernel variant to SPIR-V with glslc.
 
-The variant table lives in engine/gpu/kernels.py (VARIANTS: name -> (source, defines)); this
+The variant table lives in registry.py (VARIANTS: name -> (source, defines)); this
 script is what `pip install` (setup.py's build step) and the engine (when a .spv is missing
 or older than its sources) run. Output: shaders/spv/<variant>.spv.
 """
@@ -52,7 +52,7 @@ def compile_variant(variant: str, source: str, defines: tuple[str, ...], force: 
 
 def compile_all(force: bool = False) -> list[str]:
     sys.path.insert(0, os.path.dirname(HERE))
-    from engine.gpu.kernels import VARIANTS
+    from shaders.registry import VARIANTS
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         jobs = [pool.submit(compile_variant, v, src, defs, force)

@@ -1,0 +1,24 @@
+"""The model architectures, one module each, picked by a GGUF file's `general.architecture`.
+
+Each module reads top to bottom: a `Config` from GGUF keys, the tensors by their GGUF names,
+`forward()` in the ops of engine/gpu/ops.py. reference.py is the numpy forward pass of all of
+them, written apart from them, that the tests check them against.
+"""
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..formats.gguf_file import GGUFFile, ModelFileError
+from . import gemma3, lfm2, llama, qwen3moe
+
+ARCHITECTURES: dict[str, ModuleType] = {
+    "llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe}
+
+
+def for_file(gguf: GGUFFile) -> ModuleType:
+    """The architecture module of a GGUF file; a ModelFileError when it is not one of ours."""
+    arch = gguf.arch
+    if arch not in ARCHITECTURES:
+        raise ModelFileError(gguf.path, f"unsupported architecture {arch!r} (supported: "
+                                        f"{', '.join(ARCHITECTURES)})")
+    return ARCHITECTURES[arch]

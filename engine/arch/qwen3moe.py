@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
+
 from ..formats.gguf_file import GGUFFile
-from ..gpu.kernels import MOE_MAX_EXPERT, MOE_MAX_USED
 from ..gpu.ops import Builder, RunState, check_hyperparameters
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # placement order

@@ -20,14 +20,15 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..arch import gemma3, lfm2, llama, qwen3moe
+from shaders.registry import WEIGHT_TYPES
+
+from .. import arch as architectures
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu import vk
 from ..gpu.graph import Graph
-from ..gpu.kernels import WEIGHT_TYPES, KernelCache
+from ..gpu.kernels import KernelCache
 from ..gpu.ops import Builder, RunState, Tensor, Tuning, flash_attn_mode, run_state_args
 
-ARCHITECTURES = {"llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe}
 PREFILL_CHUNK = 256
 PREFILL_GRAPHS_KEPT = 4
 
@@ -90,11 +91,7 @@ class Model:
         self.dev, self.kernels = dev, kernels
         self.gguf = GGUFFile(path)
         self.path = path
-        arch = self.gguf.arch
-        if arch not in ARCHITECTURES:
-            raise ModelFileError(path, f"unsupported architecture {arch!r} (supported: "
-                                       f"{', '.join(ARCHITECTURES)})")
-        self.arch = ARCHITECTURES[arch]
+        self.arch = architectures.for_file(self.gguf)
         self.config = self.arch.Config.from_gguf(self.gguf)
         self.config.validate(path)
         self.recurrent = bool(getattr(self.config, "conv_layers", ()))

@@ -205,7 +205,7 @@ def add_parsers(subparsers) -> None:
     ld = add("load", "load a model into a running server", cmd_load, name=False)
     ld.add_argument("path", help="a GGUF file, or a bundled model (smollm2, gemma3)")
     ld.add_argument("--name", help="the name to serve it under (default: the file's name)")
-    from ..cli import add_cpu_moe_argument
+    from ..args import add_cpu_moe_argument
     add_cpu_moe_argument(ld)
     add("unload", "unload a model from a running server", cmd_unload)
     add("pin", "keep a model warm: make it warm now and never evict it", cmd_pin)

@@ -9,7 +9,7 @@ import pytest
 
 from engine.gpu import vk
 from engine.gpu.graph import run_once
-from engine.gpu.kernels import K_QUANTS, KERNELS, WEIGHT_TYPES
+from shaders.registry import K_QUANTS, KERNELS, WEIGHT_TYPES
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[3] / "shaders"
@@ -220,7 +220,7 @@ def test_moe_combine(dev, kc):
 
 
 def test_moe_limits_match_glsl():
-    from engine.gpu.kernels import MOE_MAX_EXPERT, MOE_MAX_USED
+    from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
 
     src = (SHADERS / "moe_router.comp").read_text()
     assert f"MAX_EXPERT = {MOE_MAX_EXPERT}, MAX_USED = {MOE_MAX_USED};" in src

@@ -16,7 +16,8 @@ import openai
 import pytest
 
 from engine.api import Engine
-from engine.server.app import MAX_BODY, MAX_TOKENS_HEADER, make_app
+from engine.server.app import MAX_BODY, make_app
+from engine.server.openai import MAX_TOKENS_HEADER
 from engine.text.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu

@@ -1,0 +1,397 @@
+"""The OpenAI-compatible API under /v1: models, chat completions and completions, streamed
+(server-sent events) or not, with usage and cached prompt tokens.
+
+Generation runs on a worker thread, never on the event loop; a client that goes away cancels
+its generation.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..residency.arbiter import BudgetError
+from .errors import (
+    ApiError,
+    bad,
+    boolean,
+    integer,
+    json_response,
+    number,
+    over_budget,
+    show,
+)
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from ..api import Completion
+    from .app import ModelSlot
+
+log = logging.getLogger("hotseat.serve")
+
+MAX_STOP = 16                            # stop strings per request
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16      # OpenAI's default for /v1/completions
+POLL_S = 0.25                            # how often a waiting request checks its client
+CHAT_ROLES = {"system": "system", "developer": "system", "user": "user",
+              "assistant": "assistant"}
+FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
+MAX_TOKENS_HEADER = "X-Hotseat-Max-Tokens"   # set when a max_tokens was clamped to the context
+
+
+# -- requests ------------------------------------------------------------------------------
+
+def _text_content(content: Any, i: int) -> str:
+    """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+    param = f"messages[{i}].content"
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" \
+                    or not isinstance(part.get("text"), str):
+                raise bad(f"{param}: only text parts are supported", param, "invalid_type")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"{param} must be a string or a list of text parts", param, "invalid_type")
+
+
+def parse_messages(v: Any) -> list[dict]:
+    if v is None:
+        raise bad("messages is required", "messages", "missing_required_parameter")
+    if not isinstance(v, list) or not v:
+        raise bad("messages must be a non-empty list", "messages", "invalid_type")
+    out = []
+    for i, m in enumerate(v):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}] must be an object", f"messages[{i}]", "invalid_type")
+        role = m.get("role")
+        if role not in CHAT_ROLES:
+            raise bad(f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, "
+                       f"got {show(role)}", f"messages[{i}].role", "invalid_value")
+        if m.get("tool_calls"):
+            raise bad("tool calls are not supported", f"messages[{i}].tool_calls",
+                       "unsupported_parameter")
+        out.append({"role": CHAT_ROLES[role], "content": _text_content(m.get("content"), i)})
+    return out
+
+
+def parse_prompt(v: Any) -> str | list[int]:
+    """A completions prompt: a string, a list of one string, or a list of token ids."""
+    if v is None:
+        raise bad("prompt is required", "prompt", "missing_required_parameter")
+    if isinstance(v, str):
+        return v
+    if isinstance(v, list) and len(v) == 1 and isinstance(v[0], str):
+        return v[0]
+    if isinstance(v, list) and v and all(isinstance(t, int) and not isinstance(t, bool)
+                                         and t >= 0 for t in v):
+        return list(v)
+    if isinstance(v, list) and len(v) > 1 and all(isinstance(t, str) for t in v):
+        raise bad("only one prompt per request is supported", "prompt", "invalid_value")
+    raise bad("prompt must be a string or a list of token ids", "prompt", "invalid_type")
+
+
+def parse_stop(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        v = [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        raise bad("stop must be a string or a list of strings", "stop", "invalid_type")
+    if len(v) > MAX_STOP:
+        raise bad(f"at most {MAX_STOP} stop strings, got {len(v)}", "stop", "invalid_value")
+    return [s for s in v if s]
+
+
+@dataclass
+class GenRequest:
+    """A validated /v1 generation request."""
+    model: str
+    messages: list[dict] | None
+    prompt: str | list[int] | None
+    max_tokens: int | None                # None: as many as the context allows
+    sampling: Any                         # SamplingParams
+    stop: list[str]
+    stream: bool
+    include_usage: bool
+
+
+def parse_request(body: Any, chat: bool) -> GenRequest:
+    from ..text.sampling import SamplingParams
+
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object", None, "invalid_type")
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad("model must be a string", "model", "invalid_type")
+    messages = parse_messages(body.get("messages")) if chat else None
+    prompt = None if chat else parse_prompt(body.get("prompt"))
+
+    n = integer(body, "n", 1)
+    if n != 1:
+        raise bad("only n=1 is supported", "n", "invalid_value")
+    best_of = integer(body, "best_of", 1)
+    if best_of != 1:
+        raise bad("only best_of=1 is supported", "best_of", "invalid_value")
+    for key in ("logprobs", "echo"):
+        if body.get(key) not in (None, False, 0):
+            raise bad(f"{key} is not supported", key, "unsupported_parameter")
+    if body.get("top_logprobs") not in (None, 0):
+        raise bad("top_logprobs is not supported", "top_logprobs", "unsupported_parameter")
+    if body.get("tools"):
+        raise bad("tools are not supported", "tools", "unsupported_parameter")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise bad('only response_format {"type": "text"} is supported', "response_format",
+                   "unsupported_parameter")
+    if body.get("suffix") not in (None, ""):
+        raise bad("suffix is not supported", "suffix", "unsupported_parameter")
+
+    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
+        else "max_tokens"
+    max_tokens = integer(body, key, None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS, lo=0)
+
+    d = SamplingParams()
+    seed = integer(body, "seed", None)
+    sampling = SamplingParams(
+        temperature=number(body, "temperature", d.temperature, 0.0),
+        top_k=integer(body, "top_k", d.top_k, lo=0),
+        top_p=number(body, "top_p", d.top_p, 0.0, 1.0),
+        min_p=number(body, "min_p", d.min_p, 0.0, 1.0),
+        repeat_penalty=number(body, "repeat_penalty", d.repeat_penalty, 0.0),
+        repeat_last_n=integer(body, "repeat_last_n", d.repeat_last_n, lo=-1),
+        seed=None if seed is None else seed % (1 << 64),
+    )
+    # accepted for compatibility; the sampler has no frequency or presence penalty
+    number(body, "frequency_penalty", 0.0, -2.0, 2.0)
+    number(body, "presence_penalty", 0.0, -2.0, 2.0)
+
+    stream = boolean(body, "stream", False)
+    opts = body.get("stream_options")
+    if opts is not None and not isinstance(opts, dict):
+        raise bad("stream_options must be an object", "stream_options", "invalid_type")
+    include_usage = boolean(opts or {}, "include_usage", False)
+    return GenRequest(model or "", messages, prompt, max_tokens, sampling,
+                      parse_stop(body.get("stop")), stream, include_usage)
+
+
+# -- routes --------------------------------------------------------------------------------
+
+class OpenAIRoutes:
+    """The /v1 handlers (a mixin of Server: it uses the engine, the model slots, the device's
+    turn, the worker pool and the metrics)."""
+
+    def _model_card(self, slot: ModelSlot) -> dict:
+        return {"id": slot.name, "object": "model", "created": slot.created,
+                "owned_by": "hotseat"}
+
+
+    async def v1_models(self, request: web.Request) -> web.Response:
+        return json_response({"object": "list",
+                               "data": [self._model_card(s) for s in self.models.values()]})
+
+    async def v1_model(self, request: web.Request) -> web.Response:
+        return json_response(self._model_card(self._slot(request.match_info["name"])))
+
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._generate(request, chat=False)
+
+    async def _prompt_ids(self, slot: ModelSlot, req: GenRequest) -> list[int]:
+        param = "messages" if req.messages is not None else "prompt"
+        if isinstance(req.prompt, list):
+            ids = req.prompt
+            n_vocab = self.engine.tokenizer(slot.name).n_vocab
+            if max(ids) >= n_vocab:
+                raise bad(f"token id {max(ids)} is outside the vocabulary ({n_vocab})",
+                           "prompt", "invalid_value")
+        else:
+            try:
+                ids = await self._run(self.engine.prompt_tokens, slot.name, prompt=req.prompt,
+                                      messages=req.messages)
+            except KeyError:
+                raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
+                               "model_not_found") from None
+            except Exception as exc:          # a chat template refusing the conversation
+                if type(exc).__module__.startswith("jinja2") or isinstance(exc, ValueError):
+                    raise bad(f"cannot format the {param}: {exc}", param) from None
+                raise
+        if not ids:
+            raise bad(f"the {param} is empty", param, "invalid_value")
+        if len(ids) >= slot.n_ctx:
+            raise bad(f"the {param} has {len(ids)} tokens; the context of {slot.name!r} holds "
+                       f"{slot.n_ctx} (prompt and completion together)", param,
+                       "context_length_exceeded")
+        return ids
+
+    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        req = parse_request(await self._body(request), chat)
+        slot = self._slot(req.model)
+        ids = await self._prompt_ids(slot, req)
+        room = slot.n_ctx - len(ids)
+        headers = {}
+        max_tokens = room if req.max_tokens is None else req.max_tokens
+        if max_tokens > room:
+            max_tokens = room
+            headers[MAX_TOKENS_HEADER] = str(room)
+        meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+                "created": int(time.time()), "model": slot.name,
+                "system_fingerprint": "hotseat"}
+
+        slot.depth += 1
+        try:
+            async with slot.lock, self.turn:
+                if slot.closed:
+                    raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
+                                   "model_not_found")
+                if _gone(request):             # gave up while queued: nobody to answer
+                    return json_response({}, 499)
+                if req.stream:
+                    # the headers go out before the generation: warm the model first, so
+                    # that a budget refusal is still a 409
+                    await self._run(self.engine.warm, slot.name)
+                    return await self._stream(request, slot, req, ids, max_tokens, meta,
+                                              headers, chat)
+                out = await self._complete(request, slot, req, ids, max_tokens, None)
+        finally:
+            slot.depth -= 1
+        text = out.text
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": FINISH[out.finish_reason]}
+            obj = "chat.completion"
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None,
+                      "finish_reason": FINISH[out.finish_reason]}
+            obj = "text_completion"
+        return json_response({**meta, "object": obj, "choices": [choice],
+                               "usage": _usage(out)}, headers=headers)
+
+    async def _complete(self, request: web.Request, slot: ModelSlot, req: GenRequest,
+                        ids: list[int], max_tokens: int,
+                        on_text: Callable[[str], None] | None,
+                        cancel: threading.Event | None = None) -> Completion:
+        """Run one generation on a worker thread; cancel it if the client goes away."""
+        cancel = cancel or threading.Event()
+        self._cancels.add(cancel)
+        fut = asyncio.ensure_future(self._run(
+            self.engine.generate, slot.name, tokens=ids, max_tokens=max_tokens,
+            sampling=req.sampling, stop=req.stop, on_text=on_text, cancel=cancel))
+        try:
+            while True:
+                done, _ = await asyncio.wait({fut}, timeout=POLL_S)
+                if done:
+                    break
+                if _gone(request):
+                    cancel.set()
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
+        finally:
+            self._cancels.discard(cancel)
+        try:
+            out = fut.result()
+        except ValueError as exc:           # the engine's word for bad input
+            raise bad(str(exc)) from None
+        except BudgetError as exc:          # a cold model that pinned models leave no room for
+            raise over_budget(exc) from None
+        except Exception as exc:
+            log.exception("generation on %s failed", slot.name)
+            raise ApiError(500, f"generation failed: {exc}", None, "engine_error") from None
+        self.metrics.generation(slot.name, out)
+        return out
+
+    async def _stream(self, request: web.Request, slot: ModelSlot, req: GenRequest,
+                      ids: list[int], max_tokens: int, meta: dict, headers: dict,
+                      chat: bool) -> web.StreamResponse:
+        from aiohttp import web
+
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-cache", **headers})
+        await resp.prepare(request)
+        obj = "chat.completion.chunk" if chat else "text_completion"
+        extra = {"usage": None} if req.include_usage else {}
+
+        def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+            if chat:
+                d = {"role": "assistant", "content": ""} if first else \
+                    {} if delta is None else {"content": delta}
+                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+            else:
+                choice = {"index": 0, "text": delta or "", "logprobs": None,
+                          "finish_reason": finish}
+            return {**meta, "object": obj, "choices": [choice], **extra}
+
+        async def send(obj_: dict | str) -> None:
+            data = obj_ if isinstance(obj_, str) else json.dumps(obj_, ensure_ascii=False)
+            await resp.write(f"data: {data}\n\n".encode())
+
+        async def pump() -> None:
+            """Write text pieces as they come, up to the None left after the generation."""
+            try:
+                while (piece := await pieces.get()) is not None:
+                    await send(chunk(piece, None))
+            except ConnectionError:            # the client went away: stop generating
+                cancel.set()
+                raise
+
+        def on_text(piece: str) -> None:      # on the worker thread
+            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+        writer = None
+        try:
+            if chat:
+                await send(chunk(None, None, first=True))
+            writer = asyncio.ensure_future(pump())
+            try:
+                out = await self._complete(request, slot, req, ids, max_tokens, on_text, cancel)
+            finally:
+                # the worker scheduled its pieces before its result, so None comes after them
+                pieces.put_nowait(None)
+            await writer
+            await send(chunk(None, FINISH[out.finish_reason]))
+            if req.include_usage:
+                await send({**meta, "object": obj, "choices": [], "usage": _usage(out)})
+            await send("[DONE]")
+            await resp.write_eof()
+        except ApiError as exc:                # the headers are sent: report in the stream
+            try:
+                if writer is not None:
+                    await writer
+                await send(exc.body())
+                await send("[DONE]")
+                await resp.write_eof()
+            except ConnectionError:
+                pass
+        except ConnectionError:                # the client went away mid-stream
+            cancel.set()
+        finally:
+            if writer is not None and not writer.done():
+                writer.cancel()
+        return resp
+
+
+
+
+def _gone(request: web.Request) -> bool:
+    t = request.transport
+    return t is None or t.is_closing()
+
+
+def _usage(out: Completion) -> dict:
+    p, c = len(out.prompt_tokens), len(out.tokens)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+            "prompt_tokens_details": {"cached_tokens": int(out.timings.get("cached_tokens", 0))}}

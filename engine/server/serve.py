@@ -1,0 +1,94 @@
+"""`hotseat serve`: the command that loads models and serves them over HTTP."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from typing import TYPE_CHECKING
+
+from .app import make_app
+
+if TYPE_CHECKING:
+    from ..api import Engine
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8080
+
+
+def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
+    s = subparsers.add_parser("serve", help="serve the OpenAI API over HTTP")
+    s.add_argument("--model", "-m", action="append", help=f"{model_help}; repeat to serve several")
+    s.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT,
+                   help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    s.add_argument("--api-key", default=os.environ.get("HOTSEAT_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on /v1 and /api "
+                        "(default: $HOTSEAT_API_KEY)")
+    s.add_argument("--cors-origin", action="append", metavar="ORIGIN",
+                   help="allow browser requests from ORIGIN, or * (repeatable)")
+    s.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
+    s.add_argument("--budget-mib", type=int, metavar="N",
+                   help="VRAM budget for all models together, in MiB (default: the device's "
+                        "memory less a margin)")
+    s.add_argument("--evict-kv", action="store_true",
+                   help="full eviction (KV to host too) instead of weights-only")
+    from ..args import add_cpu_moe_argument
+    add_cpu_moe_argument(s)
+    s.set_defaults(func=cmd_serve)
+    return s
+
+
+def cmd_serve(args) -> int:
+    from ..api import Engine
+    from ..formats.bundled import resolve
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
+    if args.ctx < 16:
+        raise ValueError(f"--ctx must be at least 16, got {args.ctx}")
+    if args.budget_mib is not None and args.budget_mib <= 0:
+        raise ValueError(f"--budget-mib must be positive, got {args.budget_mib}")
+    paths = [resolve(m) for m in (args.model or [None])]
+    logging.basicConfig(level=logging.WARNING, format="hotseat: %(levelname)s: %(message)s")
+    budget = None if args.budget_mib is None else args.budget_mib << 20
+    eng = Engine(n_ctx=args.ctx, budget_bytes=budget, full_release=args.evict_kv,
+                 flash_attn=args.flash_attn)
+    try:
+        names = [eng.load(p, cpu_moe=args.cpu_moe) for p in paths]
+        return asyncio.run(_serve(eng, names, args))
+    finally:
+        eng.close()
+
+
+async def _serve(eng: Engine, names: list[str], args) -> int:
+    from aiohttp import web
+
+    app = make_app(eng, names, api_key=args.api_key, cors_origins=args.cors_origin or ())
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    site = web.TCPSite(runner, args.host, args.port)
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        why = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise ValueError(f"cannot listen on {args.host}:{args.port}: {why}") from None
+    port = runner.addresses[0][1] if runner.addresses else args.port
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"hotseat serving {', '.join(names)} on http://{host}:{port} "
+          f"(device: {eng.device_name})", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):   # not on this platform or thread
+            pass
+    try:
+        await stop.wait()
+    finally:
+        app["hotseat.server"].cancel_all()
+        await runner.cleanup()
+    return 0

@@ -1,0 +1,129 @@
+"""The kernel registry: one entry per shader, with its push constants declared once.
+
+Each `KernelSpec` names its GLSL source in this folder, how many storage buffers it binds
+(bindings 0..n-1, in order), the fields of its push-constant block (tests check them against
+the GLSL), its specialization constants by name and id, and whether it comes in one variant
+per weight type. `VARIANTS` is the table compile.py builds. Plain data: the build step and
+the engine (engine/gpu/kernels.py) both import it, and it imports neither.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
+K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")         # 256-weight super-blocks: rows of 256k weights
+_FMT = {"u32": "I", "f32": "f"}
+MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_USED
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    source: str
+    n_buffers: int
+    push: tuple[tuple[str, str], ...]       # (field, "u32" | "f32"), in GLSL order
+    spec: tuple[tuple[str, int], ...] = ()  # (name, constant_id); "SG" is the subgroup size,
+                                            # "WG" a workgroup of whole subgroups
+    typed: bool = False                     # one variant per entry of WEIGHT_TYPES
+    writes: tuple[int, ...] = ()            # bindings the kernel writes (for barriers)
+
+    @property
+    def push_size(self) -> int:
+        return 4 * len(self.push)
+
+    def pack(self, **values) -> bytes:
+        names = [n for n, _ in self.push]
+        if set(values) != set(names):
+            raise TypeError(f"{self.source}: push constants are {names}, got {sorted(values)}")
+        return struct.pack("<" + "".join(_FMT[t] for _, t in self.push),
+                           *[values[n] for n in names])
+
+
+U, F = "u32", "f32"
+KERNELS: dict[str, KernelSpec] = {
+    "mul_mat": KernelSpec(
+        "mul_mat.comp", 3,
+        (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
+         ("row_offset", U), ("y_stride", U)),
+        (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3), ("ACT", 4)), typed=True, writes=(2,)),
+    "mul_mat_id": KernelSpec(
+        "mul_mat_id.comp", 4,
+        (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U), ("n_experts", U)),
+        (("WG", 0), ("ROWS", 1), ("ACT", 2), ("X_SLOT", 3)), typed=True, writes=(3,)),
+    "moe_router": KernelSpec("moe_router.comp", 3, (("n_expert", U), ("n_used", U)),
+                             (("SG", 0), ("NORM", 1)), writes=(1, 2)),
+    "moe_combine": KernelSpec("moe_combine.comp", 3,
+                              (("n_embd", U), ("n_used", U), ("n", U)), writes=(2,)),
+    "get_rows": KernelSpec("get_rows.comp", 3,
+                           (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
+                            ("part_rows", U)),
+                           typed=True, writes=(2,)),
+    "rms_norm": KernelSpec("rms_norm.comp", 3,
+                           (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
+                           (("SG", 0),), writes=(2,)),
+    "rope": KernelSpec("rope.comp", 5,
+                       (("n_heads", U), ("head_dim", U), ("n_dims", U), ("n_tokens", U),
+                        ("freq_base", F), ("freq_scale", F)),
+                       (("NEOX", 0), ("OUT_F16", 1), ("TABLE", 2)), writes=(1, 2)),
+    "rope_qkv": KernelSpec("rope_qkv.comp", 7,
+                           (("n_head", U), ("n_head_kv", U), ("head_dim", U), ("n_dims", U),
+                            ("n_tokens", U), ("freq_base", F), ("freq_scale", F)),
+                           (("NEOX", 0), ("TABLE", 1)), writes=(0, 3, 4)),
+    "set_rows": KernelSpec("set_rows.comp", 3, (("n_cols", U), ("n_rows", U)), writes=(1,)),
+    "attention": KernelSpec("attention.comp", 5,
+                            (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("window", U),
+                             ("scale", F)),
+                            (("SG", 0), ("HD", 1), ("GGML", 2)), writes=(3,)),
+    "attn_mask": KernelSpec("attn_mask.comp", 3, (("n_tokens", U), ("stride", U), ("window", U)),
+                            (("WG", 0), ("BR", 1), ("BC", 2)), writes=(0, 1)),
+    "flash_attn": KernelSpec("flash_attn.comp", 7,
+                             (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("stride", U),
+                              ("scale", F)),
+                             (("WG", 0), ("HD", 1), ("BR", 2), ("BC", 3), ("LP", 4), ("GGML", 5),
+                              ("SKIP", 6)), writes=(3,)),
+    "attn_split": KernelSpec("attn_split.comp", 7,
+                             (("n_head", U), ("n_head_kv", U), ("n_ctx", U), ("window", U),
+                              ("n_split", U), ("min_chunk", U), ("scale", F)),
+                             (("WG", 0), ("HD", 1), ("LP", 2), ("GGML", 3), ("PASS", 4)),
+                             writes=(3, 4, 5)),
+    "attn_combine": KernelSpec("attn_combine.comp", 2, (("head_dim", U), ("n_split", U)),
+                               writes=(1,)),
+    "quantize_act": KernelSpec("quantize_act.comp", 2,
+                               (("n_cols", U), ("n_rows", U), ("x_offset", U)),
+                               (("FMT", 0),), writes=(1,)),
+    "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),), (("GELU", 0),), writes=(2,)),
+    "add": KernelSpec("add.comp", 3, (("n", U),), writes=(2,)),
+    "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("SG", 0),),
+                         writes=(1,)),
+    "mul": KernelSpec("mul.comp", 3,
+                      (("n_cols", U), ("n_rows", U), ("a_offset", U), ("a_stride", U),
+                       ("b_offset", U), ("b_stride", U)), writes=(2,)),
+    "cpy": KernelSpec("cpy.comp", 2,
+                      (("n_cols", U), ("n_rows", U), ("src_offset", U), ("src_stride", U),
+                       ("dst_offset", U), ("dst_stride", U)), writes=(1,)),
+    "concat": KernelSpec("concat.comp", 3,
+                         (("ne00", U), ("ne10", U), ("ne1", U), ("ne2", U), ("a_nb0", U),
+                          ("a_nb1", U), ("a_nb2", U), ("b_nb0", U), ("b_nb1", U), ("b_nb2", U),
+                          ("a_offset", U), ("b_offset", U)),
+                         (("TILED", 0), ("TSRC", 1)), writes=(2,)),
+    "ssm_conv": KernelSpec("ssm_conv.comp", 3, (("n_channels", U), ("n_tokens", U), ("width", U)),
+                           writes=(2,)),
+}
+
+
+def variant_name(kernel: str, wtype: str | None = None) -> str:
+    return f"{kernel}_{wtype}" if wtype else kernel
+
+
+def _variants() -> dict[str, tuple[str, tuple[str, ...]]]:
+    out = {}
+    for name, ks in KERNELS.items():
+        if ks.typed:
+            for t in WEIGHT_TYPES:
+                out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",))
+        else:
+            out[name] = (ks.source, ())
+    return out
+
+
+VARIANTS = _variants()
