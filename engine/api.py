@@ -59,6 +59,10 @@ def default_budget(dev: vk.Device) -> int:
     return max(heap - max(int(heap * BUDGET_MARGIN), MIN_MARGIN), heap // 2)
 
 
+class ModelExists(ValueError):
+    """A load under a name the engine already holds."""
+
+
 @dataclass
 class Completion:
     prompt_tokens: list[int]
@@ -186,7 +190,7 @@ class Engine:
         name = name or os.path.splitext(os.path.basename(path))[0]
         with self._names_lock:
             if name in self.models or name in self._loading:
-                raise ValueError(f"a model named {name!r} is already loaded")
+                raise ModelExists(f"a model named {name!r} is already loaded")
             self._loading.add(name)
         try:
             model = Model(self.dev, self.kernels, path, n_ctx or self.n_ctx, name=name,
@@ -371,8 +375,7 @@ class Engine:
                              f"{m.model.n_ctx}")
         max_tokens = max(0, min(int(max_tokens), m.model.n_ctx - len(prompt_ids)))
         params = sampling or SamplingParams()
-        sampler = None if params.temperature <= 0 and params.repeat_penalty == 1.0 \
-            else Sampler(params)
+        sampler = None if params.plain_greedy else Sampler(params)
         cancel = cancel if cancel is not None else threading.Event()
         t0 = time.perf_counter()
 
@@ -384,7 +387,7 @@ class Engine:
         try:
             out, text, finish, timings = self._job(f"generate {m.name}", job)
         except KeyboardInterrupt:
-            cancel.set()                 # the job stops at its next token
+            cancel.set()                 # the job stops at its next token or prompt chunk
             raise
         t = timings.as_dict()
         t["total_s"] = time.perf_counter() - t0
@@ -484,7 +487,7 @@ def _decode(m: Loaded, prompt_ids: list[int], max_tokens: int, sampler, stop, on
     if max_tokens > 0:
         gen = m.model.generate(prompt_ids, max_tokens,
                                None if sampler is None else sampler.sample,
-                               m.tokenizer.eog_ids, timings)
+                               m.tokenizer.eog_ids, timings, cancel=cancel)
         for tok in gen:
             if tok in m.tokenizer.eog_ids:
                 finish = "stop"
@@ -502,6 +505,8 @@ def _decode(m: Loaded, prompt_ids: list[int], max_tokens: int, sampler, stop, on
                 finish = "cancelled"
                 break
         gen.close()
+        if finish == "length" and cancel.is_set() and len(out) < max_tokens:
+            finish = "cancelled"                 # left during the prompt: no tokens at all
     if finish == "length":
         text += decoder.flush()
     if on_text and len(text) > emitted:

@@ -70,7 +70,8 @@ def _check_header(path: str, head: bytes, size: int) -> tuple[int, int]:
     if size == 0:
         raise ModelFileError(path, "empty file (0 bytes), not a GGUF model")
     if head[:4] != GGUF_MAGIC[:len(head)]:
-        raise ModelFileError(path, f"wrong magic {head[:4]!r}, expected b'GGUF': not a GGUF model")
+        # never the bytes themselves: a path can name any readable file (/etc/shadow)
+        raise ModelFileError(path, "not a GGUF file (it does not start with the GGUF magic)")
     if size < 24:
         raise ModelFileError(path, f"truncated file: {size} bytes, shorter than a GGUF header")
     version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])

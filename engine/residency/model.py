@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -519,19 +520,25 @@ class Model:
             return int(self.rs.result.read(np.uint32, 1)[0])
         return self.rs.result.read(np.float32, self.config.n_vocab)
 
-    def eval(self, tokens: list[int], pos0: int, greedy: bool = True) -> int | np.ndarray:
-        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits."""
+    def eval(self, tokens: list[int], pos0: int, greedy: bool = True,
+             cancel: threading.Event | None = None) -> int | np.ndarray | None:
+        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits. With
+        `cancel` set before a chunk, stops there and returns None (the cache then holds the
+        chunks already run)."""
         out = None
         for s in range(0, len(tokens), PREFILL_CHUNK):
+            if cancel is not None and cancel.is_set():
+                return None
             chunk = tokens[s:s + PREFILL_CHUNK]
             out = self._run(chunk, pos0 + s, greedy)
         return out
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompt: list[int], max_new: int, sample: Callable | None = None,
-                 stop_ids: set[int] = frozenset(), timings: Timings | None = None
-                 ) -> Iterator[int]:
+                 stop_ids: set[int] = frozenset(), timings: Timings | None = None,
+                 cancel: threading.Event | None = None) -> Iterator[int]:
         """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
+        `cancel` is checked between prompt chunks: set, nothing more is run or yielded.
 
         The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
         token is recomputed, for its logits). Recurrent states belong to the end of the cache,
@@ -551,8 +558,10 @@ class Model:
         t.prompt_tokens, t.cached_tokens = len(prompt), reuse
         history = list(prompt)
         t0 = time.perf_counter()
-        out = self.eval(prompt[reuse:], reuse, greedy)
+        out = self.eval(prompt[reuse:], reuse, greedy, cancel)
         t.prefill_s = time.perf_counter() - t0
+        if out is None:                         # cancelled during the prompt
+            return
         t0 = time.perf_counter()
         pos = len(prompt)
         for i in range(max_new):

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..residency.arbiter import BudgetError
-from .access import Access
+from .access import Access, WILDCARD_BINDS, allowed_host_names
 from .errors import ApiError, bad, json_response, over_budget
 from .manage import ManagementRoutes
 from .metrics import Metrics
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("hotseat.serve")
 
 MAX_BODY = 4 << 20                       # bytes of request body; more is a 413
+KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
 
 
 @dataclass
@@ -63,10 +64,13 @@ class Server(OpenAIRoutes, ManagementRoutes, Access):
     """The routes' handlers and what they share: the engine, the model queues, the metrics."""
 
     def __init__(self, engine: Engine, api_key: str | None = None,
-                 cors_origins: list[str] | tuple[str, ...] = (), max_body: int = MAX_BODY):
+                 cors_origins: list[str] | tuple[str, ...] = (), max_body: int = MAX_BODY,
+                 host: str = "127.0.0.1", allow_hosts: list[str] | tuple[str, ...] = ()):
         self.engine = engine
         self.api_key = api_key or None
         self.cors_origins = set(cors_origins)
+        self.allowed_hosts = allowed_host_names(host, allow_hosts)
+        self.any_ip_host = host in WILDCARD_BINDS
         self.max_body = max_body
         self.models: dict[str, ModelSlot] = {}
         self.metrics = Metrics()
@@ -137,6 +141,7 @@ class Server(OpenAIRoutes, ManagementRoutes, Access):
         from aiohttp import web
 
         try:
+            self._check_access(request)
             if request.method == "OPTIONS" and self.cors_origins:
                 return self._preflight(request)
             self._check_auth(request)
@@ -205,12 +210,17 @@ class Server(OpenAIRoutes, ManagementRoutes, Access):
 
 
 def make_app(engine: Engine, model_names: list[str], *, api_key: str | None = None,
-             cors_origins: list[str] | tuple[str, ...] = (),
-             max_body: int = MAX_BODY) -> web.Application:
-    """The aiohttp app serving model_names, which are already loaded on engine."""
+             cors_origins: list[str] | tuple[str, ...] = (), max_body: int = MAX_BODY,
+             host: str = "127.0.0.1", allow_hosts: list[str] | tuple[str, ...] = (),
+             keepalive_s: float = KEEPALIVE_S) -> web.Application:
+    """The aiohttp app serving model_names, which are already loaded on engine.
+
+    host is the address it is bound to: its name and the loopback names are the Host headers
+    it answers to, with allow_hosts; bound to every interface (0.0.0.0, ::) it also answers
+    to any IP address. keepalive_s closes idle connections (any AppRunner of the app)."""
     from aiohttp import web
 
-    server = Server(engine, api_key, cors_origins, max_body)
+    server = Server(engine, api_key, cors_origins, max_body, host, allow_hosts)
     for name in model_names:
         server.add_model(name)
 
@@ -218,7 +228,8 @@ def make_app(engine: Engine, model_names: list[str], *, api_key: str | None = No
     async def middleware(request: web.Request, handler) -> web.StreamResponse:
         return await server.middleware(request, handler)
 
-    app = web.Application(middlewares=[middleware], client_max_size=max_body)
+    app = web.Application(middlewares=[middleware], client_max_size=max_body,
+                          handler_args={"keepalive_timeout": keepalive_s})
     for method, path, handler in server.routes():
         app.router.add_route(method, path, handler)
     app.on_response_prepare.append(server.on_prepare)

@@ -27,6 +27,7 @@ class ManagementRoutes:
         return json_response({"models": await self._model_entries()})
 
     async def api_load(self, request: web.Request) -> web.Response:
+        from ..api import ModelExists
         from ..formats.bundled import resolve
         from ..formats.gguf_file import ModelFileError
         from ..residency.model import PlacementError
@@ -38,10 +39,12 @@ class ManagementRoutes:
         if not isinstance(path, str) or not path:
             raise bad("path must be a GGUF file path or a bundled model name", "path",
                        "invalid_type" if path is not None else "missing_required_parameter")
+        if "\0" in path:                     # no file system takes one
+            raise bad("path must not contain a NUL character", "path", "invalid_value")
         if name is not None and (not isinstance(name, str) or not name or "/" in name
-                                 or name != name.strip()):
-            raise bad("name must be a non-empty string without '/' or surrounding spaces",
-                       "name", "invalid_value")
+                                 or name != name.strip() or not name.isprintable()):
+            raise bad("name must be a non-empty string of printable characters, without '/' "
+                      "or surrounding spaces", "name", "invalid_value")
         cpu_moe = body.get("cpu_moe", 0)
         if isinstance(cpu_moe, bool) or not isinstance(cpu_moe, (int, float)) \
                 or not math.isfinite(cpu_moe) or cpu_moe < 0:
@@ -60,8 +63,10 @@ class ManagementRoutes:
             raise bad(str(exc), "path", "invalid_model_file") from None
         except OSError as exc:
             raise bad(f"{path}: {exc.strerror or exc}", "path", "invalid_model_file") from None
-        except ValueError as exc:           # the engine already holds that name
+        except ModelExists as exc:          # the engine already holds that name
             raise ApiError(409, str(exc), "name", "model_exists") from None
+        except ValueError as exc:           # any other refusal of the request's values
+            raise bad(str(exc), "path", "invalid_value") from None
         status = next(s for s in await self._run(self.engine.status) if s["name"] == name)
         self.add_model(name, status["n_ctx"])
         return json_response(_entry(status), 201)

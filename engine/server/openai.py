@@ -7,8 +7,11 @@ its generation.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import math
+import re
 import threading
 import time
 import uuid
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..residency.arbiter import BudgetError
+from ..text.sampling import BAN, SamplingError, SamplingParams
 from .errors import (
     ApiError,
     bad,
@@ -110,6 +114,39 @@ def parse_stop(v: Any) -> list[str]:
     return [s for s in v if s]
 
 
+def parse_logit_bias(v: Any) -> list[tuple[int | str, float]]:
+    """logit_bias as llama.cpp's server takes it: OpenAI's object of token id (a string key)
+    to bias, or a list of [id or text, bias] pairs; a key that is not a number is text,
+    whose tokens all get the bias. A bias of -100 (OpenAI's ban) or false bans the token."""
+    if v is None:
+        return []
+    if isinstance(v, dict):
+        pairs = list(v.items())
+    elif isinstance(v, list) and all(isinstance(p, list) and len(p) == 2 for p in v):
+        pairs = [tuple(p) for p in v]
+    else:
+        raise bad("logit_bias must be an object of token ids to biases (or a list of [token, "
+                  "bias] pairs)", "logit_bias", "invalid_type")
+    out: list[tuple[int | str, float]] = []
+    for key, bias in pairs:
+        if bias is False:
+            bias = BAN
+        elif isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                or not math.isfinite(bias) or not -100 <= bias <= 100:
+            raise bad(f"logit_bias[{show(key)}] must be a number between -100 and 100 or "
+                      f"false, got {show(bias)}", "logit_bias", "invalid_value")
+        elif bias <= -100:
+            bias = BAN
+        if isinstance(key, str) and re.fullmatch(r"-?[0-9]+", key.strip()):
+            key = int(key)
+        if isinstance(key, bool) or not isinstance(key, (int, str)) or key == "" \
+                or (isinstance(key, int) and key < 0):
+            raise bad(f"logit_bias: {show(key)} is neither a token id nor text", "logit_bias",
+                      "invalid_value")
+        out.append((key, float(bias)))
+    return out
+
+
 @dataclass
 class GenRequest:
     """A validated /v1 generation request."""
@@ -121,11 +158,10 @@ class GenRequest:
     stop: list[str]
     stream: bool
     include_usage: bool
+    logit_bias: list[tuple[int | str, float]]   # token id or text (tokenized), bias or BAN
 
 
 def parse_request(body: Any, chat: bool) -> GenRequest:
-    from ..text.sampling import SamplingParams
-
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object", None, "invalid_type")
     model = body.get("model")
@@ -160,18 +196,22 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
 
     d = SamplingParams()
     seed = integer(body, "seed", None)
-    sampling = SamplingParams(
-        temperature=number(body, "temperature", d.temperature, 0.0),
-        top_k=integer(body, "top_k", d.top_k, lo=0),
-        top_p=number(body, "top_p", d.top_p, 0.0, 1.0),
-        min_p=number(body, "min_p", d.min_p, 0.0, 1.0),
-        repeat_penalty=number(body, "repeat_penalty", d.repeat_penalty, 0.0),
-        repeat_last_n=integer(body, "repeat_last_n", d.repeat_last_n, lo=-1),
-        seed=None if seed is None else seed % (1 << 64),
-    )
-    # accepted for compatibility; the sampler has no frequency or presence penalty
-    number(body, "frequency_penalty", 0.0, -2.0, 2.0)
-    number(body, "presence_penalty", 0.0, -2.0, 2.0)
+    try:
+        sampling = SamplingParams(
+            temperature=number(body, "temperature", d.temperature, 0.0),
+            top_k=integer(body, "top_k", d.top_k, lo=0),
+            top_p=number(body, "top_p", d.top_p, 0.0, 1.0),
+            min_p=number(body, "min_p", d.min_p, 0.0, 1.0),
+            repeat_penalty=number(body, "repeat_penalty", d.repeat_penalty, 0.0),
+            repeat_last_n=integer(body, "repeat_last_n", d.repeat_last_n, lo=-1),
+            seed=None if seed is None else seed % (1 << 64),
+            # OpenAI's range; llama.cpp applies them over the last repeat_last_n tokens
+            frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+            presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        )
+    except SamplingError as exc:
+        raise bad(str(exc), exc.param, "invalid_value") from None
+    logit_bias = parse_logit_bias(body.get("logit_bias"))
 
     stream = boolean(body, "stream", False)
     opts = body.get("stream_options")
@@ -179,7 +219,7 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
         raise bad("stream_options must be an object", "stream_options", "invalid_type")
     include_usage = boolean(opts or {}, "include_usage", False)
     return GenRequest(model or "", messages, prompt, max_tokens, sampling,
-                      parse_stop(body.get("stop")), stream, include_usage)
+                      parse_stop(body.get("stop")), stream, include_usage, logit_bias)
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -234,9 +274,34 @@ class OpenAIRoutes:
                        "context_length_exceeded")
         return ids
 
+    def _logit_bias(self, slot: ModelSlot, req: GenRequest) -> None:
+        """Resolve the request's logit_bias on the model's vocabulary, into req.sampling."""
+        tok = self.engine.tokenizer(slot.name)
+        bias: dict[int, float] = {}
+        for key, b in req.logit_bias:
+            ids = [key] if isinstance(key, int) else \
+                tok.encode(key, add_special=False, parse_special=False)
+            for i in ids:
+                if i >= tok.n_vocab:
+                    raise bad(f"logit_bias: token id {i} is outside the vocabulary "
+                              f"({tok.n_vocab})", "logit_bias", "invalid_value")
+                bias[i] = b                    # a later entry for a token replaces it
+        if sum(b == BAN for b in bias.values()) >= tok.n_vocab:
+            raise bad("logit_bias bans every token", "logit_bias", "invalid_value")
+        try:
+            req.sampling = dataclasses.replace(req.sampling, logit_bias=bias)
+        except SamplingError as exc:
+            raise bad(str(exc), exc.param, "invalid_value") from None
+
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         req = parse_request(await self._body(request), chat)
         slot = self._slot(req.model)
+        if req.logit_bias:
+            try:
+                self._logit_bias(slot, req)
+            except KeyError:
+                raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
+                               "model_not_found") from None
         ids = await self._prompt_ids(slot, req)
         room = slot.n_ctx - len(ids)
         headers = {}
@@ -301,6 +366,8 @@ class OpenAIRoutes:
             self._cancels.discard(cancel)
         try:
             out = fut.result()
+        except SamplingError as exc:
+            raise bad(str(exc), exc.param, "invalid_value") from None
         except ValueError as exc:           # the engine's word for bad input
             raise bad(str(exc)) from None
         except BudgetError as exc:          # a cold model that pinned models leave no room for

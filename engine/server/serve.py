@@ -3,9 +3,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import logging
 import os
 import signal
+import sys
 from typing import TYPE_CHECKING
 
 from .app import make_app
@@ -27,7 +29,14 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' on /v1 and /api "
                         "(default: $HOTSEAT_API_KEY)")
     s.add_argument("--cors-origin", action="append", metavar="ORIGIN",
-                   help="allow browser requests from ORIGIN, or * (repeatable)")
+                   help="allow browser requests from ORIGIN (scheme://host[:port]), or * "
+                        "(repeatable); other web pages are refused")
+    s.add_argument("--allow-host", action="append", metavar="NAME",
+                   help="also answer requests addressed to the host NAME (repeatable); "
+                        "127.0.0.1, localhost, [::1] and the --host name always are")
+    s.add_argument("--insecure-no-key", action="store_true",
+                   help="serve on a non-loopback --host without --api-key (anyone who can "
+                        "reach the port can then load, unload and generate)")
     s.add_argument("--ctx", type=int, default=2048, help="context size (default 2048)")
     s.add_argument("--budget-mib", type=int, metavar="N",
                    help="VRAM budget for all models together, in MiB (default: the device's "
@@ -40,12 +49,39 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
     return s
 
 
+def is_loopback(host: str) -> bool:
+    """Whether --host binds only this machine's loopback interface."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:                    # a name: it may resolve to any interface
+        return False
+
+
+def check_exposure(host: str, api_key: str | None, insecure_no_key: bool) -> str | None:
+    """Refuse a network-facing server without a key; the warning to print, if any."""
+    if is_loopback(host) or api_key:
+        return None
+    if not insecure_no_key:
+        raise ValueError(f"--host {host} is reachable from other machines: give --api-key KEY "
+                         "(or $HOTSEAT_API_KEY), or --insecure-no-key to serve without one")
+    return (f"hotseat: warning: serving on {host} without an API key: anyone who can reach "
+            "this port can load, unload and run models")
+
+
 def cmd_serve(args) -> int:
     from ..api import Engine
     from ..formats.bundled import resolve
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be between 0 and 65535, got {args.port}")
+    for name in args.allow_host or ():
+        if not name.strip() or "/" in name:
+            raise ValueError(f"--allow-host takes a host name, got {name!r}")
+    warning = check_exposure(args.host, args.api_key, args.insecure_no_key)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     if args.ctx < 16:
         raise ValueError(f"--ctx must be at least 16, got {args.ctx}")
     if args.budget_mib is not None and args.budget_mib <= 0:
@@ -65,7 +101,8 @@ def cmd_serve(args) -> int:
 async def _serve(eng: Engine, names: list[str], args) -> int:
     from aiohttp import web
 
-    app = make_app(eng, names, api_key=args.api_key, cors_origins=args.cors_origin or ())
+    app = make_app(eng, names, api_key=args.api_key, cors_origins=args.cors_origin or (),
+                   host=args.host, allow_hosts=args.allow_host or ())
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
     site = web.TCPSite(runner, args.host, args.port)

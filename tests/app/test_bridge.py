@@ -71,7 +71,7 @@ def test_bad_files_fail_with_one_line(qtbot, bridge, models, tmp_path):
         until(qtbot, lambda: len(rec.failed) > i)
         path, message = rec.failed[-1]
         assert path == models[key] and "\n" not in message
-        assert "not a GGUF model" in message
+        assert "not a GGUF file" in message
     bridge.load(str(tmp_path / "missing.gguf"))
     until(qtbot, lambda: len(rec.failed) == 3)
     assert "missing.gguf" in rec.failed[-1][1]

@@ -195,7 +195,7 @@ def test_drop_a_bad_file_shows_a_clear_message(qtbot, window, bridge, models, ke
     until(qtbot, lambda: not window.message.isHidden())
     text = window.message.text()
     assert text.startswith(f"Could not load {key}.gguf: ")
-    assert "not a GGUF model" in text and "\n" not in text
+    assert "not a GGUF file" in text and "\n" not in text
     assert window.message.property("kind") == "error"
     until(qtbot, lambda: window.progress.isHidden())
     assert window.rows == {}

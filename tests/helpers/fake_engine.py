@@ -79,8 +79,8 @@ class FakeEngine:
             if name in self.models:
                 raise ValueError(f"a model named {name!r} is already loaded")
             if os.path.basename(path) == "bad.gguf":
-                raise ModelFileError(path, "wrong magic b'BAD!', expected b'GGUF': not a GGUF "
-                                           "model")
+                raise ModelFileError(path, "not a GGUF file (it does not start with the GGUF "
+                                           "magic)")
             g = GGUFFile(path)                # the real checks: missing, foreign, truncated
             try:
                 arch = g.arch
