@@ -1,16 +1,19 @@
 """GGUF files, read through a memmap.
 
-The one module that touches gguf-py's reader and its ReaderField indirection: the rest of
-the engine sees plain Python values and `TensorInfo` records whose `data` is a read-only
-numpy view straight into the mapped file (uploads copy from it, nothing is read twice).
+The one module that reads the GGUF layout: the rest of the engine sees plain Python values
+and `TensorInfo` records whose `data` is a read-only numpy view straight into the mapped
+file (uploads copy from it, nothing is read twice). gguf-py supplies the tensor types and
+their block sizes, and dequantizes.
 
 Every problem with a file becomes a `ModelFileError` whose message names the file and the
 problem in one line; the CLI prints it and exits with status 2.
 
-gguf-py's reader trusts every count and length in the file: on a truncated file it reads
-short arrays without complaint (an array count of 2**40 then loops forever) and reports the
-rest as bare IndexError/ValueError. So `_scan` first walks the header, metadata and tensor
-infos with bounds checks, and the reader only ever sees a file whose layout is sound.
+`_parse` walks the header, metadata and tensor infos with bounds checks on every count and
+length, and decodes the values as it goes, the same values gguf-py's `ReaderField.contents()`
+gives. gguf-py's own reader is not used: it trusts every count (on a truncated file it reads
+short arrays without complaint, and an array count of 2**40 loops forever), and it keeps a
+numpy view per part of every value, ~500,000 objects and ~150 MiB for SmolLM2's vocabulary,
+whose churn at each load left the Python allocator's arenas pinned and RSS growing.
 """
 from __future__ import annotations
 
@@ -35,6 +38,10 @@ DEFAULT_ALIGNMENT = 32
 _SCALAR_SIZE = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY, _UINT32 = 8, 9, 4
 _MIN_SIZE = {**_SCALAR_SIZE, _STRING: 8, _ARRAY: 12}   # smallest encoding of one value
+_SCALAR_FORMAT = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
+                  10: "<Q", 11: "<q", 12: "<d"}
+_SCALAR_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4",
+                 7: "?", 10: "<u8", 11: "<i8", 12: "<f8"}
 
 
 class ModelFileError(Exception):
@@ -91,6 +98,7 @@ class _Cursor:
 
     def __init__(self, path: str, buf, size: int):
         self.path, self.buf, self.size = path, buf, size
+        self.view = memoryview(buf)
         self.pos = 24
         self.where = "header"
 
@@ -119,44 +127,68 @@ class _Cursor:
         except UnicodeDecodeError:
             raise self.error("name is not valid UTF-8: corrupt file") from None
 
-    def skip_value(self, vtype: int, depth: int = 0) -> None:
+    def string(self) -> str:
+        n = self.u64()
+        start = self.take(n)
+        try:
+            return self.view[start:start + n].tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.error("string value is not valid UTF-8: corrupt file") from None
+
+    def value(self, vtype: int, depth: int = 0):
+        """One metadata value as gguf-py's contents() gives it: nested arrays flattened."""
         if vtype in _SCALAR_SIZE:
-            self.take(_SCALAR_SIZE[vtype])
-        elif vtype == _STRING:
-            self.take(self.u64())
-        elif vtype == _ARRAY:
-            itype, count = self.u32(), self.u64()
-            if itype not in _MIN_SIZE:
-                raise self.error(f"unknown array item type {itype}: corrupt file")
-            if itype == _ARRAY and depth + 1 >= MAX_ARRAY_DEPTH:
-                raise self.error(f"arrays nested over {MAX_ARRAY_DEPTH} deep: corrupt file")
-            # Bound the count by the bytes left before looping over it.
-            if count * _MIN_SIZE[itype] > self.size - self.pos:
-                raise self.error(f"truncated or corrupt file: array of {count} items cannot "
-                                 f"fit in the {self.size - self.pos} bytes left")
-            if itype in _SCALAR_SIZE:
-                self.take(count * _SCALAR_SIZE[itype])
-            else:
-                for _ in range(count):
-                    self.skip_value(itype, depth + 1)
-        else:
+            return struct.unpack_from(_SCALAR_FORMAT[vtype], self.buf,
+                                      self.take(_SCALAR_SIZE[vtype]))[0]
+        if vtype == _STRING:
+            return self.string()
+        if vtype != _ARRAY:
             raise self.error(f"unknown metadata value type {vtype}: corrupt file")
+        itype, count = self.u32(), self.u64()
+        if itype not in _MIN_SIZE:
+            raise self.error(f"unknown array item type {itype}: corrupt file")
+        if itype == _ARRAY and depth + 1 >= MAX_ARRAY_DEPTH:
+            raise self.error(f"arrays nested over {MAX_ARRAY_DEPTH} deep: corrupt file")
+        # Bound the count by the bytes left before looping over it.
+        if count * _MIN_SIZE[itype] > self.size - self.pos:
+            raise self.error(f"truncated or corrupt file: array of {count} items cannot "
+                             f"fit in the {self.size - self.pos} bytes left")
+        if itype in _SCALAR_SIZE:
+            start = self.take(count * _SCALAR_SIZE[itype])
+            return np.frombuffer(self.buf, _SCALAR_DTYPE[itype], count, start).tolist()
+        if itype == _STRING:
+            return [self.string() for _ in range(count)]
+        out: list = []
+        for _ in range(count):
+            out += self.value(itype, depth + 1)
+        return out
 
 
-def _scan(path: str, buf, size: int, n_tensors: int, n_kv: int) -> None:
-    """Check the whole layout before gguf-py's reader sees it (see the module docstring)."""
+def _parse(path: str, buf, size: int, version: int, n_tensors: int, n_kv: int
+           ) -> tuple[dict[str, object], list[tuple[str, tuple[int, ...], int, int, int]]]:
+    """The metadata, and per tensor (name, shape, type, absolute offset, bytes), of a file
+    whose whole layout is checked here (see the module docstring)."""
+    c = _Cursor(path, buf, size)
+    try:
+        return _parse_with(c, path, size, version, n_tensors, n_kv)
+    finally:
+        c.view.release()        # so that the mmap can close, whatever a traceback holds
+
+
+def _parse_with(c: _Cursor, path: str, size: int, version: int, n_tensors: int, n_kv: int):
     from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
-    c = _Cursor(path, buf, size)
-    keys = {"GGUF.version", "GGUF.tensor_count", "GGUF.kv_count"}  # gguf-py's own entries
+    buf = c.buf
+    # gguf-py's reader lists the header's fields as metadata too
+    metadata: dict[str, object] = {"GGUF.version": version, "GGUF.tensor_count": n_tensors,
+                                   "GGUF.kv_count": n_kv}
     alignment = DEFAULT_ALIGNMENT
     for i in range(n_kv):
         c.where = f"metadata entry {i + 1} of {n_kv}"
         key = c.text()
         c.where = f"metadata key {key!r}"
-        if key in keys:
+        if key in metadata:
             raise c.error(f"duplicate metadata key {key!r}: corrupt file")
-        keys.add(key)
         vtype = c.u32()
         if key == "general.alignment":
             if vtype != _UINT32:
@@ -164,8 +196,9 @@ def _scan(path: str, buf, size: int, n_tensors: int, n_kv: int) -> None:
             alignment = c.u32()
             if alignment == 0 or alignment & (alignment - 1):
                 raise c.error(f"general.alignment {alignment} is not a power of two")
+            metadata[key] = alignment
         else:
-            c.skip_value(vtype)
+            metadata[key] = c.value(vtype)
 
     infos = []
     names: set[str] = set()
@@ -184,6 +217,7 @@ def _scan(path: str, buf, size: int, n_tensors: int, n_kv: int) -> None:
         infos.append((name, shape, c.u32(), c.u64()))
     data_start = -(-c.pos // alignment) * alignment
 
+    tensors = []
     for name, shape, ggml_type, offset in infos:
         if ggml_type not in GGML_QUANT_SIZES:
             raise ModelFileError(path, f"tensor {name!r} has unknown tensor type id {ggml_type} "
@@ -210,19 +244,13 @@ def _scan(path: str, buf, size: int, n_tensors: int, n_kv: int) -> None:
             raise ModelFileError(path, f"truncated or corrupt file: tensor {name!r} ({type_name} "
                                        f"{shape}) ends at byte {end}, past the end of the file "
                                        f"({size} bytes)")
+        tensors.append((name, tuple(int(d) for d in shape), ggml_type, data_start + offset,
+                        nbytes))
+    return metadata, tensors
 
 
-def _explain(exc: Exception) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    if "GGMLQuantizationType" in text:
-        return f"unknown tensor type ({text})"
-    if isinstance(exc, (IndexError, struct.error)) or "buffer" in text or "offset" in text:
-        return f"truncated or corrupt file ({type(exc).__name__}: {text})"
-    return f"corrupt GGUF file ({type(exc).__name__}: {text})"
-
-
-def _open_checked(path: str) -> int:
-    """Stat, header and layout checks; returns the file size."""
+def _open_checked(path: str) -> tuple[int, dict, list]:
+    """Stat, header and layout checks; the file size, metadata and tensor records."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -237,43 +265,35 @@ def _open_checked(path: str) -> int:
     size = st.st_size
     try:
         with open(path, "rb") as f:
-            n_tensors, n_kv = _check_header(path, f.read(24), size)
+            head = f.read(24)
+            n_tensors, n_kv = _check_header(path, head, size)
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
-                _scan(path, buf, min(size, len(buf)), n_tensors, n_kv)
+                metadata, tensors = _parse(path, buf, min(size, len(buf)),
+                                           struct.unpack_from("<I", head, 4)[0], n_tensors,
+                                           n_kv)
     except OSError as exc:
         raise ModelFileError(path, f"cannot read: {exc.strerror or exc}") from None
-    return size
+    return size, metadata, tensors
 
 
 class GGUFFile:
     """A GGUF model file: metadata as Python values, tensors as memmap views."""
 
     def __init__(self, path: str | os.PathLike):
-        import gguf  # deferred: importing gguf-py costs ~100 ms
+        from gguf.constants import GGMLQuantizationType
 
         self.path = os.fspath(path)
-        self.file_size = _open_checked(self.path)
+        self.file_size, self.metadata, infos = _open_checked(self.path)
         try:
-            reader = gguf.GGUFReader(self.path, "r")
-        except MemoryError:
-            raise ModelFileError(self.path, "absurd sizes in header: corrupt file") from None
-        except Exception as exc:  # _scan should have caught it; gguf-py raises bare errors
-            raise ModelFileError(self.path, _explain(exc)) from None
-        self._reader = reader
-        self.metadata: dict[str, object] = {}
-        for key, field in reader.fields.items():
-            try:
-                self.metadata[key] = field.contents()
-            except Exception as exc:  # e.g. a string value that is not UTF-8
-                raise ModelFileError(self.path, f"unreadable metadata key {key!r} "
-                                                f"({type(exc).__name__}: {exc})") from None
+            self._data: np.memmap | None = np.memmap(self.path, dtype=np.uint8, mode="r")
+        except (OSError, ValueError) as exc:
+            raise ModelFileError(self.path, f"cannot map: {exc}") from None
         self.tensors: dict[str, TensorInfo] = {}
-        for t in reader.tensors:
-            raw = np.asarray(t.data).reshape(-1).view(np.uint8)
-            self.tensors[t.name] = TensorInfo(
-                name=t.name, shape=tuple(int(d) for d in t.shape), ggml_type=int(t.tensor_type),
-                type_name=t.tensor_type.name, offset=int(t.data_offset),
-                nbytes=int(t.n_bytes), data=raw)
+        for name, shape, ggml_type, offset, nbytes in infos:
+            self.tensors[name] = TensorInfo(
+                name=name, shape=shape, ggml_type=ggml_type,
+                type_name=GGMLQuantizationType(ggml_type).name, offset=offset, nbytes=nbytes,
+                data=self._data[offset:offset + nbytes].view(np.ndarray))
 
     # -- metadata ---------------------------------------------------------------------------
     @property
@@ -292,7 +312,7 @@ class GGUFFile:
     @property
     def mapped(self) -> np.ndarray:
         """The whole file as a read-only uint8 memmap (tensor offsets index into it)."""
-        return self._reader.data
+        return self._data
 
     def tensor(self, name: str) -> TensorInfo:
         try:
@@ -310,8 +330,8 @@ class GGUFFile:
         return np.asarray(out, dtype=np.float32).reshape(tuple(reversed(t.shape)))
 
     def close(self) -> None:
-        # Dropping the reader releases the memmap once no TensorInfo view is alive.
-        self._reader = None
+        # Dropping the memmap unmaps the file once no TensorInfo view is alive.
+        self._data = None
         self.tensors = {}
 
     def __enter__(self) -> "GGUFFile":

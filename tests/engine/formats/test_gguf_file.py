@@ -138,6 +138,52 @@ def test_valid_file_loads(tmp_path):
         np.testing.assert_array_equal(f.dequantize("b.weight"), want)
 
 
+def same_as_gguf_py(path) -> None:
+    """Metadata and tensors as gguf-py's own reader gives them, value for value and type
+    for type."""
+    ref = gguf.GGUFReader(os.fspath(path), "r")
+    want = {k: fld.contents() for k, fld in ref.fields.items()}
+    with load(Path(path), seconds=60) as f:
+        assert list(f.metadata) == list(want)
+        for k, v in want.items():
+            assert f.metadata[k] == v and type(f.metadata[k]) is type(v), k
+        assert list(f.tensors) == [t.name for t in ref.tensors]
+        for t in ref.tensors:
+            mine = f.tensors[t.name]
+            assert mine.shape == tuple(int(d) for d in t.shape), t.name
+            assert (mine.offset, mine.nbytes) == (t.data_offset, t.n_bytes), t.name
+            assert np.array_equal(mine.data, np.asarray(t.data).reshape(-1).view(np.uint8))
+            assert not mine.data.flags.writeable
+
+
+def test_every_value_type_reads_as_gguf_py_reads_it(tmp_path):
+    path = tmp_path / "types.gguf"
+    w = gguf.GGUFWriter(os.fspath(path), "llama")
+    T = gguf.GGUFValueType
+    for i, (vtype, value) in enumerate([
+            (T.UINT8, 200), (T.INT8, -100), (T.UINT16, 60000), (T.INT16, -30000),
+            (T.UINT32, 4_000_000_000), (T.INT32, -2_000_000_000), (T.FLOAT32, 0.1),
+            (T.BOOL, True), (T.BOOL, False), (T.STRING, "caf\u00e9 \U0001f600"),
+            (T.UINT64, 1 << 63), (T.INT64, -(1 << 62)), (T.FLOAT64, 0.1)]):
+        w.add_key_value(f"t.scalar{i}", value, vtype)
+    w.add_key_value("t.f32s", [0.5, -1.25, 3.0e-8], T.ARRAY, sub_type=T.FLOAT32)
+    w.add_key_value("t.i64s", [-1, 2, 1 << 40], T.ARRAY, sub_type=T.INT64)
+    w.add_key_value("t.bools", [True, False, True], T.ARRAY, sub_type=T.BOOL)
+    w.add_array("t.strings", ["", "a", "\u00e9t\u00e9", "x" * 300])
+    w.add_array("t.empty", [])
+    w.add_array("t.nested", [[1, 2], [3], [4, 5, 6]])     # gguf-py flattens these
+    w.add_tensor("a.weight", F32_DATA)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    same_as_gguf_py(path)
+
+
+def test_bundled_model_reads_as_gguf_py_reads_it(smollm2_path):
+    same_as_gguf_py(smollm2_path)
+
+
 # -- targeted corruptions -------------------------------------------------------------------
 # Each builds the broken bytes from the valid ones and names the words its message must use.
 TRUNC = r"truncat"
