@@ -1,10 +1,21 @@
 """engine.text.sampling: llama.cpp's default chain, checked against hand-worked numbers."""
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
-from engine.text.sampling import Sampler, SamplingParams, apply_repeat_penalty
+from engine.text.sampling import (
+    BAN,
+    MIN_TEMPERATURE,
+    Sampler,
+    SamplingError,
+    SamplingParams,
+    apply_logit_bias,
+    apply_penalties,
+    apply_repeat_penalty,
+)
 
 # probabilities 0.5, 0.2, 0.15, 0.1, 0.05, deliberately not in id order
 PROBS = {3: 0.5, 0: 0.2, 4: 0.15, 1: 0.1, 2: 0.05}
@@ -129,3 +140,95 @@ def test_default_chain_on_a_large_vocabulary():
     ids, probs = s.candidates(logits, list(range(64)))
     assert 1 <= len(ids) <= 40 and abs(probs.sum() - 1) < 1e-9
     assert s.sample(logits, []) in set(np.argsort(-logits)[:40].tolist())
+
+
+# -- penalties, logit bias, degenerate values ----------------------------------------------
+
+def test_frequency_and_presence_penalties_rule():
+    logits = np.array([2.0, -1.0, 0.5, 4.0, 1.0], dtype=np.float32)
+    history = [0, 1, 1, 3, 3, 3]                              # counts: 0 once, 1 twice, 3 thrice
+    out = apply_penalties(logits, history, 2.0, 64, frequency=0.5, presence=0.25)
+    # 0: 2/2 - (1*0.5 + 0.25); 1: -1*2 - (2*0.5 + 0.25); 3: 4/2 - (3*0.5 + 0.25)
+    np.testing.assert_array_equal(out, np.float32([0.25, -3.25, 0.5, 0.25, 1.0]))
+    # only the last repeat_last_n tokens count: [1, 3] once each
+    out = apply_penalties(logits, history[2:4], 1.0, 2, frequency=1.0)
+    np.testing.assert_array_equal(out, np.float32([2.0, -2.0, 0.5, 3.0, 1.0]))
+    out = apply_penalties(logits, history, 1.0, 2, frequency=1.0)    # window [3, 3]
+    np.testing.assert_array_equal(out, np.float32([2.0, -1.0, 0.5, 2.0, 1.0]))
+    # negative values reward repetition; last_n 0 turns all three off
+    out = apply_penalties(logits, history, 1.0, -1, frequency=-0.5, presence=-1.0)
+    np.testing.assert_array_equal(out, np.float32([3.5, 1.0, 0.5, 6.5, 1.0]))
+    assert apply_penalties(logits, history, 2.0, 0, 1.0, 1.0).tolist() == logits.tolist()
+    assert logits.tolist() == [2.0, -1.0, 0.5, 4.0, 1.0]          # input left alone
+
+
+def test_logit_bias_adds_and_bans():
+    logits = np.array([2.0, -1.0, 0.5, 4.0], dtype=np.float32)
+    out = apply_logit_bias(logits, {1: 3.5, 3: BAN, 99: 7.0})     # past the vocabulary: skipped
+    np.testing.assert_array_equal(out, np.float32([2.0, 2.5, 0.5, -np.inf]))
+    assert Sampler(SamplingParams(temperature=0, logit_bias={3: BAN})).sample(logits) == 0
+    assert Sampler(SamplingParams(temperature=0, logit_bias={2: 5.0})).sample(logits) == 2
+
+
+def test_banned_tokens_never_take_part():
+    ids, probs = Sampler(params(logit_bias={3: BAN})).candidates(LOGITS)
+    assert ids.tolist() == [0, 4, 1, 2]                           # 3 (p = 0.5) is gone
+    np.testing.assert_allclose(probs, np.array([0.2, 0.15, 0.1, 0.05]) / 0.5, rtol=1e-6)
+    with pytest.raises(SamplingError) as info:
+        Sampler(params(logit_bias={i: BAN for i in range(5)})).sample(LOGITS)
+    assert info.value.param == "logit_bias"
+
+
+def test_chain_order_bias_then_penalties():
+    # bias first: 1 - 2 = -1, then the repeat penalty multiplies a negative logit: -2.
+    # (penalty first would give 1 / 2 - 2 = -1.5)
+    logits = np.array([1.0, 0.5, 0.0], dtype=np.float32)
+    s = Sampler(params(logit_bias={0: -2.0}, repeat_penalty=2.0))
+    ids, probs = s.candidates(logits, [0])
+    assert ids.tolist() == [1, 2, 0]
+    expect = np.exp([0.5, 0.0, -2.0])
+    np.testing.assert_allclose(probs, expect / expect.sum(), rtol=1e-6)
+
+
+def test_frequency_penalty_changes_the_greedy_choice():
+    logits = np.array([3.0, 2.0, 0.0], dtype=np.float32)
+    p = SamplingParams(temperature=0, frequency_penalty=0.6)
+    assert not p.plain_greedy
+    assert Sampler(p).sample(logits, [0]) == 0                    # 3 - 0.6 > 2
+    assert Sampler(p).sample(logits, [0, 0]) == 1                 # 3 - 1.2 < 2
+    assert Sampler(SamplingParams(temperature=0, presence_penalty=1.5)).sample(
+        logits, [0]) == 1                                          # 3 - 1.5 < 2
+    assert SamplingParams(temperature=0).plain_greedy
+    assert SamplingParams(temperature=0, repeat_penalty=2.0, repeat_last_n=0).plain_greedy
+
+
+@pytest.mark.parametrize("t", [0.0, 1e-320, 1e-300, MIN_TEMPERATURE / 2])
+def test_tiny_temperatures_are_greedy_and_quiet(t):
+    logits = np.array([1.0, 3.0, 2.999, -1.0], dtype=np.float32)
+    p = SamplingParams(temperature=t, top_k=0, top_p=1.0, min_p=0.0, seed=3)
+    assert p.greedy
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                             # a numpy warning fails
+        assert all(Sampler(p).sample(logits) == 1 for _ in range(20))
+
+
+def test_small_temperature_above_the_cut_does_not_overflow():
+    logits = np.array([30.0, -30.0, 29.9999], dtype=np.float32)
+    s = Sampler(params(temperature=MIN_TEMPERATURE * 2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ids, probs = s.candidates(logits)
+    assert ids.tolist() == [0, 2, 1] and np.isfinite(probs).all()
+    assert probs[0] > 0.99 and probs.sum() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("kw, param", [
+    (dict(repeat_penalty=0.0), "repeat_penalty"), (dict(repeat_penalty=-1.0), "repeat_penalty"),
+    (dict(temperature=float("nan")), "temperature"), (dict(top_p=float("inf")), "top_p"),
+    (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+    (dict(repeat_last_n=-2), "repeat_last_n"), (dict(logit_bias={-1: 1.0}), "logit_bias"),
+    (dict(logit_bias={0: float("inf")}), "logit_bias")])
+def test_values_that_cannot_work_are_refused(kw, param):
+    with pytest.raises(SamplingError) as info:
+        SamplingParams(**kw)
+    assert info.value.param == param and param in str(info.value)
