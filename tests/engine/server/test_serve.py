@@ -389,8 +389,10 @@ def test_auth(base, open_base, name):
 def test_cors(base, open_base):
     got, hdrs, _ = request(base, "GET", "/v1/models", headers={"Origin": ORIGIN})
     assert got == 200 and hdrs["Access-Control-Allow-Origin"] == ORIGIN
-    got, hdrs, _ = request(base, "GET", "/v1/models", headers={"Origin": "http://evil.example"})
-    assert got == 200 and "Access-Control-Allow-Origin" not in hdrs
+    got, hdrs, body = request(base, "GET", "/v1/models",
+                              headers={"Origin": "http://evil.example"})
+    assert_error(403, got, body, None, "origin_not_allowed")    # test_access.py has the rest
+    assert "Access-Control-Allow-Origin" not in hdrs
     # a preflight carries no credentials and must pass anyway
     got, hdrs, _ = request(base, "OPTIONS", CHAT, key=None, headers={
         "Origin": ORIGIN, "Access-Control-Request-Method": "POST",
@@ -399,9 +401,11 @@ def test_cors(base, open_base):
     assert hdrs["Access-Control-Allow-Origin"] == ORIGIN
     assert "POST" in hdrs["Access-Control-Allow-Methods"]
     assert "authorization" in hdrs["Access-Control-Allow-Headers"].lower()
-    # no --cors-origin, no CORS headers
-    got, hdrs, _ = request(open_base, "GET", "/v1/models", key=None, headers={"Origin": ORIGIN})
-    assert got == 200 and "Access-Control-Allow-Origin" not in hdrs
+    # no --cors-origin: no page is let in
+    got, hdrs, body = request(open_base, "GET", "/v1/models", key=None,
+                              headers={"Origin": ORIGIN})
+    assert_error(403, got, body, None, "origin_not_allowed")
+    assert "Access-Control-Allow-Origin" not in hdrs
 
 
 # -- failures and cancellation ------------------------------------------------------------
