@@ -12,9 +12,13 @@ Bad input is always a 4xx with OpenAI's error shape
 shape and the server keeps serving. A request the VRAM budget cannot hold (pinned models
 fill it, or evicting a pinned model) is a 409 with the engine's message.
 
-The routes live by API: openai.py (/v1), manage.py (/api), with access.py (the API key,
-CORS), errors.py and metrics.py; this module holds what they share. /health and /metrics
-never wait for the engine.
+Before any route, access.py refuses a Host the server does not answer to, a browser Origin
+not allowed with --cors-origin (403) and a body that is not JSON (415), then checks the API
+key. Idle keep-alive connections close after KEEPALIVE_S.
+
+The routes live by API: openai.py (/v1), manage.py (/api), with access.py (Host, Origin,
+body type, the API key, CORS), errors.py and metrics.py; this module holds what they share.
+/health and /metrics never wait for the engine.
 
 aiohttp is imported inside the functions that use it: cli.py imports serve.py to build its
 parser, and `hotseat tokenize` should not pay for a web framework.
