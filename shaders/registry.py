@@ -46,6 +46,9 @@ KERNELS: dict[str, KernelSpec] = {
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("row_offset", U), ("y_stride", U)),
         (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3), ("ACT", 4)), typed=True, writes=(2,)),
+    "mul_mat_vec": KernelSpec(
+        "mul_mat_vec.comp", 3, (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U)),
+        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3)), typed=True, writes=(2,)),
     "mul_mat_id": KernelSpec(
         "mul_mat_id.comp", 4,
         (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U), ("n_experts", U)),
@@ -60,7 +63,7 @@ KERNELS: dict[str, KernelSpec] = {
                            typed=True, writes=(2,)),
     "rms_norm": KernelSpec("rms_norm.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
-                           (("SG", 0),), writes=(2,)),
+                           (("WG", 0),), writes=(2,)),
     "rope": KernelSpec("rope.comp", 5,
                        (("n_heads", U), ("head_dim", U), ("n_dims", U), ("n_tokens", U),
                         ("freq_base", F), ("freq_scale", F)),

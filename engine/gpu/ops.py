@@ -15,7 +15,7 @@ import numpy as np
 
 from . import vk
 from .graph import Graph
-from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE
+from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE, MATVEC_ACT, MATVEC_CHUNK
 
 
 @dataclass(eq=False)
@@ -116,6 +116,9 @@ class Tuning:
     mv_rows: int = 2        # weight rows per subgroup, decode
     mm_rows: int = 4        # weight rows per subgroup, prefill
     mm_tokens: int = 8      # tokens per subgroup, prefill
+    matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
+    mv_lanes: int = 128     # most lanes sharing one row in mul_mat_vec
+    norm_wg: int = 256      # lanes per row of rms_norm
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy)
     flash_attn: str = "auto"     # prefill attention: "on" tiled (flash_attn.comp), "off" per
                                  # token (attention.comp), "auto" tiled on AMD GCN at head
@@ -138,7 +141,7 @@ class Tuning:
                       max_shared=max_shared)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
-                       split_chunk=64, **common)
+                       split_chunk=64, matvec=False, norm_wg=subgroup, **common)
         return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
@@ -402,6 +405,9 @@ class Builder:
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
                x_row: int = 0) -> None:
         """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T."""
+        if n == 1 and self.t.matvec:
+            self._matvec(w, x, y, accumulate, x_row)
+            return
         n_in, n_out = w.shape[0], w.rows
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
@@ -416,6 +422,23 @@ class Builder:
             self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
+        self._wrote(y)
+
+    def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
+                x_row: int) -> None:
+        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act)."""
+        n_in = w.shape[0]
+        chunks = n_in // MATVEC_CHUNK[w.wtype]
+        lanes = self.t.subgroup
+        while lanes < min(chunks, self.t.mv_lanes):
+            lanes *= 2
+        rows = self.t.mv_rows
+        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate),
+                    ACT=MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0)
+        for buf, first, count in w.bindings():
+            self.g.op("mul_mat_vec", [buf, x, y], (-(-count // rows), 1, 1), wtype=w.wtype,
+                      spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
+                      y_offset=first)
         self._wrote(y)
 
     def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
@@ -453,8 +476,8 @@ class Builder:
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
                  row_offset: int = 0) -> None:
-        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1), n_cols=w.shape[0], n_rows=n, eps=eps,
-                  x_offset=row_offset)
+        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1), spec=dict(WG=self.t.norm_wg),
+                  n_cols=w.shape[0], n_rows=n, eps=eps, x_offset=row_offset)
         self._wrote(out)
 
     def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,

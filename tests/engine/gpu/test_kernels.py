@@ -119,6 +119,67 @@ def test_mul_mat_accumulates_and_offsets(dev, kc):
     assert nmse(read(dev, by)[:n_out], y0 + w[n_out:] @ x[2]) < 1e-10
 
 
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("lanes,rows", [(1, 1), (2, 3), (4, 4)])
+def test_mul_mat_vec(dev, kc, wtype, lanes, rows):
+    rng = np.random.default_rng(21)
+    n_out, n_in = 70, 1024
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = rng.standard_normal((2, n_in)).astype(np.float32)
+    y0 = rng.standard_normal(n_out + 3).astype(np.float32)
+    bw, bx = buf(dev, raw, kind="weights"), buf(dev, x)
+    for acc in (0, 1):
+        by = buf(dev, y0)
+        # the second token's row, into y from float 3 on
+        run_once(dev, kc, "mul_mat_vec", [bw, bx, by], (-(-n_out // rows), 1, 1), wtype=wtype,
+                 spec=dict(WG=dev.subgroup_size * lanes, ROWS=rows, ACC=acc, ACT=0), n_in=n_in,
+                 n_out=n_out, x_offset=n_in // 4, y_offset=3)
+        got = read(dev, by)
+        assert np.array_equal(got[:3], y0[:3])
+        assert nmse(got[3:], w @ x[1] + (y0[3:] if acc else 0)) < 1e-10
+
+
+def _one_token_product(dev, kc, wtype, raw, x, n_out, tuning, x_row=0):
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, RunState, Tensor
+
+    n_in = x.shape[1]
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
+    bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, nbytes=4 * n_out)
+    t = Tensor(wtype, (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, rs, tuning).matmul(t, bx, by, 1, x_row=x_row)
+    g.replay()
+    out = read(dev, by)[:n_out].copy()
+    g.close()
+    rs.close()
+    return out
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_mul_mat_vec_rounds_like_the_plain_path(dev, kc, wtype):
+    """With ggml's rounding, the decode kernel rounds x inside itself as quantize_act and
+    mul_mat round it in their passes (Q8_0, Q8_1 with its block sums, Q8_K, f16)."""
+    from dataclasses import replace
+
+    from engine.gpu.ops import Tuning
+
+    rng = np.random.default_rng(22)
+    n_out, n_in = 45, 768
+    raw, _ = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal((3, n_in)) * 4).astype(np.float32)
+    x[2, 300], x[2, 301] = 9.5, -9.5       # equal magnitudes, opposite signs: Q8_K takes the first
+    base = Tuning.for_device(dev)
+    plain = _one_token_product(dev, kc, wtype, raw, x, n_out, replace(base, matvec=False), 2)
+    fast = _one_token_product(dev, kc, wtype, raw, x, n_out, replace(base, matvec=True), 2)
+    exact = _one_token_product(dev, kc, wtype, raw, x, n_out,
+                               replace(base, matvec=True, ggml_numerics=False), 2)
+    assert np.abs(fast - plain).max() <= 2e-6 * np.abs(plain).max()
+    if wtype != "F32":                     # the rounding shows: fast follows plain, not exact
+        assert np.abs(exact - plain).max() > 10 * np.abs(fast - plain).max()
+
+
 # -- mixture of experts ----------------------------------------------------------------------
 
 def router_ref(logits: np.ndarray, k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -253,13 +314,14 @@ def test_get_rows_from_table_parts(dev, kc):
 
 # -- elementwise and normalisation ------------------------------------------------------------
 
-def test_rms_norm(dev, kc):
+@pytest.mark.parametrize("lanes", [8, 32, 256])
+def test_rms_norm(dev, kc, lanes):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 576)).astype(np.float32) * 3
     w = rng.standard_normal(576).astype(np.float32)
     bx, bw, bo = buf(dev, x), buf(dev, w), buf(dev, nbytes=x.nbytes)
-    run_once(dev, kc, "rms_norm", [bx, bw, bo], (5, 1, 1), n_cols=576, n_rows=5, eps=1e-5,
-             x_offset=1)
+    run_once(dev, kc, "rms_norm", [bx, bw, bo], (5, 1, 1), spec=dict(WG=lanes), n_cols=576,
+             n_rows=5, eps=1e-5, x_offset=1)
     want = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-5) * w
     assert nmse(read(dev, bo).reshape(6, 576)[1:], want[1:]) < 1e-12
 
