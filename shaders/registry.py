@@ -26,6 +26,8 @@ class KernelSpec:
                                             # "WG" a workgroup of whole subgroups
     typed: bool = False                     # one variant per entry of WEIGHT_TYPES
     writes: tuple[int, ...] = ()            # bindings the kernel writes (for barriers)
+    coopmat: bool = False                   # uses VK_KHR_cooperative_matrix: compiled by
+                                            # glslang (the glslc of Debian 12 lacks it)
 
     @property
     def push_size(self) -> int:
@@ -49,6 +51,11 @@ KERNELS: dict[str, KernelSpec] = {
     "mul_mat_vec": KernelSpec(
         "mul_mat_vec.comp", 3, (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U)),
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3)), typed=True, writes=(2,)),
+    "mul_mat_cm": KernelSpec(
+        "mul_mat_cm.comp", 3,
+        (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
+         ("y_stride", U)),
+        (("ACC", 0),), typed=True, writes=(2,), coopmat=True),
     "mul_mat_id": KernelSpec(
         "mul_mat_id.comp", 4,
         (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U), ("n_experts", U)),
@@ -118,14 +125,16 @@ def variant_name(kernel: str, wtype: str | None = None) -> str:
     return f"{kernel}_{wtype}" if wtype else kernel
 
 
-def _variants() -> dict[str, tuple[str, tuple[str, ...]]]:
+def _variants() -> dict[str, tuple[str, tuple[str, ...], str]]:
+    """variant -> (source, defines, compiler: "glslc" or "glslang")."""
     out = {}
     for name, ks in KERNELS.items():
+        tool = "glslang" if ks.coopmat else "glslc"
         if ks.typed:
             for t in WEIGHT_TYPES:
-                out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",))
+                out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",), tool)
         else:
-            out[name] = (ks.source, ())
+            out[name] = (ks.source, (), tool)
     return out
 
 

@@ -15,7 +15,8 @@ import numpy as np
 
 from . import vk
 from .graph import Graph
-from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE, MATVEC_ACT, MATVEC_CHUNK
+from .kernels import (ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_TILE, MATVEC_ACT, MATVEC_CHUNK,
+                      compiled)
 
 
 @dataclass(eq=False)
@@ -119,6 +120,7 @@ class Tuning:
     matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
     mv_lanes: int = 128     # most lanes sharing one row in mul_mat_vec
     norm_wg: int = 256      # lanes per row of rms_norm
+    coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy)
     flash_attn: str = "auto"     # prefill attention: "on" tiled (flash_attn.comp), "off" per
                                  # token (attention.comp), "auto" tiled on AMD GCN at head
@@ -131,13 +133,14 @@ class Tuning:
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
-        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn)
+        coopmat = dev.coopmat and dev.subgroup_size == 32 and compiled("mul_mat_cm")
+        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat)
 
     @classmethod
     def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
-                 flash_attn: str = "auto") -> "Tuning":
+                 flash_attn: str = "auto", coopmat: bool = False) -> "Tuning":
         common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
-                      amd_gcn=is_amd_gcn(info),
+                      amd_gcn=is_amd_gcn(info), coopmat=coopmat,
                       max_shared=max_shared)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
@@ -409,6 +412,9 @@ class Builder:
             self._matvec(w, x, y, accumulate, x_row)
             return
         n_in, n_out = w.shape[0], w.rows
+        if n > 1 and self.t.coopmat and n_in % CM_TILE[2] == 0:
+            self._matmul_cm(w, x, y, n, accumulate, x_row)
+            return
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
         inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
@@ -422,6 +428,18 @@ class Builder:
             self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
+        self._wrote(y)
+
+    def _matmul_cm(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool,
+                   x_row: int) -> None:
+        """Many tokens on the matrix units: f16 tiles, f32 sums. x goes in as f16, not
+        rounded as ggml's CPU backend rounds it (f16 cannot hold those values)."""
+        n_in, n_out = w.shape[0], w.rows
+        bm, bn, _ = CM_TILE
+        for buf, first, count in w.bindings():
+            self.g.op("mul_mat_cm", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
+                      wtype=w.wtype, spec=dict(ACC=int(accumulate)), n_in=n_in, n_out=count,
+                      n_tokens=n, x_offset=x_row * n_in // 4, y_offset=first, y_stride=n_out)
         self._wrote(y)
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,

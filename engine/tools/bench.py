@@ -76,6 +76,10 @@ def run_bench(args) -> int:
         size = sum(t.nbytes for t in model.gguf.tensors.values())
         ours = {"engine": "hotseat", "device": eng.device_name,
                 "pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+        t = model.tuning
+        paths = {"decode": "mul_mat_vec" if t.matvec else "mul_mat (one token)",
+                 "prefill": "mul_mat_cm (cooperative matrix)" if t.coopmat
+                 else "mul_mat (register tiles)"}
         results.append(ours)
         profile = _profile_table(model, args.n_prompt) if args.profile else None
     if args.vs_llama_server is not None:
@@ -93,6 +97,10 @@ def run_bench(args) -> int:
         results.append({"engine": "llama.cpp CPU", "device": peer["device"],
                         "pp": peer["prefill_samples"], "tg": peer["decode_samples"]})
     report = _report(os.path.basename(path), size, args, results)
+    report["paths"] = paths
+    tg = [r for r in report["rows"] if r["engine"] == "hotseat" and r["test"].startswith("tg")]
+    if tg:       # every weight byte is read once per token (the KV cache adds a little)
+        report["decode_weight_gb_per_s"] = size * tg[0]["tokens_per_s"] / 1e9
     if profile is not None:
         report["profile"] = profile
     if args.json:
@@ -132,6 +140,9 @@ def _print_table(rep: dict) -> None:
     for r in rep["rows"]:
         ts = f"{r['tokens_per_s']:.2f} ± {r['stdev']:.2f}"
         print(f"| {r['engine']:<24} | {r['device'][:34]:<34} | {r['test']:>6} | {ts:>16} |")
+    print("paths: " + ", ".join(f"{k} {v}" for k, v in rep.get("paths", {}).items()))
+    if "decode_weight_gb_per_s" in rep:
+        print(f"decode reads the weights at {rep['decode_weight_gb_per_s']:.0f} GB/s")
     for key, who in (("ratio_vs_llama_server", "llama-server"),
                      ("ratio_vs_llama_cpp_cpu", "llama.cpp CPU")):
         for test, ratio in rep.get(key, {}).items():

@@ -139,6 +139,26 @@ def test_mul_mat_vec(dev, kc, wtype, lanes, rows):
         assert nmse(got[3:], w @ x[1] + (y0[3:] if acc else 0)) < 1e-10
 
 
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_mul_mat_cm(dev, kc, wtype):
+    """The cooperative-matrix product against numpy on f16 inputs; partial tiles on both
+    axes, a token offset, a residual add. Runs where the device has matrix units."""
+    if not dev.coopmat:
+        pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
+    rng = np.random.default_rng(23)
+    n_out, n_in, n = 200, 512, 70
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = rng.standard_normal((n + 1, n_in)).astype(np.float32)
+    y0 = rng.standard_normal((n, n_out)).astype(np.float32)
+    bw, bx, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, y0)
+    run_once(dev, kc, "mul_mat_cm", [bw, bx, by], (-(-n_out // 128), -(-n // 64), 1),
+             wtype=wtype, spec=dict(ACC=1), n_in=n_in, n_out=n_out, n_tokens=n,
+             x_offset=n_in // 4, y_offset=0, y_stride=n_out)
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    want = y0 + f16(x[1:]) @ f16(w).T
+    assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9
+
+
 def _one_token_product(dev, kc, wtype, raw, x, n_out, tuning, x_row=0):
     from engine.gpu.graph import Graph
     from engine.gpu.ops import Builder, RunState, Tensor
