@@ -54,8 +54,9 @@ def test_models_and_pins_are_saved_and_restored(qtbot, start_app, models):
     until(qtbot, lambda: set(hs.window.rows) == {"a", "b"})
     hs.window.rows["b"].pin_button.click()
     until(qtbot, lambda: any(m["pinned"] for m in saved()["models"]))
-    assert saved()["models"] == [{"path": models["a"], "name": "a", "pinned": False},
-                                 {"path": models["b"], "name": "b", "pinned": True}]
+    assert saved()["models"] == [
+        {"path": models["a"], "name": "a", "pinned": False, "n_ctx": 0, "cpu_moe": 0.0},
+        {"path": models["b"], "name": "b", "pinned": True, "n_ctx": 0, "cpu_moe": 0.0}]
     hs.close()
 
     hs2, eng2 = start_app()
@@ -64,7 +65,7 @@ def test_models_and_pins_are_saved_and_restored(qtbot, start_app, models):
     assert [c for c in eng2.calls if c[0] in ("load", "pin")] == \
         [("load", models["a"]), ("load", models["b"]), ("pin", "b")]
     assert not hs2.rec.model("a")["pinned"]
-    until(qtbot, lambda: hs2.window.progress.isHidden())
+    until(qtbot, lambda: not hs2.window.pending)
 
 
 def test_unload_is_saved(qtbot, start_app, models):
@@ -78,7 +79,7 @@ def test_unload_is_saved(qtbot, start_app, models):
 
 def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
     hs, eng = start_app()
-    w = hs.window
+    w = hs.window.preferences
     w.budget_spin.setValue(512)
     w.budget_spin.editingFinished.emit()
     until(qtbot, lambda: eng.arbiter.budget == 512 << 20)
@@ -100,10 +101,11 @@ def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
 
     hs2, eng2 = start_app()                                    # restored into engine and UI
     assert eng2.arbiter.budget == 512 << 20 and eng2.arbiter.full_release is False
-    assert eng2.flash_attn == "on" and hs2.window.flash_combo.currentData() == "on"
-    assert hs2.bridge.port == 9123 and hs2.window.port_spin.value() == 9123
-    assert hs2.window.autostart_check.isChecked() and hs2.watcher.folder == str(tmp_path)
-    hs2.window.autostart_check.setChecked(False)
+    p2 = hs2.window.preferences
+    assert eng2.flash_attn == "on" and p2.flash_combo.currentData() == "on"
+    assert hs2.bridge.port == 9123 and p2.port_spin.value() == 9123
+    assert p2.autostart_check.isChecked() and hs2.watcher.folder == str(tmp_path)
+    p2.autostart_check.setChecked(False)
     assert not os.path.exists(tmp_path / "xdg" / "autostart" / "hotseat.desktop")
 
 

@@ -32,12 +32,13 @@ def test_no_system_tray_offscreen_means_no_icon(qtbot, bridge):
 
 def test_menu_lists_models_with_their_state(qtbot, tray, bridge):
     until(qtbot, lambda: tray.device == "Fake GPU")
-    assert tray.texts() == ["Hotseat — Fake GPU", "", "No models loaded", "",
-                            "Local endpoint", "Open Hotseat", "", "Quit"]
+    tail = ["", "Local endpoint", "Yield the GPU for 10 minutes", "", "Open Hotseat",
+            "Preferences…", "", "Quit"]
+    assert tray.texts() == ["Hotseat — Fake GPU", "", "No models loaded"] + tail
     bridge.models_changed.emit([fake_status("a"), fake_status("b", "cold", pinned=True)])
     until(qtbot, lambda: len(tray.model_menus) == 2)
-    assert tray.texts() == ["Hotseat — Fake GPU", "", "●  a — warm", "○  b — cold, pinned", "",
-                            "Local endpoint", "Open Hotseat", "", "Quit"]
+    assert tray.texts() == ["Hotseat — Fake GPU", "", "●  a — warm",
+                            "○  b — cold, pinned"] + tail
     assert sub_texts(tray, "a") == ["Pinned", "Evict", "Make warm", "Unload"]
     b = tray.model_menus["b"].actions()
     assert b[0].isChecked() and not b[1].isEnabled() and b[2].isEnabled()
