@@ -586,7 +586,8 @@ class EngineBridge(QObject):
                 st = dict(fn() or {})
             except Exception:
                 log.exception("arena_status failed")
-        elif self._own_yield_until > time.time():
+        if not st and self._own_yield_until > time.time():
+            # no arena in this engine: our own yield, as the arena would report it
             st = {"state": "yielded", "until": self._own_yield_until, "holder_pid": None}
         if st != self._arena and not self._closing:
             self._arena = st
@@ -602,8 +603,8 @@ class EngineBridge(QObject):
             arena.close()
         until = float(got.get("until") or time.time() + seconds)
         eng = self._need_engine()
-        if not callable(getattr(eng, "arena_status", None)) \
-                or getattr(eng, "arena", None) is None:
+        status = getattr(eng, "arena_status", None)
+        if not callable(status) or status() is None:
             # not in the arena: the ring reaches the others, our own models go cold here
             self._own_yield_until = until
             for s in eng.status():

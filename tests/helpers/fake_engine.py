@@ -233,6 +233,12 @@ class FakeEngine:
         out.finish_reason = finish
         return out
 
+    def prompt_tokens(self, name, prompt=None, messages=None) -> list[int]:
+        """One token per word (at least one), as the endpoint needs for its checks."""
+        self._get(name)
+        text = prompt if messages is None else " ".join(m.get("content", "") for m in messages)
+        return [1] * max(1, len((text or "").split()))
+
     def arena_status(self) -> dict | None:
         """What Engine.arena_status() returns: None where the engine has no arena."""
         with self._lock:
