@@ -99,3 +99,43 @@ def test_refresh_with_no_change_keeps_the_menu(qtbot, tray, bridge):
 
 def test_model_title():
     assert model_title(fake_status("x", "cold")) == "○  x — cold"
+
+
+def test_icon_state_follows_busy_and_arena(qtbot, tray, bridge):
+    assert tray.state == "idle"
+    bridge.busy_changed.emit({"a": "generating · 4.0 tok/s"})
+    until(qtbot, lambda: tray.state == "generating")
+    bridge.busy_changed.emit({"a": "queued: warm"})
+    until(qtbot, lambda: tray.state == "busy")
+    bridge.arena_changed.emit({"state": "yielded", "until": 2e9, "holder_pid": None})
+    until(qtbot, lambda: tray.state == "yielded")
+    assert tray.texts()[1].startswith("Yielded to another app until ")
+    bridge.arena_changed.emit({})
+    bridge.busy_changed.emit({})
+    until(qtbot, lambda: tray.state == "idle")
+    assert not any(t.startswith("Yielded") for t in tray.texts())
+
+
+def test_state_icons_differ():
+    from app.icons import state_icon
+
+    keys = {s: state_icon(s).pixmap(32, 32).toImage() for s in
+            ("idle", "generating", "busy", "yielded")}
+    assert len({img.pixelColor(26, 26).name() for img in keys.values()}) == 4
+
+
+def test_yield_action_calls_the_bridge(qtbot, tray, bridge, monkeypatch):
+    asked = []
+    monkeypatch.setattr(bridge, "yield_gpu", lambda s: asked.append(s))
+    tray.yield_action.trigger()
+    assert asked == [600]
+
+
+def test_notify_records_without_an_icon(tray):
+    tray.notify("Model loaded", "a is ready")
+    assert tray.notifications == [("Model loaded", "a is ready")]
+
+
+def test_preferences_action_is_a_signal(qtbot, tray):
+    with qtbot.waitSignal(tray.preferences_requested, timeout=1000):
+        tray.prefs_action.trigger()
