@@ -76,7 +76,9 @@ class PreferencesDialog(QDialog):
 
         key_row = QHBoxLayout()
         self.key_edit = QLineEdit()
-        self.key_edit.setPlaceholderText("none: any program on this computer may connect")
+        self.key_edit.setPlaceholderText("none")
+        self.key_edit.setToolTip("Clients send it as a Bearer token; without one any program "
+                                 "on this computer may connect")
         self.key_edit.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
         self.key_button = QPushButton("Generate")
         key_row.addWidget(self.key_edit, 1)
