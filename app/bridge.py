@@ -703,14 +703,14 @@ def _default_budget(engine) -> int | None:
 def _load_message(path: str, exc: BaseException) -> str:
     """One line for a failed load: the engine's ModelFileError already names the file."""
     from engine.formats.gguf_file import ModelFileError
+    from engine.residency.arbiter import BudgetError
 
     base = os.path.basename(path)
     if isinstance(exc, ModelFileError):
         return str(exc)
     if isinstance(exc, OSError):
         return f"{path}: {exc.strerror or exc}"
-    if isinstance(exc, (ValueError, KeyError)) or type(exc).__name__.endswith("Error") \
-            and "Budget" in type(exc).__name__:
+    if isinstance(exc, (ValueError, KeyError, BudgetError)):
         return f"{base}: {_message(exc)}"
     log.warning("loading %s failed: %s", path, exc)
     return f"{base}: {type(exc).__name__}: {exc}"

@@ -237,3 +237,13 @@ def test_idle_setting_reaches_the_bridge(qtbot, start_app):
     hs.window.preferences.idle_spin.setValue(15)
     hs.window.preferences.idle_spin.editingFinished.emit()
     assert hs.bridge._idle_s == 15 * 60 and saved()["idle_evict_min"] == 15
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_the_session_ending_saves_at_once(qtbot, start_app):
+    hs, eng = start_app()
+    hs.window.resize(700, 500)
+    hs.window.show()
+    qtbot.waitExposed(hs.window)
+    hs.on_commit_data()                        # what QApplication.commitDataRequest calls
+    assert saved()["window_geometry"] == hs.settings.window_geometry != ""

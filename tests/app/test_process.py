@@ -143,6 +143,7 @@ class Tray:
         assert "Fatal Python error" not in out and "Traceback" not in out, out
         assert not port_open(self.port)
         assert gone <= limit and closed <= limit, (gone, closed, out)
+        print(f"signal {sig}: process gone in {gone:.2f} s, port closed in {closed:.2f} s")
         return gone
 
     def saved(self) -> dict:

@@ -81,6 +81,9 @@ def test_start_with_two_saved_models(qtbot, smollm2_path, monkeypatch):
         assert max(parse_s) < 0.25, max(parse_s)              # no whole-header parse
         gaps = [b - a for a, b in zip(ticks, ticks[1:])]
         assert max(gaps) < 1.0, max(gaps)                     # the UI never stalled
+        print(f"interactive {interactive:.2f} s, endpoint {endpoint_at:.2f} s, rows "
+              f"{ready:.2f} s for loads of {loads} s, longest UI gap {max(gaps):.2f} s, "
+              f"longest describe {max(parse_s) * 1000:.1f} ms")
         until(qtbot, lambda: rec.model("b").get("pinned"), timeout=LOAD_TIMEOUT_MS)
     finally:
         timer.stop()
