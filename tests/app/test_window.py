@@ -9,7 +9,6 @@ import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 
-from app.settings import Settings
 from app.window import MainWindow
 from tests.helpers.fake_engine import MODEL_BYTES, fake_status
 from tests.helpers.signals import until
