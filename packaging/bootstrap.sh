@@ -8,7 +8,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 need=""
-for pkg in mesa-vulkan-drivers libvulkan1 glslc python3-venv xvfb xauth libxcb-icccm4 \
+for pkg in mesa-vulkan-drivers libvulkan1 glslc python3-venv xvfb xauth trayer xdotool libxcb-icccm4 \
            libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libegl1; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
 done
