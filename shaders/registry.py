@@ -55,6 +55,11 @@ KERNELS: dict[str, KernelSpec] = {
         "mul_mat_cm.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("y_stride", U)),
+        (("ACC", 0), ("BM", 1), ("BN", 2)), typed=True, writes=(2,), coopmat=True),
+    "mul_mat_cm1": KernelSpec(
+        "mul_mat_cm1.comp", 3,
+        (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
+         ("y_stride", U)),
         (("ACC", 0),), typed=True, writes=(2,), coopmat=True),
     "mul_mat_id": KernelSpec(
         "mul_mat_id.comp", 4,
@@ -103,7 +108,7 @@ KERNELS: dict[str, KernelSpec] = {
                                (("FMT", 0),), writes=(1,)),
     "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),), (("GELU", 0),), writes=(2,)),
     "add": KernelSpec("add.comp", 3, (("n", U),), writes=(2,)),
-    "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("SG", 0),),
+    "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("WG", 0),),
                          writes=(1,)),
     "mul": KernelSpec("mul.comp", 3,
                       (("n_cols", U), ("n_rows", U), ("a_offset", U), ("a_stride", U),

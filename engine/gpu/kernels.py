@@ -21,7 +21,7 @@ ACT_BLOCK = {0: 32, 2: 256, 3: 4}
 MATVEC_ACT = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 3, "Q6_K": 3,
               "F16": 4, "F32": 0}
 MATVEC_CHUNK = {t: 64 if t in ("Q4_K", "Q5_K", "Q6_K") else 32 for t in MATVEC_ACT}
-CM_TILE = (128, 64, 64)     # mul_mat_cm.comp's BM (weight rows), BN (tokens), BK
+CM_K = 64                   # mul_mat_cm.comp's BK: its K must be a multiple
 
 
 def compiled(kernel: str) -> bool:

@@ -15,7 +15,7 @@ import numpy as np
 
 from . import vk
 from .graph import Graph
-from .kernels import (ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_TILE, MATVEC_ACT, MATVEC_CHUNK,
+from .kernels import (ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_K, MATVEC_ACT, MATVEC_CHUNK,
                       compiled)
 
 
@@ -120,7 +120,9 @@ class Tuning:
     matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
     mv_lanes: int = 128     # most lanes sharing one row in mul_mat_vec
     norm_wg: int = 256      # lanes per row of rms_norm
+    argmax_wg: int = 1024   # lanes of the one argmax workgroup
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
+    cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy)
     flash_attn: str = "auto"     # prefill attention: "on" tiled (flash_attn.comp), "off" per
                                  # token (attention.comp), "auto" tiled on AMD GCN at head
@@ -144,7 +146,7 @@ class Tuning:
                       max_shared=max_shared)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
-                       split_chunk=64, matvec=False, norm_wg=subgroup, **common)
+                       split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup, **common)
         return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
@@ -412,7 +414,7 @@ class Builder:
             self._matvec(w, x, y, accumulate, x_row)
             return
         n_in, n_out = w.shape[0], w.rows
-        if n > 1 and self.t.coopmat and n_in % CM_TILE[2] == 0:
+        if n > 1 and self.t.coopmat and n_in % CM_K == 0:
             self._matmul_cm(w, x, y, n, accumulate, x_row)
             return
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
@@ -435,11 +437,12 @@ class Builder:
         """Many tokens on the matrix units: f16 tiles, f32 sums. x goes in as f16, not
         rounded as ggml's CPU backend rounds it (f16 cannot hold those values)."""
         n_in, n_out = w.shape[0], w.rows
-        bm, bn, _ = CM_TILE
+        bm, bn = self.t.cm_tile
         for buf, first, count in w.bindings():
             self.g.op("mul_mat_cm", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
-                      wtype=w.wtype, spec=dict(ACC=int(accumulate)), n_in=n_in, n_out=count,
-                      n_tokens=n, x_offset=x_row * n_in // 4, y_offset=first, y_stride=n_out)
+                      wtype=w.wtype, spec=dict(ACC=int(accumulate), BM=bm, BN=bn), n_in=n_in,
+                      n_out=count, n_tokens=n, x_offset=x_row * n_in // 4, y_offset=first,
+                      y_stride=n_out)
         self._wrote(y)
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
@@ -580,7 +583,8 @@ class Builder:
         self._wrote(out)
 
     def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
-        self.g.op("argmax", [x, out], (1, 1, 1), n=count, x_offset=0)
+        self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
+                  x_offset=0)
 
     def mul(self, a: View, b: View, out: vk.Buffer) -> None:
         """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous."""

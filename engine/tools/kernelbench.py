@@ -1,4 +1,6 @@
-"""`hotseat kernel-bench concat`: concat's two paths on the shapes lfm2 gives it.
+"""`hotseat kernel-bench concat|mul_mat_vec`: a kernel's paths against each other.
+
+concat: its two paths on the shapes lfm2 gives it.
 
 lfm2 concatenates each layer's conv state [n_embd, d_conv] with B * x read transposed
 ([n, n_embd] stored token-major), along dim 0. Each path is recorded once as a one-op graph
@@ -73,6 +75,176 @@ def bench_concat(dev, kernels, repeats: int = 50, shapes=SHAPES) -> list[dict]:
     return rows
 
 
+# (weight type, n_in, n_out): the decode products of Llama-shaped 1B Q4_0 and 8B Q4_K_M
+MATVEC_SHAPES = (("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192), ("Q4_0", 8192, 2048),
+                 ("Q4_K", 4096, 4096), ("Q4_K", 4096, 14336), ("Q4_K", 14336, 4096),
+                 ("Q6_K", 14336, 4096), ("Q6_K", 4096, 32768))
+MATVEC_ROWS = (1, 2, 4, 8, 16)
+MATVEC_LANES = (32, 64, 128, 256)
+OPS_PER_GRAPH = 8
+
+
+def _random_weights(rng, wtype: str, n_in: int, n_out: int) -> np.ndarray:
+    """Random blocks with small finite f16 scales (speed depends on the bytes read, but NaNs
+    would make the outputs useless for the check)."""
+    import gguf
+
+    qt = gguf.GGMLQuantizationType[wtype]
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
+    scale = np.full(raw.shape[0], 0.01, np.float16).view(np.uint8).reshape(-1, 2)
+    if wtype == "Q6_K":
+        raw[:, -2:] = scale
+    else:
+        raw[:, 0:2] = scale
+        if wtype in ("Q4_K", "Q5_K", "Q4_1"):
+            raw[:, 2:4] = scale
+    return raw.reshape(-1)
+
+
+def _time_ops(dev, kernels, record, repeats: int) -> float:
+    """Median GPU time of one op: OPS_PER_GRAPH ops recorded in a row, replayed."""
+    from ..gpu.graph import Graph
+
+    g = Graph(dev, kernels, "bench", profile=dev.timestamps_ok)
+    try:
+        for _ in range(OPS_PER_GRAPH):
+            record(g)
+        g.finish()
+        g.replay()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            g.replay()
+            wall = time.perf_counter() - t0
+            if dev.timestamps_ok:
+                times += [ns / 1e3 for _, ns in g.profile()]
+            else:
+                times.append(wall * 1e6 / OPS_PER_GRAPH)
+        return statistics.median(times)
+    finally:
+        g.close()
+
+
+def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> list[dict]:
+    """mul_mat_vec at every (rows, lanes) against the one-token mul_mat; outputs checked
+    against each other first."""
+    from ..gpu.kernels import MATVEC_CHUNK
+    from ..gpu.ops import Tuning
+
+    rng = np.random.default_rng(0)
+    t = Tuning.for_device(dev)
+    out = []
+    for wtype, n_in, n_out in shapes:
+        raw = _random_weights(rng, wtype, n_in, n_out)
+        x = rng.standard_normal(n_in).astype(np.float32)
+        alloc = dev.allocator.alloc
+        bw = alloc(raw.nbytes, "bench/w", "scratch")
+        bx = alloc(x.nbytes, "bench/x", "scratch")
+        by = alloc(4 * n_out, "bench/y", "scratch")
+        try:
+            vk.upload(dev, bw, raw)
+            vk.upload(dev, bx, x)
+
+            def plain(g):
+                g.op("mul_mat", [bw, bx, by], (-(-n_out // (t.mv_rows * t.warps)), 1, 1),
+                     wtype=wtype, spec=dict(WG=t.subgroup * t.warps, ROWS=t.mv_rows, NT=1,
+                                            ACC=0, ACT=0),
+                     n_in=n_in, n_out=n_out, n_tokens=1, x_offset=0, y_offset=0, row_offset=0,
+                     y_stride=n_out)
+            row = {"type": wtype, "n_in": n_in, "n_out": n_out, "bytes": raw.nbytes,
+                   "mul_mat_us": _time_ops(dev, kernels, plain, repeats)}
+            want = vk.download(dev, by).view(np.float32).copy()
+            chunks = n_in // MATVEC_CHUNK[wtype]
+            variants = []
+            for rows in MATVEC_ROWS:
+                for lanes in sorted({t.subgroup, *MATVEC_LANES}):
+                    if lanes % t.subgroup or lanes > max(t.subgroup, 2 * chunks):
+                        continue
+
+                    def fast(g, rows=rows, lanes=lanes):
+                        g.op("mul_mat_vec", [bw, bx, by], (-(-n_out // rows), 1, 1),
+                             wtype=wtype, spec=dict(WG=lanes, ROWS=rows, ACC=0, ACT=0),
+                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0)
+                    us = _time_ops(dev, kernels, fast, repeats)
+                    got = vk.download(dev, by).view(np.float32)
+                    if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
+                        raise RuntimeError(f"mul_mat_vec {wtype} {n_in}x{n_out} rows={rows} "
+                                           f"lanes={lanes} disagrees with mul_mat")
+                    variants.append({"rows": rows, "lanes": lanes, "us": us,
+                                     "gb_per_s": raw.nbytes / us / 1e3})
+            row["variants"] = variants
+            best = min(variants, key=lambda v: v["us"])
+            row["best"] = best
+            out.append(row)
+        finally:
+            for b in (bw, bx, by):
+                dev.allocator.free(b)
+    return out
+
+
+# (weight type, n_in, n_out, tokens): prefill products of the 1B Q4_0 and 8B Q4_K_M shapes
+MATMUL_SHAPES = (("Q4_0", 2048, 2048, 512), ("Q4_0", 2048, 8192, 512),
+                 ("Q4_0", 8192, 2048, 512), ("Q4_K", 4096, 4096, 512),
+                 ("Q4_K", 4096, 14336, 512), ("Q6_K", 14336, 4096, 512),
+                 ("Q4_K", 4096, 14336, 256))
+MATMUL_VARIANTS = (("mul_mat_cm1", 128, 64), ("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64),
+                   ("mul_mat_cm", 128, 32), ("mul_mat_cm", 64, 32))
+
+
+def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> list[dict]:
+    """The cooperative-matrix prefill products, tile by tile, against the register-tiled
+    mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative)."""
+    from ..gpu.ops import Tuning
+
+    if not dev.coopmat:
+        raise ValueError(f"{dev.name} has no cooperative matrices: nothing to compare")
+    rng = np.random.default_rng(0)
+    t = Tuning.for_device(dev)
+    out = []
+    for wtype, n_in, n_out, n in shapes:
+        raw = _random_weights(rng, wtype, n_in, n_out)
+        x = rng.standard_normal((n, n_in)).astype(np.float32)
+        alloc = dev.allocator.alloc
+        bw = alloc(raw.nbytes, "bench/w", "scratch")
+        bx = alloc(x.nbytes, "bench/x", "scratch")
+        by = alloc(4 * n * n_out, "bench/y", "scratch")
+        flop = 2.0 * n * n_in * n_out
+        try:
+            vk.upload(dev, bw, raw)
+            vk.upload(dev, bx, x)
+
+            def plain(g):
+                per = t.mm_rows * t.warps
+                g.op("mul_mat", [bw, bx, by], (-(-n_out // per), -(-n // t.mm_tokens), 1),
+                     wtype=wtype, spec=dict(WG=t.subgroup * t.warps, ROWS=t.mm_rows,
+                                            NT=t.mm_tokens, ACC=0, ACT=0),
+                     n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, row_offset=0,
+                     y_stride=n_out)
+            us = _time_ops(dev, kernels, plain, repeats)
+            want = vk.download(dev, by).view(np.float32).copy()
+            row = {"type": wtype, "n_in": n_in, "n_out": n_out, "tokens": n,
+                   "mul_mat_us": us, "mul_mat_tflops": flop / us / 1e6, "variants": []}
+            for kernel, bm, bn in MATMUL_VARIANTS:
+                spec = dict(ACC=0, BM=bm, BN=bn) if kernel == "mul_mat_cm" else dict(ACC=0)
+
+                def cm(g, kernel=kernel, bm=bm, bn=bn, spec=spec):
+                    g.op(kernel, [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1), wtype=wtype,
+                         spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
+                         y_offset=0, y_stride=n_out)
+                us = _time_ops(dev, kernels, cm, repeats)
+                got = vk.download(dev, by).view(np.float32)
+                err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+                row["variants"].append({"kernel": kernel, "tile": [bm, bn], "us": us,
+                                        "tflops": flop / us / 1e6, "max_rel_err": err})
+            row["best"] = min(row["variants"], key=lambda v: v["us"])
+            out.append(row)
+        finally:
+            for b in (bw, bx, by):
+                dev.allocator.free(b)
+    return out
+
+
 def run_kernel_bench(args) -> int:
     from ..gpu.kernels import KernelCache
 
@@ -81,7 +253,9 @@ def run_kernel_bench(args) -> int:
     with vk.Device() as dev:
         kernels = KernelCache(dev)
         try:
-            rows = bench_concat(dev, kernels, args.repeats)
+            bench = {"mul_mat_vec": bench_mul_mat_vec, "mul_mat_cm": bench_mul_mat_cm,
+                     "concat": bench_concat}[args.kernel]
+            rows = bench(dev, kernels, args.repeats)
         finally:
             kernels.close()
         report = {"kernel": args.kernel, "device": dev.name, "repeats": args.repeats,
@@ -89,6 +263,29 @@ def run_kernel_bench(args) -> int:
                   "rows": rows}
     if args.json:
         print(json.dumps(report))
+        return 0
+    if args.kernel == "mul_mat_cm":
+        print(f"prefill products on {report['device']}, median op time ({report['timer']})")
+        print("| type | n_in | n_out | tokens | mul_mat TFLOP/s | best | TFLOP/s | all |")
+        print("|---|---:|---:|---:|---:|---|---:|---|")
+        for r in rows:
+            b = r["best"]
+            rest = " ".join(f"{v['kernel'][-3:]}{v['tile'][0]}x{v['tile'][1]}:{v['tflops']:.0f}"
+                            f"(e{v['max_rel_err']:.0e})" for v in r["variants"])
+            print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['tokens']} | "
+                  f"{r['mul_mat_tflops']:.1f} | {b['kernel']} {b['tile']} | {b['tflops']:.1f} | "
+                  f"{rest} |")
+        return 0
+    if args.kernel == "mul_mat_vec":
+        print(f"decode products on {report['device']}, median op time of {args.repeats} "
+              f"replays of {OPS_PER_GRAPH} ops ({report['timer']})")
+        print("| type | n_in | n_out | mul_mat us | best rows x lanes | us | GB/s | all (rows/lanes: us) |")
+        print("|---|---:|---:|---:|---|---:|---:|---|")
+        for r in rows:
+            b = r["best"]
+            rest = " ".join(f"{v['rows']}/{v['lanes']}:{v['us']:.1f}" for v in r["variants"])
+            print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['mul_mat_us']:.1f} | "
+                  f"{b['rows']} x {b['lanes']} | {b['us']:.1f} | {b['gb_per_s']:.0f} | {rest} |")
         return 0
     print(f"concat(conv_state, transpose(bx), 0) on {report['device']}, median of "
           f"{args.repeats} replays ({report['timer']})")
