@@ -522,12 +522,19 @@ class Builder:
         if n == 1:
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
                                   scale, window)
+        elif self.t.coopmat and head_dim in (64, 128):
+            self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step],
+                      (-(-n // 64), n_head, 1), spec=dict(HD=head_dim), n_head=n_head,
+                      n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
         elif self.t.use_flash_attn(head_dim, n):
             self._flash_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
                                   scale, window)
         else:
+            # with matrix units the prefill products already take x as f16, not as ggml's
+            # rounded blocks: attention then takes its single pass too, not ggml's three
+            ggml = self.t.ggml_numerics and not self.t.coopmat
             self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
-                      spec=dict(HD=head_dim, GGML=int(self.t.ggml_numerics)), n_head=n_head,
+                      spec=dict(HD=head_dim, GGML=int(ggml)), n_head=n_head,
                       n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
         self._wrote(out)
 

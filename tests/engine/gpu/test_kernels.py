@@ -467,6 +467,30 @@ def test_attention(dev, kc, hd, window):
     assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-10
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("n_tok,pos0,window", [(70, 0, 0), (100, 37, 0), (130, 20, 48),
+                                               (5, 90, 0)])
+def test_flash_attention_on_matrix_units(dev, kc, hd, n_tok, pos0, window):
+    """flash_attn_cm against the float64 reference on the same f16 K and V, with q rounded to
+    f16 as the kernel takes it; P goes through f16 too, hence 1e-5 rather than 1e-10."""
+    if not dev.coopmat:
+        pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
+    rng = np.random.default_rng(24)
+    n_ctx, n_head, n_kv = pos0 + n_tok + 3, 8, 2
+    k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    bo = buf(dev, nbytes=q.nbytes)
+    st = buf(dev, np.array([pos0, pos0 + n_tok, 0, 0], np.uint32))
+    scale = hd ** -0.5
+    run_once(dev, kc, "flash_attn_cm", [bq, bk, bv, bo, st], (-(-n_tok // 64), n_head, 1),
+             spec=dict(HD=hd), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window,
+             scale=scale)
+    want = attention_ref(q.astype(np.float16).astype(np.float32), k, v, pos0, window, scale)
+    assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-5
+
+
 # -- llama.cpp CPU numerics -------------------------------------------------------------------
 
 def ggml_dot_q4_1_q8_1(raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
