@@ -123,6 +123,7 @@ class Tuning:
     argmax_wg: int = 1024   # lanes of the one argmax workgroup
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
     cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
+    prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy)
     flash_attn: str = "auto"     # prefill attention: "on" tiled (flash_attn.comp), "off" per
                                  # token (attention.comp), "auto" tiled on AMD GCN at head
@@ -143,7 +144,7 @@ class Tuning:
                  flash_attn: str = "auto", coopmat: bool = False) -> "Tuning":
         common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
                       amd_gcn=is_amd_gcn(info), coopmat=coopmat,
-                      max_shared=max_shared)
+                      prefill_tokens=512 if coopmat else 0, max_shared=max_shared)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup, **common)

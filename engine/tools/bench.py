@@ -43,7 +43,7 @@ def measure(model, prompt: list[int], n_gen: int) -> tuple[float, float]:
 
 def _profile_table(model, n_prompt: int) -> list[dict]:
     rows = []
-    for label, n in (("decode", 1), (f"pp{n_prompt}", min(n_prompt, 256))):
+    for label, n in (("decode", 1), (f"pp{n_prompt}", min(n_prompt, model.chunk))):
         graph = model._graph(n, True)
         per = defaultdict(lambda: [0.0, 0])
         for name, ns in graph.profile():
