@@ -181,14 +181,13 @@ float chunk_dot(uint row, uint c, const uint nc, in vec4 xv[NV], in float xs[4])
     return acc;
 }
 
-float f16r(float v) { return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x; }
+#include "round.glsl"
 
 // Rounds chunk c's activations in place (ACT) and fills xs, the sums the minimums multiply.
 void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
     if (ACT == 4) {
         [[unroll]] for (uint v = 0; v < NV; v++)
-            xv[v] = vec4(unpackHalf2x16(packHalf2x16(xv[v].xy)),
-                         unpackHalf2x16(packHalf2x16(xv[v].zw)));
+            xv[v] = f16_rne(xv[v]);
     }
     float qsum = 0.0, d = 0.0;
     if (ACT == 1 || ACT == 2) {                     // Q8_0 / Q8_1: this chunk is the block
@@ -199,7 +198,7 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
         }
         d = amax / 127.0;
         const float id = amax != 0.0 ? 127.0 / amax : 0.0;
-        const float dh = f16r(d);
+        const float dh = f16_rne(d);
         [[unroll]] for (uint v = 0; v < NV; v++) {
             const vec4 q = roundEven(xv[v] * id);
             qsum += dot(q, vec4(1.0));
@@ -248,7 +247,7 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
         xs[1] = xs[2] + xs[3];
     }
 #endif
-    if (ACT == 2) xs[0] = f16r(d * qsum);           // ggml's Q8_1 block sum, fp16(d * sum q)
+    if (ACT == 2) xs[0] = f16_rne(d * qsum);           // ggml's Q8_1 block sum, fp16(d * sum q)
 }
 
 shared float partial[32][ROWS];                     // per subgroup, per row
