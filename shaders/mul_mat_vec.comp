@@ -8,8 +8,6 @@
 // activations for this weight type: 1 Q8_0, 2 Q8_1 (blocks of 32, one lane's chunk), 3 Q8_K
 // (blocks of 256: the four lanes of one super-block agree through xor shuffles), 4 f16.
 // Scales apply once per sub-block: sum(q * x) * d, less the minimum times sum(x).
-// NORM = 1 takes x through rms_norm first (x / rms(x) * nw, as rms_norm.comp), the
-// workgroup summing x's squares itself, so decode needs no separate norm pass.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -18,21 +16,18 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 2;
 layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residual add)
 layout(constant_id = 3) const uint ACT = 0;      // activation rounding, see above
-layout(constant_id = 4) const uint NORM = 0;     // 1: rms_norm x with nw first
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
 layout(std430, binding = 0) readonly buffer W32 { uint w32[]; };
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
-layout(std430, binding = 3) readonly buffer NW { vec4 nw4[]; };   // the norm's weight
 
 layout(push_constant) uniform Push {
     uint n_in;       // K: a multiple of the chunk
     uint n_out;      // rows of W in this binding
     uint x_offset;   // in vec4 units
     uint y_offset;   // in floats: where row 0 of this binding lands
-    float eps;       // the norm's epsilon (NORM)
 } p;
 
 #if defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_Q6_K)
@@ -251,7 +246,6 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
 }
 
 shared float partial[32][ROWS];                     // per subgroup, per row
-shared float squares[32];                           // per subgroup (NORM)
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
@@ -260,27 +254,9 @@ void main() {
     float acc[ROWS];
     [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
 
-    float scale = 1.0;
-    if (NORM != 0) {
-        float ss = 0.0;
-        for (uint i = tid; i < p.n_in / 4; i += gl_WorkGroupSize.x) {
-            const vec4 v = x4[p.x_offset + i];
-            ss += dot(v, v);
-        }
-        ss = subgroupAdd(ss);
-        if (gl_SubgroupInvocationID == 0) squares[gl_SubgroupID] = ss;
-        barrier();
-        ss = 0.0;
-        for (uint g = 0; g < gl_NumSubgroups; g++) ss += squares[g];
-        scale = 1.0 / sqrt(ss / float(p.n_in) + p.eps);
-    }
-
     for (uint c = tid; c < nc; c += gl_WorkGroupSize.x) {
         vec4 xv[NV];
         [[unroll]] for (uint v = 0; v < NV; v++) xv[v] = x4[p.x_offset + x_index(c, v)];
-        if (NORM != 0) {
-            [[unroll]] for (uint v = 0; v < NV; v++) xv[v] = xv[v] * scale * nw4[x_index(c, v)];
-        }
         float xs[4];
         prepare(c, xv, xs);
         [[unroll]] for (uint r = 0; r < ROWS; r++) {

@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from shaders.registry import KERNELS
-
 from . import vk
 from .graph import Graph
 from .kernels import (ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_K, MATVEC_ACT, MATVEC_CHUNK,
@@ -122,7 +120,6 @@ class Tuning:
     matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
     mv_lanes: int = 128     # most lanes sharing one row in mul_mat_vec
     norm_wg: int = 256      # lanes per row of rms_norm
-    fuse_norm: bool = True  # decode: rms_norm inside the products that read its output
     argmax_wg: int = 1024   # lanes of the one argmax workgroup
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
     cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
@@ -388,40 +385,13 @@ class Builder:
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
-        # decode norms not yet dispatched: id(out) -> [x, w, out, eps, x changed since]. A
-        # one-token product reading `out` takes the norm in itself (mul_mat_vec NORM); any
-        # other reader dispatches rms_norm first.
-        self._norms: dict[int, list] = {}
-
-    def _op(self, name: str, buffers: list, groups: tuple[int, int, int], **kw) -> None:
-        """Graph.op, keeping the pending norms true: one read by this op is dispatched
-        first, and one whose source or output this op writes is marked or dropped."""
-        for b in buffers:
-            buf = b[0] if isinstance(b, tuple) else b
-            pending = self._norms.pop(id(buf), None)
-            if pending is not None:
-                x, w, out, eps, stale = pending
-                if stale:
-                    raise RuntimeError(f"{name} reads {out.label} after its norm's input "
-                                       f"changed")
-                self.g.op("rms_norm", [x, w.binding(), out], (1, 1, 1),
-                          spec=dict(WG=self.t.norm_wg), n_cols=w.shape[0], n_rows=1, eps=eps,
-                          x_offset=0)
-        self.g.op(name, buffers, groups, **kw)
-        written = {id(b[0] if isinstance(b, tuple) else b) for i, b in enumerate(buffers)
-                   if i in KERNELS[name].writes}
-        for key, pending in list(self._norms.items()):
-            if key in written:
-                del self._norms[key]
-            elif id(pending[0]) in written:
-                pending[4] = True
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
         """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
         key = (id(x), x_row, n, n_in, fmt)
         if self._rounded != key:
             blocks = n * n_in // ACT_BLOCK[fmt]
-            self._op("quantize_act", [x, self.rs.xq], (-(-blocks // 64), 1, 1),
+            self.g.op("quantize_act", [x, self.rs.xq], (-(-blocks // 64), 1, 1),
                       spec=dict(FMT=fmt), n_cols=n_in, n_rows=n, x_offset=x_row)
             self._rounded = key
         return self.rs.xq
@@ -433,7 +403,7 @@ class Builder:
     def get_rows(self, table: Tensor, ids: vk.Buffer, out: vk.Buffer, n: int,
                  scale: float = 1.0) -> None:
         for buf, first, count in table.bindings():
-            self._op("get_rows", [buf, ids, out], (n, 1, 1), wtype=table.wtype,
+            self.g.op("get_rows", [buf, ids, out], (n, 1, 1), wtype=table.wtype,
                       n_cols=table.shape[0], n_rows=n, scale=scale, row_base=first,
                       part_rows=count)
         self._wrote(out)
@@ -458,7 +428,7 @@ class Builder:
             x = self._rounded_input(x, x_row, n, n_in, fmt)
             x_row = 0
         for buf, first, count in w.bindings():
-            self._op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
+            self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
         self._wrote(y)
@@ -470,7 +440,7 @@ class Builder:
         n_in, n_out = w.shape[0], w.rows
         bm, bn = self.t.cm_tile
         for buf, first, count in w.bindings():
-            self._op("mul_mat_cm", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
+            self.g.op("mul_mat_cm", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
                       wtype=w.wtype, spec=dict(ACC=int(accumulate), BM=bm, BN=bn), n_in=n_in,
                       n_out=count, n_tokens=n, x_offset=x_row * n_in // 4, y_offset=first,
                       y_stride=n_out)
@@ -478,24 +448,19 @@ class Builder:
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
                 x_row: int) -> None:
-        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act), and
-        a pending norm of x taken inside it too."""
+        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act)."""
         n_in = w.shape[0]
         chunks = n_in // MATVEC_CHUNK[w.wtype]
         lanes = self.t.subgroup
         while lanes < min(chunks, self.t.mv_lanes):
             lanes *= 2
         rows = self.t.mv_rows
-        norm = self._norms.get(id(x)) if x_row == 0 else None
-        if norm is not None and norm[4]:
-            raise RuntimeError(f"a product reads {x.label} after its norm's input changed")
-        src, nw, eps = (norm[0], norm[1].binding(), norm[3]) if norm else (x, x, 0.0)
-        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate), NORM=int(norm is not None),
+        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate),
                     ACT=MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0)
         for buf, first, count in w.bindings():
-            self._op("mul_mat_vec", [buf, src, y, nw], (-(-count // rows), 1, 1),
-                     wtype=w.wtype, spec=spec, n_in=n_in, n_out=count,
-                     x_offset=x_row * n_in // 4, y_offset=first, eps=eps)
+            self.g.op("mul_mat_vec", [buf, x, y], (-(-count // rows), 1, 1), wtype=w.wtype,
+                      spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
+                      y_offset=first)
         self._wrote(y)
 
     def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
@@ -511,7 +476,7 @@ class Builder:
         if fmt is not None:
             x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
         for buf, first, count in w.bindings():          # parts of whole experts
-            self._op("mul_mat_id", [buf, x, ids, y], (-(-n_out // per_group), n_used, n),
+            self.g.op("mul_mat_id", [buf, x, ids, y], (-(-n_out // per_group), n_used, n),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
                       expert_base=first // n_out, n_experts=count // n_out)
         self._wrote(y)
@@ -519,7 +484,7 @@ class Builder:
     def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,
                    n_expert: int, n_used: int, norm: bool = True) -> None:
         """Softmax over n_expert logits per token; the n_used largest into ids and weights."""
-        self._op("moe_router", [logits, ids, weights], (n, 1, 1), spec=dict(NORM=int(norm)),
+        self.g.op("moe_router", [logits, ids, weights], (n, 1, 1), spec=dict(NORM=int(norm)),
                   n_expert=n_expert, n_used=n_used)
         self._wrote(ids)
         self._wrote(weights)
@@ -527,17 +492,13 @@ class Builder:
     def moe_combine(self, y: vk.Buffer, weights: vk.Buffer, x: vk.Buffer, n: int, n_embd: int,
                     n_used: int) -> None:
         """x[t] += sum_j weights[t, j] * y[t, j] (the experts' outputs into the residual)."""
-        self._op("moe_combine", [y, weights, x], _groups_1d(n * n_embd), n_embd=n_embd,
+        self.g.op("moe_combine", [y, weights, x], _groups_1d(n * n_embd), n_embd=n_embd,
                   n_used=n_used, n=n * n_embd)
         self._wrote(x)
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
                  row_offset: int = 0) -> None:
-        if n == 1 and row_offset == 0 and self.t.matvec and self.t.fuse_norm:
-            self._norms[id(out)] = [x, w, out, eps, False]     # see _op
-            self._wrote(out)
-            return
-        self._op("rms_norm", [x, w.binding(), out], (n, 1, 1), spec=dict(WG=self.t.norm_wg),
+        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1), spec=dict(WG=self.t.norm_wg),
                   n_cols=w.shape[0], n_rows=n, eps=eps, x_offset=row_offset)
         self._wrote(out)
 
@@ -547,7 +508,7 @@ class Builder:
         """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0."""
         table = self.rs.rope_table(base, n_dims, freq_scale) if self.t.ggml_numerics else q
         count = n * ((n_head + n_head_kv) * n_dims // 2 + n_head_kv * head_dim)
-        self._op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step, table],
+        self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step, table],
                   (-(-count // 64), 1, 1), spec=dict(NEOX=int(neox),
                                                      TABLE=int(self.t.ggml_numerics)),
                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
@@ -563,7 +524,7 @@ class Builder:
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
                                   scale, window)
         elif self.t.coopmat and head_dim in (64, 128):
-            self._op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step],
+            self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step],
                       (-(-n // 64), n_head, 1), spec=dict(HD=head_dim), n_head=n_head,
                       n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
         elif self.t.use_flash_attn(head_dim, n):
@@ -573,7 +534,7 @@ class Builder:
             # with matrix units the prefill products already take x as f16, not as ggml's
             # rounded blocks: attention then takes its single pass too, not ggml's three
             ggml = self.t.ggml_numerics and not self.t.coopmat
-            self._op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
+            self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
                       spec=dict(HD=head_dim, GGML=int(ggml)), n_head=n_head,
                       n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
         self._wrote(out)
@@ -584,12 +545,12 @@ class Builder:
         splits = self.t.decode_splits(rs.n_ctx)
         bufs = [q, k_cache, v_cache, rs.scores, rs.split_stats, rs.split_out, rs.step]
         for pass_ in (0, 1):
-            self._op("attn_split", bufs, (splits, n_head, 1),
+            self.g.op("attn_split", bufs, (splits, n_head, 1),
                       spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim),
                                 GGML=int(self.t.ggml_numerics), PASS=pass_),
                       n_head=n_head, n_head_kv=n_head_kv, n_ctx=rs.n_ctx, window=window,
                       n_split=splits, min_chunk=self.t.split_chunk, scale=scale)
-        self._op("attn_combine", [rs.split_out, out], (n_head, 1, 1), head_dim=head_dim,
+        self.g.op("attn_combine", [rs.split_out, out], (n_head, 1, 1), head_dim=head_dim,
                   n_split=splits)
 
     def attention_mask(self, n: int, window: int) -> tuple[vk.Buffer, vk.Buffer]:
@@ -601,7 +562,7 @@ class Builder:
         if window not in self._masks:
             rows, cols = self.rs.flash_block
             stride = -(-self.rs.n_ctx // cols) * cols
-            self._op("attn_mask", [mask, tiles, self.rs.step],
+            self.g.op("attn_mask", [mask, tiles, self.rs.step],
                       (stride // cols, -(-n // rows), 1), spec=dict(WG=64, BR=rows, BC=cols),
                       n_tokens=n, stride=stride, window=window)
             self._masks.add(window)
@@ -612,7 +573,7 @@ class Builder:
         mask, tiles = self.attention_mask(n, window)
         rows, cols = self.rs.flash_block
         lanes = self.t.attn_lanes(head_dim)
-        self._op("flash_attn", [q, k_cache, v_cache, out, mask, tiles, self.rs.step],
+        self.g.op("flash_attn", [q, k_cache, v_cache, out, mask, tiles, self.rs.step],
                   (-(-n // rows), n_head, 1),
                   spec=dict(WG=rows * lanes, HD=head_dim, BR=rows, BC=cols, LP=lanes,
                             GGML=int(self.t.ggml_numerics), SKIP=int(self.t.flash_skip)),
@@ -621,16 +582,16 @@ class Builder:
 
     def silu_mul(self, gate: vk.Buffer, up: vk.Buffer, out: vk.Buffer, count: int,
                  gelu: bool = False) -> None:
-        self._op("silu_mul", [gate, up, out], _groups_1d(count), spec=dict(GELU=int(gelu)),
+        self.g.op("silu_mul", [gate, up, out], _groups_1d(count), spec=dict(GELU=int(gelu)),
                   n=count)
         self._wrote(out)
 
     def add(self, a: vk.Buffer, b: vk.Buffer, out: vk.Buffer, count: int) -> None:
-        self._op("add", [a, b, out], _groups_1d(count), n=count)
+        self.g.op("add", [a, b, out], _groups_1d(count), n=count)
         self._wrote(out)
 
     def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
-        self._op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
+        self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
                   x_offset=0)
 
     def mul(self, a: View, b: View, out: vk.Buffer) -> None:
@@ -638,7 +599,7 @@ class Builder:
         (n_cols, n_rows, _), (a0, a_stride, _), (b0, b_stride, _) = a.ne, a.strides, b.strides
         if a0 != 1 or b0 != 1 or b.ne[:2] != a.ne[:2]:
             raise ValueError("mul takes two row views of one shape")
-        self._op("mul", [a.buf, b.buf, out], (-(-n_cols // 64), n_rows, 1), n_cols=n_cols,
+        self.g.op("mul", [a.buf, b.buf, out], (-(-n_cols // 64), n_rows, 1), n_cols=n_cols,
                   n_rows=n_rows, a_offset=a.offset, a_stride=a_stride, b_offset=b.offset,
                   b_stride=b_stride)
         self._wrote(out)
@@ -649,7 +610,7 @@ class Builder:
             src.ne, src.strides, dst.strides
         if s0 != 1 or d0 != 1 or dst.ne[:2] != src.ne[:2]:
             raise ValueError("cpy takes two row views of one shape")
-        self._op("cpy", [src.buf, dst.buf], _groups_1d(n_cols * n_rows), n_cols=n_cols,
+        self.g.op("cpy", [src.buf, dst.buf], _groups_1d(n_cols * n_rows), n_cols=n_cols,
                   n_rows=n_rows, src_offset=src.offset, src_stride=s_stride,
                   dst_offset=dst.offset, dst_stride=d_stride)
         self._wrote(dst.buf)
@@ -669,7 +630,7 @@ class Builder:
         else:
             groups = _groups_1d(ne0 * ne1 * ne2, 256)
         (a0, a1, a2), (b0, b1, b2) = a.strides, b.strides
-        self._op("concat", [a.buf, b.buf, out], groups, spec=dict(TILED=int(tiled), TSRC=tsrc),
+        self.g.op("concat", [a.buf, b.buf, out], groups, spec=dict(TILED=int(tiled), TSRC=tsrc),
                   ne00=a.ne[0], ne10=b.ne[0], ne1=ne1, ne2=ne2, a_nb0=a0, a_nb1=a1, a_nb2=a2,
                   b_nb0=b0, b_nb1=b1, b_nb2=b2, a_offset=a.offset, b_offset=b.offset)
         self._wrote(out)
@@ -677,7 +638,7 @@ class Builder:
     def ssm_conv(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int) -> None:
         """out[t, c] = sum_k x[c, t + k] * w[c, k]; x holds d_conv + n inputs per channel."""
         width, n_channels = w.shape
-        self._op("ssm_conv", [x, w.binding(), out], (-(-n_channels // 64), n, 1),
+        self.g.op("ssm_conv", [x, w.binding(), out], (-(-n_channels // 64), n, 1),
                   n_channels=n_channels, n_tokens=n, width=width)
         self._wrote(out)
 

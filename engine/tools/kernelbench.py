@@ -163,9 +163,9 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> 
                         continue
 
                     def fast(g, rows=rows, lanes=lanes):
-                        g.op("mul_mat_vec", [bw, bx, by, bx], (-(-n_out // rows), 1, 1),
+                        g.op("mul_mat_vec", [bw, bx, by], (-(-n_out // rows), 1, 1),
                              wtype=wtype, spec=dict(WG=lanes, ROWS=rows, ACC=0, ACT=0),
-                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0)
+                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0)
                     us = _time_ops(dev, kernels, fast, repeats)
                     got = vk.download(dev, by).view(np.float32)
                     if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
