@@ -56,11 +56,6 @@ KERNELS: dict[str, KernelSpec] = {
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("y_stride", U)),
         (("ACC", 0), ("BM", 1), ("BN", 2)), typed=True, writes=(2,), coopmat=True),
-    "mul_mat_cm1": KernelSpec(
-        "mul_mat_cm1.comp", 3,
-        (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
-         ("y_stride", U)),
-        (("ACC", 0),), typed=True, writes=(2,), coopmat=True),
     "mul_mat_id": KernelSpec(
         "mul_mat_id.comp", 4,
         (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U), ("n_experts", U)),

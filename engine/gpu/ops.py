@@ -118,7 +118,7 @@ class Tuning:
     mm_rows: int = 4        # weight rows per subgroup, prefill
     mm_tokens: int = 8      # tokens per subgroup, prefill
     matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
-    mv_lanes: int = 128     # most lanes sharing one row in mul_mat_vec
+    mv_lanes: int = 256     # most lanes sharing one row in mul_mat_vec
     norm_wg: int = 256      # lanes per row of rms_norm
     argmax_wg: int = 1024   # lanes of the one argmax workgroup
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
@@ -149,6 +149,14 @@ class Tuning:
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup, **common)
         return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+
+    def matvec_rows(self, wtype: str, n_out: int) -> int:
+        """Rows per mul_mat_vec workgroup. Measured on an H200 (`hotseat kernel-bench
+        mul_mat_vec`): 4-bit rows want 8 per workgroup (4 below 4096 rows, where fewer
+        workgroups would idle the GPU); Q6_K and wider types, 2."""
+        if wtype in ("Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K"):
+            return 8 if n_out >= 4096 else 4
+        return 2
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
         """Tiled attention for this pass? Never for decode (one token), which splits instead."""
@@ -454,7 +462,7 @@ class Builder:
         lanes = self.t.subgroup
         while lanes < min(chunks, self.t.mv_lanes):
             lanes *= 2
-        rows = self.t.mv_rows
+        rows = self.t.matvec_rows(w.wtype, w.rows)
         spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate),
                     ACT=MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0)
         for buf, first, count in w.bindings():

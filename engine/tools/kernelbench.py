@@ -188,8 +188,8 @@ MATMUL_SHAPES = (("Q4_0", 2048, 2048, 512), ("Q4_0", 2048, 8192, 512),
                  ("Q4_0", 8192, 2048, 512), ("Q4_K", 4096, 4096, 512),
                  ("Q4_K", 4096, 14336, 512), ("Q6_K", 14336, 4096, 512),
                  ("Q4_K", 4096, 14336, 256))
-MATMUL_VARIANTS = (("mul_mat_cm1", 128, 64), ("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64),
-                   ("mul_mat_cm", 128, 32), ("mul_mat_cm", 64, 32))
+MATMUL_VARIANTS = (("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64), ("mul_mat_cm", 128, 32),
+                   ("mul_mat_cm", 64, 32))
 
 
 def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> list[dict]:
@@ -226,7 +226,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
             row = {"type": wtype, "n_in": n_in, "n_out": n_out, "tokens": n,
                    "mul_mat_us": us, "mul_mat_tflops": flop / us / 1e6, "variants": []}
             for kernel, bm, bn in MATMUL_VARIANTS:
-                spec = dict(ACC=0, BM=bm, BN=bn) if kernel == "mul_mat_cm" else dict(ACC=0)
+                spec = dict(ACC=0, BM=bm, BN=bn)
 
                 def cm(g, kernel=kernel, bm=bm, bn=bn, spec=spec):
                     g.op(kernel, [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1), wtype=wtype,

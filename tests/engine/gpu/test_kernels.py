@@ -140,9 +140,8 @@ def test_mul_mat_vec(dev, kc, wtype, lanes, rows):
 
 
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
-@pytest.mark.parametrize("kernel,tile", [("mul_mat_cm", (128, 64)), ("mul_mat_cm", (64, 32)),
-                                         ("mul_mat_cm1", (128, 64))])
-def test_mul_mat_cm(dev, kc, wtype, kernel, tile):
+@pytest.mark.parametrize("tile", [(128, 64), (64, 32)])
+def test_mul_mat_cm(dev, kc, wtype, tile):
     """The cooperative-matrix product against numpy on f16 inputs; partial tiles on both
     axes, a token offset, a residual add. Runs where the device has matrix units."""
     if not dev.coopmat:
@@ -153,8 +152,8 @@ def test_mul_mat_cm(dev, kc, wtype, kernel, tile):
     x = rng.standard_normal((n + 1, n_in)).astype(np.float32)
     y0 = rng.standard_normal((n, n_out)).astype(np.float32)
     bw, bx, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, y0)
-    spec = dict(ACC=1, BM=tile[0], BN=tile[1]) if kernel == "mul_mat_cm" else dict(ACC=1)
-    run_once(dev, kc, kernel, [bw, bx, by], (-(-n_out // tile[0]), -(-n // tile[1]), 1),
+    spec = dict(ACC=1, BM=tile[0], BN=tile[1])
+    run_once(dev, kc, "mul_mat_cm", [bw, bx, by], (-(-n_out // tile[0]), -(-n // tile[1]), 1),
              wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
              x_offset=n_in // 4, y_offset=0, y_stride=n_out)
     f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
