@@ -551,6 +551,15 @@ class Builder:
                          window) -> None:
         rs = self.rs
         splits = self.t.decode_splits(rs.n_ctx)
+        if self.t.matvec:     # the fast decode path: one pass, no f16 probabilities
+            self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
+                                     rs.step], (splits, n_head, 1),
+                      spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim)),
+                      n_head=n_head, n_head_kv=n_head_kv, window=window, n_split=splits,
+                      min_chunk=self.t.split_chunk, scale=scale)
+            self.g.op("attn_merge", [rs.split_stats, rs.split_out, out], (n_head, 1, 1),
+                      head_dim=head_dim, n_split=splits)
+            return
         bufs = [q, k_cache, v_cache, rs.scores, rs.split_stats, rs.split_out, rs.step]
         for pass_ in (0, 1):
             self.g.op("attn_split", bufs, (splits, n_head, 1),
