@@ -124,7 +124,8 @@ class Tuning:
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
     cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
-    ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy)
+    ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
+                                 # off by default on devices with matrix units
     flash_attn: str = "auto"     # prefill attention: "on" tiled (flash_attn.comp), "off" per
                                  # token (attention.comp), "auto" tiled on AMD GCN at head
                                  # size >= 256, where the per-token kernel is slowest
@@ -144,11 +145,20 @@ class Tuning:
                  flash_attn: str = "auto", coopmat: bool = False) -> "Tuning":
         common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
                       amd_gcn=is_amd_gcn(info), coopmat=coopmat,
-                      prefill_tokens=512 if coopmat else 0, max_shared=max_shared)
+                      prefill_tokens=512 if coopmat else 0, max_shared=max_shared,
+                      # where the matrix units can take prefill, their f16 inputs cannot
+                      # follow ggml's CPU rounding anyway: decode does not either
+                      ggml_numerics=not coopmat)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup, **common)
         return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+
+    @property
+    def fast_prefill(self) -> bool:
+        """Prefill on the matrix units (mul_mat_cm, flash_attn_cm): x goes in as f16, so not
+        where ggml's CPU rounding is asked for."""
+        return self.coopmat and not self.ggml_numerics
 
     def matvec_rows(self, wtype: str, n_out: int) -> int:
         """Rows per mul_mat_vec workgroup. Measured on an H200 (`hotseat kernel-bench
@@ -423,7 +433,7 @@ class Builder:
             self._matvec(w, x, y, accumulate, x_row)
             return
         n_in, n_out = w.shape[0], w.rows
-        if n > 1 and self.t.coopmat and n_in % CM_K == 0:
+        if n > 1 and self.t.fast_prefill and n_in % CM_K == 0:
             self._matmul_cm(w, x, y, n, accumulate, x_row)
             return
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
@@ -531,7 +541,7 @@ class Builder:
         if n == 1:
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
                                   scale, window)
-        elif self.t.coopmat and head_dim in (64, 128):
+        elif self.t.fast_prefill and head_dim in (64, 128):
             self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step],
                       (-(-n // 64), n_head, 1), spec=dict(HD=head_dim), n_head=n_head,
                       n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
@@ -539,9 +549,7 @@ class Builder:
             self._flash_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
                                   scale, window)
         else:
-            # with matrix units the prefill products already take x as f16, not as ggml's
-            # rounded blocks: attention then takes its single pass too, not ggml's three
-            ggml = self.t.ggml_numerics and not self.t.coopmat
+            ggml = self.t.ggml_numerics
             self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
                       spec=dict(HD=head_dim, GGML=int(ggml)), n_head=n_head,
                       n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
@@ -551,7 +559,7 @@ class Builder:
                          window) -> None:
         rs = self.rs
         splits = self.t.decode_splits(rs.n_ctx)
-        if self.t.matvec:     # the fast decode path: one pass, no f16 probabilities
+        if self.t.matvec and not self.t.ggml_numerics:    # one pass, no f16 probabilities
             self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
                                      rs.step], (splits, n_head, 1),
                       spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim)),

@@ -78,7 +78,7 @@ def run_bench(args) -> int:
                 "pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
         t = model.tuning
         paths = {"decode": "mul_mat_vec" if t.matvec else "mul_mat (one token)",
-                 "prefill": "mul_mat_cm (cooperative matrix)" if t.coopmat
+                 "prefill": "mul_mat_cm (cooperative matrix)" if t.fast_prefill
                  else "mul_mat (register tiles)"}
         results.append(ours)
         profile = _profile_table(model, args.n_prompt) if args.profile else None

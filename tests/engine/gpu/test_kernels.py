@@ -869,7 +869,7 @@ def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
     # f16 step, nothing more
     assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < 1e-8
     assert np.abs(got16 - old16).max() < 2e-3 and nmse(got16, old16) < 1e-8
-    # the fast decode path (with mul_mat_vec): one pass per split, merged by attn_merge
-    t.matvec = True
+    # the fast decode path (mul_mat_vec, no ggml rounding): one pass per split, attn_merge
+    t.matvec, t.ggml_numerics = True, False
     one_pass = builder_attention(dev, kc, t, q, k, v, pos0, window)
     assert nmse(one_pass, attention_ref(q, k, v, pos0, window, scale)) < 1e-10
