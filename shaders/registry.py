@@ -64,6 +64,12 @@ KERNELS: dict[str, KernelSpec] = {
                              (("SG", 0), ("NORM", 1)), writes=(1, 2)),
     "moe_combine": KernelSpec("moe_combine.comp", 3,
                               (("n_embd", U), ("n_used", U), ("n", U)), writes=(2,)),
+    "moe_group": KernelSpec("moe_group.comp", 3, (("n_slots", U),), (("SG", 0),),
+                            writes=(1, 2)),
+    "mul_mat_moe": KernelSpec(
+        "mul_mat_moe.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
+        (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACT", 3), ("X_SLOT", 4)), typed=True,
+        writes=(4,)),
     "get_rows": KernelSpec("get_rows.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
                             ("part_rows", U)),

@@ -134,6 +134,8 @@ class Tuning:
     flash_skip: bool = True      # flash attention skips masked tiles (off: for tests)
     split_max: int = 16          # decode attention: KV splits per head at long context
     split_chunk: int = 32        # ... and the fewest positions a split takes
+    moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
+                                 # else one per token and slot (mul_mat_id, as decode)
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
@@ -240,6 +242,9 @@ class RunState:
             self.expert_ids = alloc(4 * S, f"{label}/expert_ids", "compute")   # [T, used] u32
             self.expert_w = act("expert_w", S)                      # [T, n_expert_used]
             self.moe_out = act("moe_out", S * n_embd)               # [T, n_expert_used, n_embd]
+            # slots grouped by expert (moe_group): (offset, count) per expert, slot lists
+            self.moe_groups = alloc(8 * n_expert, f"{label}/moe_groups", "compute")
+            self.moe_perm = alloc(4 * S, f"{label}/moe_perm", "compute")           # [S] u32
         self.scores = act("scores", n_head * n_ctx)  # [n_head, n_ctx] decode attention
         self.split_stats = act("split_stats", 2 * n_head * MAX_SPLITS)  # [n_head, splits, 2]
         self.split_out = act("split_out", MAX_SPLITS * q_dim)  # [n_head, splits, head_dim]
@@ -297,6 +302,7 @@ class RunState:
         floats += S * k_max + sum(n_ctx * d for _, d in rope)
         if n_expert:
             floats += T * n_expert + 2 * S + S * n_embd      # router, ids, weights, moe_out
+            floats += 2 * n_expert + S                       # moe_groups, moe_perm
         if conv_layers:
             floats += len(conv_layers) * d_conv * n_embd + T * 5 * n_embd
             floats += n_embd * (d_conv + T)
@@ -402,6 +408,7 @@ class Builder:
     def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning):
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
+        self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
@@ -417,6 +424,8 @@ class Builder:
     def _wrote(self, buf: vk.Buffer) -> None:
         if self._rounded is not None and self._rounded[0] == id(buf):
             self._rounded = None
+        if self._grouped is not None and self._grouped[0] == id(buf):
+            self._grouped = None
 
     def get_rows(self, table: Tensor, ids: vk.Buffer, out: vk.Buffer, n: int,
                  scale: float = 1.0) -> None:
@@ -484,7 +493,11 @@ class Builder:
     def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
                   n_used: int, per_slot: bool = False) -> None:
         """y[t, j, :] = x[t (, j), :] @ w[ids[t, j]]^T for n tokens of n_used routed experts;
-        w is [n_in, n_out, n_expert], x is [n, n_in] or, per_slot, [n, n_used, n_in]."""
+        w is [n_in, n_out, n_expert], x is [n, n_in] or, per_slot, [n, n_used, n_in].
+        Several tokens: grouped by expert (Tuning.moe_grouped), each expert one product."""
+        if n > 1 and self.t.moe_grouped:
+            self._matmul_moe(w, x, ids, y, n, n_used, per_slot)
+            return
         n_in, n_out = w.shape[0], w.shape[1]
         per_group = self.t.mv_rows * self.t.warps
         inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
@@ -497,6 +510,44 @@ class Builder:
             self.g.op("mul_mat_id", [buf, x, ids, y], (-(-n_out // per_group), n_used, n),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
                       expert_base=first // n_out, n_experts=count // n_out)
+        self._wrote(y)
+
+    def moe_group(self, ids: vk.Buffer, n: int, n_used: int, n_expert: int) -> None:
+        """rs.moe_groups, rs.moe_perm: the slots of ids[n, n_used] grouped by expert (reused
+        until ids is written again)."""
+        key = (id(ids), n, n_used, n_expert)
+        if self._grouped != key:
+            self.g.op("moe_group", [ids, self.rs.moe_groups, self.rs.moe_perm], (n_expert, 1, 1),
+                      n_slots=n * n_used)
+            self._grouped = key
+
+    def moe_tiles(self, n: int, n_used: int, n_expert: int) -> int:
+        """Token-tile workgroups per expert of mul_mat_moe: twice what an even routing needs
+        (an expert with more tokens loops over its tiles), at most what one expert can get."""
+        nt = self.t.mm_tokens
+        even = -(-n * n_used // (n_expert * nt))
+        return max(1, min(-(-n // nt), 2 * even))
+
+    def _matmul_moe(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
+                    n_used: int, per_slot: bool) -> None:
+        """The routed products grouped by expert: activations rounded as mul_mat_id rounds
+        them (ggml_numerics), then one register-tiled product per expert over its slots."""
+        n_in, n_out, n_expert = w.shape
+        self.moe_group(ids, n, n_used, n_expert)
+        rows = self.t.mm_rows
+        inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=self.t.mm_tokens,
+                    ACT=inline, X_SLOT=int(per_slot))
+        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
+        if fmt is not None:
+            x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
+        tiles = self.moe_tiles(n, n_used, n_expert)
+        rs = self.rs
+        for buf, first, count in w.bindings():          # parts of whole experts
+            self.g.op("mul_mat_moe", [buf, x, rs.moe_groups, rs.moe_perm, y],
+                      (-(-n_out // (rows * self.t.warps)), tiles, count // n_out),
+                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
+                      expert_base=first // n_out)
         self._wrote(y)
 
     def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,

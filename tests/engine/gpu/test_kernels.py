@@ -290,6 +290,162 @@ def test_mul_mat_id_rounds_like_ggml(dev, kc):
     assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
 
 
+def routed_ids(rng, T: int, k: int, n_expert: int, hot: int = 0) -> np.ndarray:
+    """[T, k] distinct experts per token, as a router picks them; the first `hot` tokens all
+    take expert 1 in their last slot, and expert 0 is never taken (when others are left)."""
+    pool = np.arange(1 if n_expert > k else 0, n_expert)
+    ids = np.stack([rng.choice(pool, k, replace=False) for _ in range(T)]).astype(np.uint32)
+    for t in range(min(hot, T)):
+        if 1 not in ids[t]:
+            ids[t, -1] = 1
+    return ids
+
+
+def moe_groups_ref(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, count) per expert, and each expert's slots in slot order."""
+    flat = ids.reshape(-1)
+    counts = np.bincount(flat, minlength=n_expert)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.stack([offsets, counts], -1).astype(np.uint32), \
+        np.argsort(flat, kind="stable").astype(np.uint32)
+
+
+def run_moe_group(dev, kc, bi, T: int, k: int, n_expert: int):
+    groups, perm = buf(dev, nbytes=8 * n_expert), buf(dev, nbytes=4 * T * k)
+    run_once(dev, kc, "moe_group", [bi, groups, perm], (n_expert, 1, 1), n_slots=T * k)
+    return groups, perm
+
+
+@pytest.mark.parametrize("T,k,n_expert,hot", [(1, 1, 3, 0), (9, 2, 8, 9), (37, 8, 128, 30),
+                                              (6, 5, 5, 0), (64, 4, 60, 64), (5, 1, 512, 2)])
+def test_moe_group(dev, kc, T, k, n_expert, hot):
+    """Every expert's slots, in slot order, with offsets and counts: experts that get no
+    token, one expert shared by many tokens, every expert taken by every token."""
+    rng = np.random.default_rng(25)
+    ids = routed_ids(rng, T, k, n_expert, hot)
+    bi = buf(dev, ids)
+    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
+    want_groups, want_perm = moe_groups_ref(ids, n_expert)
+    got_groups = read(dev, bg, np.uint32).reshape(n_expert, 2)
+    assert np.array_equal(got_groups, want_groups)
+    assert np.array_equal(read(dev, bp, np.uint32)[:T * k], want_perm)
+    if n_expert > k:
+        assert got_groups[0, 1] == 0 and got_groups[1, 1] >= min(hot, T)
+
+
+def moe_product_ref(w: np.ndarray, x: np.ndarray, ids: np.ndarray, per_slot: bool):
+    T, k = ids.shape
+    return np.stack([np.stack([w[ids[t, j]] @ (x[t, j] if per_slot else x[t])
+                               for j in range(k)]) for t in range(T)])
+
+
+def run_mul_mat_moe(dev, kc, wtype, w_parts, bufs, n_in, n_out, k, tiles, rows=2, warps=2,
+                    nt=4, act=0, per_slot=0):
+    """w_parts: (buffer, first expert, experts) per part of W; bufs: x, groups, perm, y."""
+    for bw, first, count in w_parts:
+        run_once(dev, kc, "mul_mat_moe", [bw, *bufs], (-(-n_out // (rows * warps)), tiles, count),
+                 wtype=wtype, spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACT=act,
+                                        X_SLOT=per_slot),
+                 n_in=n_in, n_out=n_out, n_used=k, expert_base=first)
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("per_slot", [0, 1])
+def test_mul_mat_moe(dev, kc, wtype, per_slot):
+    """Each expert's slots as one product: against numpy, with an expert that gets no token,
+    one that most tokens share (more tiles than the dispatch has: it loops) and every token
+    tile count from one to the most an expert can need."""
+    rng = np.random.default_rng(26)
+    n_expert, n_out, n_in, T, k = 6, 40, 256, 11, 3
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    w = w.reshape(n_expert, n_out, n_in)
+    ids = routed_ids(rng, T, k, n_expert, hot=9)
+    x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
+    bw, bx, bi = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, ids)
+    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
+    want = moe_product_ref(w, x, ids, per_slot)
+    for tiles in (1, 2, 3):                    # 4 slots per tile: 3 cover any expert
+        by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
+        run_mul_mat_moe(dev, kc, wtype, [(bw, 0, n_expert)], [bx, bg, bp, by], n_in, n_out, k,
+                        tiles, per_slot=per_slot)
+        assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10, tiles
+
+
+def builder_moe(dev, kc, tuning, wtype, raw, x, ids, n_expert, n_out, per_slot, parts=(1.0,)):
+    """Builder.matmul_id over W [n_in, n_out, n_expert] bound in parts (fractions of the
+    experts), as a model records it."""
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, RunState, Tensor
+
+    T, k = ids.shape
+    n_in, raw = x.shape[-1], raw.reshape(-1)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=T, n_expert=n_expert,
+                  n_expert_used=k)
+    per_expert = raw.nbytes // n_expert
+    bounds = [round(f * n_expert) for f in (0.0, *parts)]
+    arenas = [buf(dev, raw[a * per_expert:b * per_expert], kind="weights")
+              for a, b in zip(bounds, bounds[1:])]
+    t = Tensor(wtype, (n_in, n_out, n_expert),
+               [(a * n_out, (b - a) * n_out, i, 0, (b - a) * per_expert)
+                for i, (a, b) in enumerate(zip(bounds, bounds[1:]))], arenas)
+    bx, bi = buf(dev, x), buf(dev, ids)
+    by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, rs, tuning).matmul_id(t, bx, bi, by, T, k, per_slot=bool(per_slot))
+    g.replay()
+    out = read(dev, by).reshape(T, k, n_out).copy()
+    g.close()
+    rs.close()
+    return out
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
+    """With ggml's rounding, the grouped product rounds activations as the per-token one
+    does (inline Q8_0 / Q8_1, or a quantize_act pass first), from W in two parts."""
+    from dataclasses import replace
+
+    from engine.gpu.ops import Tuning
+
+    rng = np.random.default_rng(27)
+    n_expert, n_out, n_in, T, k = 8, 24, 512, 7, 2
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    ids = routed_ids(rng, T, k, n_expert, hot=5)
+    x = (rng.standard_normal((T, n_in)) * 4).astype(np.float32)
+    base = replace(Tuning.for_device(dev), warps=2, mm_rows=2, mm_tokens=4)  # small tiles
+    per_token = builder_moe(dev, kc, replace(base, moe_grouped=False), wtype, raw, x, ids,
+                            n_expert, n_out, 0)
+    grouped = builder_moe(dev, kc, replace(base, moe_grouped=True), wtype, raw, x, ids,
+                          n_expert, n_out, 0, parts=(0.25, 1.0))
+    exact = builder_moe(dev, kc, replace(base, moe_grouped=True, ggml_numerics=False), wtype,
+                        raw, x, ids, n_expert, n_out, 0)
+    assert np.abs(grouped - per_token).max() <= 1e-6 * np.abs(per_token).max()
+    assert nmse(exact, moe_product_ref(w.reshape(n_expert, n_out, n_in), x, ids, 0)) < 1e-10
+    if wtype != "F32":                  # the rounding shows: grouped follows per_token
+        assert np.abs(exact - per_token).max() > 10 * np.abs(grouped - per_token).max()
+
+
+def test_grouped_experts_round_like_ggml(dev, kc):
+    """ACT = 2 (Q4_1 against Q8_1 activations, with the block-sum correction), per slot."""
+    rng = np.random.default_rng(28)
+    n_expert, n_out, n_in, T, k = 4, 32, 128, 6, 2
+    raw, _ = quantized("Q4_1", n_expert * n_out, n_in, rng)
+    ids = routed_ids(rng, T, k, n_expert, hot=6)
+    x = (rng.standard_normal((T, k, n_in)) * 3).astype(np.float32)
+    bx, bi = buf(dev, x), buf(dev, ids)
+    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
+    by = buf(dev, nbytes=4 * T * k * n_out)
+    run_mul_mat_moe(dev, kc, "Q4_1", [(buf(dev, raw), 0, n_expert)], [bx, bg, bp, by], n_in,
+                    n_out, k, 1, act=2, per_slot=1)
+    per_expert = raw.nbytes // n_expert
+    want = np.stack([np.stack([
+        ggml_dot_q4_1_q8_1(raw[e * per_expert:(e + 1) * per_expert], x[t, j:j + 1], n_out,
+                           n_in)[0] for j, e in enumerate(ids[t])]) for t in range(T)])
+    got = read(dev, by).reshape(T, k, n_out)
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+
+
 def test_moe_combine(dev, kc):
     rng = np.random.default_rng(24)
     T, k, n_embd = 5, 3, 96
