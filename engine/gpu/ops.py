@@ -521,13 +521,6 @@ class Builder:
                       n_slots=n * n_used)
             self._grouped = key
 
-    def moe_tiles(self, n: int, n_used: int, n_expert: int) -> int:
-        """Token-tile workgroups per expert of mul_mat_moe: twice what an even routing needs
-        (an expert with more tokens loops over its tiles), at most what one expert can get."""
-        nt = self.t.mm_tokens
-        even = -(-n * n_used // (n_expert * nt))
-        return max(1, min(-(-n // nt), 2 * even))
-
     def _matmul_moe(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
                     n_used: int, per_slot: bool) -> None:
         """The routed products grouped by expert: activations rounded as mul_mat_id rounds
@@ -535,13 +528,14 @@ class Builder:
         n_in, n_out, n_expert = w.shape
         self.moe_group(ids, n, n_used, n_expert)
         rows = self.t.mm_rows
+        nt = moe_tile_slots(n, n_used, n_expert, self.t.mm_tokens)
         inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
-        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=self.t.mm_tokens,
-                    ACT=inline, X_SLOT=int(per_slot))
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACT=inline,
+                    X_SLOT=int(per_slot))
         fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
         if fmt is not None:
             x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
-        tiles = self.moe_tiles(n, n_used, n_expert)
+        tiles = moe_tile_groups(n, n_used, n_expert, nt)
         rs = self.rs
         for buf, first, count in w.bindings():          # parts of whole experts
             self.g.op("mul_mat_moe", [buf, x, rs.moe_groups, rs.moe_perm, y],
@@ -717,6 +711,24 @@ class Builder:
         self.g.op("ssm_conv", [x, w.binding(), out], (-(-n_channels // 64), n, 1),
                   n_channels=n_channels, n_tokens=n, width=width)
         self._wrote(out)
+
+
+def moe_tile_slots(n: int, n_used: int, n_expert: int, nt_max: int) -> int:
+    """Slots per token tile of mul_mat_moe: the smallest power of two, at most nt_max, that
+    holds an expert's share of an even routing (a short chunk's tiles would otherwise be
+    mostly padding, computed all the same)."""
+    nt = nt_max
+    while nt > 1 and (nt // 2) * n_expert >= n * n_used:
+        nt //= 2
+    return nt
+
+
+def moe_tile_groups(n: int, n_used: int, n_expert: int, nt: int) -> int:
+    """Token-tile workgroups per expert of mul_mat_moe (tiles of nt slots): twice what an even
+    routing needs (an expert with more tokens loops over its tiles), at most what one expert
+    can get (n: a token takes an expert once)."""
+    even = -(-n * n_used // (n_expert * nt))
+    return max(1, min(-(-n // nt), 2 * even))
 
 
 def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:
