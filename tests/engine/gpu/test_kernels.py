@@ -192,7 +192,7 @@ def test_mul_mat_vec_rounds_like_the_plain_path(dev, kc, wtype):
     raw, _ = quantized(wtype, n_out, n_in, rng)
     x = (rng.standard_normal((3, n_in)) * 4).astype(np.float32)
     x[2, 300], x[2, 301] = 9.5, -9.5       # equal magnitudes, opposite signs: Q8_K takes the first
-    base = Tuning.for_device(dev)
+    base = replace(Tuning.for_device(dev), ggml_numerics=True)
     plain = _one_token_product(dev, kc, wtype, raw, x, n_out, replace(base, matvec=False), 2)
     fast = _one_token_product(dev, kc, wtype, raw, x, n_out, replace(base, matvec=True), 2)
     exact = _one_token_product(dev, kc, wtype, raw, x, n_out,
@@ -413,7 +413,8 @@ def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
     raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
     ids = routed_ids(rng, T, k, n_expert, hot=5)
     x = (rng.standard_normal((T, n_in)) * 4).astype(np.float32)
-    base = replace(Tuning.for_device(dev), warps=2, mm_rows=2, mm_tokens=4)  # small tiles
+    base = replace(Tuning.for_device(dev), warps=2, mm_rows=2, mm_tokens=4,  # small tiles
+                   ggml_numerics=True)
     per_token = builder_moe(dev, kc, replace(base, moe_grouped=False), wtype, raw, x, ids,
                             n_expert, n_out, 0)
     grouped = builder_moe(dev, kc, replace(base, moe_grouped=True), wtype, raw, x, ids,
@@ -665,6 +666,8 @@ def ggml_dot_q4_1_q8_1(raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) ->
 
 
 def test_quantized_activations_match_ggml_dot(dev, kc):
+    from dataclasses import replace
+
     from engine.gpu.graph import Graph
     from engine.gpu.ops import Builder, RunState, Tensor, Tuning
 
@@ -679,7 +682,8 @@ def test_quantized_activations_match_ggml_dot(dev, kc):
     w = Tensor("Q4_1", (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
     for n, x_row, rows in ((T, 0, slice(None)), (1, T - 1, slice(T - 1, T))):
         g = Graph(dev, kc, "t")
-        Builder(g, {}, rs, Tuning.for_device(dev)).matmul(w, bx, by, n, x_row=x_row)
+        tuning = replace(Tuning.for_device(dev), ggml_numerics=True, coopmat=False)
+        Builder(g, {}, rs, tuning).matmul(w, bx, by, n, x_row=x_row)
         g.replay()
         got = read(dev, by)[: n * n_out].reshape(n, n_out)
         g.close()
@@ -705,7 +709,15 @@ def test_quantize_act_formats(dev, kc, fmt):
         want = np.minimum(np.rint(iscale * b), 127) * (np.float32(1) / iscale)
     else:
         want = x.astype(np.float16)
-    assert np.array_equal(read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32))
+    got, want = read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32)
+    if dev.info.kind == "cpu":       # IEEE division and conversions: ggml's bits exactly
+        assert np.array_equal(got, want)
+    else:
+        # Vulkan lets '/' be 2.5 ulp off and drivers convert to f16 their own way (NVIDIA's
+        # does, under RoundingModeRTE too): a block scale an ulp off, or a value rounded the
+        # other way, moves an element by at most one quantization step of its block
+        step = np.abs(want).max() / (127 if fmt != 3 else 1024)
+        assert np.abs(got - want).max() <= step
 
 
 def test_rope_from_ggml_table(dev, kc):
@@ -1022,9 +1034,12 @@ def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
     want16 = attention_ggml_ref(q, k, v, pos0, window, scale)
     old16 = old_attention(dev, kc, q, k, v, pos0, window, 1)
     # p rounded to f16 on both sides: a last-bit difference in a score can move one p by an
-    # f16 step, nothing more
-    assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < 1e-8
-    assert np.abs(got16 - old16).max() < 2e-3 and nmse(got16, old16) < 1e-8
+    # f16 step, nothing more. Where exp and '/' are not correctly rounded (NVIDIA's driver:
+    # Vulkan allows them a few ulp) more p land across an f16 boundary: the H200 gave an
+    # NMSE of up to 3.5e-7 at the same 1.4e-3 largest error, so 1e-6 there.
+    mse = 1e-8 if dev.info.kind == "cpu" else 1e-6
+    assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < mse
+    assert np.abs(got16 - old16).max() < 2e-3 and nmse(got16, old16) < mse
     # the fast decode path (mul_mat_vec, no ggml rounding): one pass per split, attn_merge
     t.matvec, t.ggml_numerics = True, False
     one_pass = builder_attention(dev, kc, t, q, k, v, pos0, window)
