@@ -1,4 +1,4 @@
-"""`hotseat kernel-bench concat|mul_mat_vec`: a kernel's paths against each other.
+"""`hotseat kernel-bench concat|mul_mat_vec|mul_mat_cm|mul_mat_moe`: a kernel's paths against each other.
 
 concat: its two paths on the shapes lfm2 gives it. mul_mat_moe: a prefill chunk's expert
 products, one per token and slot against grouped by expert.
@@ -103,8 +103,9 @@ def _random_weights(rng, wtype: str, n_in: int, n_out: int) -> np.ndarray:
     return raw.reshape(-1)
 
 
-def _time_ops(dev, kernels, record, repeats: int) -> float:
-    """Median GPU time of one op: OPS_PER_GRAPH ops recorded in a row, replayed."""
+def _time_records(dev, kernels, record, repeats: int) -> float:
+    """Median GPU time of one record(g) (its ops summed: W in parts is an op per part):
+    OPS_PER_GRAPH records in a row, replayed."""
     from ..gpu.graph import Graph
 
     g = Graph(dev, kernels, "bench", profile=dev.timestamps_ok)
@@ -119,7 +120,7 @@ def _time_ops(dev, kernels, record, repeats: int) -> float:
             g.replay()
             wall = time.perf_counter() - t0
             if dev.timestamps_ok:
-                times += [ns / 1e3 for _, ns in g.profile()]
+                times.append(sum(ns for _, ns in g.profile()) / 1e3 / OPS_PER_GRAPH)
             else:
                 times.append(wall * 1e6 / OPS_PER_GRAPH)
         return statistics.median(times)
@@ -154,7 +155,7 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> 
                      n_in=n_in, n_out=n_out, n_tokens=1, x_offset=0, y_offset=0, row_offset=0,
                      y_stride=n_out)
             row = {"type": wtype, "n_in": n_in, "n_out": n_out, "bytes": raw.nbytes,
-                   "mul_mat_us": _time_ops(dev, kernels, plain, repeats)}
+                   "mul_mat_us": _time_records(dev, kernels, plain, repeats)}
             want = vk.download(dev, by).view(np.float32).copy()
             chunks = n_in // MATVEC_CHUNK[wtype]
             variants = []
@@ -167,7 +168,7 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> 
                         g.op("mul_mat_vec", [bw, bx, by], (-(-n_out // rows), 1, 1),
                              wtype=wtype, spec=dict(WG=lanes, ROWS=rows, ACC=0, ACT=0),
                              n_in=n_in, n_out=n_out, x_offset=0, y_offset=0)
-                    us = _time_ops(dev, kernels, fast, repeats)
+                    us = _time_records(dev, kernels, fast, repeats)
                     got = vk.download(dev, by).view(np.float32)
                     if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
                         raise RuntimeError(f"mul_mat_vec {wtype} {n_in}x{n_out} rows={rows} "
@@ -222,7 +223,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
                                             NT=t.mm_tokens, ACC=0, ACT=0),
                      n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, row_offset=0,
                      y_stride=n_out)
-            us = _time_ops(dev, kernels, plain, repeats)
+            us = _time_records(dev, kernels, plain, repeats)
             want = vk.download(dev, by).view(np.float32).copy()
             row = {"type": wtype, "n_in": n_in, "n_out": n_out, "tokens": n,
                    "mul_mat_us": us, "mul_mat_tflops": flop / us / 1e6, "variants": []}
@@ -233,7 +234,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
                     g.op(kernel, [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1), wtype=wtype,
                          spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
                          y_offset=0, y_stride=n_out)
-                us = _time_ops(dev, kernels, cm, repeats)
+                us = _time_records(dev, kernels, cm, repeats)
                 got = vk.download(dev, by).view(np.float32)
                 err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
                 row["variants"].append({"kernel": kernel, "tile": [bm, bn], "us": us,
@@ -263,31 +264,6 @@ def moe_routing(rng, n: int, n_expert: int, k: int, skew: float) -> np.ndarray:
     p /= p.sum()
     return np.stack([rng.choice(n_expert, k, replace=False, p=p) for _ in range(n)]) \
         .astype(np.uint32)
-
-
-def _time_records(dev, kernels, record, repeats: int) -> float:
-    """Median GPU time of one record(g) (its ops summed: W in parts is an op per part):
-    OPS_PER_GRAPH records in a row, replayed."""
-    from ..gpu.graph import Graph
-
-    g = Graph(dev, kernels, "bench", profile=dev.timestamps_ok)
-    try:
-        for _ in range(OPS_PER_GRAPH):
-            record(g)
-        g.finish()
-        g.replay()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            g.replay()
-            wall = time.perf_counter() - t0
-            if dev.timestamps_ok:
-                times.append(sum(ns for _, ns in g.profile()) / 1e3 / OPS_PER_GRAPH)
-            else:
-                times.append(wall * 1e6 / OPS_PER_GRAPH)
-        return statistics.median(times)
-    finally:
-        g.close()
 
 
 def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
