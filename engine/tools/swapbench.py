@@ -51,6 +51,7 @@ def copy_bandwidth(dev: vk.Device, nbytes: int = 256 << 20, repeats: int = 3) ->
 
 def run_swap_bench(args) -> int:
     from ..api import Engine
+    from ..args import arena_enabled
     from ..formats.bundled import resolve
     from ..residency.model import Model
     from ..text.sampling import SamplingParams
@@ -60,13 +61,14 @@ def run_swap_bench(args) -> int:
         raise ValueError("--cycles must be >= 1")
     full = bool(args.evict_kv)
     greedy = SamplingParams(temperature=0.0)
-    with Engine(n_ctx=args.ctx, full_release=full, flash_attn=args.flash_attn) as eng:
+    with Engine(n_ctx=args.ctx, full_release=full, flash_attn=args.flash_attn,
+                arena=arena_enabled(args), arena_label="swap-bench") as eng:
         names = []
         for i, p in enumerate(paths):
             base = os.path.splitext(os.path.basename(p))[0]
             names.append(eng.load(p, name=base if base not in eng.models else f"{base}#{i + 1}",
                                   cpu_moe=args.cpu_moe))
-        bandwidth = copy_bandwidth(eng.dev)
+        bandwidth = eng.device_job(lambda: copy_bandwidth(eng.dev), why="copy bandwidth")
         per = {n: {"restore_s": [], "bytes": [], "residual": [], "cached": [], "release_s": [],
                    "alloc_s": [], "copy_s": [], "state_s": []} for n in names}
         answers: dict[str, list] = {n: [] for n in names}
@@ -92,11 +94,15 @@ def run_swap_bench(args) -> int:
         reload_s = {}
         for n, p in zip(names, paths):
             eng.unload(n)
-            t0 = time.perf_counter()
-            fresh = Model(eng.dev, eng.kernels, p, n_ctx=args.ctx, name=n + "-reload",
-                          cpu_moe=args.cpu_moe)
-            reload_s[n] = time.perf_counter() - t0
-            fresh.close()
+
+            def reload(n: str = n, p: str = p) -> float:
+                t0 = time.perf_counter()
+                fresh = Model(eng.dev, eng.kernels, p, n_ctx=args.ctx, name=n + "-reload",
+                              cpu_moe=args.cpu_moe)
+                took = time.perf_counter() - t0
+                fresh.close()
+                return took
+            reload_s[n] = eng.device_job(reload, why="reload from disk")
     report = {"device": eng.dev.name, "mode": "full" if full else "weights-only",
               "cycles": args.cycles, "copy_bandwidth_GBps": bandwidth / 1e9, "models": []}
     for n in names:

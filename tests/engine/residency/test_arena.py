@@ -195,11 +195,14 @@ def test_malformed_doorbell_lines_are_ignored(arena_dir):
 
 def test_parse_line():
     assert parse_line(b'{"pid": 12, "reason": "generate a", "t": 1.0}') == \
-        {"pid": 12, "reason": "generate a", "until": None}
+        {"pid": 12, "reason": "generate a", "until": None, "event": None}
+    assert parse_line(b'{"pid": 12, "event": "free"}')["event"] == "free"
+    assert parse_line(b'{"pid": 12, "event": "cancel", "t": 2.5}')["event"] == "cancel"
     assert parse_line(b'{"pid": 12, "reason": "yield", "until": 5}')["until"] == 5.0
     for bad in (b"", b"\x00\x01", b'{"pid": 0}', b'{"pid": false}', b"[1]",
                 b'{"pid": 2, "until": Infinity}', b'{"pid": 2, "until": true}',
-                b'{"pid": 2}' + b" " * 5000):
+                b'{"pid": 2}' + b" " * 5000, b'{"pid": 2, "event": "other"}',
+                b'{"pid": 2, "event": 1}', b'{"pid": 2, "event": "free", "until": 9}'):
         assert parse_line(bad) is None, bad
 
 
