@@ -21,6 +21,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type_ or ("server_error" if status >= 500 else "invalid_request_error")
+        self.headers: dict | None = None          # sent with the error (Retry-After)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -42,7 +43,11 @@ def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> w
 
 def over_budget(exc: BudgetError) -> ApiError:
     from ..residency.arbiter import PinnedError
+    from ..residency.arena import ArenaBusy
 
+    if isinstance(exc, ArenaBusy):            # not the budget: the GPU's turn did not come
+        from .turns import gpu_unavailable
+        return gpu_unavailable(exc)
     code = "model_pinned" if isinstance(exc, PinnedError) else "budget_exceeded"
     return ApiError(409, str(exc), None, code)
 
