@@ -191,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--cycles", type=int, default=3)
     sb.add_argument("-n", type=int, default=8, help="tokens generated per turn")
     sb.add_argument("--ctx", type=int, default=2048)
+    sb.add_argument("--processes", type=int, default=1, metavar="N",
+                    help="N > 1: N hotseat serve processes on one private arena, asked in "
+                         "turn over HTTP: the TTFT after a swap between processes (each "
+                         "serves one --model, in turn)")
     sb.add_argument("--json", action="store_true")
     add_cpu_moe_argument(sb)
     add_flash_attn_argument(sb)
