@@ -183,6 +183,7 @@ class Engine:
         self._arena_waiting = 0              # callers waiting for the token
         self._arena_evicted: list[str] = []  # warm when the arena took the GPU: woken first
         self._arena_last_wait_s: float | None = None
+        self._running = 0                    # generations on the engine thread now
         self._yield_wanted = False
         self._claims_lock = threading.Lock()
         self._ledger_fd = -1
@@ -439,10 +440,13 @@ class Engine:
                 raise KeyError(f"no model named {m.name!r} is loaded")
             self._warm(m)
             turn = None if self.arena is None else lambda: self._arena_turn(m, cancel)
+            self._running += 1
             try:
                 return _decode(m, prompt_ids, max_tokens, sampler, stop, on_text, cancel, turn)
             except _Cancelled:         # the client left while the request waited for the GPU
                 return [], "", "cancelled", Timings()
+            finally:
+                self._running -= 1
         try:
             out, text, finish, timings = self._job(f"generate {m.name}", job, wait=wait)
         except KeyboardInterrupt:
@@ -483,7 +487,8 @@ class Engine:
                           "until": until, "self": pid == a.pid})
         return {"state": state, "until": until, "holder_pid": holder_pid, "pid": a.pid,
                 "dir": a.dir, "yielded_by": a.yield_by if until else None,
-                "waiting_requests": waiting, "wake_on_free": self.wake_on_free,
+                "waiting_requests": waiting, "requests_running": self._running,
+                "wake_on_free": self.wake_on_free,
                 "device_bytes": device, "acquisitions": a.acquisitions,
                 "held_for_s": a.held_for(), "last_wait_s": self._arena_last_wait_s,
                 "processes": procs}
@@ -567,11 +572,14 @@ class Engine:
     def _arena_wake(self) -> None:
         """The token is free (on the arena's watcher thread): with wake_on_free, take it back
         without ringing and restore the models the arena took, unless another process has
-        just rung (the token is on its way to it)."""
+        just rung (the token is on its way to it) or a yield has just ended (processes with
+        requests waiting for it take the token first)."""
         a = self.arena
         if not self.wake_on_free or a is None or a.held or not self._arena_evicted \
                 or a.rung_recently(2 * a.ring_interval) or a.is_taken():
             return
+        if time.time() - a.yield_ended < a.ring_interval:
+            return                     # a yield just ended: requests waiting for it go first
         with self._claims_lock:
             self._arena_claims += 1
         try:

@@ -265,6 +265,7 @@ class Arena:
         self._cond = threading.Condition()   # yield changes
         self._offset, self._partial, self._skip = 0, b"", False
         self.yield_until, self.yield_by = 0.0, None
+        self.yield_ended = 0.0               # when the last yield ended (or was cancelled)
         self._yield_line = b""
         self._rung_at = self._handled = self._acquired_at = -math.inf
         self._on_ring: Callable[[], None] | None = None
@@ -575,6 +576,8 @@ class Arena:
             return None
         if r["event"] == "cancel":
             with self._cond:
+                if self.yield_until > time.time():
+                    self.yield_ended = time.time()
                 self.yield_until = 0.0
                 self._cond.notify_all()
         if r["event"] is not None:             # a notice: nobody is asked to leave
@@ -582,6 +585,7 @@ class Arena:
         if r["until"] is not None:
             with self._cond:
                 self.yield_until = min(r["until"], time.time() + MAX_YIELD_S)
+                self.yield_ended = self.yield_until
                 self.yield_by = r["pid"]
                 self._yield_line = line + b"\n"
                 self._cond.notify_all()
