@@ -25,22 +25,23 @@ CTX = 128
 TOKENS = 4
 PROMPTS = ["The capital of France is", "One, two, three,", "def fib(n):",
            "The largest planet is"]
-LONG_TOKENS = 12                          # the request a yield cuts into
+LONG_TOKENS = 10                          # the request a yield cuts into
 #: requests of the HTTP stress run over all servers; CI runs the short default, the long
 #: run is HOTSEAT_ARENA_HTTP_STRESS_REQUESTS=300 (README, residency)
 HTTP_STRESS_REQUESTS = int(os.environ.get("HOTSEAT_ARENA_HTTP_STRESS_REQUESTS", "12"))
 
 
-def solo_answers(path: str, prompts: list[str], n: int) -> dict[str, str]:
-    """The greedy completions of one engine alone, no arena: what every server must say."""
+def solo_answers(path: str, asks: list[tuple[str, int]]) -> dict:
+    """The greedy completions (prompt, tokens) -> text of one engine alone, without an
+    arena: what every server must answer."""
     from engine.api import Engine
     from engine.text.sampling import SamplingParams
 
     with Engine(n_ctx=CTX) as eng:
         name = eng.load(path)
-        return {p: eng.generate(name, prompt=p, max_tokens=n,
-                                sampling=SamplingParams(temperature=0.0)).text
-                for p in prompts}
+        return {(p, n): eng.generate(name, prompt=p, max_tokens=n,
+                                     sampling=SamplingParams(temperature=0.0)).text
+                for p, n in asks}
 
 
 def complete(s: ServeProcess, prompt: str, n: int = TOKENS, model: str | None = None,
@@ -145,8 +146,14 @@ def wait_for(cond, timeout: float, what: str, period: float = 0.05):
 # -- two servers ------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def solo(smollm2_path) -> dict[str, str]:
-    return solo_answers(smollm2_path, PROMPTS, TOKENS)
+def solo_all(smollm2_path) -> dict:
+    return solo_answers(smollm2_path, [(p, TOKENS) for p in PROMPTS]
+                        + [(PROMPTS[0], LONG_TOKENS)])
+
+
+@pytest.fixture(scope="module")
+def solo(solo_all) -> dict[str, str]:
+    return {p: text for (p, n), text in solo_all.items() if n == TOKENS}
 
 
 @pytest.fixture(scope="module")
@@ -199,10 +206,12 @@ def test_a_cold_server_with_wake_on_free_comes_back_by_itself(pair, solo):
     status, _, body = a.request("POST", f"/api/models/{name}/evict", {"full": True})
     assert status == 200, body                           # a's last model goes: a drops the token
     t0 = time.monotonic()
-    wait_for(lambda: arena(b)["state"] == "holder", 10, "b did not take the free GPU back")
+
+    def warm() -> bool:
+        _, _, models = b.request("GET", "/api/models")
+        return models["arena"]["state"] == "holder" and models["models"][0]["state"] == "warm"
+    wait_for(warm, 10, "b did not take the free GPU back")
     woke = time.monotonic() - t0
-    _, _, models = b.request("GET", "/api/models")
-    assert models["models"][0]["state"] == "warm" and models["models"][0]["last_restore"]
     assert arena(a)["device_bytes"] == 0 and arena(a)["state"] == "cold"
     assert arena(b)["waiting_requests"] == 0             # no request brought it back
     assert woke < 5.0, woke
@@ -271,10 +280,10 @@ def test_yield_cancel_ends_a_yield_early(pair, solo):
     assert r.returncode == 0 and r.stdout.strip() == "No yield was in force."
 
 
-def test_a_yield_mid_request_hands_over_between_tokens(pair, smollm2_path):
+def test_a_yield_mid_request_hands_over_between_tokens(pair, solo_all):
     a, b, arena_dir, ledger = pair
     p = PROMPTS[0]
-    want = solo_answers(smollm2_path, [p], LONG_TOKENS)[p]
+    want = solo_all[p, LONG_TOKENS]
     got = {}
     first = threading.Event()
 
