@@ -14,12 +14,10 @@ import math
 import time
 from typing import TYPE_CHECKING
 
-from .errors import ApiError, bad, json_response
+from .errors import bad, gpu_unavailable, json_response
 
 if TYPE_CHECKING:
     from aiohttp import web
-
-    from ..residency.arena import ArenaBusy
 
 WAIT_HEADER = "X-Hotseat-Wait"
 
@@ -37,15 +35,6 @@ def parse_wait(request: web.Request) -> float | None:
         raise bad(f"the {WAIT_HEADER} header must be a number of seconds >= 0, got "
                   f"{raw[:40]!r}", WAIT_HEADER, "invalid_value")
     return v
-
-
-def gpu_unavailable(exc: ArenaBusy) -> ApiError:
-    """503 with Retry-After: the GPU did not come within the wait the client allowed."""
-    retry = exc.retry_after
-    code = "gpu_yielded" if retry else "gpu_busy"
-    err = ApiError(503, str(exc), None, code)
-    err.headers = {"Retry-After": str(max(1, math.ceil(retry or 1)))}
-    return err
 
 
 def check_yield(engine, wait: float | None) -> None:
