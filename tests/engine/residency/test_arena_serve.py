@@ -185,6 +185,13 @@ def test_two_servers_take_turns_and_answer_as_solo(pair, solo):
             assert mine["state"] == "holder" and mine["device_bytes"] > 0, mine
             assert theirs["state"] == "cold" and theirs["device_bytes"] == 0, theirs
             assert mine["holder_pid"] == theirs["holder_pid"] == s.pid
+            # where the driver reports its per-process heap usage (VK_EXT_memory_budget,
+            # not lavapipe), the cold process must have given the model's memory back
+            v_mine, v_theirs = (q.request("GET", "/api/vram")[2] for q in (s, other))
+            if "driver_usage_bytes" in v_mine:
+                assert v_theirs["driver_usage_bytes"] <= \
+                    v_mine["driver_usage_bytes"] - v_mine["allocated_bytes"] // 2, \
+                    (v_mine, v_theirs)
     finally:
         sampler.stop()
     assert not sampler.bad, sampler.bad[:3]
