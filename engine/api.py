@@ -539,8 +539,8 @@ class Engine:
                 a.acquire(why, timeout=timeout)
             else:
                 while not a.held:
-                    try:
-                        a.acquire(why, timeout=0.5)
+                    try:               # each try is one more flock thread: not too many
+                        a.acquire(why, timeout=2.0)
                     except ArenaBusy as exc:
                         if cancel.is_set():
                             raise _Cancelled() from None
