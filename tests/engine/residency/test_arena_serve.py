@@ -319,7 +319,9 @@ def test_a_yield_mid_request_hands_over_between_tokens(pair, solo_all):
     assert r.returncode == 0, r.stderr
     m = WENT_COLD.search(r.stdout)
     assert m and int(m.group(1)) == a.pid and m.group(2).startswith("generate"), r.stdout
-    assert float(m.group(3)) < 1.0, r.stdout
+    # the bound is the token being decoded plus the eviction: up to about a second on
+    # lavapipe's shared cores (milliseconds on a GPU); an idle server's is tested above
+    assert float(m.group(3)) < 2.0, r.stdout
     print(f"\nyield: a server went cold mid-request in {m.group(3)} s")
     assert arena(a)["device_bytes"] == 0
     t.join(300)
