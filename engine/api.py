@@ -350,7 +350,8 @@ class Engine:
 
     def status(self) -> list[dict]:
         """Per model: state, pin, device bytes by kind (released buffers skipped) and host
-        shadow bytes, and weights placed in host memory (cpu_moe). Reads bookkeeping only, so it answers while a request runs."""
+        shadow bytes, weights placed in host memory (cpu_moe), the file's quantization id. Reads
+        bookkeeping only, so it answers while a request runs."""
         pinned = set(self.arbiter.pinned)
         return [{"name": m.name, "path": m.model.path, "arch": m.model.gguf.arch,
                  "n_ctx": m.model.n_ctx, "state": m.model.state,
@@ -359,6 +360,8 @@ class Engine:
                  "host_shadow_bytes": m.model.host_shadow_bytes(),
                  "pinned_host_bytes": m.model.pinned_bytes(),
                  "cpu_moe": m.model.cpu_moe,
+                 # llama.cpp's quantization id (LlamaFileType), None where the file has none
+                 "file_type": m.model.gguf.get("general.file_type"),
                  "host_weight_bytes": m.model.host_weight_bytes,
                  "warm_bytes": m.model.warm_bytes(),
                  "cached_tokens": len(m.model.cache_tokens),

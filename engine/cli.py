@@ -202,8 +202,12 @@ def build_parser() -> argparse.ArgumentParser:
     sb.set_defaults(func=cmd_swap_bench)
 
     kb = sub.add_parser("kernel-bench", help="time one kernel's paths against each other")
-    kb.add_argument("kernel", choices=["concat"],
-                    help="concat: the tiled (transposed source) path against the element-wise one")
+    kb.add_argument("kernel", choices=["concat", "mul_mat_vec", "mul_mat_cm", "mul_mat_moe"],
+                    help="concat: the tiled (transposed source) path against the element-wise "
+                         "one; mul_mat_vec: the decode product's rows x lanes against mul_mat; "
+                         "mul_mat_cm: the cooperative-matrix tiles against mul_mat; "
+                         "mul_mat_moe: prefill expert products grouped by expert against "
+                         "mul_mat_id's one per token and slot")
     kb.add_argument("-r", "--repeats", type=int, default=50, help="replays per path (default 50)")
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)

@@ -157,7 +157,7 @@ class Model:
     @property
     def uses_flash_attn(self) -> bool:
         """Whether prefill runs tiled (flash) attention on this device, for this model."""
-        return self.tuning.use_flash_attn(self.config.head_dim, PREFILL_CHUNK)
+        return self.tuning.use_flash_attn(self.config.head_dim, self.chunk)
 
     def set_flash_attn(self, mode: str) -> bool:
         """Prefill attention "auto", "on" or "off" from now on. When that changes what this
@@ -170,9 +170,14 @@ class Model:
         self.release(full=True)
         return True
 
+    @property
+    def chunk(self) -> int:
+        """Prompt tokens per prefill pass: more where matrix units want wide tiles."""
+        return self.tuning.prefill_tokens or PREFILL_CHUNK
+
     def _run_state_args(self) -> dict:
         block = self.tuning.flash_block(self.config.head_dim) if self.uses_flash_attn else None
-        return run_state_args(self.config, self.n_ctx, PREFILL_CHUNK,
+        return run_state_args(self.config, self.n_ctx, self.chunk,
                               self.arch.rope_tables(self.config),
                               self.arch.attn_windows(self.config), block)
 
@@ -525,10 +530,10 @@ class Model:
         between() runs between two chunks: a safe point, where the model may be released
         and restored (the cache then holds every chunk so far)."""
         out = None
-        for s in range(0, len(tokens), PREFILL_CHUNK):
+        for s in range(0, len(tokens), self.chunk):
             if s and between is not None:
                 between()
-            chunk = tokens[s:s + PREFILL_CHUNK]
+            chunk = tokens[s:s + self.chunk]
             out = self._run(chunk, pos0 + s, greedy)
         return out
 

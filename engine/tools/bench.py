@@ -43,7 +43,7 @@ def measure(model, prompt: list[int], n_gen: int) -> tuple[float, float]:
 
 def _profile_table(model, n_prompt: int) -> list[dict]:
     rows = []
-    for label, n in (("decode", 1), (f"pp{n_prompt}", min(n_prompt, 256))):
+    for label, n in (("decode", 1), (f"pp{n_prompt}", min(n_prompt, model.chunk))):
         graph = model._graph(n, True)
         per = defaultdict(lambda: [0.0, 0])
         for name, ns in graph.profile():
@@ -82,6 +82,10 @@ def run_bench(args) -> int:
         size = sum(t.nbytes for t in model.gguf.tensors.values())
         ours = {"engine": "hotseat", "device": eng.device_name,
                 "pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+        t = model.tuning
+        paths = {"decode": "mul_mat_vec" if t.matvec else "mul_mat (one token)",
+                 "prefill": "mul_mat_cm (cooperative matrix)" if t.fast_prefill
+                 else "mul_mat (register tiles)"}
         results.append(ours)
     # llama.cpp knows nothing of the arena: hold the token for it while it runs
     peer_turn = _peer_turn(args) if args.vs_llama_server is not None or args.vs_llama_cpp \
@@ -92,6 +96,10 @@ def run_bench(args) -> int:
         if peer_turn is not None:
             peer_turn.close()
     report = _report(os.path.basename(path), size, args, results)
+    report["paths"] = paths
+    tg = [r for r in report["rows"] if r["engine"] == "hotseat" and r["test"].startswith("tg")]
+    if tg:       # every weight byte is read once per token (the KV cache adds a little)
+        report["decode_weight_gb_per_s"] = size * tg[0]["tokens_per_s"] / 1e9
     if profile is not None:
         report["profile"] = profile
     if args.json:
@@ -165,6 +173,9 @@ def _print_table(rep: dict) -> None:
     for r in rep["rows"]:
         ts = f"{r['tokens_per_s']:.2f} ± {r['stdev']:.2f}"
         print(f"| {r['engine']:<24} | {r['device'][:34]:<34} | {r['test']:>6} | {ts:>16} |")
+    print("paths: " + ", ".join(f"{k} {v}" for k, v in rep.get("paths", {}).items()))
+    if "decode_weight_gb_per_s" in rep:
+        print(f"decode reads the weights at {rep['decode_weight_gb_per_s']:.0f} GB/s")
     for key, who in (("ratio_vs_llama_server", "llama-server"),
                      ("ratio_vs_llama_cpp_cpu", "llama.cpp CPU")):
         for test, ratio in rep.get(key, {}).items():
