@@ -44,7 +44,12 @@ YIELD_S = 600
 
 def _real_engine(**kw):
     from engine.api import Engine
+    from engine.args import arena_enabled
 
+    # the tray takes turns on the GPU with the user's other Hotseat processes, unless
+    # $HOTSEAT_NO_ARENA or hotseat-tray --no-arena says otherwise
+    kw.setdefault("arena", arena_enabled())
+    kw.setdefault("arena_label", "tray")
     return Engine(**kw)
 
 

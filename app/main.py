@@ -309,12 +309,17 @@ def _parser() -> argparse.ArgumentParser:
                                    "generate two tokens")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="with --headless-check: seconds to wait (default 120)")
+    p.add_argument("--no-arena", action="store_true",
+                   help="do not take turns on the GPU with other Hotseat processes")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args, qt_args = _parser().parse_known_args(argv)
     logging.basicConfig(level=logging.WARNING, format="hotseat: %(levelname)s: %(message)s")
+    if args.no_arena:
+        from engine.args import NO_ARENA_ENV
+        os.environ[NO_ARENA_ENV] = "1"          # read where the bridge creates the engine
     if args.headless_check:
         return _exit(headless_check(args.model, args.timeout))
     app = QApplication.instance() or QApplication([sys.argv[0], *qt_args])

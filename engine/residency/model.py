@@ -15,7 +15,7 @@ import math
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -524,19 +524,25 @@ class Model:
             return int(self.rs.result.read(np.uint32, 1)[0])
         return self.rs.result.read(np.float32, self.config.n_vocab)
 
-    def eval(self, tokens: list[int], pos0: int, greedy: bool = True) -> int | np.ndarray:
-        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits."""
+    def eval(self, tokens: list[int], pos0: int, greedy: bool = True,
+             between: Callable[[], None] | None = None) -> int | np.ndarray:
+        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits.
+        between() runs between two chunks: a safe point, where the model may be released
+        and restored (the cache then holds every chunk so far)."""
         out = None
         for s in range(0, len(tokens), self.chunk):
+            if s and between is not None:
+                between()
             chunk = tokens[s:s + self.chunk]
             out = self._run(chunk, pos0 + s, greedy)
         return out
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompt: list[int], max_new: int, sample: Callable | None = None,
-                 stop_ids: set[int] = frozenset(), timings: Timings | None = None
-                 ) -> Iterator[int]:
+                 stop_ids: set[int] = frozenset(), timings: Timings | None = None,
+                 between_chunks: Callable[[], None] | None = None) -> Iterator[int]:
         """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
+        between_chunks: eval()'s `between`, for the prompt.
 
         The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
         token is recomputed, for its logits). Recurrent states belong to the end of the cache,
@@ -556,7 +562,7 @@ class Model:
         t.prompt_tokens, t.cached_tokens = len(prompt), reuse
         history = list(prompt)
         t0 = time.perf_counter()
-        out = self.eval(prompt[reuse:], reuse, greedy)
+        out = self.eval(prompt[reuse:], reuse, greedy, between_chunks)
         t.prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         pos = len(prompt)
