@@ -2,14 +2,24 @@
 
     bridge = EngineBridge()              # or EngineBridge(engine_factory=FakeEngine) in tests
     bridge.models_changed.connect(window.on_models_changed)
-    bridge.start()                       # opens the device on the worker thread
+    bridge.start()                       # opens the device on the worker
     bridge.load("/models/a.gguf")        # returns at once; progress and result come as signals
-    bridge.close()
+    bridge.shutdown(1.5)                 # endpoint, then engine, within a deadline
 
-The engine lives on one worker QThread that runs jobs from a queue in order; every method
-here only queues a job, so the UI thread never waits for the device, a load or the endpoint.
-Results come back as signals, emitted on the worker thread and delivered (queued) to
-receivers on the UI thread.
+Every method here only queues a job, so the UI thread never waits for the device, a load or
+the endpoint. The worker is four lanes, each a thread that runs its jobs in order:
+
+- control: opening the engine, pin, evict, warm, unload, settings, the endpoint, yields;
+- load: loads and reloads, one at a time (a load parses the file on its caller's thread
+  for seconds; pins and evicts must not wait for that);
+- generate: the chat box's requests;
+- status: the status reads (status() and vram() read bookkeeping, so they answer while the
+  engine thread is busy), the arena's state, the idle eviction check.
+
+The engine itself runs device work on its own thread, one job at a time, so lanes never
+race on the device. Results come back as signals, emitted on a lane and delivered (queued)
+to receivers on the UI thread. The lanes are daemon threads: a quit never waits on a load
+that is still parsing.
 """
 from __future__ import annotations
 
@@ -17,33 +27,46 @@ import logging
 import os
 import queue
 import threading
+import time
 from typing import Callable
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Signal, Slot
 
 from . import modelinfo
-from .endpoint import Endpoint
+from .activity import Activity, Op
+from .endpoint import HOST, Endpoint
 
 log = logging.getLogger("hotseat.app")
 
-CLOSE_TIMEOUT_MS = 30_000
+CLOSE_TIMEOUT_S = 30.0
+YIELD_S = 600
 
 
 def _real_engine(**kw):
     from engine.api import Engine
+    from engine.args import arena_enabled
 
+    # the tray takes turns on the GPU with the user's other Hotseat processes, unless
+    # $HOTSEAT_NO_ARENA or hotseat-tray --no-arena says otherwise
+    kw.setdefault("arena", arena_enabled())
+    kw.setdefault("arena_label", "tray")
     return Engine(**kw)
 
 
-class _Worker(QThread):
-    """Runs the bridge's jobs one at a time; None ends it."""
+class _Lane:
+    """A daemon thread running jobs in order; None ends it."""
 
-    def __init__(self, jobs: queue.Queue, parent: QObject | None = None):
-        super().__init__(parent)
-        self.jobs = jobs
-        self.setObjectName("hotseat-engine")
+    def __init__(self, name: str):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, name=f"hotseat-{name}", daemon=True)
 
-    def run(self) -> None:
+    def start(self) -> None:
+        self.thread.start()
+
+    def put(self, job: Callable[[], None] | None) -> None:
+        self.jobs.put(job)
+
+    def _run(self) -> None:
         while True:
             job = self.jobs.get()
             if job is None:
@@ -51,15 +74,48 @@ class _Worker(QThread):
             job()
 
 
+class _Observed:
+    """The engine as the endpoint sees it: generate() also reports to the activity (busy
+    state, tokens/s, last use); everything else is the engine's own."""
+
+    def __init__(self, engine, bridge: "EngineBridge"):
+        self._engine, self._bridge = engine, bridge
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+    def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
+                 sampling=None, stop=(), on_text=None, cancel=None):
+        b = self._bridge
+        op = b.activity.begin(name or "?", "generate", "endpoint")
+        b.activity.start(op)
+
+        def counted(text: str) -> None:
+            b.activity.tick(op)
+            if on_text is not None:
+                on_text(text)
+        try:
+            out = self._engine.generate(name, prompt=prompt, messages=messages, tokens=tokens,
+                                        max_tokens=max_tokens, sampling=sampling, stop=stop,
+                                        on_text=counted, cancel=cancel)
+        finally:
+            b.activity.end(op)
+            b.touch(name)
+        b.log(f"Endpoint: {len(out.tokens)} tokens from {name}{_rate_text(out.timings)}")
+        return out
+
+
 class EngineBridge(QObject):
     #: the engine is open: the device's name
     device_ready = Signal(str)
     #: the models, after every change and every refresh(): a list of the engine's status()
     #: dicts (name, path, arch, n_ctx, state, pinned, device_bytes, host_shadow_bytes,
-    #: warm_bytes, cached_tokens), each with "quant" and "file_bytes" added
+    #: warm_bytes, cached_tokens, cpu_moe...), each with "quant" and "file_bytes" added
     models_changed = Signal(list)
     #: the VRAM budget and use, with each models_changed: Engine.vram()'s dict
     vram_changed = Signal(dict)
+    #: (path): a queued load has started: the file is being read (no progress until upload)
+    load_started = Signal(str)
     #: (path, done bytes, total bytes) while a model's weights upload; once per percent
     load_progress = Signal(str, "qlonglong", "qlonglong")
     #: (path, name): the model at path is loaded (and pinned, if asked) under name
@@ -70,28 +126,55 @@ class EngineBridge(QObject):
     error = Signal(str)
     #: (name, text): a generate() finished
     generated = Signal(str, str)
+    #: (request id, text): the next piece of a chat() answer, as it is generated
+    chat_delta = Signal(int, str)
+    #: (request id, info): a chat() answer ended; info has text, tokens, finish_reason,
+    #: tokens_per_s (None when unknown) and error ("" unless it failed)
+    chat_done = Signal(int, dict)
     #: (running, detail): the local endpoint started (detail: its URL) or stopped (detail:
     #: "" or why it could not start)
     endpoint_changed = Signal(bool, str)
+    #: model name -> what it is busy with ("generating · 5.2 tok/s", "queued: warm"); models
+    #: that are idle are not in it
+    busy_changed = Signal(dict)
+    #: a line for the activity log ("12:03:04 Loaded smollm2 in 4.1 s")
+    log_entry = Signal(str)
+    #: the cross-process arena as the engine reports it (Engine.arena_status(): state,
+    #: until, holder_pid); {} when the engine is not in an arena
+    arena_changed = Signal(dict)
 
     def __init__(self, engine_factory: Callable[..., object] | None = None, *,
                  budget_bytes: int | None = None, full_release: bool = True,
-                 port: int = 8080, flash_attn: str = "auto", parent: QObject | None = None):
+                 port: int = 8080, flash_attn: str = "auto", host: str = HOST,
+                 api_key: str = "", parent: QObject | None = None):
         super().__init__(parent)
         self._factory = engine_factory or _real_engine
         self._budget_bytes = budget_bytes
         self._full_release = full_release
         self._flash_attn = flash_attn
         self._port = int(port)
-        self._engine = None                # touched on the worker thread only
+        self._host = host
+        self._api_key = api_key
+        self._engine = None                # set once on the control lane
+        self._opened = threading.Event()   # set when the open finished (or failed)
         self._open_error = ""
         self._auto_budget: int | None = None
         self._endpoint: Endpoint | None = None
-        self._jobs: queue.Queue = queue.Queue()
-        self._worker = _Worker(self._jobs, self)
+        self._lanes = {n: _Lane(n) for n in ("control", "load", "generate", "status")}
         self._refresh_queued = threading.Event()
         self._closing = False
         self._started = False
+        self._cancels: dict[int, threading.Event] = {}
+        self._chat_ids = iter(range(1, 1 << 62))
+        self._last_used: dict[str, float] = {}
+        self._seen_tokens: dict[str, int] = {}
+        self._idle_s = 0.0                 # 0: never evict for idleness
+        self._idle_evicted: set[str] = set()
+        self._arena: dict = {}
+        self._own_yield_until = 0.0        # our yield, where the engine has no arena
+        self._busy: dict[str, str] = {}
+        self._busy_lock = threading.Lock()
+        self.activity = Activity(on_change=self._activity_changed)
         self.device_name = ""              # set once the engine is open
 
     # -- life cycle -------------------------------------------------------------------------
@@ -99,19 +182,54 @@ class EngineBridge(QObject):
         if self._started:
             return
         self._started = True
-        self._worker.start()
-        self._submit(self._open)
+        for lane in self._lanes.values():
+            lane.start()
+        self._lanes["control"].put(lambda: self._guard(self._open))
 
-    def close(self, timeout_ms: int = CLOSE_TIMEOUT_MS) -> None:
-        """Stop the endpoint and close the engine; jobs still queued are dropped."""
-        if self._closing or not self._started:
-            self._closing = True
-            return
+    def shutdown(self, timeout_s: float = CLOSE_TIMEOUT_S) -> bool:
+        """Cancel the chat box's requests, stop the endpoint (its port closes, its requests
+        are cancelled), then close the engine, all within timeout_s; jobs still queued are
+        dropped and no signal is emitted after this returns. True when the engine closed in
+        time (False: a load was still parsing or an upload running; the process may exit
+        anyway, the kernel frees the device memory)."""
+        if self._closing:
+            return True
         self._closing = True
-        self._jobs.put(self._shutdown)
-        self._jobs.put(None)
-        if not self._worker.wait(timeout_ms):
-            log.warning("the engine thread did not stop within %d ms", timeout_ms)
+        for ev in list(self._cancels.values()):
+            ev.set()
+        if not self._started:
+            return True
+        for lane in self._lanes.values():
+            lane.put(None)
+        done = threading.Event()
+
+        def close() -> None:
+            # the server first: it stops taking requests and cancels the running one, so the
+            # engine thread is free for the close job
+            if self._endpoint is not None:
+                try:
+                    self._endpoint.stop()
+                except Exception:
+                    log.exception("stopping the endpoint failed")
+                self._endpoint = None
+            if self._opened.wait(timeout_s) and self._engine is not None:
+                try:
+                    self._engine.close()
+                except Exception:
+                    log.exception("closing the engine failed")
+            done.set()
+        threading.Thread(target=close, name="hotseat-close", daemon=True).start()
+        if not done.wait(timeout_s):
+            log.warning("the engine did not close within %.1f s", timeout_s)
+            return False
+        return True
+
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        self.shutdown(timeout_s)
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
 
     @property
     def port(self) -> int:
@@ -119,81 +237,151 @@ class EngineBridge(QObject):
 
     # -- requests (UI thread) ---------------------------------------------------------------
     @Slot(str)
-    def load(self, path: str, name: str | None = None, pin: bool = False) -> None:
-        self._submit(lambda: self._load(os.fspath(path), name, pin))
+    def load(self, path: str, name: str | None = None, pin: bool = False,
+             n_ctx: int | None = None, cpu_moe: float = 0.0) -> None:
+        path = os.fspath(path)
+        self._submit("load", lambda: self._load(path, name, pin, n_ctx, cpu_moe))
+
+    def reload(self, name: str, n_ctx: int | None = None, cpu_moe: float = 0.0) -> None:
+        """Load a model again with another context size or cpu_moe (unload, then load)."""
+        self._submit("load", lambda: self._reload(name, n_ctx, cpu_moe))
 
     @Slot(str)
     def unload(self, name: str) -> None:
-        self._submit(lambda: self._call("unload", name))
+        self._device_op(name, "unload")
 
     @Slot(str)
     def pin(self, name: str) -> None:
-        self._submit(lambda: self._call("pin", name))
+        self._device_op(name, "pin")
 
     @Slot(str)
     def unpin(self, name: str) -> None:
-        self._submit(lambda: self._call("unpin", name))
+        self._device_op(name, "unpin")
 
     def set_pinned(self, name: str, pinned: bool) -> None:
         (self.pin if pinned else self.unpin)(name)
 
     @Slot(str)
     def evict(self, name: str) -> None:
-        self._submit(lambda: self._call("evict", name))
+        self._device_op(name, "evict")
 
     @Slot(str)
     def warm(self, name: str) -> None:
-        self._submit(lambda: self._call("warm", name))
+        self._device_op(name, "warm")
+
+    def _device_op(self, name: str, method: str) -> None:
+        if self._closing:
+            return
+        op = self.activity.begin(name, method)      # shows as queued at once
+        self._submit("control", lambda: self._call(method, name, op), lambda: self.activity.end(op))
 
     def generate(self, name: str, prompt: str, max_tokens: int = 16) -> None:
-        """A greedy completion of prompt on the worker thread; the text comes as generated."""
-        self._submit(lambda: self._generate(name, prompt, int(max_tokens)))
+        """A greedy completion of prompt on the generate lane; the text comes as generated."""
+        self._submit("generate", lambda: self._generate(name, prompt, int(max_tokens)))
+
+    def chat(self, name: str, messages: list[dict], max_tokens: int = 256,
+             temperature: float = 0.7) -> int:
+        """Answer messages ([{"role", "content"}...]) with the model on the generate lane,
+        streamed as chat_delta; returns the request id that chat_delta and chat_done carry."""
+        rid = next(self._chat_ids)
+        cancel = threading.Event()
+        self._cancels[rid] = cancel
+        if self._closing:
+            return rid
+        op = self.activity.begin(name, "generate", "chat")
+        self._submit("generate", lambda: self._chat(rid, name, list(messages),
+                                                    int(max_tokens), float(temperature),
+                                                    cancel, op),
+                     lambda: self.activity.end(op))
+        return rid
+
+    def cancel_chat(self, rid: int) -> None:
+        ev = self._cancels.get(rid)
+        if ev is not None:
+            ev.set()
 
     @Slot()
     def refresh(self) -> None:
         """Queue a status read, unless one is already waiting (the timer never piles up)."""
-        if self._refresh_queued.is_set():
+        if self._refresh_queued.is_set() or self._closing:
             return
         self._refresh_queued.set()
-        self._submit(self._refresh)
+        self._submit("status", self._refresh)
 
     @Slot(bool)
     def set_endpoint(self, enabled: bool) -> None:
-        self._submit(lambda: self._set_endpoint(bool(enabled)))
+        self._submit("control", lambda: self._set_endpoint(bool(enabled)))
 
     @Slot(int)
     def set_port(self, port: int) -> None:
         """The endpoint's port (0: any free one); a running endpoint moves to it."""
-        self._submit(lambda: self._move_endpoint(int(port)))
+        self._submit("control", lambda: self._move_endpoint(port=int(port)))
+
+    def set_access(self, host: str, api_key: str) -> None:
+        """The endpoint's address (127.0.0.1, or 0.0.0.0 for the LAN) and API key ("" for
+        none); a running endpoint moves to them."""
+        self._submit("control", lambda: self._move_endpoint(host=host, api_key=api_key))
 
     def set_budget_bytes(self, budget_bytes: int | None) -> None:
         """The VRAM budget; None: the engine's default. Applies to the next acquisition."""
-        self._submit(lambda: self._set_arbiter(budget=budget_bytes))
+        self._submit("control", lambda: self._set_arbiter(budget=budget_bytes))
 
     @Slot(bool)
     def set_full_release(self, full: bool) -> None:
-        self._submit(lambda: self._set_arbiter(full_release=bool(full)))
+        self._submit("control", lambda: self._set_arbiter(full_release=bool(full)))
 
     @Slot(str)
     def set_flash_attn(self, mode: str) -> None:
         """Prompt attention "auto", "on" or "off"; loaded models whose kernels change go cold
         and come back with them at their next use."""
-        self._submit(lambda: self._set_flash_attn(str(mode)))
+        self._submit("control", lambda: self._set_flash_attn(str(mode)))
 
-    def _submit(self, job: Callable[[], None]) -> None:
+    def set_idle_evict_s(self, seconds: float) -> None:
+        """Evict a warm, unpinned model after this many seconds unused; 0: never."""
+        self._idle_s = max(0.0, float(seconds))
+
+    def yield_gpu(self, seconds: float = YIELD_S) -> None:
+        """Ask every Hotseat process (this one too) to go cold and stay off the GPU."""
+        self._submit("control", lambda: self._yield(float(seconds)))
+
+    def touch(self, name: str | None) -> None:
+        """The model was used now (for the idle eviction)."""
+        if name:
+            self._last_used[name] = time.monotonic()
+            self._idle_evicted.discard(name)
+
+    def log(self, text: str) -> None:
+        if not self._closing:
+            self.log_entry.emit(f"{time.strftime('%H:%M:%S')} {text}")
+
+    def _submit(self, lane: str, job: Callable[[], None],
+                dropped: Callable[[], None] | None = None) -> None:
         if self._closing:
+            if dropped is not None:
+                dropped()
             return
         if not self._started:
             self.start()
-        self._jobs.put(lambda: self._guard(job))
 
-    # -- jobs (worker thread) ---------------------------------------------------------------
+        def run() -> None:
+            if self._closing:
+                if dropped is not None:
+                    dropped()
+                return
+            if lane != "control" and not self._opened.wait(CLOSE_TIMEOUT_S):
+                return
+            self._guard(job)
+        self._lanes[lane].put(run)
+
+    # -- jobs (lanes) -----------------------------------------------------------------------
     def _guard(self, job: Callable[[], None]) -> None:
         if self._closing:
             return
         try:
             job()
-        except Exception as exc:          # a job never kills the worker
+        except Exception as exc:          # a job never kills its lane
+            if self._closing:
+                return
             log.exception("engine job failed")
             self.error.emit(f"{type(exc).__name__}: {exc}")
 
@@ -207,6 +395,8 @@ class EngineBridge(QObject):
             log.warning("%s", self._open_error)
             self.error.emit(self._open_error)
             return
+        finally:
+            self._opened.set()
         self._auto_budget = _default_budget(self._engine)
         if self._auto_budget is None and self._budget_bytes is None:
             self._auto_budget = self._engine.arbiter.budget
@@ -219,61 +409,92 @@ class EngineBridge(QObject):
             raise _NoEngine(self._open_error or "the engine is not open")
         return self._engine
 
-    def _load(self, path: str, name: str | None, pin: bool) -> None:
-        from engine.formats.gguf_file import ModelFileError
-        from engine.residency.arbiter import BudgetError
-
+    def _load(self, path: str, name: str | None, pin: bool, n_ctx: int | None,
+              cpu_moe: float) -> None:
         try:
-            eng = self._need_engine()
-        except _NoEngine as exc:
-            self.load_failed.emit(path, str(exc))
-            return
+            self._load_one(path, name, pin, n_ctx, cpu_moe)
+        except Exception as exc:
+            if not self._closing:
+                self.load_failed.emit(path, _load_message(path, exc))
+
+    def _load_one(self, path: str, name: str | None, pin: bool, n_ctx: int | None,
+                  cpu_moe: float, verb: str = "Loaded") -> str:
+        """Load (and pin); raises what the engine raises."""
+        eng = self._need_engine()
+        self.load_started.emit(path)
+        label = name or os.path.splitext(os.path.basename(path))[0]
+        op: list[Op] = []
         last = [-1]
 
         def progress(done: int, total: int) -> None:
+            if not op:                    # the upload runs: the load is on the device now
+                op.append(self.activity.begin(label, "load"))
+                self.activity.start(op[0])
             pct = done * 100 // total if total else 100
-            if pct != last[0]:
+            if pct != last[0] and not self._closing:
                 last[0] = pct
                 self.load_progress.emit(path, int(done), int(total))
 
-        base = os.path.basename(path)
+        t0 = time.monotonic()
+        kw = {"cpu_moe": cpu_moe} if cpu_moe else {}
         try:
-            name = eng.load(path, name=name, progress=progress)
-        except ModelFileError as exc:
-            self.load_failed.emit(path, str(exc))
-            return
-        except OSError as exc:
-            self.load_failed.emit(path, f"{path}: {exc.strerror or exc}")
-            return
-        except (ValueError, BudgetError) as exc:
-            self.load_failed.emit(path, f"{base}: {exc}")
-            return
-        except Exception as exc:
-            log.exception("loading %s failed", path)
-            self.load_failed.emit(path, f"{base}: {type(exc).__name__}: {exc}")
-            return
+            name = eng.load(path, name=name, n_ctx=n_ctx, progress=progress, **kw)
+        finally:
+            if op:
+                self.activity.end(op[0])
         if pin:
             try:
                 eng.pin(name)
-            except BudgetError as exc:
-                self.error.emit(str(exc))
+            except Exception as exc:
+                self.error.emit(_message(exc))
+        self.touch(name)
         if self._endpoint is not None:
-            n_ctx = next((s["n_ctx"] for s in eng.status() if s["name"] == name), None)
-            if n_ctx is not None:
-                self._endpoint.add_model(name, n_ctx)
+            n = next((s["n_ctx"] for s in eng.status() if s["name"] == name), None)
+            if n is not None:
+                self._endpoint.add_model(name, n)
+        self.log(f"{verb} {name} in {time.monotonic() - t0:.1f} s")
         self.load_finished.emit(path, name)
         self._emit_status()
+        return name
 
-    def _call(self, method: str, name: str) -> None:
-        from engine.residency.arbiter import BudgetError
-
+    def _reload(self, name: str, n_ctx: int | None, cpu_moe: float) -> None:
+        eng = self._need_engine()
+        old = next((s for s in eng.status() if s["name"] == name), None)
+        if old is None:
+            self.error.emit(f"no model named {name!r} is loaded")
+            return
+        eng.unload(name)
+        if self._endpoint is not None:
+            self._endpoint.remove_model(name)
+        self._emit_status()
+        pinned = bool(old["pinned"])
         try:
-            getattr(self._need_engine(), method)(name)
-        except (BudgetError, KeyError, ValueError, _NoEngine) as exc:
+            self._load_one(old["path"], name, pinned, n_ctx, cpu_moe, verb="Reloaded")
+        except Exception as exc:
+            if self._closing:
+                return
+            # these options do not work for this model: back to the ones it had
+            self.error.emit(f"Could not reload {name} with those settings: "
+                            f"{_load_message(old['path'], exc)}")
+            self._load(old["path"], name, pinned, old.get("n_ctx"),
+                       float(old.get("cpu_moe") or 0.0))
+
+    def _call(self, method: str, name: str, op: Op) -> None:
+        try:
+            eng = self._need_engine()
+            self.activity.start(op)
+            getattr(eng, method)(name)
+        except Exception as exc:
+            if not isinstance(exc, (KeyError, ValueError, _NoEngine, RuntimeError)):
+                raise
             self.error.emit(_message(exc))
         else:
             if method == "unload" and self._endpoint is not None:
                 self._endpoint.remove_model(name)
+            if method in ("warm", "pin"):
+                self.touch(name)
+        finally:
+            self.activity.end(op)
         self._emit_status()
 
     def _generate(self, name: str, prompt: str, max_tokens: int) -> None:
@@ -285,22 +506,118 @@ class EngineBridge(QObject):
         except (KeyError, ValueError, _NoEngine) as exc:
             self.error.emit(_message(exc))
             return
+        self.touch(name)
         self.generated.emit(name, out.text)
+        self._emit_status()
+
+    def _chat(self, rid: int, name: str, messages: list[dict], max_tokens: int,
+              temperature: float, cancel: threading.Event, op: Op) -> None:
+        from engine.text.sampling import SamplingParams
+
+        info = {"text": "", "tokens": 0, "finish_reason": "", "tokens_per_s": None,
+                "error": ""}
+
+        def on_text(piece: str) -> None:       # on the engine thread
+            self.activity.tick(op)
+            if not self._closing:
+                self.chat_delta.emit(rid, piece)
+        try:
+            eng = self._need_engine()
+            self.activity.start(op)
+            out = eng.generate(name, messages=messages, max_tokens=max_tokens,
+                               sampling=SamplingParams(temperature=temperature),
+                               on_text=on_text, cancel=cancel)
+        except Exception as exc:
+            info["error"] = _message(exc)
+        else:
+            rate = (out.timings or {}).get("decode_tokens_per_s") or op.rate()
+            info.update(text=out.text, tokens=len(out.tokens), finish_reason=out.finish_reason,
+                        tokens_per_s=rate)
+            self.log(f"Chat: {len(out.tokens)} tokens from {name}{_rate_text(out.timings)}")
+        finally:
+            self.activity.end(op)
+            self._cancels.pop(rid, None)
+            self.touch(name)
+        if not self._closing:
+            self.chat_done.emit(rid, info)
         self._emit_status()
 
     def _refresh(self) -> None:
         self._refresh_queued.clear()
         self._emit_status()
+        self._check_arena()
+        self._check_idle()
 
     def _emit_status(self) -> None:
         if self._engine is None or self._closing:
             return
+        if self._lanes["status"].thread is not threading.current_thread():
+            self.refresh()                # every status goes out from one lane, in order
+            return
         models = self._engine.status()
         for s in models:
-            s.update(modelinfo.describe(s["path"]))
+            s.update(modelinfo.describe(s["path"], s.get("file_type"), "file_type" in s))
+            n = int(s.get("cached_tokens") or 0)
+            if self._seen_tokens.get(s["name"]) != n:
+                if s["name"] in self._seen_tokens:
+                    self.touch(s["name"])        # a request reached it some other way
+                self._seen_tokens[s["name"]] = n
+            self._last_used.setdefault(s["name"], time.monotonic())
         vram = dict(self._engine.vram())
+        if self._closing:
+            return
         self.models_changed.emit(models)
         self.vram_changed.emit(vram)
+
+    def _check_idle(self) -> None:
+        if not self._idle_s or self._engine is None:
+            return
+        now = time.monotonic()
+        for s in self._engine.status():
+            name = s["name"]
+            idle = now - self._last_used.get(name, now)
+            if (s["state"] == "warm" and not s["pinned"] and idle >= self._idle_s
+                    and name not in self._idle_evicted
+                    and not any(o.model == name for o in self.activity.ops())):
+                self._idle_evicted.add(name)
+                self.log(f"Evicted {name} after {idle / 60:.0f} min unused")
+                self._device_op(name, "evict")
+
+    def _check_arena(self) -> None:
+        fn = getattr(self._engine, "arena_status", None)
+        st: dict = {}
+        if callable(fn):
+            try:
+                st = dict(fn() or {})
+            except Exception:
+                log.exception("arena_status failed")
+        if not st and self._own_yield_until > time.time():
+            # no arena in this engine: our own yield, as the arena would report it
+            st = {"state": "yielded", "until": self._own_yield_until, "holder_pid": None}
+        if st != self._arena and not self._closing:
+            self._arena = st
+            self.arena_changed.emit(dict(st))
+
+    def _yield(self, seconds: float) -> None:
+        from engine.residency.arena import Arena
+
+        arena = Arena(watch=False)
+        try:
+            got = arena.yield_gpu(seconds, wait=0)
+        finally:
+            arena.close()
+        until = float(got.get("until") or time.time() + seconds)
+        eng = self._need_engine()
+        status = getattr(eng, "arena_status", None)
+        if not callable(status) or status() is None:
+            # not in the arena: the ring reaches the others, our own models go cold here
+            self._own_yield_until = until
+            for s in eng.status():
+                if s["state"] == "warm" and not s["pinned"]:
+                    op = self.activity.begin(s["name"], "evict")
+                    self._call("evict", s["name"], op)
+        self.log(f"Yielded the GPU until {time.strftime('%H:%M', time.localtime(until))}")
+        self.refresh()
 
     def _set_arbiter(self, budget: int | None = -1, full_release: bool | None = None) -> None:
         """budget -1: unchanged; None: the engine's default."""
@@ -331,7 +648,8 @@ class EngineBridge(QObject):
                 self.endpoint_changed.emit(False, str(exc))
                 return
             models = [(s["name"], s["n_ctx"]) for s in eng.status()]
-            ep = Endpoint(eng, models, self._port)
+            ep = Endpoint(_Observed(eng, self), models, self._port, host=self._host,
+                          api_key=self._api_key)
             try:
                 url = ep.start()
             except OSError as exc:
@@ -340,35 +658,41 @@ class EngineBridge(QObject):
                 self.error.emit(f"Local endpoint: {why}")
                 return
             self._endpoint = ep
+            self.log(f"Endpoint listening on {url}")
             self.endpoint_changed.emit(True, url)
         elif not enabled and self._endpoint is not None:
             self._endpoint.stop()
             self._endpoint = None
+            self.log("Endpoint stopped")
             self.endpoint_changed.emit(False, "")
         else:
             running = self._endpoint is not None
             self.endpoint_changed.emit(running, self._endpoint.url if running else "")
 
-    def _move_endpoint(self, port: int) -> None:
-        changed = port != self._port
-        self._port = port
+    def _move_endpoint(self, port: int | None = None, host: str | None = None,
+                       api_key: str | None = None) -> None:
+        new = (self._port if port is None else port, self._host if host is None else host,
+               self._api_key if api_key is None else api_key)
+        changed = new != (self._port, self._host, self._api_key)
+        self._port, self._host, self._api_key = new
         if changed and self._endpoint is not None:
             self._set_endpoint(False)
             self._set_endpoint(True)
 
-    def _shutdown(self) -> None:
-        if self._endpoint is not None:
-            try:
-                self._endpoint.stop()
-            except Exception:
-                log.exception("stopping the endpoint failed")
-            self._endpoint = None
-        if self._engine is not None:
-            try:
-                self._engine.close()
-            except Exception:
-                log.exception("closing the engine failed")
-            self._engine = None
+    # -- activity ---------------------------------------------------------------------------
+    def _activity_changed(self) -> None:
+        busy = self.activity.busy()
+        with self._busy_lock:
+            if busy == self._busy:
+                return
+            self._busy = busy
+        if not self._closing:
+            self.busy_changed.emit(dict(busy))
+
+
+def _rate_text(timings: dict | None) -> str:
+    rate = (timings or {}).get("decode_tokens_per_s")
+    return f" at {rate:.1f} tok/s" if rate else ""
 
 
 def _default_budget(engine) -> int | None:
@@ -379,6 +703,22 @@ def _default_budget(engine) -> int | None:
         return default_budget(engine.dev)
     except Exception:                     # a fake engine, or no device heap to read
         return None
+
+
+def _load_message(path: str, exc: BaseException) -> str:
+    """One line for a failed load: the engine's ModelFileError already names the file."""
+    from engine.formats.gguf_file import ModelFileError
+    from engine.residency.arbiter import BudgetError
+
+    base = os.path.basename(path)
+    if isinstance(exc, ModelFileError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        return f"{path}: {exc.strerror or exc}"
+    if isinstance(exc, (ValueError, KeyError, BudgetError)):
+        return f"{base}: {_message(exc)}"
+    log.warning("loading %s failed: %s", path, exc)
+    return f"{base}: {type(exc).__name__}: {exc}"
 
 
 class _NoEngine(Exception):

@@ -1,12 +1,13 @@
 """The local OpenAI-compatible endpoint, run from the tray: `engine.server.app.make_app` on an
 aiohttp `AppRunner`/`TCPSite`, in an asyncio loop of its own on a background thread.
 
-    ep = Endpoint(engine, [("smollm2", 2048)], port=8080)
+    ep = Endpoint(engine, [("smollm2", 2048)], port=8080)   # host="0.0.0.0", api_key="..."
     url = ep.start()               # raises OSError when the port is taken
     ep.add_model("other", 2048)    # models loaded from the tray while it runs
     ep.stop()
 
-The engine is shared with the tray's worker thread; its lock makes that safe.
+The engine is shared with the tray's lanes; the engine runs all device work on its own
+thread, which makes that safe.
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ STOP_TIMEOUT_S = 10.0
 
 
 class Endpoint:
-    def __init__(self, engine, models: list[tuple[str, int]], port: int, host: str = HOST):
+    def __init__(self, engine, models: list[tuple[str, int]], port: int, host: str = HOST,
+                 api_key: str = ""):
         self.engine = engine
+        self.api_key = api_key or None
         self.host, self.port = host, int(port)
         self._models = list(models)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -33,7 +36,7 @@ class Endpoint:
         """Listen; returns the URL. Blocks the calling (worker) thread until bound."""
         from engine.server.app import make_app
 
-        app = make_app(self.engine, [])
+        app = make_app(self.engine, [], api_key=self.api_key)
         self._server = app["hotseat.server"]
         for name, n_ctx in self._models:
             self._server.add_model(name, n_ctx)
@@ -48,7 +51,8 @@ class Endpoint:
             self._shutdown_loop()
             raise
         self.port = port
-        self.url = f"http://{self.host}:{port}"
+        shown = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
+        self.url = f"http://{shown}:{port}"
         return self.url
 
     async def _start(self, app) -> int:

@@ -55,3 +55,33 @@ def painted_icon(size: int) -> QPixmap:
         p.drawRoundedRect(QRectF(x * s, 158 * s, 16 * s, 38 * s), 6 * s, 6 * s)
     p.end()
     return pm
+
+
+STATE_COLORS = {"generating": QColor("#2eaf5a"), "yielded": QColor("#8a94a6"),
+                "busy": QColor("#f0a020")}
+
+
+def state_icon(state: str, size: int = 64) -> QIcon:
+    """The app icon with a badge for the tray: "idle" (none), "generating" (a green dot),
+    "busy" (amber: loading, warming), "yielded" (a grey pause sign)."""
+    base = app_icon().pixmap(size, size)
+    if base.isNull():
+        base = painted_icon(size)
+    if state not in STATE_COLORS:
+        return QIcon(base)
+    pm = QPixmap(base)
+    p = QPainter(pm)
+    p.setRenderHint(QPainter.RenderHint.Antialiasing)
+    d = size * 0.46
+    r = QRectF(size - d - 1, size - d - 1, d, d)
+    p.setPen(QColor("white"))
+    p.setBrush(STATE_COLORS[state])
+    p.drawEllipse(r)
+    if state == "yielded":                 # two bars: paused
+        p.setPen(Qt.PenStyle.NoPen)
+        p.setBrush(QColor("white"))
+        w, h = d * 0.14, d * 0.46
+        for dx in (-w * 1.2, w * 0.2):
+            p.drawRect(QRectF(r.center().x() + dx, r.center().y() - h / 2, w, h))
+    p.end()
+    return QIcon(pm)

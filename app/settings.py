@@ -18,6 +18,8 @@ FILE_NAME = "settings.json"
 RELEASE_MODES = ("full", "weights")     # engine full_release=True / False
 FLASH_ATTN_MODES = ("auto", "on", "off")  # engine flash_attn
 DEFAULT_PORT = 8080
+HOST = "127.0.0.1"
+MAX_IDLE_MIN = 24 * 60
 
 
 @dataclass
@@ -25,6 +27,8 @@ class ModelEntry:
     path: str
     name: str
     pinned: bool = False
+    n_ctx: int = 0                       # 0: the engine's default context size
+    cpu_moe: float = 0.0                 # expert layers kept in host memory (Engine.load)
 
 
 @dataclass
@@ -37,6 +41,17 @@ class Settings:
     endpoint: bool = False               # start the local endpoint at start-up
     autostart: bool = False              # start at login (XDG autostart entry)
     flash_attn: str = "auto"             # prompt attention: "auto" (engine decides), "on", "off"
+    idle_evict_min: int = 0              # evict a warm, unpinned model unused this long; 0: never
+    api_key: str = ""                    # the endpoint's key ("" : none)
+    lan: bool = False                    # listen on every address, not only 127.0.0.1
+    lan_without_key: bool = False        # the explicit, warned opt-in to LAN with no key
+    notifications: bool = True           # tray notifications while the window is hidden
+    window_geometry: str = ""            # QWidget.saveGeometry(), base64
+
+    @property
+    def host(self) -> str:
+        """Where the endpoint listens: the LAN only with a key or the explicit opt-in."""
+        return "0.0.0.0" if self.lan and (self.api_key or self.lan_without_key) else HOST
 
     @property
     def full_release(self) -> bool:
@@ -72,9 +87,11 @@ def _valid(name: str, value) -> bool:
         return value in RELEASE_MODES
     if name == "flash_attn":
         return value in FLASH_ATTN_MODES
-    if name in ("watched_folder",):
+    if name == "idle_evict_min":
+        return type(value) is int and 0 <= value <= MAX_IDLE_MIN
+    if name in ("watched_folder", "api_key", "window_geometry"):
         return isinstance(value, str)
-    if name in ("endpoint", "autostart"):
+    if name in ("endpoint", "autostart", "lan", "lan_without_key", "notifications"):
         return isinstance(value, bool)
     return False
 
@@ -89,7 +106,13 @@ def _models(raw) -> list[ModelEntry] | None:
         name = item.get("name")
         if not isinstance(name, str) or not name:
             name = os.path.splitext(os.path.basename(item["path"]))[0]
-        out.append(ModelEntry(item["path"], name, bool(item.get("pinned", False))))
+        n_ctx, cpu_moe = item.get("n_ctx", 0), item.get("cpu_moe", 0.0)
+        if type(n_ctx) is not int or n_ctx < 0:
+            n_ctx = 0
+        if type(cpu_moe) not in (int, float) or not 0 <= cpu_moe < 1e4:
+            cpu_moe = 0.0
+        out.append(ModelEntry(item["path"], name, bool(item.get("pinned", False)), n_ctx,
+                              float(cpu_moe)))
     return out
 
 

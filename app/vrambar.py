@@ -117,3 +117,24 @@ class Swatch(QWidget):
         p.setBrush(self.color)
         p.drawRoundedRect(QRectF(self.rect()).adjusted(1, 1, -1, -1), 2, 2)
         p.end()
+
+
+def present_kinds(device_bytes: dict[str, int]) -> list[str]:
+    """The kinds holding bytes, in the bars' order (unknown kinds last)."""
+    return [k for k in KINDS if device_bytes.get(k)] + \
+           [k for k in device_bytes if k not in KINDS and device_bytes[k]]
+
+
+def breakdown_html(device_bytes: dict[str, int], values: bool = True) -> str:
+    """A legend line for the kinds present: a colour square and the name (and bytes), then
+    the total; "" when nothing is on the device."""
+    kinds = present_kinds(device_bytes)
+    parts = []
+    for k in kinds:
+        color = KIND_COLORS.get(k, QColor("#888888")).name()
+        label = KIND_LABELS.get(k, k)
+        size = f" {format_bytes(device_bytes[k])}" if values else ""
+        parts.append(f"<span style='color:{color}'>&#9632;</span>&nbsp;{label}{size}")
+    if values and kinds:
+        parts.append(f"<b>= {format_bytes(sum(device_bytes[k] for k in kinds))}</b>")
+    return "&nbsp;&nbsp; ".join(parts)

@@ -20,36 +20,45 @@ with full eviction also KV and compute buffers, the KV kept as a host shadow). M
 model warm acquires VRAM budget from the arbiter, which releases the least recently used
 unpinned models first; a generate on a cold model restores it before reading its KV.
 
-Across processes (opt-in, `Engine(arena=Arena())`, see engine/residency/arena.py): the engine takes
-the arena's token before any upload and holds it while any model has device memory. When
-another process rings the doorbell, the engine goes fully cold at its next safe point
-(between jobs, on the engine thread) and hands the token over; pinned models go too,
-since the arena outranks in-process pins. The next request takes the token back.
+Across processes (`Engine(arena=True)` joins the user's arena, `Engine(arena=Arena(dir))` a
+given one; see engine/residency/arena.py): the engine takes the arena's token before any
+upload and holds it while any model has device memory. When another process rings the
+doorbell, the engine goes fully cold at its next safe point and hands the token over;
+pinned models go too, since the arena outranks in-process pins. Safe points are between
+jobs, and inside a request between prefill chunks and between decoded tokens: there the
+request hands over at once for a yield (`hotseat yield`), and for another process's ring
+once it has held the token ARENA_SLICE_S (so that two busy processes take turns instead
+of swapping at every token), then waits for the token and restores its model. The next
+request takes the token back; with `wake_on_free` the engine also takes a free token back
+by itself and restores the models the arena took, so that its next request finds them
+warm. `arena_status()` says where the engine stands. With $HOTSEAT_ARENA_LOG set to a
+file, every arena event is appended there as a JSON line with this process's device bytes
+(a diagnostic the cross-process tests read).
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 from .formats.gguf_file import ModelFileError
 from .gpu import vk
 from .gpu.kernels import KernelCache
 from .gpu.ops import flash_attn_mode
 from .residency.arbiter import Arbiter, BudgetError, PinnedError
+from .residency.arena import Arena, ArenaBusy
 from .residency.model import Model, Timings, default_flash_attn
 from .text.chat import ChatTemplate
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import StreamDecoder, Tokenizer
 
-if TYPE_CHECKING:
-    from .residency.arena import Arena
-
 DEFAULT_CTX = 2048
+ARENA_SLICE_S = 1.0           # a request holds the token this long before handing it over
 BUDGET_MARGIN = 0.10          # of the device heap, left for the desktop and other programs
 MIN_MARGIN = 256 << 20
 
@@ -82,6 +91,12 @@ class Loaded:
     model: Model
     tokenizer: Tokenizer
     chat: ChatTemplate
+    last_restore: dict | None = None     # the last restore's transfer (Model.last_transfer)
+
+
+class _Cancelled(Exception):
+    """A request given up mid-way: while it waited for the arena's token, or during its
+    prompt."""
 
 
 class EngineThread:
@@ -138,11 +153,23 @@ class EngineThread:
 class Engine:
     def __init__(self, device: str | None = None, n_ctx: int = DEFAULT_CTX,
                  budget_bytes: int | None = None, full_release: bool = True,
-                 arena: Arena | None = None, flash_attn: str | None = None):
+                 arena: Arena | bool | None = None, flash_attn: str | None = None,
+                 wake_on_free: bool = False, arena_label: str = ""):
         """flash_attn: prefill attention, "auto" (tiled where it pays: AMD GCN, heads of 256
-        and more), "on" or "off"; None: $HOTSEAT_FLASH_ATTN, else "auto"."""
+        and more), "on" or "off"; None: $HOTSEAT_FLASH_ATTN, else "auto". arena: True joins
+        the user's arena (closed with the engine), an Arena joins that one (the caller
+        closes it), None or False none; arena_label says what this process is in `hotseat
+        ps` ("serve http://...", "tray"). wake_on_free: take a free token back by itself
+        after the arena took the GPU (see the module's docstring)."""
         self.flash_attn = flash_attn_mode(flash_attn) if flash_attn else default_flash_attn()
-        self.dev = vk.Device(device)
+        self._own_arena = arena is True
+        arena = Arena() if arena is True else arena or None
+        try:
+            self.dev = vk.Device(device)
+        except BaseException:
+            if self._own_arena:
+                arena.close()
+            raise
         self.kernels = KernelCache(self.dev)
         self.n_ctx = n_ctx
         self.models: dict[str, Loaded] = {}
@@ -156,24 +183,36 @@ class Engine:
         self.thread = EngineThread()
         self.thread.after_each = self._safe_point
         self.arena = arena
+        self.wake_on_free = bool(wake_on_free)
         self._arena_claims = 0               # queued jobs holding the token, not yet running
+        self._arena_waiting = 0              # callers waiting for the token
+        self._arena_evicted: list[str] = []  # warm when the arena took the GPU: woken first
+        self._arena_last_wait_s: float | None = None
+        self._running = 0                    # generations on the engine thread now
         self._yield_wanted = False
         self._claims_lock = threading.Lock()
+        self._ledger_fd = -1
         if arena is not None:
-            arena.attach(self._arena_yield)
+            log_path = os.environ.get("HOTSEAT_ARENA_LOG")
+            if log_path and arena.on_event is None:
+                arena.on_event = self._arena_ledger(log_path)
+            arena.attach(self._arena_yield, self._arena_wake, arena_label)
 
     @property
     def device_name(self) -> str:
         return self.dev.name
 
-    def _job(self, why: str, fn: Callable, *args):
+    def _job(self, why: str, fn: Callable, *args, wait: float | None = None):
         """fn on the engine thread; with an arena, the token is taken first (waiting here,
-        not on the engine thread, so that other work goes on meanwhile)."""
-        claimed = self._arena_claim(why)
+        not on the engine thread, so that other work goes on meanwhile; at most `wait`
+        seconds when given, else ArenaBusy)."""
+        claimed = self._arena_claim(why, wait)
 
         def job():
             if claimed:
                 self._arena_unclaim()
+                if not self.arena.held:      # a request before it handed over mid-way
+                    self._arena_wait(why)
             return fn(*args)
         try:
             return self.thread.run(job)
@@ -234,7 +273,7 @@ class Engine:
             self.arena.acquire(f"warm {m.name}")          # at once: the job claimed it
         self.arbiter.acquire(m.name, m.model.warm_bytes())
         if m.model.state != "warm":
-            m.model.restore()
+            m.last_restore = dict(m.model.restore())
 
     def unload(self, name: str) -> None:
         def job():
@@ -244,8 +283,9 @@ class Engine:
             self._arena_drop_if_idle()
         self.thread.run(job)
 
-    def warm(self, name: str) -> dict:
-        """Make a model warm now; what was restored ({"op": None} if it already was warm)."""
+    def warm(self, name: str, wait: float | None = None) -> dict:
+        """Make a model warm now; what was restored ({"op": None} if it already was warm).
+        wait: as in generate()."""
         def job():
             m = self._get(name)
             if m.model.state == "warm":
@@ -254,7 +294,7 @@ class Engine:
             self._warm(m)
             return m.model.last_transfer
         self._get(name)
-        return self._job(f"warm {name}", job)
+        return self._job(f"warm {name}", job, wait=wait)
 
     def evict(self, name: str, full: bool | None = None) -> dict:
         """Make a model cold now (weights-only or full; default: the engine's mode)."""
@@ -315,7 +355,8 @@ class Engine:
 
     def status(self) -> list[dict]:
         """Per model: state, pin, device bytes by kind (released buffers skipped) and host
-        shadow bytes, and weights placed in host memory (cpu_moe). Reads bookkeeping only, so it answers while a request runs."""
+        shadow bytes, weights placed in host memory (cpu_moe), the file's quantization id. Reads
+        bookkeeping only, so it answers while a request runs."""
         pinned = set(self.arbiter.pinned)
         return [{"name": m.name, "path": m.model.path, "arch": m.model.gguf.arch,
                  "n_ctx": m.model.n_ctx, "state": m.model.state,
@@ -324,9 +365,12 @@ class Engine:
                  "host_shadow_bytes": m.model.host_shadow_bytes(),
                  "pinned_host_bytes": m.model.pinned_bytes(),
                  "cpu_moe": m.model.cpu_moe,
+                 # llama.cpp's quantization id (LlamaFileType), None where the file has none
+                 "file_type": m.model.gguf.get("general.file_type"),
                  "host_weight_bytes": m.model.host_weight_bytes,
                  "warm_bytes": m.model.warm_bytes(),
-                 "cached_tokens": len(m.model.cache_tokens)}
+                 "cached_tokens": len(m.model.cache_tokens),
+                 "last_restore": m.last_restore}
                 for m in list(self.models.values())]
 
     def vram(self) -> dict:
@@ -348,6 +392,22 @@ class Engine:
             out["arena"] = self.arena.describe()
         return out
 
+    def set_arena_label(self, label: str) -> None:
+        """What `hotseat ps` says this process is ("serve http://127.0.0.1:8080")."""
+        if self.arena is not None:
+            self.arena.set_member(label=label[:200])
+
+    def device_job(self, fn: Callable[[], object], name: str | None = None,
+                   why: str = "device work"):
+        """fn() on the engine thread as one job, holding the arena's token, with the model
+        `name` made warm first: nothing is released until it returns. For benchmarks that
+        drive a Model or the device directly."""
+        def job():
+            if name is not None:
+                self._warm(self._get(name))
+            return fn()
+        return self._job(why, job)
+
     def trim(self) -> int:
         """Give spare device blocks back to the driver; the bytes freed."""
         return self.thread.run(self.dev.allocator.trim)
@@ -364,8 +424,11 @@ class Engine:
                  messages: list[dict] | None = None, tokens: list[int] | None = None,
                  max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] = (), on_text: Callable[[str], None] | None = None,
-                 cancel: threading.Event | None = None) -> Completion:
-        """One request, run on the engine thread as one job; on_text is called there."""
+                 cancel: threading.Event | None = None,
+                 wait: float | None = None) -> Completion:
+        """One request, run on the engine thread as one job; on_text is called there.
+        wait: with an arena, the most seconds to wait for the GPU (another process's turn,
+        a yield) before ArenaBusy; None waits as long as it takes."""
         m = self._get(name)
         prompt_ids = tokens if tokens is not None else self.prompt_tokens(name, prompt, messages)
         if not prompt_ids:
@@ -383,9 +446,16 @@ class Engine:
             if m.name not in self.models:
                 raise KeyError(f"no model named {m.name!r} is loaded")
             self._warm(m)
-            return _decode(m, prompt_ids, max_tokens, sampler, stop, on_text, cancel)
+            turn = None if self.arena is None else lambda: self._arena_turn(m, cancel)
+            self._running += 1
+            try:
+                return _decode(m, prompt_ids, max_tokens, sampler, stop, on_text, cancel, turn)
+            except _Cancelled:         # the client left during the prompt or a wait for the GPU
+                return [], "", "cancelled", Timings()
+            finally:
+                self._running -= 1
         try:
-            out, text, finish, timings = self._job(f"generate {m.name}", job)
+            out, text, finish, timings = self._job(f"generate {m.name}", job, wait=wait)
         except KeyboardInterrupt:
             cancel.set()                 # the job stops at its next token or prompt chunk
             raise
@@ -398,7 +468,39 @@ class Engine:
         """Device bytes held by all models now."""
         return sum(sum(m.model.device_bytes().values()) for m in list(self.models.values()))
 
-    def _arena_claim(self, why: str) -> bool:
+    def arena_status(self) -> dict | None:
+        """Where this process stands in the arena (None without one): "state" is "holder"
+        (it holds the GPU token), "yielded" (a yield is in force, "until" then), "waiting"
+        (a request waits for the token) or "cold"; "holder_pid" is the token's holder,
+        "processes" every live member of the arena with its own state. Reads bookkeeping
+        only."""
+        a = self.arena
+        if a is None:
+            return None
+        until = a.yielded()
+        held = a.held
+        device = self.dev.allocator.reserved_bytes()
+        held = held or a.held          # read around the bytes: a handover between counts held
+        holder = a.holder()
+        holder_pid = holder["pid"] if holder else None
+        waiting = self._arena_waiting
+        state = "holder" if held else "yielded" if until else "waiting" if waiting else "cold"
+        procs = []
+        for p in a.members():
+            pid = p["pid"]
+            procs.append({"pid": pid, "label": p.get("label") or "",
+                          "state": "holder" if pid == holder_pid else "yielded" if until
+                          else "waiting" if p.get("waiting") else "cold",
+                          "until": until, "self": pid == a.pid})
+        return {"state": state, "until": until, "holder_pid": holder_pid, "pid": a.pid,
+                "dir": a.dir, "yielded_by": a.yield_by if until else None,
+                "waiting_requests": waiting, "requests_running": self._running,
+                "wake_on_free": self.wake_on_free,
+                "device_bytes": device, "acquisitions": a.acquisitions,
+                "held_for_s": a.held_for(), "last_wait_s": self._arena_last_wait_s,
+                "processes": procs}
+
+    def _arena_claim(self, why: str, wait: float | None = None) -> bool:
         """Wait for the token before queueing a job, so that status and other models' work
         go on meanwhile; the safe point leaves a claimed token to its job. A new request
         hands the token over first when another process has asked for it, so that
@@ -410,11 +512,123 @@ class Engine:
         with self._claims_lock:
             self._arena_claims += 1
         try:
-            self.arena.acquire(why)
+            if not self.arena.held:
+                self._arena_wait(why, wait)
         except BaseException:
             self._arena_unclaim()
             raise
         return True
+
+    def _arena_wait(self, why: str, timeout: float | None = None,
+                    cancel: threading.Event | None = None) -> None:
+        """Take the token, counted as waiting meanwhile: up to timeout seconds (None: the
+        arena's timeout, by default as long as it takes; 0: only a free token, without
+        ringing), or until cancel is set (then _Cancelled)."""
+        a = self.arena
+        if timeout is not None and timeout <= 0:
+            if not a.try_acquire(why):
+                until = a.yielded()
+                if until is not None:
+                    a.acquire(why, timeout=0)          # ArenaBusy, saying until when
+                h = a.holder()
+                who = f"Hotseat process {h['pid']} ({h.get('reason') or 'busy'})" if h \
+                    else "another Hotseat process"
+                raise ArenaBusy(f"the GPU is held by {who}")
+            return
+        with self._claims_lock:
+            self._arena_waiting += 1
+            first = self._arena_waiting == 1
+        if first:
+            a.set_member(waiting=True)
+        t0 = time.monotonic()
+        try:
+            if cancel is None:
+                a.acquire(why, timeout=timeout)
+            else:
+                while not a.held:
+                    try:               # each try is one more flock thread: not too many
+                        a.acquire(why, timeout=2.0)
+                    except ArenaBusy as exc:
+                        if cancel.is_set():
+                            raise _Cancelled() from None
+                        if exc.retry_after:           # a yield: nothing to ring for
+                            cancel.wait(min(exc.retry_after, 0.5))
+        finally:
+            with self._claims_lock:
+                self._arena_waiting -= 1
+                last = self._arena_waiting == 0
+            if last:
+                a.set_member(waiting=False)
+        self._arena_last_wait_s = time.monotonic() - t0
+
+    def _arena_turn(self, m: Loaded, cancel: threading.Event) -> None:
+        """A safe point inside a request (engine thread, between prefill chunks and decoded
+        tokens): for a yield at once, for another process's ring after ARENA_SLICE_S of
+        holding, go fully cold and hand the token over, then wait for it and restore m."""
+        a = self.arena
+        if not a.held:
+            return
+        a.poll()                       # the watcher may be waiting for this very job
+        if not a.wanted() or (a.yielded() is None and a.held_for() < ARENA_SLICE_S):
+            return
+        self._arena_evict_all()
+        self._yield_wanted = False
+        self._arena_wait(f"generate {m.name}", cancel=cancel)
+        self._warm(m)
+
+    def _arena_wake(self) -> None:
+        """The token is free (on the arena's watcher thread): with wake_on_free, take it back
+        without ringing and restore the models the arena took, unless another process has
+        just rung (the token is on its way to it) or a yield has just ended (processes with
+        requests waiting for it take the token first)."""
+        a = self.arena
+        if not self.wake_on_free or a is None or a.held or not self._arena_evicted \
+                or a.rung_recently(2 * a.ring_interval) or a.is_taken():
+            return
+        if time.time() - a.yield_ended < a.ring_interval:
+            return                     # a yield just ended: requests waiting for it go first
+        with self._claims_lock:
+            self._arena_claims += 1
+        try:
+            got = a.try_acquire("wake " + ", ".join(self._arena_evicted))
+        except BaseException:
+            self._arena_unclaim()
+            raise
+        if not got:
+            self._arena_unclaim()
+            return
+        names, self._arena_evicted = self._arena_evicted, []
+
+        def job():
+            self._arena_unclaim()
+            if not a.held:             # taken again meanwhile by a ring: nothing to wake
+                return
+            for name in names:
+                m = self.models.get(name)
+                if m is not None and m.model.state != "warm":
+                    try:
+                        self._warm(m)
+                    except BudgetError:
+                        break
+            self._arena_drop_if_idle()
+        try:
+            self.thread.run(job)
+        except RuntimeError:           # closed meanwhile
+            pass
+
+    def _arena_ledger(self, path: str) -> Callable[[str, dict], None]:
+        fd = self._ledger_fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                       | os.O_CLOEXEC, 0o600)
+        pid = os.getpid()
+
+        def write(event: str, info: dict) -> None:
+            if event not in ("acquired", "released", "waiting"):
+                return
+            rec = {"t": time.monotonic(), "wall": time.time(), "pid": pid, "event": event,
+                   "alloc": self.dev.allocator.reserved_bytes(),
+                   "bytes": self.resident_bytes(), "reason": info.get("reason", "")}
+            os.write(fd, (json.dumps(rec) + "\n").encode())
+        return write
 
     def _arena_unclaim(self) -> None:
         with self._claims_lock:
@@ -442,13 +656,22 @@ class Engine:
             return
         if self._arena_claims:
             return                     # a queued job holds the token; after it
+        self._arena_evict_all()
+        self._yield_wanted = False
+
+    def _arena_evict_all(self) -> None:
+        """Every model fully cold, the spare blocks freed, the token dropped."""
+        evicted = []
         for m in list(self.models.values()):
             if m.model.device_bytes():
+                if m.model.state == "warm":
+                    evicted.append(m.name)
                 m.model.release(full=True)
                 self.arbiter.update(m.name, sum(m.model.device_bytes().values()))
+        if evicted:
+            self._arena_evicted = evicted
         self.dev.allocator.trim()      # the other process gets the memory, not our spares
         self.arena.release()
-        self._yield_wanted = False
 
     def _arena_drop_if_idle(self) -> None:
         if self.arena is not None and self.arena.held and not self._arena_claims \
@@ -467,6 +690,11 @@ class Engine:
             self.dev.close()
         self.thread.run(job)
         self.thread.stop()
+        if self._own_arena:
+            self.arena.close()
+        if self._ledger_fd >= 0:
+            os.close(self._ledger_fd)
+            self._ledger_fd = -1
 
     def __enter__(self) -> "Engine":
         return self
@@ -476,9 +704,18 @@ class Engine:
 
 
 def _decode(m: Loaded, prompt_ids: list[int], max_tokens: int, sampler, stop, on_text,
-            cancel: threading.Event):
-    """The token loop of one request: (tokens, text, finish reason, timings)."""
+            cancel: threading.Event, turn: Callable[[], None] | None = None):
+    """The token loop of one request: (tokens, text, finish reason, timings). turn() is the
+    arena's safe point, between prefill chunks and after every token. A client gone (cancel
+    set) stops a long prompt between its chunks too (_Cancelled), not after all of it."""
     timings = Timings()
+
+    def prompt_point() -> None:
+        if cancel.is_set():
+            raise _Cancelled()
+        if turn is not None:
+            turn()
+
     out: list[int] = []
     decoder = StreamDecoder(m.tokenizer)
     text, finish = "", "length"
@@ -487,7 +724,7 @@ def _decode(m: Loaded, prompt_ids: list[int], max_tokens: int, sampler, stop, on
     if max_tokens > 0:
         gen = m.model.generate(prompt_ids, max_tokens,
                                None if sampler is None else sampler.sample,
-                               m.tokenizer.eog_ids, timings, cancel=cancel)
+                               m.tokenizer.eog_ids, timings, between_chunks=prompt_point)
         for tok in gen:
             if tok in m.tokenizer.eog_ids:
                 finish = "stop"
@@ -504,9 +741,9 @@ def _decode(m: Loaded, prompt_ids: list[int], max_tokens: int, sampler, stop, on
             if cancel.is_set():
                 finish = "cancelled"
                 break
+            if turn is not None and len(out) < max_tokens:
+                turn()
         gen.close()
-        if finish == "length" and cancel.is_set() and len(out) < max_tokens:
-            finish = "cancelled"                 # left during the prompt: no tokens at all
     if finish == "length":
         text += decoder.flush()
     if on_text and len(text) > emitted:

@@ -10,7 +10,12 @@ import json
 import os
 import sys
 
-from .args import add_cpu_moe_argument, add_flash_attn_argument
+from .args import (
+    add_arena_arguments,
+    add_cpu_moe_argument,
+    add_flash_attn_argument,
+    arena_enabled,
+)
 
 EXIT_BAD_INPUT = 2
 
@@ -45,7 +50,8 @@ def _open(args, n_ctx: int | None = None):
 
     path = resolve(args.model)
     eng = Engine(n_ctx=n_ctx or getattr(args, "ctx", None) or 2048,
-                 flash_attn=getattr(args, "flash_attn", None))
+                 flash_attn=getattr(args, "flash_attn", None), arena=arena_enabled(args),
+                 arena_label=f"{args.cmd} {os.path.basename(path)}")
     try:
         name = eng.load(path, progress=_progress_bar("loading " + os.path.basename(path)),
                         cpu_moe=getattr(args, "cpu_moe", 0.0))
@@ -158,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
     add_cpu_moe_argument(g)
     add_flash_attn_argument(g)
+    add_arena_arguments(g)
     g.set_defaults(func=cmd_generate)
 
     b = sub.add_parser("bench", help="prefill and decode tokens/s, optionally beside llama.cpp")
@@ -173,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", action="store_true")
     add_cpu_moe_argument(b)
     add_flash_attn_argument(b)
+    add_arena_arguments(b)
     b.set_defaults(func=cmd_bench)
 
     sb = sub.add_parser("swap-bench", help="cycle models warm/cold and time the restores")
@@ -183,14 +191,23 @@ def build_parser() -> argparse.ArgumentParser:
     sb.add_argument("--cycles", type=int, default=3)
     sb.add_argument("-n", type=int, default=8, help="tokens generated per turn")
     sb.add_argument("--ctx", type=int, default=2048)
+    sb.add_argument("--processes", type=int, default=1, metavar="N",
+                    help="N > 1: N hotseat serve processes on one private arena, asked in "
+                         "turn over HTTP: the TTFT after a swap between processes (each "
+                         "serves one --model, in turn)")
     sb.add_argument("--json", action="store_true")
     add_cpu_moe_argument(sb)
     add_flash_attn_argument(sb)
+    add_arena_arguments(sb)
     sb.set_defaults(func=cmd_swap_bench)
 
     kb = sub.add_parser("kernel-bench", help="time one kernel's paths against each other")
-    kb.add_argument("kernel", choices=["concat"],
-                    help="concat: the tiled (transposed source) path against the element-wise one")
+    kb.add_argument("kernel", choices=["concat", "mul_mat_vec", "mul_mat_cm", "mul_mat_moe"],
+                    help="concat: the tiled (transposed source) path against the element-wise "
+                         "one; mul_mat_vec: the decode product's rows x lanes against mul_mat; "
+                         "mul_mat_cm: the cooperative-matrix tiles against mul_mat; "
+                         "mul_mat_moe: prefill expert products grouped by expert against "
+                         "mul_mat_id's one per token and slot")
     kb.add_argument("-r", "--repeats", type=int, default=50, help="replays per path (default 50)")
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)
@@ -208,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     from .formats.gguf_file import ModelFileError
     from .gpu.vk import VulkanError
     from .residency.arbiter import BudgetError
+    from .residency.arena import ArenaError
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -216,6 +234,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ModelFileError, UsageError, ValueError, KeyError, BudgetError) as exc:
         msg = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
         print(f"hotseat: error: {msg}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ArenaError as exc:
+        print(f"hotseat: error: {exc} (or run without the arena: --no-arena)", file=sys.stderr)
         return EXIT_BAD_INPUT
     except VulkanError as exc:
         print(f"hotseat: Vulkan error: {exc}", file=sys.stderr)

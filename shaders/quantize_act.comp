@@ -18,7 +18,7 @@ layout(push_constant) uniform Push {
     uint x_offset;     // rows of x to skip
 } p;
 
-float f16r(float v) { return unpackHalf2x16(packHalf2x16(vec2(v, 0.0))).x; }
+#include "round.glsl"
 
 void main() {
     const uint bs = FMT == 2 ? 256 : (FMT == 3 ? 4 : 32);
@@ -29,7 +29,7 @@ void main() {
     const uint src = (row + p.x_offset) * p.n_cols + b * bs;
     const uint dst = row * p.n_cols + b * bs;
     if (FMT == 3) {
-        for (uint j = 0; j < bs; j++) o[dst + j] = f16r(x[src + j]);
+        for (uint j = 0; j < bs; j++) o[dst + j] = f16_rne(x[src + j]);
         return;
     }
     float amax = 0.0, vmax = 0.0;
@@ -45,6 +45,6 @@ void main() {
     }
     const float d = amax / 127.0;
     const float id = amax != 0.0 ? 127.0 / amax : 0.0;
-    const float dh = f16r(d);
+    const float dh = f16_rne(d);
     for (uint j = 0; j < bs; j++) o[dst + j] = roundEven(x[src + j] * id) * dh;
 }

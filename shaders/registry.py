@@ -26,6 +26,8 @@ class KernelSpec:
                                             # "WG" a workgroup of whole subgroups
     typed: bool = False                     # one variant per entry of WEIGHT_TYPES
     writes: tuple[int, ...] = ()            # bindings the kernel writes (for barriers)
+    coopmat: bool = False                   # uses VK_KHR_cooperative_matrix: compiled by
+                                            # glslang (the glslc of Debian 12 lacks it)
 
     @property
     def push_size(self) -> int:
@@ -46,6 +48,14 @@ KERNELS: dict[str, KernelSpec] = {
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("row_offset", U), ("y_stride", U)),
         (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3), ("ACT", 4)), typed=True, writes=(2,)),
+    "mul_mat_vec": KernelSpec(
+        "mul_mat_vec.comp", 3, (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U)),
+        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3)), typed=True, writes=(2,)),
+    "mul_mat_cm": KernelSpec(
+        "mul_mat_cm.comp", 3,
+        (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
+         ("y_stride", U)),
+        (("ACC", 0), ("BM", 1), ("BN", 2)), typed=True, writes=(2,), coopmat=True),
     "mul_mat_id": KernelSpec(
         "mul_mat_id.comp", 4,
         (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U), ("n_experts", U)),
@@ -54,13 +64,19 @@ KERNELS: dict[str, KernelSpec] = {
                              (("SG", 0), ("NORM", 1)), writes=(1, 2)),
     "moe_combine": KernelSpec("moe_combine.comp", 3,
                               (("n_embd", U), ("n_used", U), ("n", U)), writes=(2,)),
+    "moe_group": KernelSpec("moe_group.comp", 3, (("n_slots", U),), (("SG", 0),),
+                            writes=(1, 2)),
+    "mul_mat_moe": KernelSpec(
+        "mul_mat_moe.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
+        (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACT", 3), ("X_SLOT", 4)), typed=True,
+        writes=(4,)),
     "get_rows": KernelSpec("get_rows.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
                             ("part_rows", U)),
                            typed=True, writes=(2,)),
     "rms_norm": KernelSpec("rms_norm.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
-                           (("SG", 0),), writes=(2,)),
+                           (("WG", 0),), writes=(2,)),
     "rope": KernelSpec("rope.comp", 5,
                        (("n_heads", U), ("head_dim", U), ("n_dims", U), ("n_tokens", U),
                         ("freq_base", F), ("freq_scale", F)),
@@ -81,11 +97,21 @@ KERNELS: dict[str, KernelSpec] = {
                               ("scale", F)),
                              (("WG", 0), ("HD", 1), ("BR", 2), ("BC", 3), ("LP", 4), ("GGML", 5),
                               ("SKIP", 6)), writes=(3,)),
+    "flash_attn_cm": KernelSpec("flash_attn_cm.comp", 5,
+                                (("n_head", U), ("n_head_kv", U), ("n_tokens", U),
+                                 ("window", U), ("scale", F)),
+                                (("HD", 0),), writes=(3,), coopmat=True),
     "attn_split": KernelSpec("attn_split.comp", 7,
                              (("n_head", U), ("n_head_kv", U), ("n_ctx", U), ("window", U),
                               ("n_split", U), ("min_chunk", U), ("scale", F)),
                              (("WG", 0), ("HD", 1), ("LP", 2), ("GGML", 3), ("PASS", 4)),
                              writes=(3, 4, 5)),
+    "attn_decode": KernelSpec("attn_decode.comp", 6,
+                              (("n_head", U), ("n_head_kv", U), ("window", U), ("n_split", U),
+                               ("min_chunk", U), ("scale", F)),
+                              (("WG", 0), ("HD", 1), ("LP", 2)), writes=(3, 4)),
+    "attn_merge": KernelSpec("attn_merge.comp", 3, (("head_dim", U), ("n_split", U)),
+                             writes=(2,)),
     "attn_combine": KernelSpec("attn_combine.comp", 2, (("head_dim", U), ("n_split", U)),
                                writes=(1,)),
     "quantize_act": KernelSpec("quantize_act.comp", 2,
@@ -93,7 +119,7 @@ KERNELS: dict[str, KernelSpec] = {
                                (("FMT", 0),), writes=(1,)),
     "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),), (("GELU", 0),), writes=(2,)),
     "add": KernelSpec("add.comp", 3, (("n", U),), writes=(2,)),
-    "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("SG", 0),),
+    "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("WG", 0),),
                          writes=(1,)),
     "mul": KernelSpec("mul.comp", 3,
                       (("n_cols", U), ("n_rows", U), ("a_offset", U), ("a_stride", U),
@@ -115,14 +141,16 @@ def variant_name(kernel: str, wtype: str | None = None) -> str:
     return f"{kernel}_{wtype}" if wtype else kernel
 
 
-def _variants() -> dict[str, tuple[str, tuple[str, ...]]]:
+def _variants() -> dict[str, tuple[str, tuple[str, ...], str]]:
+    """variant -> (source, defines, compiler: "glslc" or "glslang")."""
     out = {}
     for name, ks in KERNELS.items():
+        tool = "glslang" if ks.coopmat else "glslc"
         if ks.typed:
             for t in WEIGHT_TYPES:
-                out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",))
+                out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",), tool)
         else:
-            out[name] = (ks.source, ())
+            out[name] = (ks.source, (), tool)
     return out
 
 

@@ -1,5 +1,6 @@
 #version 450
-// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w    (one subgroup per row)
+// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * w    (one workgroup per row)
+// The lanes of a workgroup sum strided squares; the subgroups' sums meet in shared memory.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 layout(local_size_x_id = 0) in;
@@ -13,18 +14,26 @@ layout(push_constant) uniform Push {
     uint x_offset;   // rows to skip in x and out (the last-token-only head)
 } p;
 
+shared float sums[32];
+
 void main() {
     const uint r = gl_WorkGroupID.x;
     if (r >= p.n_rows) return;
     const uint base = (r + p.x_offset) * p.n_cols;
     float ss = 0.0;
-    for (uint i = gl_SubgroupInvocationID; i < p.n_cols; i += gl_SubgroupSize) {
+    for (uint i = gl_LocalInvocationID.x; i < p.n_cols; i += gl_WorkGroupSize.x) {
         const float v = x[base + i];
         ss += v * v;
     }
     ss = subgroupAdd(ss);
+    if (gl_NumSubgroups > 1) {
+        if (gl_SubgroupInvocationID == 0) sums[gl_SubgroupID] = ss;
+        barrier();
+        ss = 0.0;
+        for (uint g = 0; g < gl_NumSubgroups; g++) ss += sums[g];
+    }
     const float scale = 1.0 / sqrt(ss / float(p.n_cols) + p.eps);
-    for (uint i = gl_SubgroupInvocationID; i < p.n_cols; i += gl_SubgroupSize) {
+    for (uint i = gl_LocalInvocationID.x; i < p.n_cols; i += gl_WorkGroupSize.x) {
         o[base + i] = x[base + i] * scale * w[i];
     }
 }

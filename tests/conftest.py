@@ -10,6 +10,20 @@ import pytest
 # numpy's BLAS threads fight the Vulkan CPU driver for the same cores; one is faster here
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_arena(tmp_path_factory):
+    """The front ends join the user's GPU arena by default: tests (and the processes they
+    start, which inherit the environment) get one of their own instead."""
+    if os.environ.get("HOTSEAT_ARENA"):
+        yield
+        return
+    os.environ["HOTSEAT_ARENA"] = str(tmp_path_factory.mktemp("hotseat") / "arena")
+    try:
+        yield
+    finally:
+        os.environ.pop("HOTSEAT_ARENA", None)
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
 DATA = Path(__file__).resolve().parent / "data"

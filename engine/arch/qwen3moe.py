@@ -6,7 +6,8 @@ the `expert_used_count` most probable are chosen and their probabilities renorma
 sum 1; each chosen expert is a SwiGLU (`ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`,
 3-D: one matrix per expert) and the outputs are summed by those weights. Routing happens on
 the device (moe_router writes expert ids that mul_mat_id reads), so decode stays one recorded
-graph.
+graph; in prefill, matmul_id groups the chunk's tokens by expert on the device (moe_group)
+and runs each expert as one product over its tokens (mul_mat_moe), still one graph.
 """
 from __future__ import annotations
 

@@ -16,6 +16,21 @@ from . import vk
 ACT_INLINE = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "Q4_1": 2}
 ACT_FORMAT = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "F16": 3, "F32": None}
 ACT_BLOCK = {0: 32, 2: 256, 3: 4}
+# mul_mat_vec rounds every format itself (its ACT: 1 Q8_0, 2 Q8_1, 3 Q8_K, 4 F16), one chunk
+# of MATVEC_CHUNK weights per lane (a quarter of a super-block for the K-quants).
+MATVEC_ACT = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 3, "Q6_K": 3,
+              "F16": 4, "F32": 0}
+MATVEC_CHUNK = {t: 64 if t in ("Q4_K", "Q5_K", "Q6_K") else 32 for t in MATVEC_ACT}
+CM_K = 64                   # mul_mat_cm.comp's BK: its K must be a multiple
+
+
+def compiled(kernel: str) -> bool:
+    """Whether every variant of a kernel has its SPIR-V (the cooperative-matrix ones need
+    glslangValidator at install time)."""
+    from shaders import compile as shader_compile
+
+    return all(os.path.exists(shader_compile.spv_path(v)) for v, (src, _, _) in VARIANTS.items()
+               if src == KERNELS[kernel].source)
 
 
 def load_spirv(variant: str) -> bytes:
@@ -23,12 +38,12 @@ def load_spirv(variant: str) -> bytes:
     import shaders
     from shaders import compile as shader_compile
 
-    source, defines = VARIANTS[variant]
+    source, defines, tool = VARIANTS[variant]
     path = shader_compile.spv_path(variant)
     src_dir = os.path.dirname(os.path.abspath(shaders.__file__))
     if not os.path.exists(path) or os.path.exists(os.path.join(src_dir, source)):
         try:
-            path = shader_compile.compile_variant(variant, source, defines)
+            path = shader_compile.compile_variant(variant, source, defines, tool)
         except RuntimeError:
             if not os.path.exists(path):
                 raise

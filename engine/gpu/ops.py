@@ -15,7 +15,8 @@ import numpy as np
 
 from . import vk
 from .graph import Graph
-from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE
+from .kernels import (ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_K, MATVEC_ACT, MATVEC_CHUNK,
+                      compiled)
 
 
 @dataclass(eq=False)
@@ -116,7 +117,15 @@ class Tuning:
     mv_rows: int = 2        # weight rows per subgroup, decode
     mm_rows: int = 4        # weight rows per subgroup, prefill
     mm_tokens: int = 8      # tokens per subgroup, prefill
-    ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy)
+    matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
+    mv_lanes: int = 256     # most lanes sharing one row in mul_mat_vec
+    norm_wg: int = 256      # lanes per row of rms_norm
+    argmax_wg: int = 1024   # lanes of the one argmax workgroup
+    coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
+    cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
+    prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
+    ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
+                                 # off by default on devices with matrix units
     flash_attn: str = "auto"     # prefill attention: "on" tiled (flash_attn.comp), "off" per
                                  # token (attention.comp), "auto" tiled on AMD GCN at head
                                  # size >= 256, where the per-token kernel is slowest
@@ -125,21 +134,41 @@ class Tuning:
     flash_skip: bool = True      # flash attention skips masked tiles (off: for tests)
     split_max: int = 16          # decode attention: KV splits per head at long context
     split_chunk: int = 32        # ... and the fewest positions a split takes
+    moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
+                                 # else one per token and slot (mul_mat_id, as decode)
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
-        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn)
+        coopmat = dev.coopmat and dev.subgroup_size == 32 and compiled("mul_mat_cm")
+        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat)
 
     @classmethod
     def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
-                 flash_attn: str = "auto") -> "Tuning":
+                 flash_attn: str = "auto", coopmat: bool = False) -> "Tuning":
         common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
-                      amd_gcn=is_amd_gcn(info),
-                      max_shared=max_shared)
+                      amd_gcn=is_amd_gcn(info), coopmat=coopmat,
+                      prefill_tokens=512 if coopmat else 0, max_shared=max_shared,
+                      # where the matrix units can take prefill, their f16 inputs cannot
+                      # follow ggml's CPU rounding anyway: decode does not either
+                      ggml_numerics=not coopmat)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
-                       split_chunk=64, **common)
+                       split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup, **common)
         return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+
+    @property
+    def fast_prefill(self) -> bool:
+        """Prefill on the matrix units (mul_mat_cm, flash_attn_cm): x goes in as f16, so not
+        where ggml's CPU rounding is asked for."""
+        return self.coopmat and not self.ggml_numerics
+
+    def matvec_rows(self, wtype: str, n_out: int) -> int:
+        """Rows per mul_mat_vec workgroup. Measured on an H200 (`hotseat kernel-bench
+        mul_mat_vec`): 4-bit rows want 8 per workgroup (4 below 4096 rows, where fewer
+        workgroups would idle the GPU); Q6_K and wider types, 2."""
+        if wtype in ("Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K"):
+            return 8 if n_out >= 4096 else 4
+        return 2
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
         """Tiled attention for this pass? Never for decode (one token), which splits instead."""
@@ -213,6 +242,9 @@ class RunState:
             self.expert_ids = alloc(4 * S, f"{label}/expert_ids", "compute")   # [T, used] u32
             self.expert_w = act("expert_w", S)                      # [T, n_expert_used]
             self.moe_out = act("moe_out", S * n_embd)               # [T, n_expert_used, n_embd]
+            # slots grouped by expert (moe_group): (offset, count) per expert, slot lists
+            self.moe_groups = alloc(8 * n_expert, f"{label}/moe_groups", "compute")
+            self.moe_perm = alloc(4 * S, f"{label}/moe_perm", "compute")           # [S] u32
         self.scores = act("scores", n_head * n_ctx)  # [n_head, n_ctx] decode attention
         self.split_stats = act("split_stats", 2 * n_head * MAX_SPLITS)  # [n_head, splits, 2]
         self.split_out = act("split_out", MAX_SPLITS * q_dim)  # [n_head, splits, head_dim]
@@ -270,6 +302,7 @@ class RunState:
         floats += S * k_max + sum(n_ctx * d for _, d in rope)
         if n_expert:
             floats += T * n_expert + 2 * S + S * n_embd      # router, ids, weights, moe_out
+            floats += 2 * n_expert + S                       # moe_groups, moe_perm
         if conv_layers:
             floats += len(conv_layers) * d_conv * n_embd + T * 5 * n_embd
             floats += n_embd * (d_conv + T)
@@ -375,6 +408,7 @@ class Builder:
     def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning):
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
+        self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
@@ -390,6 +424,8 @@ class Builder:
     def _wrote(self, buf: vk.Buffer) -> None:
         if self._rounded is not None and self._rounded[0] == id(buf):
             self._rounded = None
+        if self._grouped is not None and self._grouped[0] == id(buf):
+            self._grouped = None
 
     def get_rows(self, table: Tensor, ids: vk.Buffer, out: vk.Buffer, n: int,
                  scale: float = 1.0) -> None:
@@ -402,7 +438,13 @@ class Builder:
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
                x_row: int = 0) -> None:
         """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T."""
+        if n == 1 and self.t.matvec:
+            self._matvec(w, x, y, accumulate, x_row)
+            return
         n_in, n_out = w.shape[0], w.rows
+        if n > 1 and self.t.fast_prefill and n_in % CM_K == 0:
+            self._matmul_cm(w, x, y, n, accumulate, x_row)
+            return
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
         inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
@@ -418,10 +460,44 @@ class Builder:
                       x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
         self._wrote(y)
 
+    def _matmul_cm(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool,
+                   x_row: int) -> None:
+        """Many tokens on the matrix units: f16 tiles, f32 sums. x goes in as f16, not
+        rounded as ggml's CPU backend rounds it (f16 cannot hold those values)."""
+        n_in, n_out = w.shape[0], w.rows
+        bm, bn = self.t.cm_tile
+        for buf, first, count in w.bindings():
+            self.g.op("mul_mat_cm", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
+                      wtype=w.wtype, spec=dict(ACC=int(accumulate), BM=bm, BN=bn), n_in=n_in,
+                      n_out=count, n_tokens=n, x_offset=x_row * n_in // 4, y_offset=first,
+                      y_stride=n_out)
+        self._wrote(y)
+
+    def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
+                x_row: int) -> None:
+        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act)."""
+        n_in = w.shape[0]
+        chunks = n_in // MATVEC_CHUNK[w.wtype]
+        lanes = self.t.subgroup
+        while lanes < min(chunks, self.t.mv_lanes):
+            lanes *= 2
+        rows = self.t.matvec_rows(w.wtype, w.rows)
+        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate),
+                    ACT=MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0)
+        for buf, first, count in w.bindings():
+            self.g.op("mul_mat_vec", [buf, x, y], (-(-count // rows), 1, 1), wtype=w.wtype,
+                      spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
+                      y_offset=first)
+        self._wrote(y)
+
     def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
                   n_used: int, per_slot: bool = False) -> None:
         """y[t, j, :] = x[t (, j), :] @ w[ids[t, j]]^T for n tokens of n_used routed experts;
-        w is [n_in, n_out, n_expert], x is [n, n_in] or, per_slot, [n, n_used, n_in]."""
+        w is [n_in, n_out, n_expert], x is [n, n_in] or, per_slot, [n, n_used, n_in].
+        Several tokens: grouped by expert (Tuning.moe_grouped), each expert one product."""
+        if n > 1 and self.t.moe_grouped:
+            self._matmul_moe(w, x, ids, y, n, n_used, per_slot)
+            return
         n_in, n_out = w.shape[0], w.shape[1]
         per_group = self.t.mv_rows * self.t.warps
         inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
@@ -434,6 +510,38 @@ class Builder:
             self.g.op("mul_mat_id", [buf, x, ids, y], (-(-n_out // per_group), n_used, n),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
                       expert_base=first // n_out, n_experts=count // n_out)
+        self._wrote(y)
+
+    def moe_group(self, ids: vk.Buffer, n: int, n_used: int, n_expert: int) -> None:
+        """rs.moe_groups, rs.moe_perm: the slots of ids[n, n_used] grouped by expert (reused
+        until ids is written again)."""
+        key = (id(ids), n, n_used, n_expert)
+        if self._grouped != key:
+            self.g.op("moe_group", [ids, self.rs.moe_groups, self.rs.moe_perm], (n_expert, 1, 1),
+                      n_slots=n * n_used)
+            self._grouped = key
+
+    def _matmul_moe(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
+                    n_used: int, per_slot: bool) -> None:
+        """The routed products grouped by expert: activations rounded as mul_mat_id rounds
+        them (ggml_numerics), then one register-tiled product per expert over its slots."""
+        n_in, n_out, n_expert = w.shape
+        self.moe_group(ids, n, n_used, n_expert)
+        rows = self.t.mm_rows
+        nt = moe_tile_slots(n, n_used, n_expert, self.t.mm_tokens)
+        inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACT=inline,
+                    X_SLOT=int(per_slot))
+        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
+        if fmt is not None:
+            x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
+        tiles = moe_tile_groups(n, n_used, n_expert, nt)
+        rs = self.rs
+        for buf, first, count in w.bindings():          # parts of whole experts
+            self.g.op("mul_mat_moe", [buf, x, rs.moe_groups, rs.moe_perm, y],
+                      (-(-n_out // (rows * self.t.warps)), tiles, count // n_out),
+                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
+                      expert_base=first // n_out)
         self._wrote(y)
 
     def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,
@@ -453,8 +561,8 @@ class Builder:
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
                  row_offset: int = 0) -> None:
-        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1), n_cols=w.shape[0], n_rows=n, eps=eps,
-                  x_offset=row_offset)
+        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1), spec=dict(WG=self.t.norm_wg),
+                  n_cols=w.shape[0], n_rows=n, eps=eps, x_offset=row_offset)
         self._wrote(out)
 
     def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
@@ -478,12 +586,17 @@ class Builder:
         if n == 1:
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
                                   scale, window)
+        elif self.t.fast_prefill and head_dim in (64, 128):
+            self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step],
+                      (-(-n // 64), n_head, 1), spec=dict(HD=head_dim), n_head=n_head,
+                      n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
         elif self.t.use_flash_attn(head_dim, n):
             self._flash_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
                                   scale, window)
         else:
+            ggml = self.t.ggml_numerics
             self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
-                      spec=dict(HD=head_dim, GGML=int(self.t.ggml_numerics)), n_head=n_head,
+                      spec=dict(HD=head_dim, GGML=int(ggml)), n_head=n_head,
                       n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
         self._wrote(out)
 
@@ -491,6 +604,15 @@ class Builder:
                          window) -> None:
         rs = self.rs
         splits = self.t.decode_splits(rs.n_ctx)
+        if self.t.matvec and not self.t.ggml_numerics:    # one pass, no f16 probabilities
+            self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
+                                     rs.step], (splits, n_head, 1),
+                      spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim)),
+                      n_head=n_head, n_head_kv=n_head_kv, window=window, n_split=splits,
+                      min_chunk=self.t.split_chunk, scale=scale)
+            self.g.op("attn_merge", [rs.split_stats, rs.split_out, out], (n_head, 1, 1),
+                      head_dim=head_dim, n_split=splits)
+            return
         bufs = [q, k_cache, v_cache, rs.scores, rs.split_stats, rs.split_out, rs.step]
         for pass_ in (0, 1):
             self.g.op("attn_split", bufs, (splits, n_head, 1),
@@ -539,7 +661,8 @@ class Builder:
         self._wrote(out)
 
     def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
-        self.g.op("argmax", [x, out], (1, 1, 1), n=count, x_offset=0)
+        self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
+                  x_offset=0)
 
     def mul(self, a: View, b: View, out: vk.Buffer) -> None:
         """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous."""
@@ -588,6 +711,24 @@ class Builder:
         self.g.op("ssm_conv", [x, w.binding(), out], (-(-n_channels // 64), n, 1),
                   n_channels=n_channels, n_tokens=n, width=width)
         self._wrote(out)
+
+
+def moe_tile_slots(n: int, n_used: int, n_expert: int, nt_max: int) -> int:
+    """Slots per token tile of mul_mat_moe: the smallest power of two, at most nt_max, that
+    holds an expert's share of an even routing (a short chunk's tiles would otherwise be
+    mostly padding, computed all the same)."""
+    nt = nt_max
+    while nt > 1 and (nt // 2) * n_expert >= n * n_used:
+        nt //= 2
+    return nt
+
+
+def moe_tile_groups(n: int, n_used: int, n_expert: int, nt: int) -> int:
+    """Token-tile workgroups per expert of mul_mat_moe (tiles of nt slots): twice what an even
+    routing needs (an expert with more tokens loops over its tiles), at most what one expert
+    can get (n: a token takes an expert once)."""
+    even = -(-n * n_used // (n_expert * nt))
+    return max(1, min(-(-n // nt), 2 * even))
 
 
 def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:

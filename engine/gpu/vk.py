@@ -166,17 +166,26 @@ class Device:
         if not f11.storageBuffer16BitAccess:
             raise VulkanError(f"{self.name}: lacks 16-bit storage buffers (needed for f16 KV)")
         self.has_float16 = bool(f12.shaderFloat16)
+        # The matrix units: KHR cooperative matrices of 16x16x16 f16 products with f32 sums
+        # in subgroup scope (the prefill product's shape); their shaders also use the Vulkan
+        # memory model.
+        self.coopmat = (self.has_float16 and bool(f12.vulkanMemoryModel)
+                        and "VK_KHR_cooperative_matrix" in dev_exts
+                        and self._coopmat_16x16x16())
         want11 = _vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=_vk.VK_TRUE)
+        want_cm = (_vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
+            pNext=want11, cooperativeMatrix=_vk.VK_TRUE) if self.coopmat else want11)
         want12 = _vk.VkPhysicalDeviceVulkan12Features(
-            pNext=want11, storageBuffer8BitAccess=f12.storageBuffer8BitAccess or None,
+            pNext=want_cm, storageBuffer8BitAccess=f12.storageBuffer8BitAccess or None,
             shaderInt8=f12.shaderInt8 or None, shaderFloat16=f12.shaderFloat16 or None,
-            hostQueryReset=f12.hostQueryReset or None)
+            hostQueryReset=f12.hostQueryReset or None,
+            vulkanMemoryModel=_vk.VK_TRUE if self.coopmat else None)
         self.host_query_reset = bool(f12.hostQueryReset)
         want = _vk.VkPhysicalDeviceFeatures2(pNext=want12, features=_vk.VkPhysicalDeviceFeatures(
             shaderInt16=feats.features.shaderInt16 or None,
             shaderInt64=feats.features.shaderInt64 or None))
         enable = [e for e in ("VK_EXT_memory_budget", "VK_EXT_external_memory_host")
-                  if e in dev_exts]
+                  if e in dev_exts] + (["VK_KHR_cooperative_matrix"] if self.coopmat else [])
         qinfo = _vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family,
                                             queueCount=1, pQueuePriorities=[1.0])
         self.device = _vk.vkCreateDevice(self.physical, _vk.VkDeviceCreateInfo(
@@ -189,6 +198,28 @@ class Device:
         self._cache_path = None
         self.pipeline_cache = self._open_pipeline_cache(cache_dir)
         self.allocator = Allocator(self)
+
+    def _coopmat_16x16x16(self) -> bool:
+        """Whether the driver lists 16x16x16 f16 x f16 + f32 cooperative matrices in subgroup
+        scope (vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR)."""
+        name = b"vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR"
+        ptr = lib.vkGetInstanceProcAddr(self.instance, name)
+        if ptr == ffi.NULL:
+            return False
+        # VkResult (VkPhysicalDevice, uint32_t* count, VkCooperativeMatrixPropertiesKHR*)
+        fn = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", ptr)
+        count = ffi.new("uint32_t*")
+        if fn(self.physical, count, ffi.NULL) != _vk.VK_SUCCESS or not count[0]:
+            return False
+        props = ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
+        for i in range(count[0]):
+            props[i].sType = _vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
+        if fn(self.physical, count, props) != _vk.VK_SUCCESS:
+            return False
+        f16, f32 = _vk.VK_COMPONENT_TYPE_FLOAT16_KHR, _vk.VK_COMPONENT_TYPE_FLOAT32_KHR
+        return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.ResultType, p.scope)
+                   == (16, 16, 16, f16, f16, f32, f32, _vk.VK_SCOPE_SUBGROUP_KHR)
+                   for p in props[0:count[0]])
 
     # -- memory types -----------------------------------------------------------------------
     def _pick_memory_types(self) -> None:

@@ -15,15 +15,24 @@ The arena is a private directory (mode 0700, owned by this user) holding three f
       {"pid": 1234, "reason": "generate smollm2", "t": 1767000000.0}
       {"pid": 1250, "reason": "yield", "t": 1767000000.0, "until": 1767000060.0}
 
+      {"pid": 1234, "event": "free", "t": 1767000000.0}
+      {"pid": 1250, "event": "cancel", "t": 1767000000.0}
+
   `pid` (an int) is required; `reason` (a short string), `t` and `until` (wall-clock seconds)
-  are optional. A line with `until` is a yield: no process acquires the token before that
-  time (the latest yield counts; an `until` more than `MAX_YIELD_S` ahead is cut to it).
-  Lines that are not such objects (garbage bytes, overlong lines, other JSON) are skipped.
-  Every process watches the doorbell with watchdog (inotify); the holder answers a ring
-  through the callback given to `attach`: an Engine's, at its next safe point (between
-  requests), evicts every model fully and then drops the lock.
+  and `event` ("free" or "cancel") are optional. A line with `until` is a yield: no process
+  acquires the token before that time (the latest yield counts; an `until` more than
+  `MAX_YIELD_S` ahead is cut to it). `"event": "cancel"` ends a yield early and `"event":
+  "free"` says that the token was just dropped (a process that wakes on a free token looks
+  at once instead of at its next poll); neither is a ring. Lines that are not such objects
+  (garbage bytes, overlong lines, other JSON) are skipped. Every process watches the
+  doorbell with watchdog (inotify); the holder answers a ring through the callback given to
+  `attach`: an Engine's, at its next safe point (between requests, prefill chunks or
+  decoded tokens), evicts every model fully and then drops the lock.
 - `holder`: `{"pid", "t", "reason"}` of the current holder, for diagnostics only (the lock
   decides; a holder that was killed leaves its line behind).
+- `members/<pid>.json`: one file per process in the arena, `{"pid", "label", "waiting"}`,
+  each locked (flock) by its process while it lives, so `hotseat ps` lists them and a file
+  nobody locks is left over from a dead process and removed.
 
 A waiter takes the lock with a blocking `flock` in a thread, re-ringing every
 `ring_interval` seconds until it has the lock or its timeout passes; a reader that misses a
@@ -53,6 +62,8 @@ from .arbiter import BudgetError
 log = logging.getLogger(__name__)
 
 LOCK_FILE, DOORBELL_FILE, HOLDER_FILE = "token.lock", "doorbell", "holder"
+MEMBERS_DIR = "members"
+EVENTS = ("free", "cancel")      # doorbell lines that are notices, not rings
 MAX_LINE = 4096                  # bytes in one doorbell line; longer lines are skipped
 MAX_YIELD_S = 24 * 3600          # the longest yield honoured
 COMPACT_BYTES = 64 << 10         # a doorbell past this is cut back when someone rings
@@ -65,7 +76,12 @@ class ArenaError(RuntimeError):
 
 
 class ArenaBusy(BudgetError):
-    """The token did not come within the timeout (another process is busy, or a yield)."""
+    """The token did not come within the timeout (another process is busy, or a yield).
+    `retry_after`: seconds until a yield in force ends, else None."""
+
+    def __init__(self, message: str, retry_after: float | None = None):
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 def default_dir() -> str:
@@ -144,7 +160,8 @@ def open_private(path: str, flags: int) -> int:
 
 
 def parse_line(line: bytes) -> dict | None:
-    """One doorbell line as {"pid", "reason", "until"}, or None when it is malformed."""
+    """One doorbell line as {"pid", "reason", "until", "event"}, or None when it is
+    malformed."""
     if len(line) > MAX_LINE:
         return None
     try:
@@ -161,7 +178,11 @@ def parse_line(line: bytes) -> dict | None:
     for v in (until, obj.get("t")):
         if v is not None and (type(v) not in (int, float) or not math.isfinite(v)):
             return None
-    return {"pid": pid, "reason": reason, "until": None if until is None else float(until)}
+    event = obj.get("event")
+    if event is not None and (event not in EVENTS or until is not None):
+        return None
+    return {"pid": pid, "reason": reason, "until": None if until is None else float(until),
+            "event": event}
 
 
 class _LockWaiter:
@@ -218,7 +239,8 @@ class Arena:
     (after the lock is taken), "released" (before it is dropped), "waiting" and "rung" (a
     valid ring from another process), for diagnostics and ledgers; it runs on the arena's
     callers' threads, the first two under the arena's own lock, so it must neither call
-    back into the arena nor wait for an engine's lock."""
+    back into the arena nor wait for an engine's lock. `acquisitions` counts the times this
+    process took the token."""
 
     def __init__(self, path: str | None = None, *, ring_interval: float = 0.5,
                  timeout: float | None = None, watch: bool = True,
@@ -243,10 +265,15 @@ class Arena:
         self._cond = threading.Condition()   # yield changes
         self._offset, self._partial, self._skip = 0, b"", False
         self.yield_until, self.yield_by = 0.0, None
+        self.yield_ended = 0.0               # when the last yield ended (or was cancelled)
         self._yield_line = b""
         self._rung_at = self._handled = self._acquired_at = -math.inf
         self._on_ring: Callable[[], None] | None = None
+        self._on_free: Callable[[], None] | None = None
         self._wake = threading.Event()
+        self.acquisitions = 0
+        self._member_fd = -1
+        self._member: dict = {}
         try:
             self._scan_tail()
             if watch:
@@ -281,12 +308,39 @@ class Arena:
                 if respect_yield and self.yield_until > time.time():
                     _unlock(fd)
                     continue
-                self._fd = fd
-                self._acquired_at = time.monotonic()
-                self._wake.set()                       # rings just before count: one turn
-                self._write_holder(reason)
-                self._emit("acquired", {"reason": reason})
+                self._took(fd, reason)
                 return
+
+    def try_acquire(self, reason: str = "") -> bool:
+        """Take the token only if it is free now and no yield is in force; never rings (so
+        nobody is asked to leave). Whether this process holds it now."""
+        if self._fd is not None:
+            return True
+        with self._mutex:
+            if self._fd is not None:
+                return True
+            self._poll()
+            if self.yield_until > time.time():
+                return False
+            fd = open_private(self.lock_path, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            except BaseException:
+                os.close(fd)
+                raise
+            self._took(fd, reason)
+            return True
+
+    def _took(self, fd: int, reason: str) -> None:
+        self._fd = fd
+        self._acquired_at = time.monotonic()
+        self.acquisitions += 1
+        self._wake.set()                       # rings just before count: one turn
+        self._write_holder(reason)
+        self._emit("acquired", {"reason": reason})
 
     def release(self) -> None:
         """Drop the token (the caller has freed its device memory)."""
@@ -303,6 +357,28 @@ class Arena:
                 pass
             fd, self._fd = self._fd, None
             _unlock(fd)
+        try:                           # processes that wake on a free token look at once
+            self.ring("released", event="free")
+        except OSError as exc:
+            log.warning("arena doorbell not rung: %s", exc)
+
+    def held_for(self) -> float:
+        """Seconds since this process took the token (0 when it does not hold it)."""
+        return time.monotonic() - self._acquired_at if self._fd is not None else 0.0
+
+    def rung_recently(self, window: float) -> bool:
+        """Whether another process rang within the last `window` seconds (it waits for the
+        token: a free token is about to be taken)."""
+        return time.monotonic() - self._rung_at < window
+
+    def poll(self) -> None:
+        """Read the doorbell now (the watcher does so on every change and every POLL_S)."""
+        self._poll()
+
+    def yielded(self) -> float | None:
+        """The end (wall-clock seconds) of a yield in force, else None."""
+        self._poll()
+        return self.yield_until if self.yield_until > time.time() else None
 
     def wanted(self) -> bool:
         """Whether this process holds the token and another one has rung for it since (or
@@ -394,16 +470,20 @@ class Arena:
             if deadline is not None and time.monotonic() + left > deadline:
                 raise ArenaBusy(f"the GPU is yielded to other programs until "
                                 f"{time.strftime('%H:%M:%S', time.localtime(self.yield_until))}"
-                                f" (by process {self.yield_by})")
+                                f" (by process {self.yield_by})", retry_after=left)
             with self._cond:
                 self._cond.wait(min(left, POLL_S))
 
     # -- the doorbell ---------------------------------------------------------------------
-    def ring(self, reason: str = "", until: float | None = None) -> None:
-        """Append one line to the doorbell (a yield when `until` is given)."""
+    def ring(self, reason: str = "", until: float | None = None,
+             event: str | None = None) -> None:
+        """Append one line to the doorbell (a yield when `until` is given; a notice, not a
+        ring, with an `event` of EVENTS)."""
         obj = {"pid": self.pid, "reason": reason[:200], "t": time.time()}
         if until is not None:
             obj["until"] = float(until)
+        if event is not None:
+            obj["event"] = event
         line = json.dumps(obj).encode() + b"\n"
         with self._write_lock:
             fcntl.flock(self._bell, fcntl.LOCK_EX)
@@ -427,6 +507,7 @@ class Arena:
                              f"got {seconds}")
         holder = self.holder()
         until = time.time() + seconds
+        t0 = time.monotonic()
         self.ring("yield", until=until)
         free = True
         if self.is_taken():
@@ -437,7 +518,17 @@ class Arena:
                     _unlock(fd)
                 except ArenaBusy:
                     free = False
-        return {"until": until, "holder": holder, "free": free}
+        return {"until": until, "holder": holder, "free": free,
+                "seconds": time.monotonic() - t0}
+
+    def cancel_yield(self) -> float | None:
+        """End a yield in force now; the end it had, or None when none was in force."""
+        until = self.yielded()
+        self.ring("yield cancelled", event="cancel")
+        with self._cond:
+            self.yield_until = 0.0
+            self._cond.notify_all()
+        return until
 
     def _scan_tail(self) -> None:
         """A process starting up honours a yield already in force; older rings are past."""
@@ -483,9 +574,18 @@ class Arena:
         r = parse_line(line)
         if r is None or r["pid"] == self.pid:
             return None
+        if r["event"] == "cancel":
+            with self._cond:
+                if self.yield_until > time.time():
+                    self.yield_ended = time.time()
+                self.yield_until = 0.0
+                self._cond.notify_all()
+        if r["event"] is not None:             # a notice: nobody is asked to leave
+            return None
         if r["until"] is not None:
             with self._cond:
                 self.yield_until = min(r["until"], time.time() + MAX_YIELD_S)
+                self.yield_ended = self.yield_until
                 self.yield_by = r["pid"]
                 self._yield_line = line + b"\n"
                 self._cond.notify_all()
@@ -494,17 +594,111 @@ class Arena:
         return r
 
     # -- the watcher ----------------------------------------------------------------------
-    def attach(self, on_ring: Callable[[], None]) -> None:
+    def attach(self, on_ring: Callable[[], None],
+               on_free: Callable[[], None] | None = None, label: str = "") -> None:
         """on_ring() runs on the watcher thread when another process rings while this one
         holds the token; it must free its device memory and call release(). Without one a
-        ring is only reported ("rung"): the owner releases when its work is done."""
+        ring is only reported ("rung"): the owner releases when its work is done. on_free()
+        runs there too, when this process does not hold the token, no yield is in force and
+        the doorbell changed or POLL_S passed: a chance to take a free token back
+        (try_acquire). Attaching makes this process a member (`members()`), under label."""
         if self._on_ring is not None and self._on_ring != on_ring:
             raise ArenaError("this arena already serves an engine")
-        self._on_ring = on_ring
+        self._on_ring, self._on_free = on_ring, on_free
+        self._join(label)
 
     def detach(self, on_ring: Callable[[], None]) -> None:
         if self._on_ring == on_ring:
-            self._on_ring = None
+            self._on_ring = self._on_free = None
+            self._leave()
+
+    # -- members --------------------------------------------------------------------------
+    def _members_dir(self) -> str:
+        return prepare_dir(os.path.join(self.dir, MEMBERS_DIR))
+
+    def _join(self, label: str) -> None:
+        if self._member_fd >= 0:
+            self.set_member(label=label)
+            return
+        d = self._members_dir()
+        # locked under a temporary name, then renamed: a reader never sees it unlocked
+        tmp = os.path.join(d, f"{self.pid}.tmp")
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        fd = open_private(tmp, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._member_fd = fd
+        self._member = {"pid": self.pid, "label": label[:200], "waiting": False,
+                        "since": time.time()}
+        self._write_member()
+        os.replace(tmp, os.path.join(d, f"{self.pid}.json"))
+
+    def set_member(self, **fields) -> None:
+        """Update what `members()` says of this process ("label", "waiting", ...)."""
+        if self._member_fd < 0:
+            return
+        self._member.update(fields)
+        self._write_member()
+
+    def _write_member(self) -> None:
+        data = json.dumps(self._member).encode()[:MAX_LINE]
+        try:
+            os.ftruncate(self._member_fd, 0)
+            os.pwrite(self._member_fd, data, 0)
+        except OSError as exc:                          # diagnostics only
+            log.warning("arena member file not written: %s", exc)
+
+    def _leave(self) -> None:
+        if self._member_fd < 0:
+            return
+        try:
+            os.unlink(os.path.join(self.dir, MEMBERS_DIR, f"{self.pid}.json"))
+        except OSError:
+            pass
+        os.close(self._member_fd)
+        self._member_fd = -1
+
+    def members(self) -> list[dict]:
+        """The live processes of the arena, by pid: {"pid", "label", "waiting", "since"};
+        files left by dead processes are removed."""
+        out = []
+        d = os.path.join(self.dir, MEMBERS_DIR)
+        try:
+            names = sorted(os.listdir(d))
+        except FileNotFoundError:
+            return out
+        for n in names:
+            stem, dot, ext = n.partition(".")
+            if ext != "json" or not stem.isdigit():
+                continue
+            path = os.path.join(d, n)
+            try:
+                fd = open_private(path, os.O_RDONLY)
+            except ArenaError:
+                continue
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                    os.unlink(path)                     # nobody holds it: its process died
+                    continue
+                except BlockingIOError:
+                    pass
+                data = os.pread(fd, MAX_LINE, 0)
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
+            try:
+                obj = json.loads(data.decode("utf-8"))
+            except ValueError:                          # being rewritten just now
+                obj = {}
+            if not isinstance(obj, dict):
+                obj = {}
+            obj["pid"] = int(stem)
+            out.append(obj)
+        return out
 
     def _start_watching(self) -> None:
         from watchdog.events import (
@@ -533,7 +727,8 @@ class Arena:
 
     def _run(self) -> None:
         while not self._closed:
-            self._wake.wait(POLL_S)
+            left = self.yield_until - time.time()      # wake when a yield ends, too
+            self._wake.wait(min(POLL_S, left + 0.01) if left > 0 else POLL_S)
             self._wake.clear()
             if self._closed:
                 return
@@ -542,6 +737,10 @@ class Arena:
                 on_ring = self._on_ring
                 if on_ring is not None and self.wanted():
                     on_ring()
+                on_free = self._on_free
+                if on_free is not None and self._fd is None \
+                        and self.yield_until <= time.time():
+                    on_free()
             except Exception:                  # the watcher must outlive a bad callback
                 log.exception("arena watcher")
 
@@ -554,7 +753,7 @@ class Arena:
 
     def describe(self) -> dict:
         return {"dir": self.dir, "held": self.held, "holder": self.holder(),
-                "yield_until": self.yield_until if self.yield_until > time.time() else None}
+                "yield_until": self.yielded()}
 
     def close(self) -> None:
         """Stop watching and drop the token if held."""
@@ -567,6 +766,7 @@ class Arena:
         if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(timeout=5)
         self.release()
+        self._leave()
         if self._bell >= 0:
             os.close(self._bell)
             self._bell = -1

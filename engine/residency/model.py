@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import numpy as np
@@ -158,7 +157,7 @@ class Model:
     @property
     def uses_flash_attn(self) -> bool:
         """Whether prefill runs tiled (flash) attention on this device, for this model."""
-        return self.tuning.use_flash_attn(self.config.head_dim, PREFILL_CHUNK)
+        return self.tuning.use_flash_attn(self.config.head_dim, self.chunk)
 
     def set_flash_attn(self, mode: str) -> bool:
         """Prefill attention "auto", "on" or "off" from now on. When that changes what this
@@ -171,9 +170,14 @@ class Model:
         self.release(full=True)
         return True
 
+    @property
+    def chunk(self) -> int:
+        """Prompt tokens per prefill pass: more where matrix units want wide tiles."""
+        return self.tuning.prefill_tokens or PREFILL_CHUNK
+
     def _run_state_args(self) -> dict:
         block = self.tuning.flash_block(self.config.head_dim) if self.uses_flash_attn else None
-        return run_state_args(self.config, self.n_ctx, PREFILL_CHUNK,
+        return run_state_args(self.config, self.n_ctx, self.chunk,
                               self.arch.rope_tables(self.config),
                               self.arch.attn_windows(self.config), block)
 
@@ -521,24 +525,24 @@ class Model:
         return self.rs.result.read(np.float32, self.config.n_vocab)
 
     def eval(self, tokens: list[int], pos0: int, greedy: bool = True,
-             cancel: threading.Event | None = None) -> int | np.ndarray | None:
-        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits. With
-        `cancel` set before a chunk, stops there and returns None (the cache then holds the
-        chunks already run)."""
+             between: Callable[[], None] | None = None) -> int | np.ndarray:
+        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits.
+        between() runs between two chunks: a safe point, where the model may be released
+        and restored (the cache then holds every chunk so far)."""
         out = None
-        for s in range(0, len(tokens), PREFILL_CHUNK):
-            if cancel is not None and cancel.is_set():
-                return None
-            chunk = tokens[s:s + PREFILL_CHUNK]
+        for s in range(0, len(tokens), self.chunk):
+            if s and between is not None:
+                between()
+            chunk = tokens[s:s + self.chunk]
             out = self._run(chunk, pos0 + s, greedy)
         return out
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, prompt: list[int], max_new: int, sample: Callable | None = None,
                  stop_ids: set[int] = frozenset(), timings: Timings | None = None,
-                 cancel: threading.Event | None = None) -> Iterator[int]:
+                 between_chunks: Callable[[], None] | None = None) -> Iterator[int]:
         """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
-        `cancel` is checked between prompt chunks: set, nothing more is run or yielded.
+        between_chunks: eval()'s `between`, for the prompt.
 
         The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
         token is recomputed, for its logits). Recurrent states belong to the end of the cache,
@@ -558,10 +562,8 @@ class Model:
         t.prompt_tokens, t.cached_tokens = len(prompt), reuse
         history = list(prompt)
         t0 = time.perf_counter()
-        out = self.eval(prompt[reuse:], reuse, greedy, cancel)
+        out = self.eval(prompt[reuse:], reuse, greedy, between_chunks)
         t.prefill_s = time.perf_counter() - t0
-        if out is None:                         # cancelled during the prompt
-            return
         t0 = time.perf_counter()
         pos = len(prompt)
         for i in range(max_new):

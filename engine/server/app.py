@@ -41,6 +41,7 @@ from .errors import ApiError, bad, json_response, over_budget
 from .manage import ManagementRoutes
 from .metrics import Metrics
 from .openai import OpenAIRoutes
+from .turns import ArenaRoutes
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -64,7 +65,7 @@ class ModelSlot:
     closed: bool = False                  # unloaded; requests still queued get a 404
 
 
-class Server(OpenAIRoutes, ManagementRoutes, Access):
+class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
     """The routes' handlers and what they share: the engine, the model queues, the metrics."""
 
     def __init__(self, engine: Engine, api_key: str | None = None,
@@ -101,6 +102,7 @@ class Server(OpenAIRoutes, ManagementRoutes, Access):
             ("POST", "/api/models/{name}/evict", self.api_evict),
             ("POST", "/api/models/{name}/warm", self.api_warm),
             ("GET", "/api/vram", self.api_vram),
+            ("GET", "/api/arena", self.api_arena),
         ]
 
     def add_model(self, name: str, n_ctx: int | None = None) -> ModelSlot:
@@ -151,9 +153,10 @@ class Server(OpenAIRoutes, ManagementRoutes, Access):
             self._check_auth(request)
             return await handler(request)
         except ApiError as exc:
-            return json_response(exc.body(), exc.status)
+            return json_response(exc.body(), exc.status, exc.headers)
         except BudgetError as exc:             # the arbiter's refusal, wherever it came from
-            return json_response(over_budget(exc).body(), 409)
+            err = over_budget(exc)             # (a 503 when the GPU's turn did not come)
+            return json_response(err.body(), err.status, err.headers)
         except web.HTTPException as exc:       # aiohttp's own 404, 405, 413
             code = {404: "not_found", 405: "method_not_allowed",
                     413: "request_too_large"}.get(exc.status)

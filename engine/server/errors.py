@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from aiohttp import web
 
     from ..residency.arbiter import BudgetError
+    from ..residency.arena import ArenaBusy
 
 
 class ApiError(Exception):
@@ -21,6 +22,7 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.type = type_ or ("server_error" if status >= 500 else "invalid_request_error")
+        self.headers: dict | None = None          # sent with the error (Retry-After)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,
@@ -40,9 +42,21 @@ def json_response(obj: Any, status: int = 200, headers: dict | None = None) -> w
 
 
 
+def gpu_unavailable(exc: ArenaBusy) -> ApiError:
+    """503 with Retry-After: the GPU did not come within the wait the client allowed
+    (X-Hotseat-Wait, see turns.py): a yield until then, or another process's turn."""
+    retry = exc.retry_after
+    err = ApiError(503, str(exc), None, "gpu_yielded" if retry else "gpu_busy")
+    err.headers = {"Retry-After": str(max(1, math.ceil(retry or 1)))}
+    return err
+
+
 def over_budget(exc: BudgetError) -> ApiError:
     from ..residency.arbiter import PinnedError
+    from ..residency.arena import ArenaBusy
 
+    if isinstance(exc, ArenaBusy):            # not the budget: the GPU's turn did not come
+        return gpu_unavailable(exc)
     code = "model_pinned" if isinstance(exc, PinnedError) else "budget_exceeded"
     return ApiError(409, str(exc), None, code)
 

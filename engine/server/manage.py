@@ -24,7 +24,11 @@ class ManagementRoutes:
         return [_entry(s) for s in status if s["name"] in self.models]
 
     async def api_models(self, request: web.Request) -> web.Response:
-        return json_response({"models": await self._model_entries()})
+        from .turns import _arena_status
+
+        models = await self._model_entries()
+        return json_response({"models": models,
+                              "arena": await self._run(_arena_status, self.engine)})
 
     async def api_load(self, request: web.Request) -> web.Response:
         from ..api import ModelExists
@@ -149,4 +153,4 @@ def _entry(s: dict) -> dict:
             "host_shadow_bytes": s["host_shadow_bytes"],
             "pinned_host_bytes": s.get("pinned_host_bytes", 0), "warm_bytes": s["warm_bytes"],
             "cpu_moe": s["cpu_moe"], "host_weight_bytes": s["host_weight_bytes"],
-            "cached_tokens": s["cached_tokens"]}
+            "cached_tokens": s["cached_tokens"], "last_restore": s.get("last_restore")}

@@ -294,8 +294,12 @@ class OpenAIRoutes:
             raise bad(str(exc), exc.param, "invalid_value") from None
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        from .turns import check_yield, parse_wait
+
         req = parse_request(await self._body(request), chat)
+        wait = parse_wait(request)
         slot = self._slot(req.model)
+        check_yield(self.engine, wait)
         if req.logit_bias:
             try:
                 self._logit_bias(slot, req)
@@ -324,10 +328,12 @@ class OpenAIRoutes:
                 if req.stream:
                     # the headers go out before the generation: warm the model first, so
                     # that a budget refusal is still a 409
-                    await self._run(self.engine.warm, slot.name)
+                    await self._run(self.engine.warm, slot.name,
+                                    **({} if wait is None else {"wait": wait}))
                     return await self._stream(request, slot, req, ids, max_tokens, meta,
                                               headers, chat)
-                out = await self._complete(request, slot, req, ids, max_tokens, None)
+                out = await self._complete(request, slot, req, ids, max_tokens, None,
+                                           wait=wait)
         finally:
             slot.depth -= 1
         text = out.text
@@ -345,13 +351,16 @@ class OpenAIRoutes:
     async def _complete(self, request: web.Request, slot: ModelSlot, req: GenRequest,
                         ids: list[int], max_tokens: int,
                         on_text: Callable[[str], None] | None,
-                        cancel: threading.Event | None = None) -> Completion:
-        """Run one generation on a worker thread; cancel it if the client goes away."""
+                        cancel: threading.Event | None = None,
+                        wait: float | None = None) -> Completion:
+        """Run one generation on a worker thread; cancel it if the client goes away. wait:
+        the most seconds it waits for the GPU (X-Hotseat-Wait)."""
         cancel = cancel or threading.Event()
         self._cancels.add(cancel)
         fut = asyncio.ensure_future(self._run(
             self.engine.generate, slot.name, tokens=ids, max_tokens=max_tokens,
-            sampling=req.sampling, stop=req.stop, on_text=on_text, cancel=cancel))
+            sampling=req.sampling, stop=req.stop, on_text=on_text, cancel=cancel,
+            **({} if wait is None else {"wait": wait})))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=POLL_S)

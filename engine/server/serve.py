@@ -43,8 +43,9 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
                         "memory less a margin)")
     s.add_argument("--evict-kv", action="store_true",
                    help="full eviction (KV to host too) instead of weights-only")
-    from ..args import add_cpu_moe_argument
+    from ..args import add_arena_arguments, add_cpu_moe_argument
     add_cpu_moe_argument(s)
+    add_arena_arguments(s, wake=True)
     s.set_defaults(func=cmd_serve)
     return s
 
@@ -72,6 +73,7 @@ def check_exposure(host: str, api_key: str | None, insecure_no_key: bool) -> str
 
 def cmd_serve(args) -> int:
     from ..api import Engine
+    from ..args import arena_enabled
     from ..formats.bundled import resolve
 
     if not 0 <= args.port <= 65535:
@@ -90,7 +92,8 @@ def cmd_serve(args) -> int:
     logging.basicConfig(level=logging.WARNING, format="hotseat: %(levelname)s: %(message)s")
     budget = None if args.budget_mib is None else args.budget_mib << 20
     eng = Engine(n_ctx=args.ctx, budget_bytes=budget, full_release=args.evict_kv,
-                 flash_attn=args.flash_attn)
+                 flash_attn=args.flash_attn, arena=arena_enabled(args),
+                 wake_on_free=args.wake_on_free, arena_label="serve (starting)")
     try:
         names = [eng.load(p, cpu_moe=args.cpu_moe) for p in paths]
         return asyncio.run(_serve(eng, names, args))
@@ -114,6 +117,7 @@ async def _serve(eng: Engine, names: list[str], args) -> int:
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {why}") from None
     port = runner.addresses[0][1] if runner.addresses else args.port
     host = f"[{args.host}]" if ":" in args.host else args.host
+    eng.set_arena_label(f"serve http://{host}:{port}")
     print(f"hotseat serving {', '.join(names)} on http://{host}:{port} "
           f"(device: {eng.device_name})", flush=True)
     stop = asyncio.Event()

@@ -43,7 +43,7 @@ def measure(model, prompt: list[int], n_gen: int) -> tuple[float, float]:
 
 def _profile_table(model, n_prompt: int) -> list[dict]:
     rows = []
-    for label, n in (("decode", 1), (f"pp{n_prompt}", min(n_prompt, 256))):
+    for label, n in (("decode", 1), (f"pp{n_prompt}", min(n_prompt, model.chunk))):
         graph = model._graph(n, True)
         per = defaultdict(lambda: [0.0, 0])
         for name, ns in graph.profile():
@@ -58,6 +58,7 @@ def _profile_table(model, n_prompt: int) -> list[dict]:
 
 def run_bench(args) -> int:
     from ..api import Engine
+    from ..args import arena_enabled
     from ..formats.bundled import resolve
 
     if args.n_prompt < 1 or args.n_gen < 0 or args.repeats < 1:
@@ -65,19 +66,67 @@ def run_bench(args) -> int:
     path = resolve(args.model)
     n_ctx = max(2048, args.n_prompt + args.n_gen + 8)
     results = []
-    with Engine(n_ctx=n_ctx, flash_attn=args.flash_attn) as eng:
+    with Engine(n_ctx=n_ctx, flash_attn=args.flash_attn, arena=arena_enabled(args),
+                arena_label=f"bench {os.path.basename(path)}") as eng:
         name = eng.load(path, cpu_moe=args.cpu_moe)
         loaded = eng.models[name]
         model = loaded.model
         model.profile = bool(args.profile)
         prompt = bench_prompt(loaded.tokenizer, args.n_prompt)
-        measure(model, prompt, min(args.n_gen, 4))                  # warm-up: records graphs
-        samples = [measure(model, prompt, args.n_gen) for _ in range(args.repeats)]
+
+        def run() -> tuple[list, list | None]:      # one job: the arena cannot cut in
+            measure(model, prompt, min(args.n_gen, 4))              # warm-up: records graphs
+            samples = [measure(model, prompt, args.n_gen) for _ in range(args.repeats)]
+            return samples, _profile_table(model, args.n_prompt) if args.profile else None
+        samples, profile = eng.device_job(run, name=name, why="bench")
         size = sum(t.nbytes for t in model.gguf.tensors.values())
         ours = {"engine": "hotseat", "device": eng.device_name,
                 "pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
+        t = model.tuning
+        paths = {"decode": "mul_mat_vec" if t.matvec else "mul_mat (one token)",
+                 "prefill": "mul_mat_cm (cooperative matrix)" if t.fast_prefill
+                 else "mul_mat (register tiles)"}
         results.append(ours)
-        profile = _profile_table(model, args.n_prompt) if args.profile else None
+    # llama.cpp knows nothing of the arena: hold the token for it while it runs
+    peer_turn = _peer_turn(args) if args.vs_llama_server is not None or args.vs_llama_cpp \
+        else None
+    try:
+        _peers(args, path, prompt, results)
+    finally:
+        if peer_turn is not None:
+            peer_turn.close()
+    report = _report(os.path.basename(path), size, args, results)
+    report["paths"] = paths
+    tg = [r for r in report["rows"] if r["engine"] == "hotseat" and r["test"].startswith("tg")]
+    if tg:       # every weight byte is read once per token (the KV cache adds a little)
+        report["decode_weight_gb_per_s"] = size * tg[0]["tokens_per_s"] / 1e9
+    if profile is not None:
+        report["profile"] = profile
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_table(report)
+    return 0
+
+
+def _peer_turn(args):
+    """The arena's token, held (by an Arena of our own) while llama.cpp runs; None without
+    the arena."""
+    from ..args import arena_enabled
+    from ..residency.arena import Arena
+
+    if not arena_enabled(args):
+        return None
+    arena = Arena(watch=False)
+    try:
+        arena.acquire("bench: llama.cpp")
+    except BaseException:
+        arena.close()
+        raise
+    return arena
+
+
+def _peers(args, path: str, prompt: list[int], results: list[dict]) -> None:
     if args.vs_llama_server is not None:
         from .peer import bench_llama_server, find_llama_server
 
@@ -92,14 +141,6 @@ def run_bench(args) -> int:
         peer = bench_llama_cpp(path, prompt, args.n_gen, args.repeats)
         results.append({"engine": "llama.cpp CPU", "device": peer["device"],
                         "pp": peer["prefill_samples"], "tg": peer["decode_samples"]})
-    report = _report(os.path.basename(path), size, args, results)
-    if profile is not None:
-        report["profile"] = profile
-    if args.json:
-        print(json.dumps(report))
-    else:
-        _print_table(report)
-    return 0
 
 
 def _report(model: str, size: int, args, results: list[dict]) -> dict:
@@ -132,6 +173,9 @@ def _print_table(rep: dict) -> None:
     for r in rep["rows"]:
         ts = f"{r['tokens_per_s']:.2f} ± {r['stdev']:.2f}"
         print(f"| {r['engine']:<24} | {r['device'][:34]:<34} | {r['test']:>6} | {ts:>16} |")
+    print("paths: " + ", ".join(f"{k} {v}" for k, v in rep.get("paths", {}).items()))
+    if "decode_weight_gb_per_s" in rep:
+        print(f"decode reads the weights at {rep['decode_weight_gb_per_s']:.0f} GB/s")
     for key, who in (("ratio_vs_llama_server", "llama-server"),
                      ("ratio_vs_llama_cpp_cpu", "llama.cpp CPU")):
         for test, ratio in rep.get(key, {}).items():

@@ -1,7 +1,9 @@
 """`hotseat ps`, `load`, `unload`, `pin`, `unpin`, `evict`, `warm`: clients of a running
 `hotseat serve`, over its /api routes.
 
-    hotseat ps                           # the loaded models, warm or cold, and the VRAM budget
+    hotseat ps                           # the loaded models, warm or cold, the VRAM budget,
+                                         # and every process of the GPU arena: holder,
+                                         # waiting, cold, or yielded until when
     hotseat evict NAME --full            # KV to host memory too
 
 The server's address comes from --url, else $HOTSEAT_URL, else http://127.0.0.1:8080; its
@@ -16,6 +18,7 @@ import json
 import os
 import socket
 import sys
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -112,6 +115,36 @@ def format_ps(models: list[dict], vram: dict) -> str:
     return "\n".join(lines + [line]) + "\n"
 
 
+def _clock(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+def format_arena(arena: dict | None) -> str:
+    """The GPU arena's part of `hotseat ps`: where this server stands, then one row per
+    process of the arena."""
+    if not arena or not arena.get("enabled", True):
+        return "GPU arena: not joined (the server runs with --no-arena)\n"
+    state, pid = arena["state"], arena["pid"]
+    if state == "holder":
+        head = f"this server (pid {pid}) holds the GPU"
+    elif state == "yielded":
+        head = (f"the GPU is yielded to other programs until {_clock(arena['until'])} "
+                f"(by process {arena.get('yielded_by')})")
+    elif state == "waiting":
+        who = f"process {arena['holder_pid']}" if arena.get("holder_pid") else "another"
+        head = f"this server (pid {pid}) waits for the GPU, held by {who}"
+    else:
+        who = f"process {arena['holder_pid']}" if arena.get("holder_pid") else "nobody"
+        head = f"this server (pid {pid}) is cold; the GPU is held by {who}"
+    rows = [("PID", "STATE", "UNTIL", "PROCESS")]
+    for p in arena.get("processes", []):
+        rows.append((str(p["pid"]), p["state"], _clock(p["until"]) if p.get("until") else "",
+                     (p.get("label") or "?") + (" (this server)" if p.get("self") else "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return f"GPU arena {arena.get('dir', '')}: {head}\n" + "\n".join(lines) + "\n"
+
+
 def _residency(m: dict) -> str:
     host = f", experts in host memory {_mib(m['host_weight_bytes'])}" \
         if m.get("host_weight_bytes") else ""
@@ -131,12 +164,14 @@ def _done(args, answer: dict, line: str) -> int:
 # -- commands ------------------------------------------------------------------------------
 
 def cmd_ps(args) -> int:
-    models = call(args, "GET", "/api/models")["models"]
+    answer = call(args, "GET", "/api/models")
+    models, arena = answer["models"], answer.get("arena")
     vram = call(args, "GET", "/api/vram")
     if args.json:
-        _emit_json({"models": models, "vram": vram})
+        _emit_json({"models": models, "vram": vram, "arena": arena})
     else:
-        sys.stdout.write(format_ps(models, vram))
+        sys.stdout.write(format_ps(models, vram) + format_arena(
+            {"enabled": False} if arena is None else arena))
         sys.stdout.flush()
     return 0
 

@@ -1,4 +1,7 @@
-"""`hotseat kernel-bench concat`: concat's two paths on the shapes lfm2 gives it.
+"""`hotseat kernel-bench concat|mul_mat_vec|mul_mat_cm|mul_mat_moe`: a kernel's paths against each other.
+
+concat: its two paths on the shapes lfm2 gives it. mul_mat_moe: a prefill chunk's expert
+products, one per token and slot against grouped by expert.
 
 lfm2 concatenates each layer's conv state [n_embd, d_conv] with B * x read transposed
 ([n, n_embd] stored token-major), along dim 0. Each path is recorded once as a one-op graph
@@ -73,6 +76,290 @@ def bench_concat(dev, kernels, repeats: int = 50, shapes=SHAPES) -> list[dict]:
     return rows
 
 
+# (weight type, n_in, n_out): the decode products of Llama-shaped 1B Q4_0 and 8B Q4_K_M
+MATVEC_SHAPES = (("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192), ("Q4_0", 8192, 2048),
+                 ("Q4_K", 4096, 4096), ("Q4_K", 4096, 14336), ("Q4_K", 14336, 4096),
+                 ("Q6_K", 14336, 4096), ("Q6_K", 4096, 32768))
+MATVEC_ROWS = (1, 2, 4, 8, 16)
+MATVEC_LANES = (32, 64, 128, 256)
+OPS_PER_GRAPH = 8
+
+
+def _random_weights(rng, wtype: str, n_in: int, n_out: int) -> np.ndarray:
+    """Random blocks with small finite f16 scales (speed depends on the bytes read, but NaNs
+    would make the outputs useless for the check)."""
+    import gguf
+
+    qt = gguf.GGMLQuantizationType[wtype]
+    block, size = gguf.GGML_QUANT_SIZES[qt]
+    raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
+    scale = np.full(raw.shape[0], 0.01, np.float16).view(np.uint8).reshape(-1, 2)
+    if wtype == "Q6_K":
+        raw[:, -2:] = scale
+    else:
+        raw[:, 0:2] = scale
+        if wtype in ("Q4_K", "Q5_K", "Q4_1"):
+            raw[:, 2:4] = scale
+    return raw.reshape(-1)
+
+
+def _time_records(dev, kernels, record, repeats: int) -> float:
+    """Median GPU time of one record(g) (its ops summed: W in parts is an op per part):
+    OPS_PER_GRAPH records in a row, replayed."""
+    from ..gpu.graph import Graph
+
+    g = Graph(dev, kernels, "bench", profile=dev.timestamps_ok)
+    try:
+        for _ in range(OPS_PER_GRAPH):
+            record(g)
+        g.finish()
+        g.replay()
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            g.replay()
+            wall = time.perf_counter() - t0
+            if dev.timestamps_ok:
+                times.append(sum(ns for _, ns in g.profile()) / 1e3 / OPS_PER_GRAPH)
+            else:
+                times.append(wall * 1e6 / OPS_PER_GRAPH)
+        return statistics.median(times)
+    finally:
+        g.close()
+
+
+def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> list[dict]:
+    """mul_mat_vec at every (rows, lanes) against the one-token mul_mat; outputs checked
+    against each other first."""
+    from ..gpu.kernels import MATVEC_CHUNK
+    from ..gpu.ops import Tuning
+
+    rng = np.random.default_rng(0)
+    t = Tuning.for_device(dev)
+    out = []
+    for wtype, n_in, n_out in shapes:
+        raw = _random_weights(rng, wtype, n_in, n_out)
+        x = rng.standard_normal(n_in).astype(np.float32)
+        alloc = dev.allocator.alloc
+        bw = alloc(raw.nbytes, "bench/w", "scratch")
+        bx = alloc(x.nbytes, "bench/x", "scratch")
+        by = alloc(4 * n_out, "bench/y", "scratch")
+        try:
+            vk.upload(dev, bw, raw)
+            vk.upload(dev, bx, x)
+
+            def plain(g):
+                g.op("mul_mat", [bw, bx, by], (-(-n_out // (t.mv_rows * t.warps)), 1, 1),
+                     wtype=wtype, spec=dict(WG=t.subgroup * t.warps, ROWS=t.mv_rows, NT=1,
+                                            ACC=0, ACT=0),
+                     n_in=n_in, n_out=n_out, n_tokens=1, x_offset=0, y_offset=0, row_offset=0,
+                     y_stride=n_out)
+            row = {"type": wtype, "n_in": n_in, "n_out": n_out, "bytes": raw.nbytes,
+                   "mul_mat_us": _time_records(dev, kernels, plain, repeats)}
+            want = vk.download(dev, by).view(np.float32).copy()
+            chunks = n_in // MATVEC_CHUNK[wtype]
+            variants = []
+            for rows in MATVEC_ROWS:
+                for lanes in sorted({t.subgroup, *MATVEC_LANES}):
+                    if lanes % t.subgroup or lanes > max(t.subgroup, 2 * chunks):
+                        continue
+
+                    def fast(g, rows=rows, lanes=lanes):
+                        g.op("mul_mat_vec", [bw, bx, by], (-(-n_out // rows), 1, 1),
+                             wtype=wtype, spec=dict(WG=lanes, ROWS=rows, ACC=0, ACT=0),
+                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0)
+                    us = _time_records(dev, kernels, fast, repeats)
+                    got = vk.download(dev, by).view(np.float32)
+                    if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
+                        raise RuntimeError(f"mul_mat_vec {wtype} {n_in}x{n_out} rows={rows} "
+                                           f"lanes={lanes} disagrees with mul_mat")
+                    variants.append({"rows": rows, "lanes": lanes, "us": us,
+                                     "gb_per_s": raw.nbytes / us / 1e3})
+            row["variants"] = variants
+            best = min(variants, key=lambda v: v["us"])
+            row["best"] = best
+            out.append(row)
+        finally:
+            for b in (bw, bx, by):
+                dev.allocator.free(b)
+    return out
+
+
+# (weight type, n_in, n_out, tokens): prefill products of the 1B Q4_0 and 8B Q4_K_M shapes
+MATMUL_SHAPES = (("Q4_0", 2048, 2048, 512), ("Q4_0", 2048, 8192, 512),
+                 ("Q4_0", 8192, 2048, 512), ("Q4_K", 4096, 4096, 512),
+                 ("Q4_K", 4096, 14336, 512), ("Q6_K", 14336, 4096, 512),
+                 ("Q4_K", 4096, 14336, 256))
+MATMUL_VARIANTS = (("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64), ("mul_mat_cm", 128, 32),
+                   ("mul_mat_cm", 64, 32))
+
+
+def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> list[dict]:
+    """The cooperative-matrix prefill products, tile by tile, against the register-tiled
+    mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative)."""
+    from ..gpu.ops import Tuning
+
+    if not dev.coopmat:
+        raise ValueError(f"{dev.name} has no cooperative matrices: nothing to compare")
+    rng = np.random.default_rng(0)
+    t = Tuning.for_device(dev)
+    out = []
+    for wtype, n_in, n_out, n in shapes:
+        raw = _random_weights(rng, wtype, n_in, n_out)
+        x = rng.standard_normal((n, n_in)).astype(np.float32)
+        alloc = dev.allocator.alloc
+        bw = alloc(raw.nbytes, "bench/w", "scratch")
+        bx = alloc(x.nbytes, "bench/x", "scratch")
+        by = alloc(4 * n * n_out, "bench/y", "scratch")
+        flop = 2.0 * n * n_in * n_out
+        try:
+            vk.upload(dev, bw, raw)
+            vk.upload(dev, bx, x)
+
+            def plain(g):
+                per = t.mm_rows * t.warps
+                g.op("mul_mat", [bw, bx, by], (-(-n_out // per), -(-n // t.mm_tokens), 1),
+                     wtype=wtype, spec=dict(WG=t.subgroup * t.warps, ROWS=t.mm_rows,
+                                            NT=t.mm_tokens, ACC=0, ACT=0),
+                     n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, row_offset=0,
+                     y_stride=n_out)
+            us = _time_records(dev, kernels, plain, repeats)
+            want = vk.download(dev, by).view(np.float32).copy()
+            row = {"type": wtype, "n_in": n_in, "n_out": n_out, "tokens": n,
+                   "mul_mat_us": us, "mul_mat_tflops": flop / us / 1e6, "variants": []}
+            for kernel, bm, bn in MATMUL_VARIANTS:
+                spec = dict(ACC=0, BM=bm, BN=bn)
+
+                def cm(g, kernel=kernel, bm=bm, bn=bn, spec=spec):
+                    g.op(kernel, [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1), wtype=wtype,
+                         spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
+                         y_offset=0, y_stride=n_out)
+                us = _time_records(dev, kernels, cm, repeats)
+                got = vk.download(dev, by).view(np.float32)
+                err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+                row["variants"].append({"kernel": kernel, "tile": [bm, bn], "us": us,
+                                        "tflops": flop / us / 1e6, "max_rel_err": err})
+            row["best"] = min(row["variants"], key=lambda v: v["us"])
+            out.append(row)
+        finally:
+            for b in (bw, bx, by):
+                dev.allocator.free(b)
+    return out
+
+
+# (weight type, n_in, n_out, per slot): the expert products of a Qwen3-30B-A3B-shaped model
+# (128 experts, 8 used, n_embd 2048, expert ff 768): gate/up from the token's row, down from
+# the slot's own row; Q4_K_M keeps down in Q6_K
+MOE_SHAPES = (("Q4_K", 2048, 768, False), ("Q6_K", 768, 2048, True),
+              ("Q4_0", 2048, 768, False), ("Q4_0", 768, 2048, True))
+MOE_EXPERTS, MOE_USED, MOE_TOKENS = 128, 8, 256
+MOE_TILES = ((None, None), (2, 8), (4, 8), (4, 16), (8, 8))    # rows x slots; None: Builder's
+
+
+def moe_routing(rng, n: int, n_expert: int, k: int, skew: float) -> np.ndarray:
+    """[n, k] distinct experts per token, drawn with probabilities exp(skew * z): 0 is an
+    even routing, 1 about as uneven as trained routers (a few experts take several times
+    their share, some none)."""
+    p = np.exp(skew * rng.standard_normal(n_expert))
+    p /= p.sum()
+    return np.stack([rng.choice(n_expert, k, replace=False, p=p) for _ in range(n)]) \
+        .astype(np.uint32)
+
+
+def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
+                      n_expert: int = MOE_EXPERTS, k: int = MOE_USED, n: int = MOE_TOKENS,
+                      tiles=MOE_TILES) -> list[dict]:
+    """A prefill chunk's routed products: per token and slot (mul_mat_id) against grouped by
+    expert (moe_group, then mul_mat_moe at several tiles and token-tile counts), for an even
+    and an uneven routing; outputs checked against mul_mat_id first. Activations rounded
+    inside the products as ggml_numerics has them (Q8_0 for Q4_0; the K-quants' quantize_act
+    pass is the same for both paths and not timed)."""
+    from ..gpu.graph import run_once
+    from ..gpu.kernels import ACT_INLINE
+    from ..gpu.ops import Tuning, moe_tile_groups, moe_tile_slots
+
+    rng = np.random.default_rng(0)
+    t = Tuning.for_device(dev)
+    alloc = dev.allocator.alloc
+    out = []
+    for wtype, n_in, n_out, per_slot in shapes:
+        raw = _random_weights(rng, wtype, n_in, n_out * n_expert)
+        x = rng.standard_normal((n * k if per_slot else n, n_in)).astype(np.float32)
+        act = ACT_INLINE.get(wtype, 0)
+        flop = 2.0 * n * k * n_in * n_out
+        # W in parts of whole experts where it exceeds the device's buffer range, as a
+        # model binds it
+        per_expert = raw.nbytes // n_expert
+        step = max(1, min(n_expert, dev.max_storage_range // per_expert))
+        parts = [(alloc(per_expert * min(step, n_expert - e), f"bench/w.{e}", "scratch"), e,
+                  min(step, n_expert - e)) for e in range(0, n_expert, step)]
+        bx = alloc(x.nbytes, "bench/x", "scratch")
+        bi = alloc(4 * n * k, "bench/ids", "scratch")
+        bg = alloc(8 * n_expert, "bench/groups", "scratch")
+        bp = alloc(4 * n * k, "bench/perm", "scratch")
+        by = alloc(4 * n * k * n_out, "bench/y", "scratch")
+        try:
+            for bw, e, count in parts:
+                vk.upload(dev, bw, raw[e * per_expert:(e + count) * per_expert])
+            vk.upload(dev, bx, x)
+            for routing, skew in (("even", 0.0), ("uneven", 1.0)):
+                ids = moe_routing(rng, n, n_expert, k, skew)
+                vk.upload(dev, bi, ids)
+                per_group = t.mv_rows * t.warps
+
+                def per_token(g):
+                    for bw, e, count in parts:
+                        g.op("mul_mat_id", [bw, bx, bi, by], (-(-n_out // per_group), k, n),
+                             wtype=wtype, spec=dict(WG=t.subgroup * t.warps, ROWS=t.mv_rows,
+                                                    ACT=act, X_SLOT=int(per_slot)),
+                             n_in=n_in, n_out=n_out, n_used=k, expert_base=e, n_experts=count)
+
+                def group(g):
+                    g.op("moe_group", [bi, bg, bp], (n_expert, 1, 1), n_slots=n * k)
+                us = _time_records(dev, kernels, per_token, repeats)
+                want = vk.download(dev, by).view(np.float32).copy()
+                counts = np.bincount(ids.reshape(-1), minlength=n_expert)
+                row = {"type": wtype, "n_in": n_in, "n_out": n_out, "tokens": n,
+                       "experts": n_expert, "used": k, "per_slot": per_slot,
+                       "routing": routing, "max_expert_tokens": int(counts.max()),
+                       "idle_experts": int((counts == 0).sum()), "mul_mat_id_us": us,
+                       "mul_mat_id_tflops": flop / us / 1e6,
+                       "moe_group_us": _time_records(dev, kernels, group, repeats),
+                       "parts": len(parts), "variants": []}
+                run_once(dev, kernels, "moe_group", [bi, bg, bp], (n_expert, 1, 1),
+                         n_slots=n * k)
+                for rows, nt in tiles:
+                    rows, nt = rows or t.mm_rows, nt or moe_tile_slots(n, k, n_expert,
+                                                                       t.mm_tokens)
+                    for lanes in sorted({moe_tile_groups(n, k, n_expert, nt), -(-n // nt)}):
+
+                        def grouped(g, rows=rows, nt=nt, lanes=lanes):
+                            for bw, e, count in parts:
+                                g.op("mul_mat_moe", [bw, bx, bg, bp, by],
+                                     (-(-n_out // (rows * t.warps)), lanes, count), wtype=wtype,
+                                     spec=dict(WG=t.subgroup * t.warps, ROWS=rows, NT=nt,
+                                               ACT=act, X_SLOT=int(per_slot)),
+                                     n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
+                        vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
+                        us = _time_records(dev, kernels, grouped, repeats)
+                        got = vk.download(dev, by).view(np.float32)
+                        err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+                        if not err <= 1e-4:
+                            raise RuntimeError(f"mul_mat_moe {wtype} {n_in}x{n_out} {rows}x{nt} "
+                                               f"tiles={lanes} disagrees with mul_mat_id")
+                        row["variants"].append({"tile": [rows, nt], "token_tiles": lanes,
+                                                "us": us, "tflops": flop / us / 1e6,
+                                                "max_rel_err": err})
+                best = min(row["variants"], key=lambda v: v["us"])
+                row["best"] = best
+                row["speedup"] = row["mul_mat_id_us"] / (best["us"] + row["moe_group_us"] / 3)
+                out.append(row)
+        finally:
+            for b in [p[0] for p in parts] + [bx, bi, bg, bp, by]:
+                dev.allocator.free(b)
+    return out
+
+
 def run_kernel_bench(args) -> int:
     from ..gpu.kernels import KernelCache
 
@@ -81,7 +368,9 @@ def run_kernel_bench(args) -> int:
     with vk.Device() as dev:
         kernels = KernelCache(dev)
         try:
-            rows = bench_concat(dev, kernels, args.repeats)
+            bench = {"mul_mat_vec": bench_mul_mat_vec, "mul_mat_cm": bench_mul_mat_cm,
+                     "mul_mat_moe": bench_mul_mat_moe, "concat": bench_concat}[args.kernel]
+            rows = bench(dev, kernels, args.repeats)
         finally:
             kernels.close()
         report = {"kernel": args.kernel, "device": dev.name, "repeats": args.repeats,
@@ -89,6 +378,46 @@ def run_kernel_bench(args) -> int:
                   "rows": rows}
     if args.json:
         print(json.dumps(report))
+        return 0
+    if args.kernel == "mul_mat_moe":
+        print(f"prefill expert products on {report['device']}, {MOE_TOKENS} tokens, "
+              f"{MOE_USED} of {MOE_EXPERTS} experts, median op time ({report['timer']}); "
+              "speedup counts a third of moe_group (one grouping serves gate, up and down)")
+        print("| type | n_in | n_out | routing | most tokens | mul_mat_id us | moe_group us | "
+              "best rows x tokens / tiles | us | TFLOP/s | speedup | all (r x t/tiles: us) |")
+        print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|")
+        for r in rows:
+            b = r["best"]
+            rest = " ".join(f"{v['tile'][0]}x{v['tile'][1]}/{v['token_tiles']}:{v['us']:.0f}"
+                            for v in r["variants"])
+            print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['routing']} | "
+                  f"{r['max_expert_tokens']} | {r['mul_mat_id_us']:.1f} | "
+                  f"{r['moe_group_us']:.1f} | {b['tile'][0]} x {b['tile'][1]} / "
+                  f"{b['token_tiles']} | {b['us']:.1f} | {b['tflops']:.2f} | "
+                  f"{r['speedup']:.1f}x | {rest} |")
+        return 0
+    if args.kernel == "mul_mat_cm":
+        print(f"prefill products on {report['device']}, median op time ({report['timer']})")
+        print("| type | n_in | n_out | tokens | mul_mat TFLOP/s | best | TFLOP/s | all |")
+        print("|---|---:|---:|---:|---:|---|---:|---|")
+        for r in rows:
+            b = r["best"]
+            rest = " ".join(f"{v['kernel'][-3:]}{v['tile'][0]}x{v['tile'][1]}:{v['tflops']:.0f}"
+                            f"(e{v['max_rel_err']:.0e})" for v in r["variants"])
+            print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['tokens']} | "
+                  f"{r['mul_mat_tflops']:.1f} | {b['kernel']} {b['tile']} | {b['tflops']:.1f} | "
+                  f"{rest} |")
+        return 0
+    if args.kernel == "mul_mat_vec":
+        print(f"decode products on {report['device']}, median op time of {args.repeats} "
+              f"replays of {OPS_PER_GRAPH} ops ({report['timer']})")
+        print("| type | n_in | n_out | mul_mat us | best rows x lanes | us | GB/s | all (rows/lanes: us) |")
+        print("|---|---:|---:|---:|---|---:|---:|---|")
+        for r in rows:
+            b = r["best"]
+            rest = " ".join(f"{v['rows']}/{v['lanes']}:{v['us']:.1f}" for v in r["variants"])
+            print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['mul_mat_us']:.1f} | "
+                  f"{b['rows']} x {b['lanes']} | {b['us']:.1f} | {b['gb_per_s']:.0f} | {rest} |")
         return 0
     print(f"concat(conv_state, transpose(bx), 0) on {report['device']}, median of "
           f"{args.repeats} replays ({report['timer']})")

@@ -6,6 +6,9 @@ GGUF memmap for weights, the KV host copy after full eviction), answer a repeate
 and read its residual device bytes. Reported per model: median restore time, bytes moved,
 achieved host-to-device bandwidth against the device's measured copy bandwidth, cold
 residual, cached tokens, and how long a reload from disk (parse + upload) takes instead.
+
+With `--processes N` the models take turns between N `hotseat serve` processes on one
+private arena instead (run_process_swap_bench): the time to the first token after a swap.
 """
 from __future__ import annotations
 
@@ -51,22 +54,26 @@ def copy_bandwidth(dev: vk.Device, nbytes: int = 256 << 20, repeats: int = 3) ->
 
 def run_swap_bench(args) -> int:
     from ..api import Engine
+    from ..args import arena_enabled
     from ..formats.bundled import resolve
     from ..residency.model import Model
     from ..text.sampling import SamplingParams
 
+    if getattr(args, "processes", 1) > 1:
+        return run_process_swap_bench(args)
     paths = [resolve(m) for m in (args.model or [None, None])]
     if args.cycles < 1:
         raise ValueError("--cycles must be >= 1")
     full = bool(args.evict_kv)
     greedy = SamplingParams(temperature=0.0)
-    with Engine(n_ctx=args.ctx, full_release=full, flash_attn=args.flash_attn) as eng:
+    with Engine(n_ctx=args.ctx, full_release=full, flash_attn=args.flash_attn,
+                arena=arena_enabled(args), arena_label="swap-bench") as eng:
         names = []
         for i, p in enumerate(paths):
             base = os.path.splitext(os.path.basename(p))[0]
             names.append(eng.load(p, name=base if base not in eng.models else f"{base}#{i + 1}",
                                   cpu_moe=args.cpu_moe))
-        bandwidth = copy_bandwidth(eng.dev)
+        bandwidth = eng.device_job(lambda: copy_bandwidth(eng.dev), why="copy bandwidth")
         per = {n: {"restore_s": [], "bytes": [], "residual": [], "cached": [], "release_s": [],
                    "alloc_s": [], "copy_s": [], "state_s": []} for n in names}
         answers: dict[str, list] = {n: [] for n in names}
@@ -92,11 +99,15 @@ def run_swap_bench(args) -> int:
         reload_s = {}
         for n, p in zip(names, paths):
             eng.unload(n)
-            t0 = time.perf_counter()
-            fresh = Model(eng.dev, eng.kernels, p, n_ctx=args.ctx, name=n + "-reload",
-                          cpu_moe=args.cpu_moe)
-            reload_s[n] = time.perf_counter() - t0
-            fresh.close()
+
+            def reload(n: str = n, p: str = p) -> float:
+                t0 = time.perf_counter()
+                fresh = Model(eng.dev, eng.kernels, p, n_ctx=args.ctx, name=n + "-reload",
+                              cpu_moe=args.cpu_moe)
+                took = time.perf_counter() - t0
+                fresh.close()
+                return took
+            reload_s[n] = eng.device_job(reload, why="reload from disk")
     report = {"device": eng.dev.name, "mode": "full" if full else "weights-only",
               "cycles": args.cycles, "copy_bandwidth_GBps": bandwidth / 1e9, "models": []}
     for n in names:
@@ -134,4 +145,119 @@ def run_swap_bench(args) -> int:
                   f"{m['cold_residual_bytes']} B, cached tokens {m['cached_tokens']}, "
                   f"identical outputs {m['outputs_identical_across_cycles']}, reload from "
                   f"disk {1e3 * m['reload_from_disk_s']:.0f} ms")
+    return 0
+
+
+# -- several processes on one arena ----------------------------------------------------------
+
+def run_process_swap_bench(args) -> int:
+    """`hotseat swap-bench --processes N`: N `hotseat serve` processes on one private arena,
+    each serving one of the models (in turn), asked in turn over HTTP. Every request after
+    the first of a cycle finds its server cold, because the one before took the GPU: its
+    time to the first streamed token is the TTFT after a swap (the ring, the other server's
+    full eviction at its safe point, the restore, the prefill of what the prompt cache does
+    not hold, one token). A second request right after it, warm, gives the TTFT without the
+    swap. Reported per process: medians of both, the restore's time and bytes against the
+    host-to-device copy bandwidth, the handover wait (ring to token), and whether the other
+    servers held no device memory while each answered."""
+    import shutil
+    import tempfile
+
+    from ..formats.bundled import resolve
+    from .serveproc import ServeProcess
+
+    if args.cycles < 1 or args.processes < 2:
+        raise ValueError("--cycles must be >= 1 and --processes >= 2")
+    paths = [resolve(m) for m in (args.model or [None])]
+    dev = vk.Device()                    # the copy bandwidth, before any server holds memory
+    try:
+        device, bandwidth = dev.name, copy_bandwidth(dev)
+    finally:
+        dev.close()
+    arena_dir = tempfile.mkdtemp(prefix="hotseat-swap-bench-")
+    extra: list[str] = []
+    if args.cpu_moe:
+        extra += ["--cpu-moe", str(args.cpu_moe)]
+    if args.flash_attn:
+        extra += ["--flash-attn", args.flash_attn]
+    procs = [ServeProcess([paths[i % len(paths)]], ctx=args.ctx,
+                          arena_dir=os.path.join(arena_dir, "arena"), extra=extra)
+             for i in range(args.processes)]
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": args.n,
+            "temperature": 0}
+    per = [{"ttft_swap": [], "ttft_warm": [], "restore_s": [], "bytes": [], "weights_s": [],
+            "wait_s": [], "total_swap": [], "answers": [], "exclusive": True}
+           for _ in procs]
+    try:
+        for p in procs:
+            p.wait_ready()
+        for p in procs:                  # first use: pipelines and graphs are built here
+            p.stream("/v1/chat/completions", body)
+        for _ in range(args.cycles):
+            for i, p in enumerate(procs):
+                ttft, total, text = p.stream("/v1/chat/completions", body)
+                r = per[i]
+                r["ttft_swap"].append(ttft)
+                r["total_swap"].append(total)
+                r["answers"].append(text)
+                _, _, models = p.request("GET", "/api/models")
+                restore = models["models"][0].get("last_restore") or {}
+                arena = models.get("arena") or {}
+                r["restore_s"].append(restore.get("seconds", 0.0))
+                r["bytes"].append(restore.get("bytes", 0))
+                r["weights_s"].append(restore.get("weights_s", 0.0))
+                r["wait_s"].append(arena.get("last_wait_s") or 0.0)
+                for j, q in enumerate(procs):
+                    if j != i and q.request("GET", "/api/arena")[2]["device_bytes"]:
+                        r["exclusive"] = False
+                ttft_warm, _, text2 = p.stream("/v1/chat/completions", body)
+                r["ttft_warm"].append(ttft_warm)
+                r["answers"].append(text2)
+    finally:
+        for p in procs:
+            p.stop()
+        shutil.rmtree(arena_dir, ignore_errors=True)
+    med = statistics.median
+    rows = []
+    for i, (p, r) in enumerate(zip(procs, per)):
+        moved = med(r["bytes"])
+        restore = med(r["restore_s"])
+        ideal = moved / bandwidth
+        rows.append({
+            "process": i, "model": p.names[0] if p.names else os.path.basename(paths[0]),
+            "ttft_after_swap_s_median": med(r["ttft_swap"]),
+            "ttft_warm_s_median": med(r["ttft_warm"]),
+            "swap_cost_s_median": med(a - b for a, b in zip(r["ttft_swap"], r["ttft_warm"])),
+            "handover_wait_s_median": med(r["wait_s"]),
+            "restore_s_median": restore,
+            "restore_weights_s_median": med(r["weights_s"]),
+            "bytes_restored": int(moved),
+            "ideal_restore_s": ideal,
+            "restore_vs_copy_bandwidth": ideal / restore if restore else 0.0,
+            # the target: a TTFT after a swap within 1.2x of the copy plus the warm TTFT
+            "ttft_after_swap_vs_ideal": med(r["ttft_swap"]) / (ideal + med(r["ttft_warm"])),
+            "samples": {k: r[k] for k in ("ttft_swap", "ttft_warm", "restore_s", "wait_s")},
+            "outputs_identical": all(a == r["answers"][0] for a in r["answers"]),
+            "others_held_no_device_memory": r["exclusive"],
+        })
+    report = {"device": procs[0].device or device, "mode": "processes",
+              "processes": args.processes, "cycles": args.cycles, "tokens": args.n,
+              "copy_bandwidth_GBps": bandwidth / 1e9, "rows": rows}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"device: {report['device']}  {args.processes} processes on one arena, "
+              f"cycles: {args.cycles}  copy bandwidth: {report['copy_bandwidth_GBps']:.2f} "
+              f"GB/s")
+        for r in rows:
+            print(f"process {r['process']} ({r['model']}): TTFT after a swap "
+                  f"{1e3 * r['ttft_after_swap_s_median']:.1f} ms, warm "
+                  f"{1e3 * r['ttft_warm_s_median']:.1f} ms (handover wait "
+                  f"{1e3 * r['handover_wait_s_median']:.1f} ms); restore "
+                  f"{1e3 * r['restore_s_median']:.1f} ms for {r['bytes_restored'] / 2**20:.1f}"
+                  f" MiB ({100 * r['restore_vs_copy_bandwidth']:.0f}% of copy bandwidth, "
+                  f"ideal {1e3 * r['ideal_restore_s']:.1f} ms); TTFT after a swap / (ideal "
+                  f"copy + warm TTFT) = {r['ttft_after_swap_vs_ideal']:.2f}; identical "
+                  f"outputs {r['outputs_identical']}, others cold while it answered "
+                  f"{r['others_held_no_device_memory']}")
     return 0

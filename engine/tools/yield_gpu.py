@@ -1,4 +1,8 @@
-"""`hotseat yield`: every Hotseat process leaves the GPU for a while (a game wants it)."""
+"""`hotseat yield`: every Hotseat process leaves the GPU for a while (a game wants it).
+
+    hotseat yield --for 600      # every server and the tray go cold and stay cold 600 s
+    hotseat yield --cancel       # the yield ends now; waiting requests go on
+"""
 from __future__ import annotations
 
 import time
@@ -12,12 +16,25 @@ def add_parser(sub) -> None:
                    help="how long Hotseat stays off the GPU (default 60)")
     y.add_argument("--wait", type=float, default=30.0, metavar="SECONDS",
                    help="how long to wait for the holder to go cold (default 30)")
+    y.add_argument("--cancel", action="store_true",
+                   help="end a yield in force now, so that Hotseat uses the GPU again")
     y.set_defaults(func=cmd_yield)
 
 
 def cmd_yield(args) -> int:
     import sys
 
+    if args.cancel:
+        try:
+            with Arena(watch=False) as arena:
+                until = arena.cancel_yield()
+        except ArenaError as exc:
+            print(f"hotseat: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"The yield until {time.strftime('%H:%M:%S', time.localtime(until))} is over; "
+              f"Hotseat processes may use the GPU again." if until is not None
+              else "No yield was in force.")
+        return 0
     if not 0 < args.seconds <= MAX_YIELD_S:
         print(f"hotseat: error: --for takes more than 0 and at most {MAX_YIELD_S} seconds, "
               f"got {args.seconds:g}", file=sys.stderr)
@@ -38,6 +55,6 @@ def cmd_yield(args) -> int:
               f"{args.wait:g} s (a request in progress); it goes cold when that request "
               f"ends. {back}.", file=sys.stderr)
         return 1
-    print(f"{who} went cold and left the GPU; {back}." if who
+    print(f"{who} went cold and left the GPU in {done['seconds']:.2f} s; {back}." if who
           else f"No Hotseat process held the GPU; {back}.")
     return 0

@@ -4,6 +4,7 @@
 // shuffles. Clustered subgroup operations would say it shorter, but Mesa's lavapipe reduces
 // over the whole subgroup.
 #extension GL_KHR_shader_subgroup_shuffle : require
+#include "round.glsl"
 
 float quad_max(float v) {
     v = max(v, subgroupShuffleXor(v, 1));
@@ -21,11 +22,11 @@ float round_act(const uint mode, inout vec4 xa, inout vec4 xb) {
     const float amax = quad_max(max(max(m4.x, m4.y), max(m4.z, m4.w)));
     const float d = amax / 127.0;
     const float id = amax != 0.0 ? 127.0 / amax : 0.0;
-    const float dh = unpackHalf2x16(packHalf2x16(vec2(d, 0.0))).x;
+    const float dh = f16_rne(d);
     const vec4 qa = roundEven(xa * id), qb = roundEven(xb * id);
     xa = qa * dh;
     xb = qb * dh;
     if (mode != 2) return 0.0;
     const float qs = quad_add(dot(qa + qb, vec4(1.0)));
-    return unpackHalf2x16(packHalf2x16(vec2(d * qs, 0.0))).x - dh * qs;
+    return f16_rne(d * qs) - dh * qs;
 }

@@ -271,3 +271,231 @@ def test_fake_matches_the_facade():
     # what the bridge's engine factory passes
     for cls in (Engine, FakeEngine):
         assert {"budget_bytes", "full_release"} <= set(inspect.signature(cls).parameters)
+
+
+# -- busy state and activity (item 4) ---------------------------------------------------------
+def test_a_warm_during_a_generation_shows_queued_then_runs(qtbot, make_bridge, models):
+    bridge = make_bridge()
+    busy = []
+    bridge.busy_changed.connect(lambda b: busy.append(b))
+    load(qtbot, bridge, models["a"])
+    load(qtbot, bridge, models["b"])
+    bridge.evict("b")
+    until(qtbot, lambda: bridge.rec.model("b")["state"] == "cold")
+    bridge.fake.token_delay_s = 0.02
+    rid = bridge.chat("a", [{"role": "user", "content": "hi"}], max_tokens=40)
+    until(qtbot, lambda: any(b.get("a", "").startswith("generating") for b in busy))
+    bridge.warm("b")                                     # waits for the generation
+    until(qtbot, lambda: busy and busy[-1].get("b") == "queued: warm")
+    until(qtbot, lambda: any("tok/s" in b.get("a", "") for b in busy), timeout=5000)
+    rate = next(b["a"] for b in busy if "tok/s" in b.get("a", ""))
+    assert float(rate.split("· ")[1].split()[0]) > 1
+    until(qtbot, lambda: bridge.rec.model("b")["state"] == "warm", timeout=5000)
+    until(qtbot, lambda: busy[-1] == {})
+    assert rid > 0
+
+
+def test_status_answers_while_a_generation_runs(qtbot, make_bridge, models):
+    bridge = make_bridge()
+    load(qtbot, bridge, models["a"])
+    bridge.fake.token_delay_s = 0.05
+    bridge.chat("a", [{"role": "user", "content": "hi"}], max_tokens=40)   # 2 s
+    until(qtbot, lambda: bridge.activity.generating())
+    n = len(bridge.rec.vram)
+    bridge.refresh()
+    until(qtbot, lambda: len(bridge.rec.vram) > n, timeout=1000)
+    assert bridge.activity.generating()
+
+
+def test_pin_is_not_stuck_behind_a_load(qtbot, make_bridge, models):
+    bridge = make_bridge()
+    load(qtbot, bridge, models["a"])
+    bridge.fake.load_delay_s = 0.5                       # b's upload: 2 s
+    bridge.load(models["b"])
+    until(qtbot, lambda: bridge.activity.ops())
+    qtbot.wait(600)
+    # the fake's upload holds its device lock like the engine thread; the parse does not
+    bridge.set_pinned("a", True)
+    until(qtbot, lambda: bridge.rec.model("a").get("pinned"), timeout=5000)
+
+
+def test_activity_log_entries(qtbot, bridge, models):
+    lines = []
+    bridge.log_entry.connect(lines.append)
+    load(qtbot, bridge, models["a"])
+    bridge.chat("a", [{"role": "user", "content": "hi"}], max_tokens=3)
+    until(qtbot, lambda: any("Chat: 3 tokens from a" in x for x in lines))
+    assert any(x.split(" ", 1)[1].startswith("Loaded a in") for x in lines)
+    assert lines[0][2] == ":" and lines[0][5] == ":"        # HH:MM:SS first
+
+
+# -- chat (item 8) ----------------------------------------------------------------------------
+def test_chat_streams_on_a_worker_thread(qtbot, bridge, models):
+    load(qtbot, bridge, models["a"])
+    threads, deltas, done = [], [], []
+    original = bridge.fake.generate
+
+    def spy(*a, **kw):
+        threads.append(threading.current_thread())
+        return original(*a, **kw)
+
+    bridge.fake.generate = spy
+    bridge.chat_delta.connect(lambda rid, t: deltas.append((rid, t)))
+    bridge.chat_done.connect(lambda rid, info: done.append((rid, info)))
+    rid = bridge.chat("a", [{"role": "user", "content": "hi"}], max_tokens=4)
+    until(qtbot, lambda: done)
+    assert threads[0] is not threading.main_thread()
+    assert deltas == [(rid, " ok")] * 4
+    assert done[0][0] == rid and done[0][1]["text"] == " ok" * 4
+    assert done[0][1]["tokens"] == 4 and done[0][1]["error"] == ""
+
+
+def test_chat_can_be_cancelled(qtbot, bridge, models):
+    load(qtbot, bridge, models["a"])
+    bridge.fake.token_delay_s = 0.02
+    done = []
+    bridge.chat_done.connect(lambda rid, info: done.append(info))
+    rid = bridge.chat("a", [{"role": "user", "content": "hi"}], max_tokens=500)
+    until(qtbot, lambda: bridge.activity.generating())
+    bridge.cancel_chat(rid)
+    until(qtbot, lambda: done, timeout=3000)
+    assert done[0]["finish_reason"] == "cancelled" and done[0]["tokens"] < 500
+
+
+def test_chat_with_an_unknown_model_reports(qtbot, bridge):
+    done = []
+    bridge.chat_done.connect(lambda rid, info: done.append(info))
+    bridge.chat("nope", [{"role": "user", "content": "hi"}])
+    until(qtbot, lambda: done)
+    assert "no model named 'nope'" in done[0]["error"]
+
+
+# -- idle eviction (item 8) -------------------------------------------------------------------
+def test_idle_models_are_evicted_and_pinned_ones_stay(qtbot, bridge, models):
+    load(qtbot, bridge, models["a"])
+    load(qtbot, bridge, models["b"], pin=True)
+    lines = []
+    bridge.log_entry.connect(lines.append)
+    bridge.set_idle_evict_s(0.3)
+    qtbot.wait(400)
+    bridge.refresh()
+    until(qtbot, lambda: bridge.rec.model("a")["state"] == "cold")
+    assert bridge.rec.model("b")["state"] == "warm"
+    assert any("Evicted a after" in x for x in lines)
+    # used again: warm, and idle from then on
+    bridge.warm("a")
+    until(qtbot, lambda: bridge.rec.model("a")["state"] == "warm")
+    bridge.refresh()
+    qtbot.wait(100)
+    assert bridge.rec.model("a")["state"] == "warm"
+
+
+# -- arena (item 9) ---------------------------------------------------------------------------
+def test_arena_status_is_reported(qtbot, bridge):
+    got = []
+    bridge.arena_changed.connect(got.append)
+    bridge.fake.arena_state = {"state": "yielded", "until": 2e9, "holder_pid": 42}
+    bridge.refresh()
+    until(qtbot, lambda: got)
+    assert got[-1] == {"state": "yielded", "until": 2e9, "holder_pid": 42}
+    bridge.fake.arena_state = None
+    bridge.refresh()
+    until(qtbot, lambda: got[-1] == {})
+
+
+def test_an_engine_without_arena_status_is_fine(qtbot, make_bridge, models):
+    bridge = make_bridge()
+    del type(bridge.fake).arena_status                     # the engine before that API
+    try:
+        got = []
+        bridge.arena_changed.connect(got.append)
+        bridge.refresh()
+        qtbot.wait(100)
+        assert got == [] and not bridge.rec.errors
+    finally:
+        type(bridge.fake).arena_status = _arena_status
+
+
+_arena_status = FakeEngine.arena_status
+
+
+def test_yield_rings_the_arena_and_evicts(qtbot, bridge, models, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOTSEAT_ARENA", str(tmp_path / "arena"))
+    load(qtbot, bridge, models["a"])
+    load(qtbot, bridge, models["b"], pin=True)
+    got = []
+    bridge.arena_changed.connect(got.append)
+    bridge.yield_gpu(600)
+    # the fake has no arena: the bridge makes its own unpinned models cold
+    until(qtbot, lambda: bridge.rec.model("a")["state"] == "cold")
+    assert bridge.rec.model("b")["state"] == "warm"
+    import time
+
+    from engine.residency.arena import parse_line
+    rings = [parse_line(x) for x in (tmp_path / "arena" / "doorbell").read_bytes().splitlines()]
+    yields = [r for r in rings if r and r["until"]]           # what the others read
+    assert yields and 590 < yields[-1]["until"] - time.time() <= 600
+    until(qtbot, lambda: got and got[-1].get("state") == "yielded")
+
+
+# -- LAN and API key (item 8) -----------------------------------------------------------------
+def test_endpoint_with_an_api_key(qtbot, make_bridge, models):
+    bridge = make_bridge(port=0, api_key="sekrit")
+    load(qtbot, bridge, models["a"])
+    bridge.set_endpoint(True)
+    until(qtbot, lambda: bridge.rec.endpoint, timeout=10000)
+    url = bridge.rec.endpoint[-1][1]
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(url + "/v1/models")
+    assert err.value.code == 401
+    req = urllib.request.Request(url + "/v1/models", headers={"Authorization":
+                                                              "Bearer sekrit"})
+    with urllib.request.urlopen(req, timeout=5) as r:
+        assert r.status == 200
+    bridge.set_access("0.0.0.0", "sekrit")                  # moves to every address
+    until(qtbot, lambda: len(bridge.rec.endpoint) == 3, timeout=10000)
+    assert bridge._endpoint.host == "0.0.0.0"
+
+
+def test_endpoint_requests_show_as_busy(qtbot, make_bridge, models):
+    bridge = make_bridge(port=0)
+    load(qtbot, bridge, models["a"])
+    bridge.set_endpoint(True)
+    until(qtbot, lambda: bridge.rec.endpoint, timeout=10000)
+    url = bridge.rec.endpoint[-1][1]
+    busy = []
+    bridge.busy_changed.connect(busy.append)
+    bridge.fake.token_delay_s = 0.02
+    body = json.dumps({"model": "a", "prompt": "hi", "max_tokens": 30}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert r.status == 200
+    until(qtbot, lambda: any(b.get("a", "").startswith("generating") for b in busy))
+
+
+# -- shutdown (items 1 and 2) -----------------------------------------------------------------
+def test_shutdown_keeps_its_deadline_during_a_long_generation(qtbot, make_bridge, models):
+    import time
+
+    bridge = make_bridge()
+    load(qtbot, bridge, models["a"])
+    bridge.fake.token_delay_s = 0.05
+    bridge.chat("a", [{"role": "user", "content": "hi"}], max_tokens=1000)   # 50 s
+    until(qtbot, lambda: bridge.activity.generating())
+    t0 = time.monotonic()
+    assert bridge.shutdown(2.0) is True                   # cancelled, then closed
+    assert time.monotonic() - t0 < 1.0 and bridge.fake.closed
+
+
+def test_shutdown_returns_at_the_deadline_when_a_load_holds_the_device(qtbot, make_bridge,
+                                                                       models):
+    import time
+
+    bridge = make_bridge(load_delay_s=1.0)                # a 4 s upload
+    bridge.load(models["a"])
+    until(qtbot, lambda: bridge.activity.ops())
+    t0 = time.monotonic()
+    assert bridge.shutdown(0.5) is False
+    assert time.monotonic() - t0 < 0.9
+    until(qtbot, lambda: bridge.fake.closed, timeout=8000)   # it still closes, later

@@ -51,7 +51,9 @@ def test_load_evict_pin_on_the_real_engine(qtbot, smollm2_path):
         until(qtbot, lambda: rec.model(name).get("pinned"), timeout=LOAD_TIMEOUT_MS)
         assert rec.model(name)["state"] == "warm"
         until(qtbot, lambda: row.badge.text() == "WARM" and row.pin_button.isChecked())
-        assert rec.vram[-1]["granted_bytes"] >= rec.model(name)["warm_bytes"]
+        # the VRAM breakdown comes on the status lane, after the model's own update
+        until(qtbot, lambda: rec.vram and rec.vram[-1]["granted_bytes"]
+              >= rec.model(name)["warm_bytes"], timeout=LOAD_TIMEOUT_MS)
         assert not rec.errors, rec.errors
     finally:
         window.timer.stop()

@@ -28,13 +28,15 @@ class Factory:
 def start_app(qtbot):
     apps = []
 
-    def start() -> tuple[HotseatApp, FakeEngine]:
+    def start(right_after_start=None) -> tuple[HotseatApp, FakeEngine]:
         factory = Factory()
         hs = HotseatApp(engine_factory=factory, use_system_tray=False)
         qtbot.addWidget(hs.window)
         hs.rec = Recorder(hs.bridge)
         apps.append(hs)
         hs.start()
+        if right_after_start is not None:
+            right_after_start(hs)
         until(qtbot, lambda: factory.engines)
         return hs, factory.engines[0]
 
@@ -54,8 +56,9 @@ def test_models_and_pins_are_saved_and_restored(qtbot, start_app, models):
     until(qtbot, lambda: set(hs.window.rows) == {"a", "b"})
     hs.window.rows["b"].pin_button.click()
     until(qtbot, lambda: any(m["pinned"] for m in saved()["models"]))
-    assert saved()["models"] == [{"path": models["a"], "name": "a", "pinned": False},
-                                 {"path": models["b"], "name": "b", "pinned": True}]
+    assert saved()["models"] == [
+        {"path": models["a"], "name": "a", "pinned": False, "n_ctx": 0, "cpu_moe": 0.0},
+        {"path": models["b"], "name": "b", "pinned": True, "n_ctx": 0, "cpu_moe": 0.0}]
     hs.close()
 
     hs2, eng2 = start_app()
@@ -64,7 +67,7 @@ def test_models_and_pins_are_saved_and_restored(qtbot, start_app, models):
     assert [c for c in eng2.calls if c[0] in ("load", "pin")] == \
         [("load", models["a"]), ("load", models["b"]), ("pin", "b")]
     assert not hs2.rec.model("a")["pinned"]
-    until(qtbot, lambda: hs2.window.progress.isHidden())
+    until(qtbot, lambda: not hs2.window.pending)
 
 
 def test_unload_is_saved(qtbot, start_app, models):
@@ -78,7 +81,7 @@ def test_unload_is_saved(qtbot, start_app, models):
 
 def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
     hs, eng = start_app()
-    w = hs.window
+    w = hs.window.preferences
     w.budget_spin.setValue(512)
     w.budget_spin.editingFinished.emit()
     until(qtbot, lambda: eng.arbiter.budget == 512 << 20)
@@ -100,10 +103,11 @@ def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
 
     hs2, eng2 = start_app()                                    # restored into engine and UI
     assert eng2.arbiter.budget == 512 << 20 and eng2.arbiter.full_release is False
-    assert eng2.flash_attn == "on" and hs2.window.flash_combo.currentData() == "on"
-    assert hs2.bridge.port == 9123 and hs2.window.port_spin.value() == 9123
-    assert hs2.window.autostart_check.isChecked() and hs2.watcher.folder == str(tmp_path)
-    hs2.window.autostart_check.setChecked(False)
+    p2 = hs2.window.preferences
+    assert eng2.flash_attn == "on" and p2.flash_combo.currentData() == "on"
+    assert hs2.bridge.port == 9123 and p2.port_spin.value() == 9123
+    assert p2.autostart_check.isChecked() and hs2.watcher.folder == str(tmp_path)
+    p2.autostart_check.setChecked(False)
     assert not os.path.exists(tmp_path / "xdg" / "autostart" / "hotseat.desktop")
 
 
@@ -147,3 +151,99 @@ def test_tray_open_shows_the_window(qtbot, start_app):
     hs.tray.open_action.trigger()
     until(qtbot, lambda: hs.window.isVisible())
 
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints", r"support raise\(\)")
+def test_quit_with_the_window_open_bypasses_hide_on_close(qtbot, start_app, monkeypatch):
+    from PySide6.QtWidgets import QApplication
+
+    hs, eng = start_app()
+    hs.window.hide_on_close = True                  # as with a tray icon
+    hs.window.show()
+    qtbot.waitExposed(hs.window)
+    hs.window.close()                               # the window's close button: hides
+    assert hs.window.isHidden() and not hs.bridge.closing
+    hs.window.show()
+    exits = []
+    monkeypatch.setattr(QApplication, "exit", staticmethod(lambda rc=0: exits.append(rc)))
+    hs.tray.quit_action.trigger()                   # the menu's Quit
+    assert exits == [0]
+    assert hs.bridge.closing and eng.closed and hs.window.isHidden()
+    assert saved()["window_geometry"]               # saved on the way out
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_window_geometry_is_restored(qtbot, start_app):
+    hs, eng = start_app()
+    hs.window.resize(731, 517)
+    hs.window.show()
+    qtbot.waitExposed(hs.window)
+    hs.close()
+    hs2, _ = start_app()
+    assert (hs2.window.width(), hs2.window.height()) == (731, 517)
+
+
+def test_notifications_only_while_hidden(qtbot, start_app, models):
+    hs, eng = start_app()
+    assert hs.window.isHidden()
+    hs.window.load_paths([models["a"]])
+    until(qtbot, lambda: hs.tray.notifications)
+    assert hs.tray.notifications == [("Model loaded", "a is ready")]
+    hs.window.load_paths([models["text"]])
+    until(qtbot, lambda: len(hs.tray.notifications) == 2)
+    assert hs.tray.notifications[1] == ("Could not load a model",
+                                        "text.gguf: This is not a GGUF model file")
+
+
+def test_lan_and_key_settings_reach_the_bridge(qtbot, start_app, monkeypatch):
+    hs, eng = start_app()
+    calls = []
+    monkeypatch.setattr(hs.bridge, "set_access", lambda host, key: calls.append((host, key)))
+    p = hs.window.preferences
+    p.lan_check.setChecked(True)
+    assert calls[-1] == ("127.0.0.1", "")           # no key: not on the network yet
+    assert "stays on this computer" in hs.window.message.text()
+    p.key_edit.setText("k1")
+    p.key_edit.editingFinished.emit()
+    assert calls[-1] == ("0.0.0.0", "k1")
+    assert saved()["lan"] is True and saved()["api_key"] == "k1"
+
+
+def test_model_options_are_saved_and_used_at_the_next_start(qtbot, start_app, models):
+    hs, eng = start_app()
+    hs.window.load_paths([models["a"]])
+    until(qtbot, lambda: "a" in hs.window.rows)
+    hs.window.on_options_chosen("a", 512, 0.0)
+    until(qtbot, lambda: saved()["models"][0]["n_ctx"] == 512)
+    hs.close()
+    hs2, eng2 = start_app()
+    until(qtbot, lambda: "a" in hs2.window.rows)
+    assert eng2.load_options["a"]["n_ctx"] == 512
+
+
+def test_saved_models_show_progress_rows_from_the_start(qtbot, start_app, models):
+    settings.save(settings.Settings(models=[settings.ModelEntry(models["a"], "a"),
+                                            settings.ModelEntry(models["b"], "b")]))
+    seen = []
+    hs, eng = start_app(lambda hs: seen.append((set(hs.window.pending),
+                                                hs.window.empty_label.isHidden())))
+    assert seen == [({models["a"], models["b"]}, True)]     # before any load ran
+    until(qtbot, lambda: set(hs.window.rows) == {"a", "b"})
+    until(qtbot, lambda: not hs.window.pending)
+
+
+def test_idle_setting_reaches_the_bridge(qtbot, start_app):
+    hs, eng = start_app()
+    hs.window.preferences.idle_spin.setValue(15)
+    hs.window.preferences.idle_spin.editingFinished.emit()
+    assert hs.bridge._idle_s == 15 * 60 and saved()["idle_evict_min"] == 15
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_the_session_ending_saves_at_once(qtbot, start_app):
+    hs, eng = start_app()
+    hs.window.resize(700, 500)
+    hs.window.show()
+    qtbot.waitExposed(hs.window)
+    hs.on_commit_data()                        # what QApplication.commitDataRequest calls
+    assert saved()["window_geometry"] == hs.settings.window_geometry != ""

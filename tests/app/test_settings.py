@@ -29,15 +29,33 @@ def test_missing_file_is_defaults_without_warning():
 
 
 def test_round_trip():
-    s = Settings(models=[ModelEntry("/m/a.gguf", "a", True), ModelEntry("/m/b.gguf", "b")],
+    s = Settings(models=[ModelEntry("/m/a.gguf", "a", True),
+                         ModelEntry("/m/b.gguf", "b", n_ctx=512, cpu_moe=2.5)],
                  port=9000, budget_mib=3072, release_mode="weights",
-                 watched_folder="/m", endpoint=True, autostart=True, flash_attn="on")
+                 watched_folder="/m", endpoint=True, autostart=True, flash_attn="on",
+                 idle_evict_min=15, api_key="k", lan=True, notifications=False,
+                 window_geometry="AdnQ")
     settings.save(s)
     back, warning = settings.load()
     assert warning is None and back == s
     assert back.budget_bytes == 3072 << 20 and back.full_release is False
     raw = json.loads(open(settings.settings_path()).read())
-    assert raw["models"][0] == {"path": "/m/a.gguf", "name": "a", "pinned": True}
+    assert raw["models"][0] == {"path": "/m/a.gguf", "name": "a", "pinned": True, "n_ctx": 0,
+                                "cpu_moe": 0.0}
+
+
+def test_lan_needs_a_key_or_the_explicit_opt_in():
+    assert Settings().host == "127.0.0.1"
+    assert Settings(lan=True).host == "127.0.0.1"                 # no key: not on the LAN
+    assert Settings(lan=True, api_key="secret").host == "0.0.0.0"
+    assert Settings(lan=True, lan_without_key=True).host == "0.0.0.0"
+    assert Settings(lan=False, lan_without_key=True).host == "127.0.0.1"
+
+
+def test_bad_model_options_fall_back():
+    s, bad = settings.from_dict({"models": [{"path": "/a.gguf", "n_ctx": -4, "cpu_moe": "x"}],
+                                 "idle_evict_min": -1})
+    assert s.models == [ModelEntry("/a.gguf", "a")] and bad == ["idle_evict_min"]
 
 
 def test_save_leaves_no_temporary_files(config_dir):

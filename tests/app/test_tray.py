@@ -32,12 +32,13 @@ def test_no_system_tray_offscreen_means_no_icon(qtbot, bridge):
 
 def test_menu_lists_models_with_their_state(qtbot, tray, bridge):
     until(qtbot, lambda: tray.device == "Fake GPU")
-    assert tray.texts() == ["Hotseat — Fake GPU", "", "No models loaded", "",
-                            "Local endpoint", "Open Hotseat", "", "Quit"]
+    tail = ["", "Local endpoint", "Yield the GPU for 10 minutes", "", "Open Hotseat",
+            "Preferences…", "", "Quit"]
+    assert tray.texts() == ["Hotseat — Fake GPU", "", "No models loaded"] + tail
     bridge.models_changed.emit([fake_status("a"), fake_status("b", "cold", pinned=True)])
     until(qtbot, lambda: len(tray.model_menus) == 2)
-    assert tray.texts() == ["Hotseat — Fake GPU", "", "●  a — warm", "○  b — cold, pinned", "",
-                            "Local endpoint", "Open Hotseat", "", "Quit"]
+    assert tray.texts() == ["Hotseat — Fake GPU", "", "●  a — warm",
+                            "○  b — cold, pinned"] + tail
     assert sub_texts(tray, "a") == ["Pinned", "Evict", "Make warm", "Unload"]
     b = tray.model_menus["b"].actions()
     assert b[0].isChecked() and not b[1].isEnabled() and b[2].isEnabled()
@@ -98,3 +99,43 @@ def test_refresh_with_no_change_keeps_the_menu(qtbot, tray, bridge):
 
 def test_model_title():
     assert model_title(fake_status("x", "cold")) == "○  x — cold"
+
+
+def test_icon_state_follows_busy_and_arena(qtbot, tray, bridge):
+    assert tray.state == "idle"
+    bridge.busy_changed.emit({"a": "generating · 4.0 tok/s"})
+    until(qtbot, lambda: tray.state == "generating")
+    bridge.busy_changed.emit({"a": "queued: warm"})
+    until(qtbot, lambda: tray.state == "busy")
+    bridge.arena_changed.emit({"state": "yielded", "until": 2e9, "holder_pid": None})
+    until(qtbot, lambda: tray.state == "yielded")
+    assert tray.texts()[1].startswith("Yielded to another app until ")
+    bridge.arena_changed.emit({})
+    bridge.busy_changed.emit({})
+    until(qtbot, lambda: tray.state == "idle")
+    assert not any(t.startswith("Yielded") for t in tray.texts())
+
+
+def test_state_icons_differ():
+    from app.icons import state_icon
+
+    keys = {s: state_icon(s).pixmap(32, 32).toImage() for s in
+            ("idle", "generating", "busy", "yielded")}
+    assert len({img.pixelColor(26, 26).name() for img in keys.values()}) == 4
+
+
+def test_yield_action_calls_the_bridge(qtbot, tray, bridge, monkeypatch):
+    asked = []
+    monkeypatch.setattr(bridge, "yield_gpu", lambda s: asked.append(s))
+    tray.yield_action.trigger()
+    assert asked == [600]
+
+
+def test_notify_records_without_an_icon(tray):
+    tray.notify("Model loaded", "a is ready")
+    assert tray.notifications == [("Model loaded", "a is ready")]
+
+
+def test_preferences_action_is_a_signal(qtbot, tray):
+    with qtbot.waitSignal(tray.preferences_requested, timeout=1000):
+        tray.prefs_action.trigger()

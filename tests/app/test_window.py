@@ -9,7 +9,6 @@ import pytest
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl
 from PySide6.QtGui import QDragEnterEvent, QDropEvent
 
-from app.settings import Settings
 from app.window import MainWindow
 from tests.helpers.fake_engine import MODEL_BYTES, fake_status
 from tests.helpers.signals import until
@@ -76,7 +75,9 @@ def test_badge_and_bar_follow_the_state(qtbot, window, bridge):
     until(qtbot, lambda: row.badge.text() == "COLD")
     assert row.badge.property("state") == "cold"
     assert row.bar.device_bytes == {"kv": 6 << 20}
-    assert row.evict_button.isHidden() and not row.warm_button.isHidden()
+    # both stay where they are; only which one is enabled changes
+    assert row.evict_button.isVisible() == row.warm_button.isVisible()
+    assert not row.evict_button.isEnabled() and row.warm_button.isEnabled()
     assert "RAM" in row.bar_text.text()                          # its host shadow
     # the window's total bar sums the rows
     assert window.total_bar.device_bytes == {"kv": 6 << 20}
@@ -118,7 +119,7 @@ def test_evict_and_warm_buttons(qtbot, window, bridge, models):
     window.load_paths([models["a"]])
     until(qtbot, lambda: "a" in window.rows)
     row = window.rows["a"]
-    assert row.warm_button.isHidden()
+    assert not row.warm_button.isEnabled() and not row.warm_button.isHidden()
     row.evict_button.click()
     until(qtbot, lambda: row.badge.text() == "COLD")
     assert ("evict", "a") in bridge.fake.calls and row.bar.device_bytes == {}
@@ -138,7 +139,8 @@ def test_unload_button_removes_the_row(qtbot, window, bridge, models):
 def test_a_refused_pin_shows_inline(qtbot, window, bridge):
     bridge.error.emit("VRAM budget exceeded pinning a")
     until(qtbot, lambda: not window.message.isHidden())
-    assert window.message.text() == "VRAM budget exceeded pinning a"
+    assert window.message.text().startswith("Not enough VRAM in the budget")
+    assert window.details_text.toPlainText() == "VRAM budget exceeded pinning a"
     assert window.message.property("kind") == "error"
     window.message_close.click()
     assert window.message.isHidden()
@@ -167,43 +169,88 @@ def test_drop_a_good_file_loads_it_with_progress(qtbot, make_bridge, models):
     bridge = make_bridge(load_delay_s=0.15)
     window = MainWindow(bridge)
     qtbot.addWidget(window)
-    seen = []
     ev = drop(window, models["a"])
     assert ev.isAccepted()
-    assert not window.progress.isHidden() and window.progress.value() == 0
-    assert "a.gguf" in window.progress_label.text()
-    until(qtbot, lambda: 0 < window.progress.value() < 100)       # a step of the upload
-    seen.append(window.progress.value())
+    row = window.pending[models["a"]]                 # a progress row at once
+    assert "a.gguf" in row.name_label.text() and window.empty_label.isHidden()
+    until(qtbot, lambda: row.stage == "uploading" and 0 < row.percent < 100)
+    assert row.percent in (25, 50, 75)
     until(qtbot, lambda: "a" in window.rows)
-    until(qtbot, lambda: window.progress.isHidden())
-    assert seen[0] in (25, 50, 75)
+    # the progress row goes in the same update that brings the model's row
+    assert models["a"] not in window.pending
     assert window.message.isHidden()
     window.timer.stop()
 
 
-def test_drop_several_files_queues_them(qtbot, window, bridge, models):
+def test_drop_several_files_gives_a_row_each(qtbot, window, bridge, models):
     drop(window, models["a"], models["b"])
-    assert "+1 queued" in window.progress_label.text()
+    assert list(window.pending) == [models["a"], models["b"]]
     until(qtbot, lambda: set(window.rows) == {"a", "b"})
-    until(qtbot, lambda: window.progress.isHidden())
+    until(qtbot, lambda: not window.pending)
     assert window.rows["b"].details.text().split("  ·  ")[1] == "Q4_0"   # dominant type
 
 
-@pytest.mark.parametrize("key", ["bad", "text"])
-def test_drop_a_bad_file_shows_a_clear_message(qtbot, window, bridge, models, key):
+@pytest.mark.parametrize("key, summary", [
+    ("bad", "This is not a GGUF model file"), ("text", "This is not a GGUF model file")])
+def test_drop_a_bad_file_shows_a_clear_message(qtbot, window, bridge, models, key, summary):
     drop(window, models[key])
     until(qtbot, lambda: not window.message.isHidden())
-    text = window.message.text()
-    assert text.startswith(f"Could not load {key}.gguf: ")
-    assert "not a GGUF file" in text and "\n" not in text
+    assert window.message.text() == f"Could not load {key}.gguf: {summary}"
     assert window.message.property("kind") == "error"
-    until(qtbot, lambda: window.progress.isHidden())
+    assert not window.details_button.isHidden() and window.details_text.isHidden()
+    window.details_button.click()                     # the engine's words, on demand
+    assert not window.details_text.isHidden()
+    assert "not a GGUF file" in window.details_text.toPlainText()
+    until(qtbot, lambda: not window.pending)
     assert window.rows == {}
 
 
-def test_drop_a_folder_says_so(qtbot, window, tmp_path):
-    drop(window, str(tmp_path))
-    assert "is a folder" in window.message.text()
+def test_a_truncated_file_says_so(qtbot, window, bridge, models, tmp_path):
+    whole = open(models["a"], "rb").read()
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(whole[: len(whole) // 2])
+    drop(window, str(cut))
+    until(qtbot, lambda: not window.message.isHidden())
+    assert window.message.text() == ("Could not load cut.gguf: The file is incomplete "
+                                     "(truncated download?)")
+
+
+def test_drag_accepts_only_gguf_files(window, models, tmp_path):
+    assert drag_enter(window, mime_for(models["a"]))
+    assert drag_enter(window, mime_for(models["a"], models["b"]))
+    other = tmp_path / "notes.txt"
+    other.write_text("x")
+    assert not drag_enter(window, mime_for(str(other)))       # the cursor: not allowed
+    assert not drag_enter(window, mime_for(models["a"], str(other)))
+    assert not drag_enter(window, mime_for(str(tmp_path)))    # a folder
+
+
+def test_dropping_a_loaded_model_selects_its_row(qtbot, window, bridge, models):
+    window.load_paths([models["a"], models["b"]])
+    until(qtbot, lambda: set(window.rows) == {"a", "b"})
+    n = len([c for c in bridge.fake.calls if c[0] == "load"])
+    drop(window, models["b"])
+    assert window.selected == "b"
+    assert window.rows["b"].property("selected") == "true"
+    assert window.rows["a"].property("selected") == "false"
+    qtbot.wait(50)
+    assert len([c for c in bridge.fake.calls if c[0] == "load"]) == n     # not loaded again
+    assert window.message.isHidden()
+
+
+def test_add_model_opens_a_gguf_file_dialog(qtbot, window, bridge, models, monkeypatch):
+    from PySide6.QtWidgets import QFileDialog
+
+    asked = []
+
+    def fake_dialog(parent, title, folder, filters):
+        asked.append(filters)
+        return [models["a"]], filters
+
+    monkeypatch.setattr(QFileDialog, "getOpenFileNames", staticmethod(fake_dialog))
+    window.add_button.click()
+    assert "*.gguf" in asked[0]
+    until(qtbot, lambda: "a" in window.rows)
 
 
 def test_endpoint_toggle_starts_and_stops_the_server(qtbot, make_bridge, models):
@@ -230,31 +277,6 @@ def test_endpoint_failure_unchecks_the_toggle(qtbot, window, bridge):
     window.endpoint_toggle.setChecked(True)
     bridge.endpoint_changed.emit(False, "cannot listen on 127.0.0.1:1: Permission denied")
     until(qtbot, lambda: not window.endpoint_toggle.isChecked())
-
-
-def test_settings_area_shows_and_emits(qtbot, window):
-    s = Settings(port=9001, budget_mib=4096, release_mode="weights",
-                 watched_folder="/models", autostart=True, flash_attn="off")
-    window.apply_settings(s)
-    assert window.port_spin.value() == 9001 and window.budget_spin.value() == 4096
-    assert window.release_combo.currentData() == "weights"
-    assert window.flash_combo.currentData() == "off"
-    assert window.folder_edit.text() == "/models" and window.autostart_check.isChecked()
-    got = []
-    window.setting_changed.connect(lambda k, v: got.append((k, v)))
-    window.port_spin.setValue(9002)
-    window.port_spin.editingFinished.emit()
-    window.port_spin.editingFinished.emit()                       # unchanged: no repeat
-    window.budget_spin.setValue(0)
-    window.budget_spin.editingFinished.emit()
-    window.release_combo.setCurrentIndex(window.release_combo.findData("full"))
-    window.flash_combo.setCurrentIndex(window.flash_combo.findData("auto"))
-    window.folder_edit.setText("/other ")
-    window.folder_edit.editingFinished.emit()
-    window.autostart_check.setChecked(False)
-    assert got == [("port", 9002), ("budget_mib", 0), ("release_mode", "full"),
-                   ("flash_attn", "auto"), ("watched_folder", "/other"), ("autostart", False)]
-    assert window.budget_spin.text() == "automatic"
 
 
 def test_refresh_timer_asks_the_bridge(qtbot, window, bridge):
@@ -287,3 +309,136 @@ def test_close_hides_when_a_tray_holds_the_app(qtbot, window):
     window.hide_on_close = True
     window.close()
     assert window.isHidden()
+
+
+# -- looks (item 6) ---------------------------------------------------------------------------
+def test_software_renderer_is_said_plainly(qtbot, window):
+    assert window.software_banner.isHidden()
+    window.on_device_ready("llvmpipe (LLVM 15.0.6, 256 bits)")
+    assert not window.software_banner.isHidden()
+    assert window.software_banner.text() == "No GPU found: running on the CPU, slow"
+    window.on_device_ready("AMD Radeon RX 7900 XTX (RADV NAVI31)")
+    assert window.software_banner.isHidden()
+
+
+def test_row_breakdown_and_legend_list_only_the_kinds_present(qtbot, window, bridge):
+    bridge.vram_changed.emit({"budget_bytes": 1024 << 20})
+    warm = fake_status("a", device_bytes={"weights": 96 << 20, "kv": 6 << 20,
+                                          "compute": 8 << 20})
+    cold = fake_status("b", "cold")
+    bridge.models_changed.emit([warm, cold])
+    until(qtbot, lambda: len(window.rows) == 2)
+    text = window.rows["a"].breakdown.text()
+    assert "Weights 96.0 MiB" in text and "KV cache 6.0 MiB" in text
+    assert "Compute 8.0 MiB" in text and "= 110 MiB" in text
+    assert "Recurrent" not in text and "Scratch" not in text
+    assert [k for k, _, _ in window.rows["a"].bar.segments(500)] == ["weights", "kv", "compute"]
+    assert window.rows["b"].breakdown.text() == "Nothing in VRAM"
+    legend = window.legend.text()
+    assert "Weights" in legend and "KV cache" in legend and "Compute" in legend
+    assert "Recurrent" not in legend and "Scratch" not in legend and "MiB" not in legend
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_endpoint_toggle_does_not_move_when_its_url_appears(qtbot, window):
+    window.resize(900, 600)
+    window.show()
+    qtbot.waitExposed(window)
+    before = window.endpoint_toggle.mapTo(window, window.endpoint_toggle.rect().topLeft())
+    window.on_endpoint_changed(True, "http://127.0.0.1:65535")
+    qtbot.wait(20)
+    after = window.endpoint_toggle.mapTo(window, window.endpoint_toggle.rect().topLeft())
+    assert before == after
+    assert window.copy_button.isEnabled()
+    window.on_endpoint_changed(False, "")
+    assert not window.copy_button.isEnabled()
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_warm_and_evict_keep_their_places(qtbot, window, bridge):
+    window.resize(900, 600)
+    window.show()
+    qtbot.waitExposed(window)
+    bridge.models_changed.emit([fake_status("a")])
+    until(qtbot, lambda: "a" in window.rows)
+    row = window.rows["a"]
+    qtbot.wait(20)
+    where = {b.text(): b.geometry() for b in (row.warm_button, row.evict_button)}
+    bridge.models_changed.emit([fake_status("a", "cold")])
+    until(qtbot, lambda: row.badge.text() == "COLD")
+    qtbot.wait(20)
+    assert {b.text(): b.geometry() for b in (row.warm_button, row.evict_button)} == where
+    bridge.models_changed.emit([fake_status("a", pinned=True)])
+    until(qtbot, lambda: row.pin_button.text() == "Pinned")
+    qtbot.wait(20)
+    assert {b.text(): b.geometry() for b in (row.warm_button, row.evict_button)} == where
+
+
+def test_copy_url_puts_the_base_url_on_the_clipboard(qtbot, window):
+    from PySide6.QtGui import QGuiApplication
+
+    window.on_endpoint_changed(True, "http://127.0.0.1:8080")
+    window.copy_button.click()
+    assert QGuiApplication.clipboard().text() == "http://127.0.0.1:8080/v1"
+
+
+@pytest.mark.qt_log_ignore("propagateSizeHints", r"support raise\(\)")
+def test_preferences_and_about_open_from_the_window(qtbot, window):
+    window.prefs_button.click()
+    assert window.preferences.isVisible()
+    window.about_button.click()
+    assert window.about.isVisible() and "Hotseat" in window.about.text.text()
+    assert "Fake GPU" in window.about.text.text()
+    window.preferences.hide()
+    window.about.hide()
+    # the settings are no longer in the window itself
+    assert window.findChild(type(window.preferences.port_spin)) is window.preferences.port_spin
+
+
+# -- busy state, activity, arena (items 4 and 9) ----------------------------------------------
+def test_busy_labels_follow_the_bridge(qtbot, window, bridge):
+    bridge.models_changed.emit([fake_status("a"), fake_status("b", "cold")])
+    until(qtbot, lambda: len(window.rows) == 2)
+    bridge.busy_changed.emit({"a": "generating · 5.2 tok/s", "b": "queued: warm"})
+    until(qtbot, lambda: window.rows["b"].busy_label.text() == "queued: warm")
+    assert window.rows["a"].busy_label.text() == "generating · 5.2 tok/s"
+    bridge.busy_changed.emit({})
+    until(qtbot, lambda: window.rows["a"].busy_label.text() == "")
+
+
+def test_activity_log_gets_the_bridges_entries(qtbot, window, bridge, models):
+    window.load_paths([models["a"]])
+    until(qtbot, lambda: "Loaded a in" in window.log_view.toPlainText())
+
+
+def test_arena_banner(qtbot, window, bridge):
+    import time as _time
+
+    until_t = _time.mktime((2030, 1, 1, 14, 20, 0, 0, 0, -1))
+    bridge.arena_changed.emit({"state": "yielded", "until": until_t, "holder_pid": 7})
+    until(qtbot, lambda: not window.arena_banner.isHidden())
+    assert window.arena_banner.text() == "Yielded to another app until 14:20"
+    bridge.arena_changed.emit({"state": "holder", "until": None, "holder_pid": None})
+    until(qtbot, lambda: window.arena_banner.isHidden())
+
+
+# -- model options (item 8) -------------------------------------------------------------------
+@pytest.mark.qt_log_ignore("propagateSizeHints")
+def test_model_options_reload_the_model(qtbot, window, bridge, models):
+    window.load_paths([models["a"]])
+    until(qtbot, lambda: "a" in window.rows)
+    window.rows["a"].options_button.click()
+    dlg = window.options_dialog
+    assert dlg.ctx_spin.value() == 2048 and dlg.moe_spin.value() == 0.0
+    dlg.ctx_spin.setValue(512)
+    dlg.moe_spin.setValue(1.5)
+    got = []
+    window.model_options_changed.connect(lambda *a: got.append(a))
+    dlg.buttons.button(dlg.buttons.StandardButton.Ok).click()
+    assert got == [("a", 512, 1.5)]
+    until(qtbot, lambda: bridge.rec.model("a").get("n_ctx") == 512)
+    assert bridge.fake.load_options["a"] == {"n_ctx": 512, "cpu_moe": 1.5}
+    assert [c[0] for c in bridge.fake.calls].count("unload") == 1
+    until(qtbot, lambda: "ctx 512" in window.rows["a"].details.text())
+    assert "cpu_moe 1.5" in window.rows["a"].details.text()
+    until(qtbot, lambda: not window.pending)

@@ -140,3 +140,50 @@ def test_set_flash_attn_runs_on_the_engine_thread(smollm2_path, ref):
         eng.set_flash_attn("off")
         out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY)
         assert out.tokens == ref["greedy_ids"][:3]
+
+
+def test_arena_status_through_a_yield(smollm2_path, ref, tmp_path):
+    """Engine.arena_status(), the contract the tray shows: cold, holder, then yielded until
+    a time by `hotseat yield` from another process; a request that may not wait is refused
+    saying how long the yield lasts, one that waits is answered after it."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from engine.residency.arena import Arena, ArenaBusy
+
+    with Engine(n_ctx=64) as eng:
+        assert eng.arena_status() is None
+    arena_dir = str(tmp_path / "arena")
+    arena = Arena(arena_dir)
+    try:
+        with Engine(n_ctx=64, arena=arena, arena_label="api test") as eng:
+            st = eng.arena_status()
+            assert (st["state"], st["until"], st["holder_pid"]) == ("cold", None, None)
+            eng.load(smollm2_path, name="a")
+            st = eng.arena_status()
+            assert (st["state"], st["until"], st["holder_pid"]) == ("holder", None, os.getpid())
+            assert st["device_bytes"] > 0 and st["acquisitions"] == 1
+            assert [(p["pid"], p["label"], p["state"]) for p in st["processes"]] == \
+                [(os.getpid(), "api test", "holder")]
+            t0 = time.time()
+            r = subprocess.run([sys.executable, "-m", "engine.cli", "yield", "--for", "3"],
+                               capture_output=True, text=True, timeout=60,
+                               env={**os.environ, "HOTSEAT_ARENA": arena_dir})
+            assert r.returncode == 0 and f"process {os.getpid()}" in r.stdout, r
+            st = eng.arena_status()
+            assert st["state"] == "yielded" and t0 + 3 <= st["until"] <= time.time() + 3
+            assert st["holder_pid"] is None and st["device_bytes"] == 0
+            assert st["processes"][0]["state"] == "yielded"
+            assert eng.status()[0]["state"] == "cold"
+            with pytest.raises(ArenaBusy, match="yielded to other programs until") as exc:
+                eng.generate("a", tokens=ref["prompt_ids"], max_tokens=2, sampling=GREEDY,
+                             wait=0)
+            assert 0 < exc.value.retry_after <= 3
+            out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY)
+            assert time.time() >= st["until"] and out.tokens == ref["greedy_ids"][:3]
+            assert eng.arena_status()["state"] == "holder"
+        assert not arena.held and arena.members() == []
+    finally:
+        arena.close()

@@ -5,9 +5,13 @@ and vram() dicts, no device, deterministic.
     eng.load(path, progress=cb)    # cb(done, total) LOAD_STEPS times; ModelFileError for a
                                    # file named bad.gguf or one that is not GGUF
     eng.calls                      # [("load", path), ("pin", name), ...] in order
+    eng.arena_state = {"state": "yielded", "until": t, "holder_pid": 12}   # arena_status()
 
 Each model holds MODEL_BYTES by kind while warm; evict() keeps the KV (weights-only) or
-nothing (full), as the real engine does. write_gguf() makes small real GGUF files.
+nothing (full), as the real engine does. Device work (loads' uploads, pin, evict, warm,
+generate...) takes one lock, as the real engine's thread runs one job at a time: a warm
+waits for a generation; status() and vram() do not. write_gguf() makes small real GGUF
+files.
 """
 from __future__ import annotations
 
@@ -46,6 +50,8 @@ class FakeModel:
         self.state = "warm"
         self.device_bytes = dict(MODEL_BYTES)
         self.last_used = 0
+        self.cached_tokens = 0
+        self.cpu_moe = 0.0
 
 
 class FakeDevice:
@@ -58,7 +64,8 @@ class FakeEngine:
 
     def __init__(self, device: str | None = None, n_ctx: int = 2048,
                  budget_bytes: int | None = None, full_release: bool = True,
-                 load_delay_s: float = 0.0, flash_attn: str | None = None):
+                 load_delay_s: float = 0.0, flash_attn: str | None = None,
+                 token_delay_s: float = 0.0):
         self.dev = FakeDevice()
         self.n_ctx = n_ctx
         self.flash_attn = flash_attn or "auto"
@@ -66,48 +73,61 @@ class FakeEngine:
         self.models: dict[str, FakeModel] = {}
         self.calls: list[tuple] = []
         self.load_delay_s = load_delay_s     # per progress step: lets a test see a load run
+        self.token_delay_s = token_delay_s   # per generated token
+        self.load_options: dict[str, dict] = {}   # name -> {"n_ctx", "cpu_moe"} as loaded
+        self.arena_state: dict | None = None
         self.closed = False
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()       # bookkeeping
+        self._device = threading.RLock()     # the engine thread: one job at a time
         self._clock = 0
+        self._file_types: dict[str, int | None] = {}
 
     # -- models -----------------------------------------------------------------------------
     def load(self, path, name=None, n_ctx=None, progress=None, cpu_moe=0.0) -> str:
+        """Parse on the caller's thread (the real checks of GGUFFile), then "upload" holding
+        the device lock, LOAD_STEPS progress calls load_delay_s apart."""
         path = os.fspath(path)
         name = name or os.path.splitext(os.path.basename(path))[0]
         with self._lock:
             self.calls.append(("load", path))
             if name in self.models:
                 raise ValueError(f"a model named {name!r} is already loaded")
-            if os.path.basename(path) == "bad.gguf":
-                raise ModelFileError(path, "not a GGUF file (it does not start with the GGUF "
-                                           "magic)")
-            g = GGUFFile(path)                # the real checks: missing, foreign, truncated
-            try:
-                arch = g.arch
-            finally:
-                g.close()
-            warm = sum(MODEL_BYTES.values())
-            self._make_room(warm, keep=None)
+        if os.path.basename(path) == "bad.gguf":
+            raise ModelFileError(path, "not a GGUF file (it does not start with the GGUF "
+                                       "magic)")
+        g = GGUFFile(path)                    # the real checks: missing, foreign, truncated
+        try:
+            arch = g.arch
+            file_type = g.get("general.file_type")
+        finally:
+            g.close()
+        with self._device:
+            with self._lock:
+                self._make_room(sum(MODEL_BYTES.values()), keep=None)
             total = MODEL_BYTES["weights"]
             for i in range(1, LOAD_STEPS + 1):
                 if self.load_delay_s:
                     time.sleep(self.load_delay_s)
                 if progress is not None:
                     progress(total * i // LOAD_STEPS, total)
-            m = FakeModel(name, path, arch, n_ctx or self.n_ctx)
-            self._touch(m)
-            self.models[name] = m
-            return name
+            with self._lock:
+                m = FakeModel(name, path, arch, n_ctx or self.n_ctx)
+                m.cpu_moe = float(cpu_moe)
+                self.load_options[name] = {"n_ctx": m.n_ctx, "cpu_moe": float(cpu_moe)}
+                self._file_types[path] = file_type
+                self._touch(m)
+                self.models[name] = m
+        return name
 
     def unload(self, name: str) -> None:
-        with self._lock:
+        with self._device, self._lock:
             self.calls.append(("unload", name))
             self._get(name)
             self.arbiter.pinned.discard(name)
             del self.models[name]
 
     def pin(self, name: str) -> None:
-        with self._lock:
+        with self._device, self._lock:
             self.calls.append(("pin", name))
             m = self._get(name)
             pinned = sum(self._warm_bytes(self.models[n]) for n in self.arbiter.pinned
@@ -118,13 +138,13 @@ class FakeEngine:
             self._warm(m)
 
     def unpin(self, name: str) -> None:
-        with self._lock:
+        with self._device, self._lock:
             self.calls.append(("unpin", name))
             self._get(name)
             self.arbiter.pinned.discard(name)
 
     def evict(self, name: str, full: bool | None = None) -> dict:
-        with self._lock:
+        with self._device, self._lock:
             self.calls.append(("evict", name))
             m = self._get(name)
             if name in self.arbiter.pinned:
@@ -133,13 +153,13 @@ class FakeEngine:
             return {}
 
     def warm(self, name: str) -> dict:
-        with self._lock:
+        with self._device, self._lock:
             self.calls.append(("warm", name))
             self._warm(self._get(name))
             return {}
 
     def set_flash_attn(self, mode: str) -> None:
-        with self._lock:
+        with self._device, self._lock:
             self.calls.append(("set_flash_attn", mode))
             if mode not in ("auto", "on", "off"):
                 raise ValueError(f"flash attention must be one of auto, on, off, got {mode!r}")
@@ -189,14 +209,40 @@ class FakeEngine:
     # -- generation ---------------------------------------------------------------------------
     def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
                  sampling=None, stop=(), on_text=None, cancel=None) -> "FakeCompletion":
-        """Make the model warm and answer " ok" max_tokens times."""
+        """Make the model warm and answer " ok" max_tokens times, one piece per token
+        (token_delay_s apart), stopping early when cancel is set."""
+        with self._device:
+            with self._lock:
+                self.calls.append(("generate", name))
+                m = self._get(name)
+                self._warm(m)
+            pieces = []
+            finish = "length"
+            for _ in range(max_tokens):
+                if cancel is not None and cancel.is_set():
+                    finish = "cancelled"
+                    break
+                if self.token_delay_s:
+                    time.sleep(self.token_delay_s)
+                pieces.append(" ok")
+                if on_text is not None:
+                    on_text(" ok")
+            with self._lock:
+                m.cached_tokens = len(pieces) + 1
+        out = FakeCompletion(list(tokens or [1]), "".join(pieces))
+        out.finish_reason = finish
+        return out
+
+    def prompt_tokens(self, name, prompt=None, messages=None) -> list[int]:
+        """One token per word (at least one), as the endpoint needs for its checks."""
+        self._get(name)
+        text = prompt if messages is None else " ".join(m.get("content", "") for m in messages)
+        return [1] * max(1, len((text or "").split()))
+
+    def arena_status(self) -> dict | None:
+        """What Engine.arena_status() returns: None where the engine has no arena."""
         with self._lock:
-            self.calls.append(("generate", name))
-            self._warm(self._get(name))
-        text = " ok" * max_tokens
-        if on_text is not None:
-            on_text(text)
-        return FakeCompletion(list(tokens or [1]), text)
+            return None if self.arena_state is None else dict(self.arena_state)
 
     # -- status -----------------------------------------------------------------------------
     def status(self) -> list[dict]:
@@ -205,8 +251,9 @@ class FakeEngine:
                      "state": m.state, "pinned": m.name in self.arbiter.pinned,
                      "device_bytes": dict(m.device_bytes),
                      "host_shadow_bytes": MODEL_BYTES["weights"] if m.state == "cold" else 0,
-                     "warm_bytes": self._warm_bytes(m), "cpu_moe": 0.0,
-                     "host_weight_bytes": 0, "cached_tokens": 0}
+                     "warm_bytes": self._warm_bytes(m), "cpu_moe": m.cpu_moe,
+                     "host_weight_bytes": 0, "cached_tokens": m.cached_tokens,
+                     "file_type": self._file_types.get(m.path)}
                     for m in self.models.values()]
 
     def vram(self) -> dict:
@@ -217,7 +264,7 @@ class FakeEngine:
                     "heap_bytes": self.dev.device_heap_bytes, "host_weight_bytes": 0}
 
     def close(self) -> None:
-        with self._lock:
+        with self._device, self._lock:
             self.calls.append(("close",))
             self.models.clear()
             self.closed = True

@@ -124,6 +124,7 @@ def test_logits_match_reference(dev, kc, lfm2_path, small_chunks, ggml_numerics)
     tol = 1e-4 if ggml_numerics else 1e-7
     m = Model(dev, kc, lfm2_path, n_ctx=128, name=f"lfm2-ref{int(ggml_numerics)}")
     m.tuning.ggml_numerics = ggml_numerics
+    m.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart
     try:
         with GGUFFile(lfm2_path) as g:
             ref = ReferenceModel(g, n_ctx=128, quantize_activations=ggml_numerics)
@@ -142,6 +143,7 @@ def test_logits_match_reference(dev, kc, lfm2_path, small_chunks, ggml_numerics)
 def test_greedy_matches_reference(dev, kc, lfm2_path, small_chunks):
     m = Model(dev, kc, lfm2_path, n_ctx=128, name="lfm2-greedy")
     m.tuning.ggml_numerics = False
+    m.tuning.coopmat = False
     try:
         with GGUFFile(lfm2_path) as g:
             want = ReferenceModel(g, n_ctx=128).generate_greedy(PROMPT, 16)
@@ -155,6 +157,7 @@ def test_conv_state_is_the_last_inputs(dev, kc, lfm2_path, small_chunks):
     (ggml layout: per channel, the last d_conv values of B * x)."""
     m = Model(dev, kc, lfm2_path, n_ctx=128, name="lfm2-state")
     m.tuning.ggml_numerics = False
+    m.tuning.coopmat = False
     try:
         with GGUFFile(lfm2_path) as g:
             ref = ReferenceModel(g, n_ctx=128)

@@ -144,6 +144,7 @@ def test_logits_match_numpy_reference(dev, kc, moe_path, ggml_numerics):
 
     m = Model(dev, kc, moe_path, n_ctx=64)
     m.tuning.ggml_numerics = ggml_numerics
+    m.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart
     try:
         with GGUFFile(moe_path) as g:
             ref = ReferenceModel(g, n_ctx=64, quantize_activations=ggml_numerics)
@@ -162,6 +163,7 @@ def test_greedy_tokens_agree_with_reference(dev, kc, moe_path, ggml_numerics):
 
     m = Model(dev, kc, moe_path, n_ctx=64)
     m.tuning.ggml_numerics = ggml_numerics
+    m.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart
     try:
         with GGUFFile(moe_path) as g:
             want = ReferenceModel(g, n_ctx=64, quantize_activations=ggml_numerics) \
@@ -172,6 +174,40 @@ def test_greedy_tokens_agree_with_reference(dev, kc, moe_path, ggml_numerics):
         assert m._run([want[-1]], len(PROMPT) + 15, True) >= 0 and m._decode == {True: decode}
     finally:
         m.close()
+
+
+def kernel_of(variant: str) -> str:
+    from shaders.registry import WEIGHT_TYPES
+
+    return next((variant[:-len(t) - 1] for t in WEIGHT_TYPES if variant.endswith("_" + t)),
+                variant)
+
+
+def test_prefill_groups_tokens_by_expert(dev, kc, moe_path):
+    """Prefill runs each expert as one product over its tokens (moe_group, then mul_mat_moe),
+    decode keeps the per-token product; both steps' logits agree with the per-token path's
+    (the same sums: measured equal on lavapipe)."""
+    prompt = [(37 * i + 5) % N_VOCAB for i in range(40)]
+    runs = {}
+    for grouped in (True, False):
+        m = Model(dev, kc, moe_path, n_ctx=64, name=f"grouped={grouped}")
+        m.tuning.moe_grouped = grouped
+        m.profile = True                            # graphs keep their ops' names
+        try:
+            logits = [m.eval(prompt, 0, greedy=False), m.eval([42], len(prompt), greedy=False)]
+            ops = [[kernel_of(n) for n in g._op_names]
+                   for g in (m._prefill[(len(prompt), False)], m._decode[False])]
+            runs[grouped] = logits, ops
+        finally:
+            m.close()
+    (grouped, (prefill, decode)), (per_token, (prefill_pt, decode_pt)) = runs[True], runs[False]
+    assert prefill.count("moe_group") == N_LAYER and "mul_mat_id" not in prefill
+    assert prefill.count("mul_mat_moe") == 3 * N_LAYER
+    assert prefill_pt.count("mul_mat_id") == 3 * N_LAYER and "mul_mat_moe" not in prefill_pt
+    assert decode == decode_pt and decode.count("mul_mat_id") == 3 * N_LAYER
+    assert "moe_group" not in decode
+    for got, want in zip(grouped, per_token):
+        assert nmse(got, want) < 1e-12
 
 
 # -- expert placement --------------------------------------------------------------------------

@@ -119,6 +119,92 @@ def test_mul_mat_accumulates_and_offsets(dev, kc):
     assert nmse(read(dev, by)[:n_out], y0 + w[n_out:] @ x[2]) < 1e-10
 
 
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("lanes,rows", [(1, 1), (2, 3), (4, 4)])
+def test_mul_mat_vec(dev, kc, wtype, lanes, rows):
+    rng = np.random.default_rng(21)
+    n_out, n_in = 70, 1024
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = rng.standard_normal((2, n_in)).astype(np.float32)
+    y0 = rng.standard_normal(n_out + 3).astype(np.float32)
+    bw, bx = buf(dev, raw, kind="weights"), buf(dev, x)
+    for acc in (0, 1):
+        by = buf(dev, y0)
+        # the second token's row, into y from float 3 on
+        run_once(dev, kc, "mul_mat_vec", [bw, bx, by], (-(-n_out // rows), 1, 1), wtype=wtype,
+                 spec=dict(WG=dev.subgroup_size * lanes, ROWS=rows, ACC=acc, ACT=0), n_in=n_in,
+                 n_out=n_out, x_offset=n_in // 4, y_offset=3)
+        got = read(dev, by)
+        assert np.array_equal(got[:3], y0[:3])
+        assert nmse(got[3:], w @ x[1] + (y0[3:] if acc else 0)) < 1e-10
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("tile", [(128, 64), (64, 32)])
+def test_mul_mat_cm(dev, kc, wtype, tile):
+    """The cooperative-matrix product against numpy on f16 inputs; partial tiles on both
+    axes, a token offset, a residual add. Runs where the device has matrix units."""
+    if not dev.coopmat:
+        pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
+    rng = np.random.default_rng(23)
+    n_out, n_in, n = 200, 512, 70
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = rng.standard_normal((n + 1, n_in)).astype(np.float32)
+    y0 = rng.standard_normal((n, n_out)).astype(np.float32)
+    bw, bx, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, y0)
+    spec = dict(ACC=1, BM=tile[0], BN=tile[1])
+    run_once(dev, kc, "mul_mat_cm", [bw, bx, by], (-(-n_out // tile[0]), -(-n // tile[1]), 1),
+             wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
+             x_offset=n_in // 4, y_offset=0, y_stride=n_out)
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    want = y0 + f16(x[1:]) @ f16(w).T
+    assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9
+
+
+def _one_token_product(dev, kc, wtype, raw, x, n_out, tuning, x_row=0):
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, RunState, Tensor
+
+    n_in = x.shape[1]
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
+    bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, nbytes=4 * n_out)
+    t = Tensor(wtype, (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, rs, tuning).matmul(t, bx, by, 1, x_row=x_row)
+    g.replay()
+    out = read(dev, by)[:n_out].copy()
+    g.close()
+    rs.close()
+    return out
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_mul_mat_vec_rounds_like_the_plain_path(dev, kc, wtype):
+    """With ggml's rounding, the decode kernel rounds x inside itself as quantize_act and
+    mul_mat round it in their passes (Q8_0, Q8_1 with its block sums, Q8_K, f16)."""
+    from dataclasses import replace
+
+    from engine.gpu.ops import Tuning
+
+    rng = np.random.default_rng(22)
+    n_out, n_in = 45, 768
+    raw, _ = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal((3, n_in)) * 4).astype(np.float32)
+    x[2, 300], x[2, 301] = 9.5, -9.5       # equal magnitudes, opposite signs: Q8_K takes the first
+    base = replace(Tuning.for_device(dev), ggml_numerics=True)
+    plain = _one_token_product(dev, kc, wtype, raw, x, n_out, replace(base, matvec=False), 2)
+    fast = _one_token_product(dev, kc, wtype, raw, x, n_out, replace(base, matvec=True), 2)
+    exact = _one_token_product(dev, kc, wtype, raw, x, n_out,
+                               replace(base, matvec=True, ggml_numerics=False), 2)
+    assert np.abs(fast - plain).max() <= 2e-6 * np.abs(plain).max()
+    # the rounding shows: fast follows plain, not exact. Not for F16: x's f16 rounding moves
+    # the sums by about as much as the order of summation does (and NVIDIA's driver rounds
+    # f32 to f16 its own way, so the two paths differ by that much there)
+    if wtype not in ("F32", "F16"):
+        assert np.abs(exact - plain).max() > 10 * np.abs(fast - plain).max()
+
+
 # -- mixture of experts ----------------------------------------------------------------------
 
 def router_ref(logits: np.ndarray, k: int, norm: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -204,6 +290,163 @@ def test_mul_mat_id_rounds_like_ggml(dev, kc):
     assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
 
 
+def routed_ids(rng, T: int, k: int, n_expert: int, hot: int = 0) -> np.ndarray:
+    """[T, k] distinct experts per token, as a router picks them; the first `hot` tokens all
+    take expert 1 in their last slot, and expert 0 is never taken (when others are left)."""
+    pool = np.arange(1 if n_expert > k else 0, n_expert)
+    ids = np.stack([rng.choice(pool, k, replace=False) for _ in range(T)]).astype(np.uint32)
+    for t in range(min(hot, T)):
+        if 1 not in ids[t]:
+            ids[t, -1] = 1
+    return ids
+
+
+def moe_groups_ref(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarray]:
+    """(offset, count) per expert, and each expert's slots in slot order."""
+    flat = ids.reshape(-1)
+    counts = np.bincount(flat, minlength=n_expert)
+    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return np.stack([offsets, counts], -1).astype(np.uint32), \
+        np.argsort(flat, kind="stable").astype(np.uint32)
+
+
+def run_moe_group(dev, kc, bi, T: int, k: int, n_expert: int):
+    groups, perm = buf(dev, nbytes=8 * n_expert), buf(dev, nbytes=4 * T * k)
+    run_once(dev, kc, "moe_group", [bi, groups, perm], (n_expert, 1, 1), n_slots=T * k)
+    return groups, perm
+
+
+@pytest.mark.parametrize("T,k,n_expert,hot", [(1, 1, 3, 0), (9, 2, 8, 9), (37, 8, 128, 30),
+                                              (6, 5, 5, 0), (64, 4, 60, 64), (5, 1, 512, 2)])
+def test_moe_group(dev, kc, T, k, n_expert, hot):
+    """Every expert's slots, in slot order, with offsets and counts: experts that get no
+    token, one expert shared by many tokens, every expert taken by every token."""
+    rng = np.random.default_rng(25)
+    ids = routed_ids(rng, T, k, n_expert, hot)
+    bi = buf(dev, ids)
+    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
+    want_groups, want_perm = moe_groups_ref(ids, n_expert)
+    got_groups = read(dev, bg, np.uint32).reshape(n_expert, 2)
+    assert np.array_equal(got_groups, want_groups)
+    assert np.array_equal(read(dev, bp, np.uint32)[:T * k], want_perm)
+    if n_expert > k:
+        assert got_groups[0, 1] == 0 and got_groups[1, 1] >= min(hot, T)
+
+
+def moe_product_ref(w: np.ndarray, x: np.ndarray, ids: np.ndarray, per_slot: bool):
+    T, k = ids.shape
+    return np.stack([np.stack([w[ids[t, j]] @ (x[t, j] if per_slot else x[t])
+                               for j in range(k)]) for t in range(T)])
+
+
+def run_mul_mat_moe(dev, kc, wtype, w_parts, bufs, n_in, n_out, k, tiles, rows=2, warps=2,
+                    nt=4, act=0, per_slot=0):
+    """w_parts: (buffer, first expert, experts) per part of W; bufs: x, groups, perm, y."""
+    for bw, first, count in w_parts:
+        run_once(dev, kc, "mul_mat_moe", [bw, *bufs], (-(-n_out // (rows * warps)), tiles, count),
+                 wtype=wtype, spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACT=act,
+                                        X_SLOT=per_slot),
+                 n_in=n_in, n_out=n_out, n_used=k, expert_base=first)
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("per_slot", [0, 1])
+def test_mul_mat_moe(dev, kc, wtype, per_slot):
+    """Each expert's slots as one product: against numpy, with an expert that gets no token,
+    one that most tokens share (more tiles than the dispatch has: it loops) and every token
+    tile count from one to the most an expert can need."""
+    rng = np.random.default_rng(26)
+    n_expert, n_out, n_in, T, k = 6, 40, 256, 11, 3
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    w = w.reshape(n_expert, n_out, n_in)
+    ids = routed_ids(rng, T, k, n_expert, hot=9)
+    x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
+    bw, bx, bi = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, ids)
+    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
+    want = moe_product_ref(w, x, ids, per_slot)
+    for tiles in (1, 2, 3):                    # 4 slots per tile: 3 cover any expert
+        by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
+        run_mul_mat_moe(dev, kc, wtype, [(bw, 0, n_expert)], [bx, bg, bp, by], n_in, n_out, k,
+                        tiles, per_slot=per_slot)
+        assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10, tiles
+
+
+def builder_moe(dev, kc, tuning, wtype, raw, x, ids, n_expert, n_out, per_slot, parts=(1.0,)):
+    """Builder.matmul_id over W [n_in, n_out, n_expert] bound in parts (fractions of the
+    experts), as a model records it."""
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, RunState, Tensor
+
+    T, k = ids.shape
+    n_in, raw = x.shape[-1], raw.reshape(-1)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=T, n_expert=n_expert,
+                  n_expert_used=k)
+    per_expert = raw.nbytes // n_expert
+    bounds = [round(f * n_expert) for f in (0.0, *parts)]
+    arenas = [buf(dev, raw[a * per_expert:b * per_expert], kind="weights")
+              for a, b in zip(bounds, bounds[1:])]
+    t = Tensor(wtype, (n_in, n_out, n_expert),
+               [(a * n_out, (b - a) * n_out, i, 0, (b - a) * per_expert)
+                for i, (a, b) in enumerate(zip(bounds, bounds[1:]))], arenas)
+    bx, bi = buf(dev, x), buf(dev, ids)
+    by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, rs, tuning).matmul_id(t, bx, bi, by, T, k, per_slot=bool(per_slot))
+    g.replay()
+    out = read(dev, by).reshape(T, k, n_out).copy()
+    g.close()
+    rs.close()
+    return out
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
+    """With ggml's rounding, the grouped product rounds activations as the per-token one
+    does (inline Q8_0 / Q8_1, or a quantize_act pass first), from W in two parts."""
+    from dataclasses import replace
+
+    from engine.gpu.ops import Tuning
+
+    rng = np.random.default_rng(27)
+    n_expert, n_out, n_in, T, k = 8, 24, 512, 7, 2
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    ids = routed_ids(rng, T, k, n_expert, hot=5)
+    x = (rng.standard_normal((T, n_in)) * 4).astype(np.float32)
+    base = replace(Tuning.for_device(dev), warps=2, mm_rows=2, mm_tokens=4,  # small tiles
+                   ggml_numerics=True)
+    per_token = builder_moe(dev, kc, replace(base, moe_grouped=False), wtype, raw, x, ids,
+                            n_expert, n_out, 0)
+    grouped = builder_moe(dev, kc, replace(base, moe_grouped=True), wtype, raw, x, ids,
+                          n_expert, n_out, 0, parts=(0.25, 1.0))
+    exact = builder_moe(dev, kc, replace(base, moe_grouped=True, ggml_numerics=False), wtype,
+                        raw, x, ids, n_expert, n_out, 0)
+    assert np.abs(grouped - per_token).max() <= 1e-6 * np.abs(per_token).max()
+    assert nmse(exact, moe_product_ref(w.reshape(n_expert, n_out, n_in), x, ids, 0)) < 1e-10
+    if wtype != "F32":                  # the rounding shows: grouped follows per_token
+        assert np.abs(exact - per_token).max() > 10 * np.abs(grouped - per_token).max()
+
+
+def test_grouped_experts_round_like_ggml(dev, kc):
+    """ACT = 2 (Q4_1 against Q8_1 activations, with the block-sum correction), per slot."""
+    rng = np.random.default_rng(28)
+    n_expert, n_out, n_in, T, k = 4, 32, 128, 6, 2
+    raw, _ = quantized("Q4_1", n_expert * n_out, n_in, rng)
+    ids = routed_ids(rng, T, k, n_expert, hot=6)
+    x = (rng.standard_normal((T, k, n_in)) * 3).astype(np.float32)
+    bx, bi = buf(dev, x), buf(dev, ids)
+    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
+    by = buf(dev, nbytes=4 * T * k * n_out)
+    run_mul_mat_moe(dev, kc, "Q4_1", [(buf(dev, raw), 0, n_expert)], [bx, bg, bp, by], n_in,
+                    n_out, k, 1, act=2, per_slot=1)
+    per_expert = raw.nbytes // n_expert
+    want = np.stack([np.stack([
+        ggml_dot_q4_1_q8_1(raw[e * per_expert:(e + 1) * per_expert], x[t, j:j + 1], n_out,
+                           n_in)[0] for j, e in enumerate(ids[t])]) for t in range(T)])
+    got = read(dev, by).reshape(T, k, n_out)
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+
+
 def test_moe_combine(dev, kc):
     rng = np.random.default_rng(24)
     T, k, n_embd = 5, 3, 96
@@ -253,13 +496,14 @@ def test_get_rows_from_table_parts(dev, kc):
 
 # -- elementwise and normalisation ------------------------------------------------------------
 
-def test_rms_norm(dev, kc):
+@pytest.mark.parametrize("lanes", [8, 32, 256])
+def test_rms_norm(dev, kc, lanes):
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 576)).astype(np.float32) * 3
     w = rng.standard_normal(576).astype(np.float32)
     bx, bw, bo = buf(dev, x), buf(dev, w), buf(dev, nbytes=x.nbytes)
-    run_once(dev, kc, "rms_norm", [bx, bw, bo], (5, 1, 1), n_cols=576, n_rows=5, eps=1e-5,
-             x_offset=1)
+    run_once(dev, kc, "rms_norm", [bx, bw, bo], (5, 1, 1), spec=dict(WG=lanes), n_cols=576,
+             n_rows=5, eps=1e-5, x_offset=1)
     want = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-5) * w
     assert nmse(read(dev, bo).reshape(6, 576)[1:], want[1:]) < 1e-12
 
@@ -285,12 +529,15 @@ def test_add(dev, kc):
     assert np.array_equal(read(dev, bo), a + b)
 
 
-def test_argmax_lowest_index_on_ties(dev, kc):
+@pytest.mark.parametrize("lanes", [1, 4, 32])
+@pytest.mark.parametrize("ties", [(1234, 40000), (40001, 1235)])
+def test_argmax_lowest_index_on_ties(dev, kc, lanes, ties):
     x = np.random.default_rng(7).standard_normal(49152).astype(np.float32)
-    x[[1234, 40000]] = 9.0
+    x[list(ties)] = 9.0
     bx, bo = buf(dev, x), buf(dev, nbytes=4)
-    run_once(dev, kc, "argmax", [bx, bo], (1, 1, 1), n=49152, x_offset=0)
-    assert read(dev, bo, np.uint32)[0] == 1234
+    run_once(dev, kc, "argmax", [bx, bo], (1, 1, 1), spec=dict(WG=dev.subgroup_size * lanes),
+             n=49152, x_offset=0)
+    assert read(dev, bo, np.uint32)[0] == min(ties)
 
 
 # -- rope, KV cache, attention ---------------------------------------------------------------
@@ -376,6 +623,30 @@ def test_attention(dev, kc, hd, window):
     assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-10
 
 
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("n_tok,pos0,window", [(70, 0, 0), (100, 37, 0), (130, 20, 48),
+                                               (5, 90, 0)])
+def test_flash_attention_on_matrix_units(dev, kc, hd, n_tok, pos0, window):
+    """flash_attn_cm against the float64 reference on the same f16 K and V, with q rounded to
+    f16 as the kernel takes it; P goes through f16 too, hence 1e-5 rather than 1e-10."""
+    if not dev.coopmat:
+        pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
+    rng = np.random.default_rng(24)
+    n_ctx, n_head, n_kv = pos0 + n_tok + 3, 8, 2
+    k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    bo = buf(dev, nbytes=q.nbytes)
+    st = buf(dev, np.array([pos0, pos0 + n_tok, 0, 0], np.uint32))
+    scale = hd ** -0.5
+    run_once(dev, kc, "flash_attn_cm", [bq, bk, bv, bo, st], (-(-n_tok // 64), n_head, 1),
+             spec=dict(HD=hd), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window,
+             scale=scale)
+    want = attention_ref(q.astype(np.float16).astype(np.float32), k, v, pos0, window, scale)
+    assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-5
+
+
 # -- llama.cpp CPU numerics -------------------------------------------------------------------
 
 def ggml_dot_q4_1_q8_1(raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) -> np.ndarray:
@@ -395,6 +666,8 @@ def ggml_dot_q4_1_q8_1(raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) ->
 
 
 def test_quantized_activations_match_ggml_dot(dev, kc):
+    from dataclasses import replace
+
     from engine.gpu.graph import Graph
     from engine.gpu.ops import Builder, RunState, Tensor, Tuning
 
@@ -409,7 +682,8 @@ def test_quantized_activations_match_ggml_dot(dev, kc):
     w = Tensor("Q4_1", (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
     for n, x_row, rows in ((T, 0, slice(None)), (1, T - 1, slice(T - 1, T))):
         g = Graph(dev, kc, "t")
-        Builder(g, {}, rs, Tuning.for_device(dev)).matmul(w, bx, by, n, x_row=x_row)
+        tuning = replace(Tuning.for_device(dev), ggml_numerics=True, coopmat=False)
+        Builder(g, {}, rs, tuning).matmul(w, bx, by, n, x_row=x_row)
         g.replay()
         got = read(dev, by)[: n * n_out].reshape(n, n_out)
         g.close()
@@ -435,7 +709,15 @@ def test_quantize_act_formats(dev, kc, fmt):
         want = np.minimum(np.rint(iscale * b), 127) * (np.float32(1) / iscale)
     else:
         want = x.astype(np.float16)
-    assert np.array_equal(read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32))
+    got, want = read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32)
+    if dev.info.kind == "cpu":       # IEEE division and conversions: ggml's bits exactly
+        assert np.array_equal(got, want)
+    else:
+        # Vulkan lets '/' be 2.5 ulp off and drivers convert to f16 their own way (NVIDIA's
+        # does, under RoundingModeRTE too): a block scale an ulp off, or a value rounded the
+        # other way, moves an element by at most one quantization step of its block
+        step = np.abs(want).max() / (127 if fmt != 3 else 1024)
+        assert np.abs(got - want).max() <= step
 
 
 def test_rope_from_ggml_table(dev, kc):
@@ -752,6 +1034,13 @@ def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
     want16 = attention_ggml_ref(q, k, v, pos0, window, scale)
     old16 = old_attention(dev, kc, q, k, v, pos0, window, 1)
     # p rounded to f16 on both sides: a last-bit difference in a score can move one p by an
-    # f16 step, nothing more
-    assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < 1e-8
-    assert np.abs(got16 - old16).max() < 2e-3 and nmse(got16, old16) < 1e-8
+    # f16 step, nothing more. Where exp and '/' are not correctly rounded (NVIDIA's driver:
+    # Vulkan allows them a few ulp) more p land across an f16 boundary: the H200 gave an
+    # NMSE of up to 3.5e-7 at the same 1.4e-3 largest error, so 1e-6 there.
+    mse = 1e-8 if dev.info.kind == "cpu" else 1e-6
+    assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < mse
+    assert np.abs(got16 - old16).max() < 2e-3 and nmse(got16, old16) < mse
+    # the fast decode path (mul_mat_vec, no ggml rounding): one pass per split, attn_merge
+    t.matvec, t.ggml_numerics = True, False
+    one_pass = builder_attention(dev, kc, t, q, k, v, pos0, window)
+    assert nmse(one_pass, attention_ref(q, k, v, pos0, window, scale)) < 1e-10

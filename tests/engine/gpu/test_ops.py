@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gpu.ops import Tuning, is_amd_gcn
+from engine.gpu.ops import Tuning, is_amd_gcn, moe_tile_groups, moe_tile_slots
 from engine.gpu.vk import DeviceInfo
 
 AMD, NVIDIA, INTEL, MESA_CPU = 0x1002, 0x10DE, 0x8086, 0x10005
@@ -77,3 +77,16 @@ def test_decode_splits_follow_context_and_device():
     cpu_t = Tuning.for_info(gpu("llvmpipe", MESA_CPU, "cpu"), subgroup=8)
     assert [cpu_t.decode_splits(n) for n in (16, 256, 2048)] == [1, 2, 2]
     assert cpu_t.split_chunk >= gpu_t.split_chunk
+
+
+@pytest.mark.parametrize("n,k,n_expert,slots,groups", [
+    (256, 8, 128, 8, 4),     # Qwen3-30B-A3B, a full chunk: 16 slots an expert, tiles of 8
+    (32, 8, 128, 2, 2),      # a short prompt: 2 an expert
+    (8, 8, 128, 1, 2),       # fewer slots than experts
+    (9, 2, 8, 4, 2),         # the test model
+    (4, 8, 8, 4, 1)])        # every token takes every expert: one tile holds it
+def test_moe_tiles_follow_an_even_routing(n, k, n_expert, slots, groups):
+    """mul_mat_moe's token tiles hold an expert's share of an even routing, and the dispatch
+    has twice the tiles that share needs (uneven experts loop), never more than n tokens."""
+    assert moe_tile_slots(n, k, n_expert, 8) == slots
+    assert moe_tile_groups(n, k, n_expert, slots) == groups

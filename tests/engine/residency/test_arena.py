@@ -195,12 +195,101 @@ def test_malformed_doorbell_lines_are_ignored(arena_dir):
 
 def test_parse_line():
     assert parse_line(b'{"pid": 12, "reason": "generate a", "t": 1.0}') == \
-        {"pid": 12, "reason": "generate a", "until": None}
+        {"pid": 12, "reason": "generate a", "until": None, "event": None}
+    assert parse_line(b'{"pid": 12, "event": "free"}')["event"] == "free"
+    assert parse_line(b'{"pid": 12, "event": "cancel", "t": 2.5}')["event"] == "cancel"
     assert parse_line(b'{"pid": 12, "reason": "yield", "until": 5}')["until"] == 5.0
     for bad in (b"", b"\x00\x01", b'{"pid": 0}', b'{"pid": false}', b"[1]",
                 b'{"pid": 2, "until": Infinity}', b'{"pid": 2, "until": true}',
-                b'{"pid": 2}' + b" " * 5000):
+                b'{"pid": 2}' + b" " * 5000, b'{"pid": 2, "event": "other"}',
+                b'{"pid": 2, "event": 1}', b'{"pid": 2, "event": "free", "until": 9}'):
         assert parse_line(bad) is None, bad
+
+
+# -- notices, try_acquire, members -----------------------------------------------------------
+
+OTHER_PID = 4_000_000                     # a pid no process here has (lines "from elsewhere")
+
+
+def _append(arena_dir: str, obj: dict) -> None:
+    with open(os.path.join(arena_dir, "doorbell"), "ab") as f:
+        f.write(json.dumps(obj).encode() + b"\n")
+
+
+def _until(cond, timeout: float = 3.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def test_free_and_cancel_notices_are_not_rings(arena_dir):
+    rung, freed = threading.Event(), threading.Event()
+    with Arena(arena_dir) as a:
+        a.attach(lambda: (rung.set(), a.release()), on_free=freed.set, label="test")
+        a.acquire("test", timeout=5)
+        freed.clear()
+        _append(arena_dir, {"pid": OTHER_PID, "event": "free", "t": time.time()})
+        _append(arena_dir, {"pid": OTHER_PID, "event": "cancel"})
+        time.sleep(1.2)                    # the watcher read them (inotify, or its poll)
+        assert a.held and not a.wanted() and not rung.is_set() and not freed.is_set()
+        _append(arena_dir, {"pid": OTHER_PID, "reason": "a ring"})
+        assert rung.wait(2) and _until(lambda: not a.held)
+        assert freed.wait(2)               # free, no yield: the chance to take it back
+        assert a.try_acquire("back") and a.held and a.acquisitions == 2
+
+
+def test_cancel_ends_a_yield_and_busy_says_until_when(arena_dir):
+    with Arena(arena_dir) as a:
+        until = time.time() + 60
+        _append(arena_dir, {"pid": OTHER_PID, "reason": "yield", "until": until})
+        assert _until(lambda: a.yielded() is not None)
+        assert abs(a.yielded() - until) < 1e-3 and a.yield_by == OTHER_PID
+        assert not a.try_acquire("during")
+        with pytest.raises(ArenaBusy, match="yielded to other programs") as exc:
+            a.acquire("during", timeout=0.2)
+        assert 58 < exc.value.retry_after <= 60
+        t0 = time.time()
+        _append(arena_dir, {"pid": OTHER_PID, "event": "cancel"})
+        assert _until(lambda: a.yielded() is None)
+        assert t0 <= a.yield_ended <= time.time()
+        assert a.try_acquire("after")
+    with Arena(arena_dir, watch=False) as late:   # a process started later: no yield either
+        assert late.yielded() is None
+
+
+def test_try_acquire_takes_only_a_free_token_and_never_rings(arena_dir):
+    h = Holder(arena_dir, "polite")
+    try:
+        with Arena(arena_dir) as a:
+            assert not a.try_acquire("quietly")
+            assert not any(e == "rung" for e, *_ in h.events(1.2))
+            assert a.holder()["pid"] == h.pid
+            a.acquire("loudly", timeout=10)            # a ring: the polite holder leaves
+            assert a.held
+    finally:
+        h.stop()
+
+
+def test_members_are_the_live_processes(arena_dir):
+    h = Holder(arena_dir, "stubborn")                  # attached: a member, label ""
+    try:
+        with Arena(arena_dir) as a:
+            a.attach(lambda: None, label="the test")
+            got = {m["pid"]: m for m in a.members()}
+            assert set(got) == {h.pid, os.getpid()}
+            assert got[os.getpid()]["label"] == "the test" and not got[h.pid]["waiting"]
+            a.set_member(waiting=True)
+            assert {m["pid"]: m for m in a.members()}[os.getpid()]["waiting"] is True
+            h.kill()
+            h.proc.join(10)
+            assert [m["pid"] for m in a.members()] == [os.getpid()]
+            assert not os.path.exists(os.path.join(arena_dir, "members", f"{h.pid}.json"))
+        assert not os.listdir(os.path.join(arena_dir, "members"))   # left on close
+    finally:
+        h.stop()
 
 
 # -- unsafe arenas ---------------------------------------------------------------------------

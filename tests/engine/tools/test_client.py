@@ -118,8 +118,15 @@ def test_ps(served):
     assert lines[1].split() == [first, "llama", "warm", "no", f"{vram:.0f}", "MiB",
                                 f"{shadow:.0f}", "MiB", str(CTX)]
     assert lines[0].index("STATE") == lines[1].index("warm")            # columns line up
-    assert len(lines) == 3 and lines[2].startswith(f"VRAM budget {BUDGET_MIB} MiB: "
-                                                   f"{vram:.0f} MiB granted, ")
+    assert lines[2].startswith(f"VRAM budget {BUDGET_MIB} MiB: {vram:.0f} MiB granted, ")
+    # the GPU arena (the tests' own, see tests/conftest.py): this server holds the token
+    arena = out["arena"]
+    assert arena["state"] == "holder" and arena["dir"] == os.environ["HOTSEAT_ARENA"]
+    pid = arena["pid"]
+    assert lines[3] == f"GPU arena {arena['dir']}: this server (pid {pid}) holds the GPU"
+    assert lines[4].split() == ["PID", "STATE", "UNTIL", "PROCESS"]
+    row = next(line for line in lines[5:] if line.split()[0] == str(pid))
+    assert row.split() == [str(pid), "holder", "serve", url, "(this", "server)"]
 
 
 def test_load_evict_warm_pin_unload(served):

@@ -1,0 +1,84 @@
+#version 450
+// Decode attention (one query token) in one pass: the visible KV range split across n_split
+// workgroups per head, as attn_split.comp splits it, each folding its positions into an
+// online softmax and writing its max, its sum and its unnormalised output; attn_merge.comp
+// rescales the splits to their common max and divides by the total. (attn_split's two
+// passes normalise before P.V, which ggml's f16 probabilities need; this one does not.)
+// LP adjacent lanes share a position, each taking every LP-th vec4 of the head.
+#include "common.glsl"
+#extension GL_KHR_shader_subgroup_shuffle : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4 * LP
+layout(constant_id = 2) const uint LP = 4;          // lanes per position (<= SG)
+
+layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_head, HD]
+layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
+layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n_head_kv, HD]
+layout(std430, binding = 3) writeonly buffer T { vec2 stats[]; };   // [n_head, n_split] max, sum
+layout(std430, binding = 4) writeonly buffer P { vec4 part[]; };    // [n_head, n_split, HD]
+STEP_BUFFER(5)
+layout(push_constant) uniform Push {
+    uint n_head;
+    uint n_head_kv;
+    uint window;       // 0: full causal attention
+    uint n_split;
+    uint min_chunk;
+    float scale;
+} p;
+
+const uint D4 = HD / 4, DL = D4 / LP;
+const uint WG = gl_WorkGroupSize.x, G = WG / LP;    // position groups
+shared vec2 red2[G];
+shared vec4 red4[G * D4];
+
+void main() {
+    const uint s = gl_WorkGroupID.x, h = gl_WorkGroupID.y;
+    const uint t = gl_LocalInvocationIndex, lane = t % LP, g = t / LP;
+    const uint pos = step.pos0;
+    const uint kvh = h / (p.n_head / p.n_head_kv);
+    const uint first = (p.window > 0 && pos >= p.window) ? pos - p.window + 1 : 0;
+    const uint n_vis = pos + 1 - first;
+    const uint chunk = max((n_vis + p.n_split - 1) / p.n_split, p.min_chunk);
+    const uint a = min(first + s * chunk, pos + 1), b = min(a + chunk, pos + 1);
+
+    vec4 qv[DL];
+    [[unroll]] for (uint i = 0; i < DL; i++) qv[i] = q4[h * D4 + lane + LP * i] * p.scale;
+    float m = -1.0 / 0.0, l = 0.0;
+    vec4 acc[DL];
+    [[unroll]] for (uint i = 0; i < DL; i++) acc[i] = vec4(0.0);
+    for (uint kp = a + g; kp < b; kp += G) {
+        const uint kb = (kp * p.n_head_kv + kvh) * D4 + lane;
+        float d = 0.0;
+        [[unroll]] for (uint i = 0; i < DL; i++) d += dot(qv[i], vec4(k4[kb + LP * i]));
+        [[unroll]] for (uint o = 1; o < LP; o *= 2) d += subgroupShuffleXor(d, o);
+        const float mn = max(m, d);
+        const float c = exp(m - mn), e = exp(d - mn);
+        l = l * c + e;
+        [[unroll]] for (uint i = 0; i < DL; i++) acc[i] = acc[i] * c + e * vec4(v4[kb + LP * i]);
+        m = mn;
+    }
+    // the groups' partial softmaxes, rescaled to the split's max
+    if (lane == 0) red2[g] = vec2(m, l);
+    barrier();
+    float M = -1.0 / 0.0;
+    for (uint i = 0; i < G; i++) M = max(M, red2[i].x);
+    const float f = l > 0.0 ? exp(m - M) : 0.0;
+    [[unroll]] for (uint i = 0; i < DL; i++) red4[g * D4 + lane + LP * i] = acc[i] * f;
+    barrier();
+    const uint st = h * p.n_split + s;
+    if (t == 0) {
+        float L = 0.0;
+        for (uint i = 0; i < G; i++) {
+            const vec2 x = red2[i];
+            if (x.y > 0.0) L += x.y * exp(x.x - M);
+        }
+        stats[st] = vec2(M, L);
+    }
+    for (uint d = t; d < D4; d += WG) {
+        vec4 sum = vec4(0.0);
+        for (uint i = 0; i < G; i++) sum += red4[i * D4 + d];
+        part[st * D4 + d] = sum;
+    }
+}

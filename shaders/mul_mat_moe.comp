@@ -1,0 +1,93 @@
+#version 450
+// y[s, r] = sum_k W[e, r, k] * x[t (or s), k]   for every slot s = t * n_used + j routed to
+// expert e: the batched expert product of prefill, each expert's weights read once per NT of
+// its tokens (mul_mat_id, decode's, reads them once per token). moe_group lists each expert's
+// slots (perm) and their (offset, count) in groups.
+// Workgroups are (row tiles, G token-tile lanes, experts of this part of W). Each subgroup owns
+// ROWS rows x NT slots of its expert, the x rows gathered through perm, and splits K as
+// mul_mat's tiles do (the same sums in the same order, so the same results). Workgroup y takes
+// the expert's tiles y, y + G, ...: an expert with more tokens than G tiles hold loops, and one
+// with none exits at once. y stays in slot order, [n_tokens, n_used, n_out], for moe_combine.
+// X_SLOT 0: a slot reads its token's row of x (gate, up); 1: its own row s (down).
+// W bound in parts holds whole experts; groups is indexed by expert_base + the part's expert.
+#include "common.glsl"
+#extension GL_KHR_shader_subgroup_arithmetic : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint ROWS = 2;
+layout(constant_id = 2) const uint NT = 8;
+layout(constant_id = 3) const uint ACT = 0;      // activation rounding, see mul_mat.comp
+layout(constant_id = 4) const uint X_SLOT = 0;
+
+#define WEIGHT_BINDING 0
+#include "quant.glsl"
+#include "act.glsl"
+layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
+layout(std430, binding = 2) readonly buffer Groups { uint groups[]; };
+layout(std430, binding = 3) readonly buffer Perm { uint perm[]; };
+layout(std430, binding = 4) writeonly buffer Y { float y[]; };
+
+layout(push_constant) uniform Push {
+    uint n_in;         // K, a multiple of 32
+    uint n_out;        // rows of one expert
+    uint n_used;       // experts per token
+    uint expert_base;  // first expert held by this part of W
+} p;
+
+void main() {
+    const uint lane = gl_SubgroupInvocationID;
+    const uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * ROWS;
+    const uint e = gl_WorkGroupID.z;                  // in this part
+    const uint offset = groups[2 * (p.expert_base + e)];
+    const uint count = groups[2 * (p.expert_base + e) + 1];
+    if (row0 >= p.n_out) return;
+    const uint nb = p.n_in / 32;
+    const uint n_units = nb * 4;
+    const uint xs = p.n_in / 4;     // x row stride in vec4
+    const uint w0 = e * p.n_out;
+
+    for (uint i0 = gl_WorkGroupID.y * NT; i0 < count; i0 += gl_NumWorkGroups.y * NT) {
+        uint slot[NT], x0[NT];
+        [[unroll]] for (uint t = 0; t < NT; t++) {
+            slot[t] = perm[offset + min(i0 + t, count - 1)];
+            x0[t] = (X_SLOT != 0 ? slot[t] : slot[t] / p.n_used) * xs;
+        }
+        float acc[ROWS * NT];
+        [[unroll]] for (uint i = 0; i < ROWS * NT; i++) acc[i] = 0.0;
+
+        for (uint u = lane; u < n_units; u += gl_SubgroupSize) {
+            const uint ib = u >> 2, q = u & 3;
+            vec4 xa[NT], xb[NT];
+            [[unroll]] for (uint t = 0; t < NT; t++) {
+                xa[t] = x4[x0[t] + ib * 8 + q];
+                xb[t] = x4[x0[t] + ib * 8 + 4 + q];
+            }
+            float corr[NT];
+            if (ACT != 0) {
+                [[unroll]] for (uint t = 0; t < NT; t++) corr[t] = round_act(ACT, xa[t], xb[t]);
+            }
+            [[unroll]] for (uint r = 0; r < ROWS; r++) {
+                const uint row = w0 + min(row0 + r, p.n_out - 1);
+                vec4 lo, hi;
+                dequant8(row * nb + ib, q, lo, hi);
+                [[unroll]] for (uint t = 0; t < NT; t++) {
+                    acc[r * NT + t] += dot(lo, xa[t]) + dot(hi, xb[t]);
+                }
+#if defined(TYPE_Q4_1)
+                if (ACT == 2 && q == 0) {
+                    const float m = block_min(row * nb + ib);
+                    [[unroll]] for (uint t = 0; t < NT; t++) acc[r * NT + t] += m * corr[t];
+                }
+#endif
+            }
+        }
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            [[unroll]] for (uint t = 0; t < NT; t++) {
+                const float s = subgroupAdd(acc[r * NT + t]);
+                if (lane == 0 && row0 + r < p.n_out && i0 + t < count) {
+                    y[slot[t] * p.n_out + row0 + r] = s;
+                }
+            }
+        }
+    }
+}

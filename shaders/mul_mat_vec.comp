@@ -1,0 +1,277 @@
+#version 450
+// y[r] (+)= sum_k W[r, k] * x[k]: the decode matrix-vector product (one token).
+// A workgroup of WG lanes owns ROWS weight rows. Each row is cut into chunks (a block of 32
+// weights, or a quarter of a 256-weight super-block) that a lane reads with a few wide loads;
+// lanes take every WG-th chunk, and the partial sums meet through subgroup adds and a little
+// shared memory. The activations come straight from x (f32), each chunk of x read once for
+// all ROWS rows and, where ACT says so, rounded on the fly as ggml's CPU backend rounds
+// activations for this weight type: 1 Q8_0, 2 Q8_1 (blocks of 32, one lane's chunk), 3 Q8_K
+// (blocks of 256: the four lanes of one super-block agree through xor shuffles), 4 f16.
+// Scales apply once per sub-block: sum(q * x) * d, less the minimum times sum(x).
+#include "common.glsl"
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint ROWS = 2;
+layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residual add)
+layout(constant_id = 3) const uint ACT = 0;      // activation rounding, see above
+
+layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
+layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
+layout(std430, binding = 0) readonly buffer W32 { uint w32[]; };
+layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
+layout(std430, binding = 2) buffer Y { float y[]; };
+
+layout(push_constant) uniform Push {
+    uint n_in;       // K: a multiple of the chunk
+    uint n_out;      // rows of W in this binding
+    uint x_offset;   // in vec4 units
+    uint y_offset;   // in floats: where row 0 of this binding lands
+} p;
+
+#if defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_Q6_K)
+const uint CHUNK = 64;
+#else
+const uint CHUNK = 32;
+#endif
+const uint NV = CHUNK / 4;              // vec4s of x per chunk
+
+vec4 nib_lo(uint v) { return vec4(uvec4(v, v >> 8, v >> 16, v >> 24) & 0xFu); }
+vec4 nib_hi(uint v) { return vec4(uvec4(v >> 4, v >> 12, v >> 20, v >> 28) & 0xFu); }
+vec4 byte4(uint v) { return vec4(uvec4(v, v >> 8, v >> 16, v >> 24) & 0xFFu); }
+vec4 sbyte4(uint v) {
+    return vec4(ivec4(int(v << 24) >> 24, int(v << 16) >> 24, int(v << 8) >> 24, int(v) >> 24));
+}
+uint u16pair(uint i) { return uint(w16[i]) | (uint(w16[i + 1]) << 16); }   // at u16 index i
+float f16at(uint i) { return unpackHalf2x16(uint(w16[i])).x; }
+
+// The vec4 of x (counted from the row's first weight) that holds chunk c's weights 4v..4v+3.
+uint x_index(uint c, uint v) {
+#if defined(TYPE_Q6_K)
+    // chunk (super-block, half n, l-half h): weights 128n + 32k + 16h + 0..15, k = 0..3
+    const uint sb = c >> 2, n = (c >> 1) & 1, h = c & 1;
+    return sb * 64 + n * 32 + (v >> 2) * 8 + h * 4 + (v & 3);
+#else
+    return c * NV + v;
+#endif
+}
+
+// sum over chunk c of row `row`: W * x; xs holds x's sums per 32 weights (per 16 for Q6_K's
+// four sub-blocks of this chunk), for the block minimums.
+float chunk_dot(uint row, uint c, const uint nc, in vec4 xv[NV], in float xs[4]) {
+    const uint b = row * nc + c;
+    float acc = 0.0;
+#if defined(TYPE_F32)
+    [[unroll]] for (uint v = 0; v < NV; v++) acc += dot(uintBitsToFloat(w4[b * NV + v]), xv[v]);
+#elif defined(TYPE_F16)
+    [[unroll]] for (uint v = 0; v < NV; v += 2) {
+        const uvec4 h = w4[b * 4 + v / 2];
+        acc += dot(vec4(unpackHalf2x16(h.x), unpackHalf2x16(h.y)), xv[v])
+             + dot(vec4(unpackHalf2x16(h.z), unpackHalf2x16(h.w)), xv[v + 1]);
+    }
+#elif defined(TYPE_Q8_0)
+    // 34 bytes: f16 d, int8 qs[32]
+    const uint o = b * 17;
+    [[unroll]] for (uint v = 0; v < NV; v++) acc += dot(sbyte4(u16pair(o + 1 + 2 * v)), xv[v]);
+    acc *= f16at(o);
+#elif defined(TYPE_Q4_0) || defined(TYPE_Q5_0)
+#if defined(TYPE_Q4_0)
+    const uint o = b * 9, q0 = o + 1;               // 18 bytes: f16 d, qs[16]
+    const float off = 8.0;
+#else
+    const uint o = b * 11, q0 = o + 3;              // 22 bytes: f16 d, qh[4], qs[16]
+    const uint qh = u16pair(o + 1);
+    const float off = 16.0;
+#endif
+    [[unroll]] for (uint v = 0; v < 4; v++) {      // byte j: weight j (low), j + 16 (high)
+        const uint q = u16pair(q0 + 2 * v);
+        vec4 lo = nib_lo(q), hi = nib_hi(q);
+#if defined(TYPE_Q5_0)
+        lo += 16.0 * vec4((uvec4(qh) >> uvec4(4 * v, 4 * v + 1, 4 * v + 2, 4 * v + 3)) & 1u);
+        hi += 16.0 * vec4((uvec4(qh) >> uvec4(4 * v + 16, 4 * v + 17, 4 * v + 18, 4 * v + 19)) & 1u);
+#endif
+        acc += dot(lo, xv[v]) + dot(hi, xv[v + 4]);
+    }
+    acc = f16at(o) * (acc - off * xs[0]);
+#elif defined(TYPE_Q4_1)
+    // 20 bytes = 5 words: f16 d, f16 m, qs[16]
+    const uint o = b * 5;
+    const vec2 dm = unpackHalf2x16(w32[o]);
+    [[unroll]] for (uint v = 0; v < 4; v++) {
+        const uint q = w32[o + 1 + v];
+        acc += dot(nib_lo(q), xv[v]) + dot(nib_hi(q), xv[v + 4]);
+    }
+    acc = dm.x * acc + dm.y * xs[0];
+#elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
+    // super-block: f16 d, f16 dmin, scales[12], [Q5_K: qh[32]], qs[128]; this chunk is the
+    // sub-block pair (2j, 2j + 1) sharing qs[32j .. 32j + 31] (low nibbles, high nibbles)
+#if defined(TYPE_Q4_K)
+    const uint SB = 9, QS = 1;                        // uvec4s: 144 bytes, qs at 16
+#else
+    const uint SB = 11, QS = 3;                       // 176 bytes, qh at 16, qs at 48
+#endif
+    const uint sb = (b >> 2) * SB, j = b & 3;
+    const uvec4 hd = w4[sb];
+    const vec2 dm = unpackHalf2x16(hd.x);
+    // 6-bit scales and mins of sub-blocks s = 2j and 2j + 1 (bytes 4..15 of the block)
+    const uint s0 = 2 * j;
+    uint sc[2], mn[2];
+    [[unroll]] for (uint t = 0; t < 2; t++) {
+        const uint s = s0 + t;
+        if (s < 4) {
+            sc[t] = (hd.y >> (8 * s)) & 63u;
+            mn[t] = (hd.z >> (8 * s)) & 63u;
+        } else {
+            const uint lo4 = (hd.w >> (8 * (s - 4))) & 0xFFu;
+            sc[t] = (lo4 & 0xFu) | (((hd.y >> (8 * (s - 4))) >> 6 & 3u) << 4);
+            mn[t] = (lo4 >> 4) | (((hd.z >> (8 * (s - 4))) >> 6 & 3u) << 4);
+        }
+    }
+    const uvec4 qa = w4[sb + QS + 2 * j], qb = w4[sb + QS + 2 * j + 1];
+    const uint qw[8] = uint[8](qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
+#if defined(TYPE_Q5_K)
+    const uvec4 ha = w4[sb + 1], hb = w4[sb + 2];
+    const uint hw[8] = uint[8](ha.x, ha.y, ha.z, ha.w, hb.x, hb.y, hb.z, hb.w);
+#endif
+    float dlo = 0.0, dhi = 0.0;
+    [[unroll]] for (uint v = 0; v < 8; v++) {
+        vec4 lo = nib_lo(qw[v]), hi = nib_hi(qw[v]);
+#if defined(TYPE_Q5_K)
+        lo += 16.0 * vec4((uvec4(hw[v]) >> uvec4(s0, s0 + 8, s0 + 16, s0 + 24)) & 1u);
+        hi += 16.0 * vec4((uvec4(hw[v]) >> uvec4(s0 + 1, s0 + 9, s0 + 17, s0 + 25)) & 1u);
+#endif
+        dlo += dot(lo, xv[v]);
+        dhi += dot(hi, xv[v + 8]);
+    }
+    acc = dm.x * (float(sc[0]) * dlo + float(sc[1]) * dhi)
+        - dm.y * (float(mn[0]) * xs[0] + float(mn[1]) * xs[1]);
+#elif defined(TYPE_Q6_K)
+    // super-block (105 u16): ql[128], qh[64], int8 scales[16], f16 d. Chunk (n, h): weights
+    // 128n + 32k + 16h + l (l < 16) of quarters k = 0..3: low bits in ql[64n + 32(k & 1) +
+    // 16h + l] (high nibble for k >= 2), two high bits at qh[32n + 16h + l] >> 2k, scale
+    // scales[8n + 2k + h].
+    const uint base = (b >> 2) * 105, n = (b >> 1) & 1, h = b & 1;
+    const uint ql0 = base + 32 * n + 8 * h, ql1 = ql0 + 16, qh0 = base + 64 + 16 * n + 8 * h;
+    const uint sc0 = base + 96 + 4 * n;              // scales[8n .. 8n + 7] as 4 u16
+    float part[4] = float[4](0.0, 0.0, 0.0, 0.0);
+    [[unroll]] for (uint v = 0; v < 4; v++) {      // l = 4v .. 4v + 3
+        const uint la = u16pair(ql0 + 2 * v), lb = u16pair(ql1 + 2 * v);
+        const uint hq = u16pair(qh0 + 2 * v);
+        const uvec4 hq4 = uvec4(hq, hq >> 8, hq >> 16, hq >> 24);
+        part[0] += dot(nib_lo(la) + 16.0 * vec4(hq4 & 3u), xv[v]);
+        part[1] += dot(nib_lo(lb) + 16.0 * vec4((hq4 >> 2) & 3u), xv[4 + v]);
+        part[2] += dot(nib_hi(la) + 16.0 * vec4((hq4 >> 4) & 3u), xv[8 + v]);
+        part[3] += dot(nib_hi(lb) + 16.0 * vec4((hq4 >> 6) & 3u), xv[12 + v]);
+    }
+    // scales[8n + 2k + h], k = 0..3: bytes h, h + 2, h + 4, h + 6 of scales[8n ..]
+    const uint s01 = u16pair(sc0) >> (8 * h), s23 = u16pair(sc0 + 2) >> (8 * h);
+    const vec4 scl = sbyte4((s01 & 0xFFu) | ((s01 >> 8) & 0xFF00u) | ((s23 & 0xFFu) << 16)
+                            | (((s23 >> 16) & 0xFFu) << 24));
+    acc = f16at(base + 104) * (scl.x * (part[0] - 32.0 * xs[0]) + scl.y * (part[1] - 32.0 * xs[1])
+                             + scl.z * (part[2] - 32.0 * xs[2]) + scl.w * (part[3] - 32.0 * xs[3]));
+#else
+#error "define one TYPE_*"
+#endif
+    return acc;
+}
+
+#include "round.glsl"
+
+// Rounds chunk c's activations in place (ACT) and fills xs, the sums the minimums multiply.
+void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
+    if (ACT == 4) {
+        [[unroll]] for (uint v = 0; v < NV; v++)
+            xv[v] = f16_rne(xv[v]);
+    }
+    float qsum = 0.0, d = 0.0;
+    if (ACT == 1 || ACT == 2) {                     // Q8_0 / Q8_1: this chunk is the block
+        float amax = 0.0;
+        [[unroll]] for (uint v = 0; v < NV; v++) {
+            const vec4 a = abs(xv[v]);
+            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+        }
+        d = amax / 127.0;
+        const float id = amax != 0.0 ? 127.0 / amax : 0.0;
+        const float dh = f16_rne(d);
+        [[unroll]] for (uint v = 0; v < NV; v++) {
+            const vec4 q = roundEven(xv[v] * id);
+            qsum += dot(q, vec4(1.0));
+            xv[v] = q * dh;
+        }
+    }
+    if (ACT == 3) {                                 // Q8_K: the 256 weights of 4 lanes
+        // the value of largest magnitude, the first in the super-block on ties
+        float amax = -1.0, vmax = 0.0, pos = 0.0;
+        [[unroll]] for (uint v = 0; v < NV; v++) {
+            [[unroll]] for (uint e = 0; e < 4; e++) {
+                const float a = abs(xv[v][e]);
+                if (a > amax) { amax = a; vmax = xv[v][e]; pos = float(4 * v + e); }
+            }
+        }
+#if defined(TYPE_Q6_K)
+        // chunk h holds positions 16h + 32k + l, so the order in the block is (k, h, l)
+        pos = float(((c >> 1) & 1) * 128 + (uint(pos) >> 4) * 32 + (c & 1) * 16
+                    + (uint(pos) & 15));
+#else
+        pos += float((c & 3) * 64);
+#endif
+        [[unroll]] for (uint m = 1; m <= 2; m <<= 1) {
+            const float oa = subgroupShuffleXor(amax, m), ov = subgroupShuffleXor(vmax, m);
+            const float op = subgroupShuffleXor(pos, m);
+            if (oa > amax || (oa == amax && op < pos)) { amax = oa; vmax = ov; pos = op; }
+        }
+        const float iscale = vmax != 0.0 ? -127.0 / vmax : 0.0;
+        const float dk = iscale != 0.0 ? 1.0 / iscale : 0.0;
+        [[unroll]] for (uint v = 0; v < NV; v++) xv[v] = min(roundEven(iscale * xv[v]), 127.0) * dk;
+    }
+    // the sums the block minimums multiply: per 32 weights (per 16 l of one quarter, Q6_K)
+    const uint per = CHUNK == 64 ? 4 : 8;           // vec4s per sum; Q6_K: 4 quarters of 4
+    [[unroll]] for (uint s = 0; s < 4; s++) {
+        float t = 0.0;
+        if (s * per < NV) {
+            [[unroll]] for (uint v = 0; v < per; v++) {
+                if (s * per + v < NV) t += dot(xv[s * per + v], vec4(1.0));
+            }
+        }
+        xs[s] = t;
+    }
+#if !defined(TYPE_Q6_K)
+    if (CHUNK == 64) {                              // Q4_K, Q5_K: two sub-blocks of 32
+        xs[0] = xs[0] + xs[1];
+        xs[1] = xs[2] + xs[3];
+    }
+#endif
+    if (ACT == 2) xs[0] = f16_rne(d * qsum);           // ggml's Q8_1 block sum, fp16(d * sum q)
+}
+
+shared float partial[32][ROWS];                     // per subgroup, per row
+
+void main() {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint row0 = gl_WorkGroupID.x * ROWS;
+    const uint nc = p.n_in / CHUNK;
+    float acc[ROWS];
+    [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+
+    for (uint c = tid; c < nc; c += gl_WorkGroupSize.x) {
+        vec4 xv[NV];
+        [[unroll]] for (uint v = 0; v < NV; v++) xv[v] = x4[p.x_offset + x_index(c, v)];
+        float xs[4];
+        prepare(c, xv, xs);
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            acc[r] += chunk_dot(min(row0 + r, p.n_out - 1), c, nc, xv, xs);
+        }
+    }
+    [[unroll]] for (uint r = 0; r < ROWS; r++) {
+        const float s = subgroupAdd(acc[r]);
+        if (gl_SubgroupInvocationID == 0) partial[gl_SubgroupID][r] = s;
+    }
+    barrier();
+    if (tid < ROWS && row0 + tid < p.n_out) {
+        float s = 0.0;
+        for (uint g = 0; g < gl_NumSubgroups; g++) s += partial[g][tid];
+        const uint o = p.y_offset + row0 + tid;
+        y[o] = ACC != 0 ? y[o] + s : s;
+    }
+}

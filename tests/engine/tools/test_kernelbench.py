@@ -1,0 +1,38 @@
+"""`hotseat kernel-bench mul_mat_moe` on shapes small enough for lavapipe: both paths run and
+agree (the bench checks them against each other), and the table prints."""
+from __future__ import annotations
+
+import argparse
+import functools
+
+import pytest
+
+from engine.tools import kernelbench
+
+pytestmark = pytest.mark.gpu
+
+TINY = dict(shapes=(("Q4_0", 64, 24, False), ("Q6_K", 256, 8, True)), n_expert=8, k=2, n=12,
+            tiles=((2, 4),))
+
+
+def test_mul_mat_moe_bench_rows(dev, kc, monkeypatch):
+    """W past the buffer range (made small here: 2 Q4_0 experts, 1 Q6_K) goes in parts."""
+    monkeypatch.setattr(dev, "max_storage_range", 2000)
+    rows = kernelbench.bench_mul_mat_moe(dev, kc, 1, **TINY)
+    assert [(r["type"], r["routing"], r["parts"]) for r in rows] == \
+        [("Q4_0", "even", 4), ("Q4_0", "uneven", 4), ("Q6_K", "even", 8), ("Q6_K", "uneven", 8)]
+    for r in rows:
+        assert r["mul_mat_id_us"] > 0 and r["moe_group_us"] > 0 and r["speedup"] > 0
+        assert r["max_expert_tokens"] <= 12 and 0 <= r["idle_experts"] < 8
+        assert [(v["tile"], v["token_tiles"]) for v in r["variants"]] == [([2, 4], 2), ([2, 4], 3)]
+        assert all(v["max_rel_err"] <= 1e-4 for v in r["variants"])
+
+
+def test_mul_mat_moe_bench_table(monkeypatch, capsys):
+    monkeypatch.setattr(kernelbench, "bench_mul_mat_moe",
+                        functools.partial(kernelbench.bench_mul_mat_moe, **TINY))
+    args = argparse.Namespace(kernel="mul_mat_moe", repeats=1, json=False)
+    assert kernelbench.run_kernel_bench(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("prefill expert products on ")
+    assert len([ln for ln in lines if ln.startswith("| Q")]) == 4
