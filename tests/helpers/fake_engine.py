@@ -152,7 +152,7 @@ class FakeEngine:
             self._release(m, self.arbiter.full_release if full is None else full)
             return {}
 
-    def warm(self, name: str) -> dict:
+    def warm(self, name: str, wait: float | None = None) -> dict:
         with self._device, self._lock:
             self.calls.append(("warm", name))
             self._warm(self._get(name))
@@ -208,7 +208,7 @@ class FakeEngine:
 
     # -- generation ---------------------------------------------------------------------------
     def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
-                 sampling=None, stop=(), on_text=None, cancel=None) -> "FakeCompletion":
+                 sampling=None, stop=(), on_text=None, cancel=None, wait=None) -> "FakeCompletion":
         """Make the model warm and answer " ok" max_tokens times, one piece per token
         (token_delay_s apart), stopping early when cancel is set."""
         with self._device:
