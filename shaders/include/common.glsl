@@ -1,11 +1,6 @@
 // Shared by every kernel: extensions and the per-step values written by the host.
 #extension GL_EXT_shader_16bit_storage : require
 #extension GL_EXT_control_flow_attributes : enable
-#extension GL_EXT_spirv_intrinsics : require
-
-// f32 -> f16 conversions round to nearest even (RoundingModeRTE for 16-bit results), as numpy
-// and ggml's CPU code do; without it the rounding is the driver's choice.
-spirv_execution_mode(capabilities = [4467], 4462, 16);
 
 // The step buffer: values that change per submit (per decoded token, per prefill chunk)
 // live here so recorded command buffers stay valid. Mirrors engine/kernels.py STEP_FIELDS.

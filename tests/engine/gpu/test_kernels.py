@@ -714,8 +714,8 @@ def test_quantize_act_formats(dev, kc, fmt):
         assert np.array_equal(got, want)
     else:
         # Vulkan lets '/' be 2.5 ulp off and drivers convert to f16 their own way (NVIDIA's
-        # does, under RoundingModeRTE too): a block scale an ulp off, or a value rounded the
-        # other way, moves an element by at most one quantization step of its block
+        # does): a block scale an ulp off, or a value rounded the other way, moves an element
+        # by at most one quantization step of its block
         step = np.abs(want).max() / (127 if fmt != 3 else 1024)
         assert np.abs(got - want).max() <= step
 
