@@ -30,21 +30,7 @@ layout(push_constant) uniform Push {
     uint y_offset;   // in floats: where row 0 of this binding lands
 } p;
 
-#if defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_Q6_K)
-const uint CHUNK = 64;
-#else
-const uint CHUNK = 32;
-#endif
-const uint NV = CHUNK / 4;              // vec4s of x per chunk
-
-vec4 nib_lo(uint v) { return vec4(uvec4(v, v >> 8, v >> 16, v >> 24) & 0xFu); }
-vec4 nib_hi(uint v) { return vec4(uvec4(v >> 4, v >> 12, v >> 20, v >> 28) & 0xFu); }
-vec4 byte4(uint v) { return vec4(uvec4(v, v >> 8, v >> 16, v >> 24) & 0xFFu); }
-vec4 sbyte4(uint v) {
-    return vec4(ivec4(int(v << 24) >> 24, int(v << 16) >> 24, int(v << 8) >> 24, int(v) >> 24));
-}
-uint u16pair(uint i) { return uint(w16[i]) | (uint(w16[i + 1]) << 16); }   // at u16 index i
-float f16at(uint i) { return unpackHalf2x16(uint(w16[i])).x; }
+#include "chunk.glsl"                               // CHUNK, NV and the bit helpers
 
 // The vec4 of x (counted from the row's first weight) that holds chunk c's weights 4v..4v+3.
 uint x_index(uint c, uint v) {
@@ -73,34 +59,34 @@ float chunk_dot(uint row, uint c, const uint nc, in vec4 xv[NV], in float xs[4])
 #elif defined(TYPE_Q8_0)
     // 34 bytes: f16 d, int8 qs[32]
     const uint o = b * 17;
-    [[unroll]] for (uint v = 0; v < NV; v++) acc += dot(sbyte4(u16pair(o + 1 + 2 * v)), xv[v]);
-    acc *= f16at(o);
+    [[unroll]] for (uint v = 0; v < NV; v++) acc += dot(csbyte4(cpair(o + 1 + 2 * v)), xv[v]);
+    acc *= cf16(o);
 #elif defined(TYPE_Q4_0) || defined(TYPE_Q5_0)
 #if defined(TYPE_Q4_0)
     const uint o = b * 9, q0 = o + 1;               // 18 bytes: f16 d, qs[16]
     const float off = 8.0;
 #else
     const uint o = b * 11, q0 = o + 3;              // 22 bytes: f16 d, qh[4], qs[16]
-    const uint qh = u16pair(o + 1);
+    const uint qh = cpair(o + 1);
     const float off = 16.0;
 #endif
     [[unroll]] for (uint v = 0; v < 4; v++) {      // byte j: weight j (low), j + 16 (high)
-        const uint q = u16pair(q0 + 2 * v);
-        vec4 lo = nib_lo(q), hi = nib_hi(q);
+        const uint q = cpair(q0 + 2 * v);
+        vec4 lo = cnib_lo(q), hi = cnib_hi(q);
 #if defined(TYPE_Q5_0)
         lo += 16.0 * vec4((uvec4(qh) >> uvec4(4 * v, 4 * v + 1, 4 * v + 2, 4 * v + 3)) & 1u);
         hi += 16.0 * vec4((uvec4(qh) >> uvec4(4 * v + 16, 4 * v + 17, 4 * v + 18, 4 * v + 19)) & 1u);
 #endif
         acc += dot(lo, xv[v]) + dot(hi, xv[v + 4]);
     }
-    acc = f16at(o) * (acc - off * xs[0]);
+    acc = cf16(o) * (acc - off * xs[0]);
 #elif defined(TYPE_Q4_1)
     // 20 bytes = 5 words: f16 d, f16 m, qs[16]
     const uint o = b * 5;
     const vec2 dm = unpackHalf2x16(w32[o]);
     [[unroll]] for (uint v = 0; v < 4; v++) {
         const uint q = w32[o + 1 + v];
-        acc += dot(nib_lo(q), xv[v]) + dot(nib_hi(q), xv[v + 4]);
+        acc += dot(cnib_lo(q), xv[v]) + dot(cnib_hi(q), xv[v + 4]);
     }
     acc = dm.x * acc + dm.y * xs[0];
 #elif defined(TYPE_Q4_K) || defined(TYPE_Q5_K)
@@ -116,18 +102,8 @@ float chunk_dot(uint row, uint c, const uint nc, in vec4 xv[NV], in float xs[4])
     const vec2 dm = unpackHalf2x16(hd.x);
     // 6-bit scales and mins of sub-blocks s = 2j and 2j + 1 (bytes 4..15 of the block)
     const uint s0 = 2 * j;
-    uint sc[2], mn[2];
-    [[unroll]] for (uint t = 0; t < 2; t++) {
-        const uint s = s0 + t;
-        if (s < 4) {
-            sc[t] = (hd.y >> (8 * s)) & 63u;
-            mn[t] = (hd.z >> (8 * s)) & 63u;
-        } else {
-            const uint lo4 = (hd.w >> (8 * (s - 4))) & 0xFFu;
-            sc[t] = (lo4 & 0xFu) | (((hd.y >> (8 * (s - 4))) >> 6 & 3u) << 4);
-            mn[t] = (lo4 >> 4) | (((hd.z >> (8 * (s - 4))) >> 6 & 3u) << 4);
-        }
-    }
+    const uvec2 sm0 = kscale_min(hd, s0), sm1 = kscale_min(hd, s0 + 1);
+    const uint sc[2] = uint[2](sm0.x, sm1.x), mn[2] = uint[2](sm0.y, sm1.y);
     const uvec4 qa = w4[sb + QS + 2 * j], qb = w4[sb + QS + 2 * j + 1];
     const uint qw[8] = uint[8](qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
 #if defined(TYPE_Q5_K)
@@ -136,7 +112,7 @@ float chunk_dot(uint row, uint c, const uint nc, in vec4 xv[NV], in float xs[4])
 #endif
     float dlo = 0.0, dhi = 0.0;
     [[unroll]] for (uint v = 0; v < 8; v++) {
-        vec4 lo = nib_lo(qw[v]), hi = nib_hi(qw[v]);
+        vec4 lo = cnib_lo(qw[v]), hi = cnib_hi(qw[v]);
 #if defined(TYPE_Q5_K)
         lo += 16.0 * vec4((uvec4(hw[v]) >> uvec4(s0, s0 + 8, s0 + 16, s0 + 24)) & 1u);
         hi += 16.0 * vec4((uvec4(hw[v]) >> uvec4(s0 + 1, s0 + 9, s0 + 17, s0 + 25)) & 1u);
@@ -156,19 +132,19 @@ float chunk_dot(uint row, uint c, const uint nc, in vec4 xv[NV], in float xs[4])
     const uint sc0 = base + 96 + 4 * n;              // scales[8n .. 8n + 7] as 4 u16
     float part[4] = float[4](0.0, 0.0, 0.0, 0.0);
     [[unroll]] for (uint v = 0; v < 4; v++) {      // l = 4v .. 4v + 3
-        const uint la = u16pair(ql0 + 2 * v), lb = u16pair(ql1 + 2 * v);
-        const uint hq = u16pair(qh0 + 2 * v);
+        const uint la = cpair(ql0 + 2 * v), lb = cpair(ql1 + 2 * v);
+        const uint hq = cpair(qh0 + 2 * v);
         const uvec4 hq4 = uvec4(hq, hq >> 8, hq >> 16, hq >> 24);
-        part[0] += dot(nib_lo(la) + 16.0 * vec4(hq4 & 3u), xv[v]);
-        part[1] += dot(nib_lo(lb) + 16.0 * vec4((hq4 >> 2) & 3u), xv[4 + v]);
-        part[2] += dot(nib_hi(la) + 16.0 * vec4((hq4 >> 4) & 3u), xv[8 + v]);
-        part[3] += dot(nib_hi(lb) + 16.0 * vec4((hq4 >> 6) & 3u), xv[12 + v]);
+        part[0] += dot(cnib_lo(la) + 16.0 * vec4(hq4 & 3u), xv[v]);
+        part[1] += dot(cnib_lo(lb) + 16.0 * vec4((hq4 >> 2) & 3u), xv[4 + v]);
+        part[2] += dot(cnib_hi(la) + 16.0 * vec4((hq4 >> 4) & 3u), xv[8 + v]);
+        part[3] += dot(cnib_hi(lb) + 16.0 * vec4((hq4 >> 6) & 3u), xv[12 + v]);
     }
     // scales[8n + 2k + h], k = 0..3: bytes h, h + 2, h + 4, h + 6 of scales[8n ..]
-    const uint s01 = u16pair(sc0) >> (8 * h), s23 = u16pair(sc0 + 2) >> (8 * h);
-    const vec4 scl = sbyte4((s01 & 0xFFu) | ((s01 >> 8) & 0xFF00u) | ((s23 & 0xFFu) << 16)
+    const uint s01 = cpair(sc0) >> (8 * h), s23 = cpair(sc0 + 2) >> (8 * h);
+    const vec4 scl = csbyte4((s01 & 0xFFu) | ((s01 >> 8) & 0xFF00u) | ((s23 & 0xFFu) << 16)
                             | (((s23 >> 16) & 0xFFu) << 24));
-    acc = f16at(base + 104) * (scl.x * (part[0] - 32.0 * xs[0]) + scl.y * (part[1] - 32.0 * xs[1])
+    acc = cf16(base + 104) * (scl.x * (part[0] - 32.0 * xs[0]) + scl.y * (part[1] - 32.0 * xs[1])
                              + scl.z * (part[2] - 32.0 * xs[2]) + scl.w * (part[3] - 32.0 * xs[3]));
 #else
 #error "define one TYPE_*"

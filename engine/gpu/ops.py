@@ -114,7 +114,7 @@ class Tuning:
     discrete GPU)."""
     subgroup: int = 32      # the device's subgroup size
     warps: int = 4          # subgroups per matrix-product workgroup
-    mv_rows: int = 2        # weight rows per subgroup, decode
+    mv_rows: int = 2        # weight rows per subgroup: one-token mul_mat, mul_mat_id
     mm_rows: int = 4        # weight rows per subgroup, prefill
     mm_tokens: int = 8      # tokens per subgroup, prefill
     matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
@@ -139,7 +139,8 @@ class Tuning:
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
-        coopmat = dev.coopmat and dev.subgroup_size == 32 and compiled("mul_mat_cm")
+        coopmat = (dev.coopmat and dev.subgroup_size == 32 and compiled("mul_mat_cm")
+                   and compiled("flash_attn_cm"))
         return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat)
 
     @classmethod

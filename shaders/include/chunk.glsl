@@ -1,5 +1,6 @@
-// Weight chunks for the tiled products: CHUNK consecutive weights of a row (a block of 32, or
-// a quarter of a 256-weight super-block for the K-quants), dequantized from a few wide loads.
+// Weight chunks: CHUNK consecutive weights of a row (a block of 32, or a quarter of a
+// 256-weight super-block for the K-quants), dequantized from a few wide loads for the tiled
+// products; mul_mat_vec.comp takes the chunk size and the bit helpers.
 //   void dequant_chunk(uint b, out vec4 w[NV])   b = row * (n_in / CHUNK) + chunk
 // Needs the weight buffer declared three ways at binding 0: w4 (uvec4), w16 (uint16_t),
 // w32 (uint).
@@ -17,6 +18,15 @@ vec4 csbyte4(uint v) {
 }
 uint cpair(uint i) { return uint(w16[i]) | (uint(w16[i + 1]) << 16); }   // at u16 index i
 float cf16(uint i) { return unpackHalf2x16(uint(w16[i])).x; }
+
+// Q4_K/Q5_K: the 6-bit (scale, min) of sub-block s from the super-block's first 16 bytes
+// (f16 d and dmin in hd.x, the 12 scale bytes in hd.y..hd.w), as ggml's get_scale_min_k4
+uvec2 kscale_min(uvec4 hd, uint s) {
+    if (s < 4) return uvec2((hd.y >> (8 * s)) & 63u, (hd.z >> (8 * s)) & 63u);
+    const uint lo4 = (hd.w >> (8 * (s - 4))) & 0xFFu;
+    return uvec2((lo4 & 0xFu) | (((hd.y >> (8 * (s - 4))) >> 6 & 3u) << 4),
+                 (lo4 >> 4) | (((hd.z >> (8 * (s - 4))) >> 6 & 3u) << 4));
+}
 
 void dequant_chunk(uint b, out vec4 w[NV]) {
 #if defined(TYPE_F32)
@@ -70,19 +80,10 @@ void dequant_chunk(uint b, out vec4 w[NV]) {
     const uvec4 hd = w4[sb];
     const vec2 dm = unpackHalf2x16(hd.x);
     float d[2], m[2];
-    [[unroll]] for (uint t = 0; t < 2; t++) {      // 6-bit scale and min of sub-block s
-        const uint s = s0 + t;
-        uint sc, mn;
-        if (s < 4) {
-            sc = (hd.y >> (8 * s)) & 63u;
-            mn = (hd.z >> (8 * s)) & 63u;
-        } else {
-            const uint lo4 = (hd.w >> (8 * (s - 4))) & 0xFFu;
-            sc = (lo4 & 0xFu) | (((hd.y >> (8 * (s - 4))) >> 6 & 3u) << 4);
-            mn = (lo4 >> 4) | (((hd.z >> (8 * (s - 4))) >> 6 & 3u) << 4);
-        }
-        d[t] = dm.x * float(sc);
-        m[t] = dm.y * float(mn);
+    [[unroll]] for (uint t = 0; t < 2; t++) {
+        const uvec2 sm = kscale_min(hd, s0 + t);
+        d[t] = dm.x * float(sm.x);
+        m[t] = dm.y * float(sm.y);
     }
     const uvec4 qa = w4[sb + QS + 2 * j], qb = w4[sb + QS + 2 * j + 1];
     const uint qw[8] = uint[8](qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w);
