@@ -20,6 +20,7 @@ LAYERS = {
     "engine.gpu": 2,         # Vulkan, kernels, graphs, ops
     "engine.arch": 3,        # the model architectures and their numpy reference
     "engine.residency": 4,   # loaded models, the VRAM arbiter, the cross-process arena
+    "engine.facade": 5,      # the facade's surface (a Protocol) and its shared types
     "engine.api": 5,         # the facade every front end uses
     "engine.args": 5,        # command-line options front ends share
     "engine.server": 6,      # the HTTP server
@@ -137,7 +138,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_walk_sees_the_imports_it_should():
     # a guard on the walker itself: known edges, a lazy import and a relative one among them
     assert "engine.api" in GRAPH["engine.cli"]                   # inside a function
-    assert "engine.gpu.ops" in GRAPH["engine.arch.llama"]        # `from ..gpu.ops import`
+    assert "engine.gpu.builder" in GRAPH["engine.arch.llama"]    # `from ..gpu.builder import`
     assert "engine.gpu" in GRAPH["engine.arch.llama"]            # the package it runs
     assert "engine.arch.gemma3" in GRAPH["engine.arch"]          # `from . import gemma3`
     assert "engine.server.app" not in GRAPH["engine.server.openai"]   # only for type hints
@@ -161,3 +162,20 @@ def test_imports_go_only_downward():
             if here and there and there[1] > here[1]:
                 upward.append(f"{name} ({here[0]}) imports {t} ({there[0]})")
     assert upward == []
+
+
+def test_only_the_arbiter_releases_models():
+    """A model's device memory is released in one place, the arbiter's `_free` (a model's
+    own close() aside), so its books can never disagree with the device. Releases of
+    anything else (the arena's token) take no arguments."""
+    allowed = {"engine.residency.arbiter", "engine.residency.model"}
+    found = []
+    for name, path in MODULES.items():
+        if name in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr == "release" and (node.args or node.keywords) \
+                    and not ast.unparse(node.func.value).endswith("arbiter"):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "releases outside the arbiter:\n" + "\n".join(found)

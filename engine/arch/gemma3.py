@@ -11,55 +11,39 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats.gguf_file import GGUFFile
-from ..gpu.ops import Builder, RunState, check_hyperparameters
+from . import config
+from ..gpu.builder import Builder
+from ..gpu.runstate import RunState
 
 SWA_PATTERN = 6          # every sixth layer attends globally
 LOCAL_ROPE_BASE = 10000.0
 
 
 @dataclass(frozen=True)
-class Config:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
-    rope_base: float           # global layers
-    rope_base_local: float     # sliding-window layers
+class Config(config.Config):
+    rope_base_local: float     # sliding-window layers (rope_base: global layers)
     window: int
-    rms_eps: float
     attn_scale: float
     final_softcap: float       # 0: none
 
+    DEFAULTS = {"context_length": 32768, "rope.freq_base": 1e6,
+                "attention.layer_norm_rms_epsilon": 1e-6}
+
     @classmethod
-    def from_gguf(cls, g: GGUFFile) -> "Config":
+    def extra(cls, g: GGUFFile, common: dict) -> dict:
         a = g.arch
-        n_embd = int(g.require(f"{a}.embedding_length"))
-        n_head = int(g.require(f"{a}.attention.head_count"))
-        head_dim = int(g.get(f"{a}.attention.key_length", n_embd // max(n_head, 1)))
-        tokens = g.get("tokenizer.ggml.tokens")
-        return cls(
-            n_layer=int(g.require(f"{a}.block_count")),
-            n_embd=n_embd,
-            n_head=n_head,
-            n_head_kv=int(g.get(f"{a}.attention.head_count_kv", n_head)),
-            head_dim=head_dim,
-            n_ff=int(g.require(f"{a}.feed_forward_length")),
-            n_vocab=len(tokens) if tokens else g.tensor("token_embd.weight").shape[1],
-            n_ctx_train=int(g.get(f"{a}.context_length", 32768)),
-            rope_base=float(g.get(f"{a}.rope.freq_base", 1e6)),
+        return dict(
             rope_base_local=LOCAL_ROPE_BASE,
             window=int(g.get(f"{a}.attention.sliding_window", 512)),
-            rms_eps=float(g.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-            attn_scale=head_dim ** -0.5,
+            attn_scale=common["head_dim"] ** -0.5,
             final_softcap=float(g.get(f"{a}.final_logit_softcapping", 0.0) or 0.0),
         )
 
     def is_local(self, layer: int) -> bool:
         return (layer + 1) % SWA_PATTERN != 0
+
+    def problems(self) -> list[str]:
+        return ["final logit softcapping"] if self.final_softcap else []
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         e, hd = self.n_embd, self.head_dim
@@ -82,10 +66,6 @@ class Config:
                 b + "post_ffw_norm.weight": (e,),
             })
         return shapes
-
-    def validate(self, path: str) -> None:
-        check_hyperparameters(self, path, ["final logit softcapping"] if self.final_softcap else [])
-
 
 def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
     """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""

@@ -16,52 +16,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats.gguf_file import GGUFFile
-from ..gpu.ops import Builder, RunState, View, check_hyperparameters
+from . import config
+from ..gpu.builder import Builder
+from ..gpu.runstate import RunState
+from ..gpu.tensors import View
 
 
 @dataclass(frozen=True)
-class Config:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int                 # of the attention layers
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
-    rope_base: float
-    rms_eps: float
+class Config(config.Config):
     d_conv: int                    # conv state length: l_cache - 1
     window: int                    # sliding window of the attention layers; 0: none
-    tied_output: bool
-    kv_layers: tuple[int, ...]     # attention layers
+    kv_layers: tuple[int, ...]     # attention layers (n_head_kv: theirs)
     conv_layers: tuple[int, ...]   # short-convolution layers
     head_counts_kv: tuple[int, ...]
 
+    DEFAULTS = {"context_length": 128000, "rope.freq_base": 10000.0,
+                "attention.layer_norm_rms_epsilon": None}
+
     @classmethod
-    def from_gguf(cls, g: GGUFFile) -> "Config":
+    def extra(cls, g: GGUFFile, common: dict) -> dict:
         a = g.arch
-        n_layer = int(g.require(f"{a}.block_count"))
-        n_embd = int(g.require(f"{a}.embedding_length"))
-        n_head = int(g.require(f"{a}.attention.head_count"))
-        head_dim = int(g.get(f"{a}.attention.key_length", n_embd // max(n_head, 1)))
         kv = g.require(f"{a}.attention.head_count_kv")
-        kv = tuple(int(k) for k in kv) if isinstance(kv, (list, tuple)) else (int(kv),) * n_layer
+        kv = tuple(int(k) for k in kv) if isinstance(kv, (list, tuple)) \
+            else (int(kv),) * common["n_layer"]
         attn = tuple(i for i, k in enumerate(kv) if k > 0)
-        return cls(
-            n_layer=n_layer,
-            n_embd=n_embd,
-            n_head=n_head,
-            n_head_kv=max(kv, default=0) if attn else n_head,
-            head_dim=head_dim,
-            n_ff=int(g.require(f"{a}.feed_forward_length")),
+        return dict(
+            n_head_kv=max(kv, default=0) if attn else common["n_head"],
             n_vocab=g.tensor("token_embd.weight").shape[1],
-            n_ctx_train=int(g.get(f"{a}.context_length", 128000)),
-            rope_base=float(g.get(f"{a}.rope.freq_base", 10000.0)),
-            rms_eps=float(g.require(f"{a}.attention.layer_norm_rms_epsilon")),
             d_conv=int(g.require(f"{a}.shortconv.l_cache")) - 1,
             window=int(g.get(f"{a}.attention.sliding_window", 0) or 0),
-            tied_output="output.weight" not in g.tensors,
             kv_layers=attn,
             conv_layers=tuple(i for i, k in enumerate(kv) if k == 0),
             head_counts_kv=kv,
@@ -103,7 +86,7 @@ class Config:
         """Tensors that only some weight types can hold: ssm_conv reads its kernel as f32."""
         return {f"blk.{i}.shortconv.conv.weight": ("F32",) for i in self.conv_layers}
 
-    def validate(self, path: str) -> None:
+    def problems(self) -> list[str]:
         extra = []
         if len(self.head_counts_kv) != self.n_layer:
             extra.append(f"head_count_kv has {len(self.head_counts_kv)} entries for "
@@ -112,7 +95,7 @@ class Config:
             extra.append("attention layers with different KV head counts")
         if not 1 <= self.d_conv <= 64:
             extra.append(f"shortconv.l_cache {self.d_conv + 1}")
-        check_hyperparameters(self, path, extra)
+        return extra
 
 
 def attn_windows(c: Config) -> tuple[int, ...]:

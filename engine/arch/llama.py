@@ -8,46 +8,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats.gguf_file import GGUFFile
-from ..gpu.ops import Builder, RunState, check_hyperparameters
+from . import config
+from ..gpu.builder import Builder
+from ..gpu.runstate import RunState
 
 
 @dataclass(frozen=True)
-class Config:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int
-    n_vocab: int
-    n_ctx_train: int
-    rope_base: float
-    rope_dims: int
-    rms_eps: float
-    tied_output: bool
-
-    @classmethod
-    def from_gguf(cls, g: GGUFFile) -> "Config":
-        a = g.arch
-        n_embd = int(g.require(f"{a}.embedding_length"))
-        n_head = int(g.require(f"{a}.attention.head_count"))
-        head_dim = int(g.get(f"{a}.attention.key_length", n_embd // max(n_head, 1)))
-        tokens = g.get("tokenizer.ggml.tokens")
-        n_vocab = int(g.get(f"{a}.vocab_size", len(tokens) if tokens else 0))
-        return cls(
-            n_layer=int(g.require(f"{a}.block_count")),
-            n_embd=n_embd,
-            n_head=n_head,
-            n_head_kv=int(g.get(f"{a}.attention.head_count_kv", n_head)),
-            head_dim=head_dim,
-            n_ff=int(g.require(f"{a}.feed_forward_length")),
-            n_vocab=n_vocab or g.tensor("token_embd.weight").shape[1],
-            n_ctx_train=int(g.get(f"{a}.context_length", 2048)),
-            rope_base=float(g.get(f"{a}.rope.freq_base", 10000.0)),
-            rope_dims=int(g.get(f"{a}.rope.dimension_count", head_dim)),
-            rms_eps=float(g.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-5)),
-            tied_output="output.weight" not in g.tensors,
-        )
+class Config(config.Config):
+    """The common hyperparameters only."""
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the forward pass reads, with its ggml shape (row length first)."""
@@ -69,10 +37,6 @@ class Config:
                 b + "ffn_down.weight": (self.n_ff, e),
             })
         return shapes
-
-    def validate(self, path: str) -> None:
-        check_hyperparameters(self, path, [])
-
 
 def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
     """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""

@@ -16,56 +16,31 @@ from dataclasses import dataclass
 from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
 
 from ..formats.gguf_file import GGUFFile
-from ..gpu.ops import Builder, RunState, check_hyperparameters
+from . import config
+from ..gpu.builder import Builder
+from ..gpu.runstate import RunState
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # placement order
 
 
 @dataclass(frozen=True)
-class Config:
-    n_layer: int
-    n_embd: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_ff: int                  # one expert's feed-forward length
-    n_expert: int
+class Config(config.Config):
+    n_expert: int              # n_ff is one expert's feed-forward length
     n_expert_used: int
-    n_vocab: int
-    n_ctx_train: int
-    rope_base: float
-    rope_dims: int
-    rms_eps: float
-    tied_output: bool
+
+    DEFAULTS = {"context_length": 40960, "rope.freq_base": 1e6,
+                "attention.layer_norm_rms_epsilon": 1e-6}
 
     @classmethod
-    def from_gguf(cls, g: GGUFFile) -> "Config":
+    def extra(cls, g: GGUFFile, common: dict) -> dict:
         a = g.arch
-        n_embd = int(g.require(f"{a}.embedding_length"))
-        n_head = int(g.require(f"{a}.attention.head_count"))
-        head_dim = int(g.get(f"{a}.attention.key_length", n_embd // max(n_head, 1)))
         n_used = int(g.require(f"{a}.expert_used_count"))
         # llama.cpp: without expert_feed_forward_length, feed_forward_length / experts used
         n_ff = g.get(f"{a}.expert_feed_forward_length")
         if n_ff is None:
-            n_ff = int(g.require(f"{a}.feed_forward_length")) // max(n_used, 1)
-        tokens = g.get("tokenizer.ggml.tokens")
-        return cls(
-            n_layer=int(g.require(f"{a}.block_count")),
-            n_embd=n_embd,
-            n_head=n_head,
-            n_head_kv=int(g.get(f"{a}.attention.head_count_kv", n_head)),
-            head_dim=head_dim,
-            n_ff=int(n_ff),
-            n_expert=int(g.require(f"{a}.expert_count")),
-            n_expert_used=n_used,
-            n_vocab=len(tokens) if tokens else g.tensor("token_embd.weight").shape[1],
-            n_ctx_train=int(g.get(f"{a}.context_length", 40960)),
-            rope_base=float(g.get(f"{a}.rope.freq_base", 1e6)),
-            rope_dims=int(g.get(f"{a}.rope.dimension_count", head_dim)),
-            rms_eps=float(g.get(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)),
-            tied_output="output.weight" not in g.tensors,
-        )
+            n_ff = common["n_ff"] // max(n_used, 1)
+        return dict(n_ff=int(n_ff), n_expert=int(g.require(f"{a}.expert_count")),
+                    n_expert_used=n_used)
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the forward pass reads, with its ggml shape (row length first)."""
@@ -91,7 +66,7 @@ class Config:
             })
         return shapes
 
-    def validate(self, path: str) -> None:
+    def problems(self) -> list[str]:
         extra = []
         if not 0 < self.n_expert <= MOE_MAX_EXPERT:
             extra.append(f"expert_count {self.n_expert}")
@@ -99,7 +74,7 @@ class Config:
             extra.append(f"expert_used_count {self.n_expert_used}")
         if self.rope_dims != self.head_dim:
             extra.append(f"rope dimension_count {self.rope_dims} (head dim {self.head_dim})")
-        check_hyperparameters(self, path, extra)
+        return extra
 
 
 def expert_tensors(c: Config, layer: int) -> list[str]:

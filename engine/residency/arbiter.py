@@ -1,6 +1,7 @@
 """The in-process VRAM arbiter: a model is resident iff it holds budget.
 
-Models register with a release callback `release(full) -> bytes kept`. `acquire(name, n)`
+Models register themselves: anything with `release(full=...)` and `device_bytes()` (by
+kind). `acquire(name, n)`
 grants n bytes to a model, first releasing the least recently used unpinned models until the
 grant fits (in the configured mode, weights-only or full, and fully when weights-only does
 not free enough); pinned models
@@ -12,17 +13,24 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Protocol
 
 MiB = 1 << 20
 
 
 class BudgetError(RuntimeError):
-    pass
+    code = "budget"
 
 
 class PinnedError(BudgetError):
     """An eviction asked of a pinned model (unpin it first)."""
+    code = "pinned"
+
+
+class Releasable(Protocol):
+    def release(self, full: bool = True) -> dict: ...
+
+    def device_bytes(self) -> dict[str, int]: ...
 
 
 class Arbiter:
@@ -32,7 +40,7 @@ class Arbiter:
         self.budget = int(budget_bytes)
         self.full_release = full_release
         self._held: dict[str, int] = {}
-        self._release: dict[str, Callable[[bool], int]] = {}
+        self._models: dict[str, Releasable] = {}
         self._order: list[str] = []          # least recently used first
         self.pinned: set[str] = set()
         self.ledger: list[tuple[float, str, str, int, int]] = []   # t, model, op, bytes, total
@@ -45,16 +53,15 @@ class Arbiter:
     def held(self, name: str) -> int:
         return self._held.get(name, 0)
 
-    def register(self, name: str, release: Callable[[bool], int]) -> None:
-        """release(full) frees the model's device memory and returns the bytes it keeps."""
+    def register(self, name: str, model: Releasable) -> None:
         with self._lock:
-            self._release[name] = release
+            self._models[name] = model
             self._held.setdefault(name, 0)
             self._touch(name)
 
     def unregister(self, name: str) -> None:
         with self._lock:
-            self._release.pop(name, None)
+            self._models.pop(name, None)
             self._held.pop(name, None)
             self.pinned.discard(name)
             if name in self._order:
@@ -86,21 +93,41 @@ class Arbiter:
                 if not victims:
                     raise BudgetError(self._over_message(name, nbytes))
                 victim = victims[0]
-                self._held[victim] = self._release[victim](self.full_release)
+                self._held[victim] = self._free(victim, self.full_release)
                 if self._held[victim] > 0 and self.used + need > self.budget:
                     # weights-only kept KV and compute buffers; they are needed too
-                    self._held[victim] = self._release[victim](True)
+                    self._held[victim] = self._free(victim, True)
                 self._log(victim, "release", self._held[victim])
                 released.append(victim)
             self._held[name] = int(nbytes)
             self._log(name, "acquire", int(nbytes))
             return released
 
-    def update(self, name: str, nbytes: int) -> None:
-        """The model's real device bytes after it released something on its own."""
+    def release(self, name: str, full: bool | None = None) -> int:
+        """Release one model now (weights-only or full; None: the configured mode), pinned
+        or not (the caller decides whether a pin forbids it); the bytes it keeps."""
         with self._lock:
-            self._held[name] = int(nbytes)
-            self._log(name, "update", int(nbytes))
+            if name not in self._models:
+                raise KeyError(f"no model named {name!r} is loaded")
+            kept = self._free(name, self.full_release if full is None else full)
+            self._held[name] = int(kept)
+            self._log(name, "release", int(kept))
+            return int(kept)
+
+    def _free(self, name: str, full: bool) -> int:
+        """The one place a model releases device memory; the bytes it keeps."""
+        model = self._models[name]
+        model.release(full=full)
+        return sum(model.device_bytes().values())
+
+    def release_all(self) -> list[str]:
+        """Release every model that holds device memory fully, pinned ones too (the arena
+        outranks pins); the names released, least recently used first."""
+        with self._lock:
+            out = [n for n in self._order if self._held.get(n, 0) > 0]
+            for n in out:
+                self.release(n, full=True)
+            return out
 
     def pin(self, name: str, warm_bytes: int) -> None:
         with self._lock:

@@ -1,22 +1,18 @@
-"""A loaded model: weights on the device, its recorded graphs, and the token loop.
+"""A loaded model and its warm/cold states: weights on the device or in host shadows, its
+KV cache and recurrent states, its recorded graphs, and one forward pass (`eval`).
 
 Decode is one recorded command buffer replayed per token: the host writes the token id and
 position into small host-visible buffers, submits once, and reads back either the argmax
 (greedy) or the logits (sampling). Prefill runs the prompt in chunks of up to
-`max_tokens`; its graphs are recorded per chunk length and kept for reuse.
-
-Expert placement (`cpu_moe`, llama.cpp's --n-cpu-moe with a fraction): the expert tensors
-of the first layers live in host-visible memory that the GPU reads in place, so they take no
-VRAM. Placement moves bytes, not work: the graphs and their results are the same.
+`max_tokens`; its graphs are recorded per chunk length and kept for reuse. The token loop
+over it is engine/residency/loop.py; where its weights sit, placement.py.
 """
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -25,9 +21,14 @@ from shaders.registry import WEIGHT_TYPES
 from .. import arch as architectures
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu import vk
+from ..gpu.builder import Builder
 from ..gpu.graph import Graph
 from ..gpu.kernels import KernelCache
-from ..gpu.ops import Builder, RunState, Tensor, Tuning, flash_attn_mode, run_state_args
+from ..gpu.paths import Paths, Tuning, flash_attn_mode
+from ..gpu.runstate import RunState, run_state_args
+from ..gpu.tensors import Tensor
+from . import placement
+from .placement import PlacementError  # noqa: F401  (raised by Model())
 
 PREFILL_CHUNK = 256
 PREFILL_GRAPHS_KEPT = 4
@@ -58,32 +59,6 @@ def _check_tensors(g: GGUFFile, cfg) -> None:
                                          f"{' or '.join(only[name])}")
 
 
-@dataclass
-class Timings:
-    prompt_tokens: int = 0
-    prefill_s: float = 0.0
-    generated: int = 0
-    decode_s: float = 0.0
-    cached_tokens: int = 0
-
-    def as_dict(self) -> dict:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached_tokens,
-            "prefill_s": self.prefill_s,
-            "decode_s": self.decode_s,
-            "prefill_tokens_per_s": (self.prompt_tokens - self.cached_tokens) / self.prefill_s
-            if self.prefill_s > 0 else 0.0,
-            # the first generated token comes out of prefill; the rest are decode steps
-            "decode_tokens_per_s": (self.generated - 1) / self.decode_s
-            if self.decode_s > 0 and self.generated > 1 else 0.0,
-        }
-
-
-class PlacementError(ValueError):
-    """A cpu_moe setting the model cannot take."""
-
-
 class Model:
     def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, n_ctx: int = 2048,
                  progress: Callable[[int, int], None] | None = None, name: str | None = None,
@@ -103,12 +78,20 @@ class Model:
         self.tuning = Tuning.for_device(dev, flash_attn or default_flash_attn())
         self.profile = False                    # record graphs with per-op timestamps
         try:
-            self.host_tensors = self._host_tensors(cpu_moe)   # read by the GPU from host memory
+            # read by the GPU from host memory
+            self.host_tensors = placement.host_tensors(
+                cpu_moe, self.config.n_layer,
+                None if not hasattr(self.arch, "expert_tensors")
+                else lambda i: self.arch.expert_tensors(self.config, i),
+                f"{self.name} ({self.gguf.arch})")
         except PlacementError:
             self.gguf.close()
             raise
         self.cpu_moe = float(cpu_moe)
-        self._layout = self._plan_layout()      # where each tensor sits in the weight arenas
+        # where each tensor sits in the weight arenas
+        self._layout = placement.plan_layout(self.gguf, self.config.tensor_shapes(),
+                                             self.host_tensors,
+                                             max(dev.storage_align, 256), dev.max_storage_range)
         self.arenas: list[vk.Buffer] = []       # device weights while they are resident
         self.shadow: list[vk.Buffer] = []       # host-visible copy of what is not pinned
         self.pinned: vk.HostImport | None = None  # the file's pages, imported (discrete GPUs)
@@ -160,15 +143,21 @@ class Model:
         return self.tuning.use_flash_attn(self.config.head_dim, self.chunk)
 
     def set_flash_attn(self, mode: str) -> bool:
-        """Prefill attention "auto", "on" or "off" from now on. When that changes what this
-        model runs (its run state holds the masks only when it runs flash attention), the
-        model goes fully cold, KV kept on the host, and restores with it: returns True."""
+        """Prefill attention "auto", "on" or "off" from now on. True when that changes what
+        this model runs (its run state holds the masks only when it runs flash attention):
+        the caller must then release it fully (KV kept on the host) before its next use, so
+        that it restores with them; its graphs are dropped now."""
         before = self.uses_flash_attn
         self.tuning.flash_attn = flash_attn_mode(mode)
         if self.uses_flash_attn == before:
             return False
-        self.release(full=True)
+        self._drop_graphs()
         return True
+
+    @property
+    def paths(self) -> Paths:
+        """The kernels this model's graphs take on its device."""
+        return self.tuning.paths(self.config.head_dim)
 
     @property
     def chunk(self) -> int:
@@ -185,7 +174,8 @@ class Model:
         """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""
         t0 = time.perf_counter()
         moved = 0
-        if not self.arenas:
+        uploaded = not self.arenas
+        if uploaded:
             moved += self._upload(progress)
         t1 = time.perf_counter()
         if self.rs is None:
@@ -202,6 +192,8 @@ class Model:
         t2 = time.perf_counter()
         self.last_transfer = {"op": "restore", "seconds": t2 - t0, "bytes": moved,
                               "weights_s": t1 - t0, "state_s": t2 - t1}
+        if uploaded:
+            self.last_transfer.update(self.upload_timing)      # alloc_s, copy_s
         return self.last_transfer
 
     def release(self, full: bool = True) -> dict:
@@ -311,72 +303,8 @@ class Model:
         self._decode, self._prefill = {}, OrderedDict()
 
     # -- weights ----------------------------------------------------------------------------
-    ARENA_BYTES = 1 << 30          # weights are packed into buffers of at most this size
     write_in_place = True          # on unified memory; tests turn it off to take the
                                    # discrete-GPU path (host shadow + device copy)
-
-    def _host_tensors(self, cpu_moe: float) -> frozenset[str]:
-        """The expert tensors cpu_moe places in host memory. Its integer part N takes every
-        expert tensor of layers 0..N-1; its fraction takes that share of layer N's three
-        (gate, up, down), rounded down to whole tensors in that order, a third written as
-        0.33: 0.33 to 0.65 takes gate, 0.66 to 0.99 gate and up. Down stays on the device."""
-        if isinstance(cpu_moe, bool) or not isinstance(cpu_moe, (int, float)) \
-                or not math.isfinite(cpu_moe) or cpu_moe < 0:
-            raise PlacementError(f"cpu_moe must be a number >= 0, got {cpu_moe!r}")
-        if cpu_moe == 0:
-            return frozenset()
-        experts = getattr(self.arch, "expert_tensors", None)
-        if experts is None:
-            raise PlacementError(f"cpu_moe {cpu_moe:g}: {self.name} ({self.gguf.arch}) is not "
-                                 "a mixture-of-experts model, it has no expert tensors")
-        n_layer = self.config.n_layer
-        if cpu_moe > n_layer:
-            raise PlacementError(f"cpu_moe {cpu_moe:g} is beyond the {n_layer} layers of "
-                                 f"{self.name}")
-        whole = int(cpu_moe)
-        names = [n for i in range(whole) for n in experts(self.config, i)]
-        if cpu_moe > whole:
-            layer = experts(self.config, whole)
-            take = int((cpu_moe - whole) * len(layer) + 0.03)   # 0.33 is a third
-            if take == 0:
-                raise PlacementError(f"cpu_moe {cpu_moe:g}: the fraction places whole tensors "
-                                     f"of layer {whole}, gate then up; .33 or more takes its "
-                                     "gate")
-            names += layer[:take]
-        return frozenset(names)
-
-    def _plan_layout(self):
-        """Pack every tensor into arenas, the host-placed ones into host arenas; split tensors
-        past the storage-buffer range by rows (expert tensors by whole experts).
-
-        Returns (placements, device arena sizes, host arena sizes): placements are (name,
-        first row, rows, arena, offset, bytes, file offset, host). Every part takes its size
-        rounded up to the alignment, so the arenas of each side add up to their tensors'
-        padded bytes however the tensors are split between the sides."""
-        align = max(self.dev.storage_align, 256)
-        limit = min(self.dev.max_storage_range, self.ARENA_BYTES)
-        placements, sizes = [], {False: [], True: []}
-        for n in self.config.tensor_shapes():
-            t = self.gguf.tensor(n)
-            host = n in self.host_tensors
-            rows = t.n_elements // t.shape[0]
-            row_bytes = t.nbytes // rows
-            unit = t.shape[1] if len(t.shape) == 3 else 1      # rows of one expert
-            if unit * row_bytes > limit:
-                raise ModelFileError(self.path, f"tensor {n}: one expert's {unit * row_bytes} "
-                                                f"bytes exceed the device's buffer range")
-            per_part = max(unit, min(rows, limit // row_bytes) // unit * unit)
-            arenas = sizes[host]
-            for first in range(0, rows, per_part):
-                count = min(per_part, rows - first)
-                nbytes = count * row_bytes
-                padded = -(-nbytes // align) * align
-                if not arenas or (arenas[-1] + padded > self.ARENA_BYTES and arenas[-1] > 0):
-                    arenas.append(0)
-                placements.append((n, first, count, len(arenas) - 1, arenas[-1], nbytes,
-                                   first * row_bytes, host))
-                arenas[-1] += padded
-        return placements, sizes[False], sizes[True]
 
     def _upload(self, progress) -> int:
         """Weights onto the device. On unified memory they are written in place from the
@@ -481,7 +409,7 @@ class Model:
     # -- graphs -----------------------------------------------------------------------------
     def _record(self, n: int, greedy: bool) -> Graph:
         g = Graph(self.dev, self.kernels, f"{self.name}/n{n}", profile=self.profile)
-        b = Builder(g, self.weights, self.rs, self.tuning)
+        b = Builder(g, self.weights, self.rs, self.tuning, self.paths)
         self.arch.forward(b, self.config, self.rs, n)
         if greedy:
             b.argmax(self.rs.logits, self.rs.result, self.config.n_vocab)
@@ -504,7 +432,7 @@ class Model:
             self._prefill.popitem(last=False)[1].close()
         return g
 
-    def _run(self, tokens: list[int], pos0: int, greedy: bool) -> int | np.ndarray:
+    def run(self, tokens: list[int], pos0: int, greedy: bool) -> int | np.ndarray:
         if self.state != "warm":
             raise RuntimeError(f"{self.name} is cold: restore it before running it")
         if pos0 + len(tokens) > self.n_ctx:
@@ -534,48 +462,8 @@ class Model:
             if s and between is not None:
                 between()
             chunk = tokens[s:s + self.chunk]
-            out = self._run(chunk, pos0 + s, greedy)
+            out = self.run(chunk, pos0 + s, greedy)
         return out
-
-    # -- generation ---------------------------------------------------------------------------
-    def generate(self, prompt: list[int], max_new: int, sample: Callable | None = None,
-                 stop_ids: set[int] = frozenset(), timings: Timings | None = None,
-                 between_chunks: Callable[[], None] | None = None) -> Iterator[int]:
-        """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
-        between_chunks: eval()'s `between`, for the prompt.
-
-        The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
-        token is recomputed, for its logits). Recurrent states belong to the end of the cache,
-        so with them the cache is reused only when all of it is a prefix of prompt[:-1].
-        """
-        if not prompt:
-            raise ValueError("empty prompt")
-        t = timings if timings is not None else Timings()
-        greedy = sample is None
-        reuse = 0
-        for a, b in zip(self.cache_tokens, prompt[:-1]):
-            if a != b:
-                break
-            reuse += 1
-        if self.recurrent and reuse < len(self.cache_tokens):
-            reuse = 0
-        t.prompt_tokens, t.cached_tokens = len(prompt), reuse
-        history = list(prompt)
-        t0 = time.perf_counter()
-        out = self.eval(prompt[reuse:], reuse, greedy, between_chunks)
-        t.prefill_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        pos = len(prompt)
-        for i in range(max_new):
-            tok = out if greedy else sample(out, history)
-            t.generated += 1
-            yield tok
-            history.append(tok)
-            if tok in stop_ids or i == max_new - 1 or pos >= self.n_ctx:
-                break
-            out = self._run([tok], pos, greedy)
-            pos += 1
-            t.decode_s = time.perf_counter() - t0
 
     def device_bytes(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -605,4 +493,4 @@ class Model:
 
 
 class ContextFull(ValueError):
-    pass
+    code = "context_full"

@@ -39,17 +39,18 @@ def parse_wait(request: web.Request) -> float | None:
 
 def check_yield(engine, wait: float | None) -> None:
     """Fail at once (before queueing behind other requests) when a yield outlasts `wait`."""
-    arena = getattr(engine, "arena", None)
-    if wait is None or arena is None:
+    if wait is None:
         return
-    until = arena.yielded()
+    until = engine.yielded_until()
     if until is not None and until - time.time() > wait:
         from ..residency.arena import ArenaBusy
 
+        st = engine.arena_status() or {}
+        by = f" (by process {st['yielded_by']})" if st.get("yielded_by") else ""
         raise gpu_unavailable(ArenaBusy(
             f"the GPU is yielded to other programs until "
-            f"{time.strftime('%H:%M:%S', time.localtime(until))} (by process "
-            f"{arena.yield_by})", retry_after=until - time.time()))
+            f"{time.strftime('%H:%M:%S', time.localtime(until))}{by}",
+            retry_after=until - time.time()))
 
 
 class ArenaRoutes:
@@ -61,5 +62,4 @@ class ArenaRoutes:
 
 
 def _arena_status(engine) -> dict | None:
-    fn = getattr(engine, "arena_status", None)
-    return fn() if fn is not None else None
+    return engine.arena_status()

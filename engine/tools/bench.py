@@ -35,7 +35,7 @@ def measure(model, prompt: list[int], n_gen: int) -> tuple[float, float]:
     t1 = time.perf_counter()
     pos = len(prompt)
     for _ in range(n_gen):
-        tok = model._run([tok], pos, True)
+        tok = model.run([tok], pos, True)
         pos += 1
     t2 = time.perf_counter()
     return len(prompt) / (t1 - t0), n_gen / (t2 - t1) if n_gen else 0.0
@@ -69,23 +69,18 @@ def run_bench(args) -> int:
     with Engine(n_ctx=n_ctx, flash_attn=args.flash_attn, arena=arena_enabled(args),
                 arena_label=f"bench {os.path.basename(path)}") as eng:
         name = eng.load(path, cpu_moe=args.cpu_moe)
-        loaded = eng.models[name]
-        model = loaded.model
-        model.profile = bool(args.profile)
-        prompt = bench_prompt(loaded.tokenizer, args.n_prompt)
+        prompt = bench_prompt(eng.tokenizer(name), args.n_prompt)
 
-        def run() -> tuple[list, list | None]:      # one job: the arena cannot cut in
+        def run(model) -> tuple[list, list | None, int, dict]:   # one job: the arena cannot
+            model.profile = bool(args.profile)                    # cut in
             measure(model, prompt, min(args.n_gen, 4))              # warm-up: records graphs
             samples = [measure(model, prompt, args.n_gen) for _ in range(args.repeats)]
-            return samples, _profile_table(model, args.n_prompt) if args.profile else None
-        samples, profile = eng.device_job(run, name=name, why="bench")
-        size = sum(t.nbytes for t in model.gguf.tensors.values())
+            profile = _profile_table(model, args.n_prompt) if args.profile else None
+            size = sum(t.nbytes for t in model.gguf.tensors.values())
+            return samples, profile, size, model.paths.as_dict()
+        samples, profile, size, paths = eng.device_job(run, name=name, why="bench")
         ours = {"engine": "hotseat", "device": eng.device_name,
                 "pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
-        t = model.tuning
-        paths = {"decode": "mul_mat_vec" if t.matvec else "mul_mat (one token)",
-                 "prefill": "mul_mat_cm (cooperative matrix)" if t.fast_prefill
-                 else "mul_mat (register tiles)"}
         results.append(ours)
     # llama.cpp knows nothing of the arena: hold the token for it while it runs
     peer_turn = _peer_turn(args) if args.vs_llama_server is not None or args.vs_llama_cpp \

@@ -26,7 +26,9 @@ SHAPES = ((2, 1, 1024), (2, 256, 1024), (2, 1, 2048), (2, 256, 2048), (2, 1024, 
 
 def _time_path(dev, kernels, state, bx, out, d_conv, n, e, tiled, repeats) -> list[float]:
     from ..gpu.graph import Graph
-    from ..gpu.ops import Builder, Tuning, View
+    from ..gpu.builder import Builder
+    from ..gpu.paths import Tuning
+    from ..gpu.tensors import View
 
     g = Graph(dev, kernels, f"concat-{'tiled' if tiled else 'generic'}",
               profile=dev.timestamps_ok)
@@ -132,7 +134,7 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> 
     """mul_mat_vec at every (rows, lanes) against the one-token mul_mat; outputs checked
     against each other first."""
     from ..gpu.kernels import MATVEC_CHUNK
-    from ..gpu.ops import Tuning
+    from ..gpu.paths import Tuning
 
     rng = np.random.default_rng(0)
     t = Tuning.for_device(dev)
@@ -197,7 +199,7 @@ MATMUL_VARIANTS = (("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64), ("mul_mat_cm
 def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> list[dict]:
     """The cooperative-matrix prefill products, tile by tile, against the register-tiled
     mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative)."""
-    from ..gpu.ops import Tuning
+    from ..gpu.paths import Tuning
 
     if not dev.coopmat:
         raise ValueError(f"{dev.name} has no cooperative matrices: nothing to compare")
@@ -276,7 +278,8 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
     pass is the same for both paths and not timed)."""
     from ..gpu.graph import run_once
     from ..gpu.kernels import ACT_INLINE
-    from ..gpu.ops import Tuning, moe_tile_groups, moe_tile_slots
+    from ..gpu.builder import moe_tile_groups, moe_tile_slots
+    from ..gpu.paths import Tuning
 
     rng = np.random.default_rng(0)
     t = Tuning.for_device(dev)

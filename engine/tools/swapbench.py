@@ -71,44 +71,41 @@ def run_swap_bench(args) -> int:
         names = []
         for i, p in enumerate(paths):
             base = os.path.splitext(os.path.basename(p))[0]
-            names.append(eng.load(p, name=base if base not in eng.models else f"{base}#{i + 1}",
+            names.append(eng.load(p, name=base if base not in names else f"{base}#{i + 1}",
                                   cpu_moe=args.cpu_moe))
-        bandwidth = eng.device_job(lambda: copy_bandwidth(eng.dev), why="copy bandwidth")
+        bandwidth = eng.device_job(copy_bandwidth, why="copy bandwidth")
         per = {n: {"restore_s": [], "bytes": [], "residual": [], "cached": [], "release_s": [],
                    "alloc_s": [], "copy_s": [], "state_s": []} for n in names}
         answers: dict[str, list] = {n: [] for n in names}
         for _ in range(args.cycles):
             for n in names:
-                m = eng.models[n].model
                 info = eng.warm(n)
                 if info["op"] == "restore" and info["bytes"]:
                     per[n]["restore_s"].append(info["seconds"])
                     per[n]["bytes"].append(info["bytes"])
                     per[n]["state_s"].append(info.get("state_s", 0.0))
                     for k in ("alloc_s", "copy_s"):
-                        if k in getattr(m, "upload_timing", {}):
-                            per[n][k].append(m.upload_timing[k])
+                        if k in info:
+                            per[n][k].append(info[k])
                 out = eng.generate(n, messages=[{"role": "user", "content": PROMPT}],
                                    max_tokens=args.n, sampling=greedy)
                 answers[n].append(out.tokens)
                 per[n]["cached"].append(out.timings["cached_tokens"])
                 rel = eng.evict(n, full=full)
                 per[n]["release_s"].append(rel["seconds"])
-                per[n]["residual"].append(sum(m.device_bytes().values()))
+                per[n]["residual"].append(next(sum(s["device_bytes"].values())
+                                               for s in eng.status() if s["name"] == n))
         # reload from disk for comparison: parse the file and upload again
         reload_s = {}
         for n, p in zip(names, paths):
             eng.unload(n)
 
-            def reload(n: str = n, p: str = p) -> float:
-                t0 = time.perf_counter()
-                fresh = Model(eng.dev, eng.kernels, p, n_ctx=args.ctx, name=n + "-reload",
-                              cpu_moe=args.cpu_moe)
-                took = time.perf_counter() - t0
-                fresh.close()
-                return took
-            reload_s[n] = eng.device_job(reload, why="reload from disk")
-    report = {"device": eng.dev.name, "mode": "full" if full else "weights-only",
+            t0 = time.perf_counter()      # what a server that drops the model does again
+            eng.load(p, name=n + "-reload", n_ctx=args.ctx, cpu_moe=args.cpu_moe)
+            reload_s[n] = time.perf_counter() - t0
+            eng.unload(n + "-reload")
+        device = eng.device_name
+    report = {"device": device, "mode": "full" if full else "weights-only",
               "cycles": args.cycles, "copy_bandwidth_GBps": bandwidth / 1e9, "models": []}
     for n in names:
         r = per[n]

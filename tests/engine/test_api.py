@@ -80,9 +80,10 @@ def test_releases_run_on_the_engine_thread_and_status_answers_meanwhile(smollm2_
     with Engine(n_ctx=256) as eng:
         eng.load(smollm2_path, name="a")
         seen = []
-        release = eng.arbiter._release["a"]
-        eng.arbiter._release["a"] = lambda full: (seen.append(threading.current_thread()),
-                                                  release(full))[1]
+        model = eng.models["a"].model
+        release = model.release
+        model.release = lambda full=True: (seen.append(threading.current_thread()),
+                                           release(full=full))[1]
         done = threading.Event()
         out = {}
 

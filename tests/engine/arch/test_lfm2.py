@@ -8,7 +8,8 @@ import pytest
 from engine.arch.reference import ReferenceModel
 from engine.formats.gguf_file import GGUFFile
 from engine.residency import model as model_mod
-from engine.residency.model import Model, Timings
+from engine.residency.loop import Timings, generate
+from engine.residency.model import Model
 
 pytestmark = pytest.mark.gpu
 
@@ -147,7 +148,7 @@ def test_greedy_matches_reference(dev, kc, lfm2_path, small_chunks):
     try:
         with GGUFFile(lfm2_path) as g:
             want = ReferenceModel(g, n_ctx=128).generate_greedy(PROMPT, 16)
-        assert list(m.generate(PROMPT, 16)) == want
+        assert list(generate(m, PROMPT, 16)) == want
     finally:
         m.close()
 
@@ -190,9 +191,9 @@ def test_warm_cold_cycles_keep_recurrent_state(dev, kc, lfm2_path, small_chunks,
     m = Model(dev, kc, lfm2_path, n_ctx=128, name=f"lfm2-cycle{int(full)}{int(in_place)}")
     try:
         base_logits: list = []
-        base = list(m.generate(PROMPT, 13, sample=recording_argmax(base_logits)))
+        base = list(generate(m, PROMPT, 13, sample=recording_argmax(base_logits)))
         state_bytes = len(CONV_LAYERS) * (L_CACHE - 1) * N_EMBD * 4
-        assert list(m.generate(PROMPT, 4)) == base[:4]     # not a prefix: starts afresh
+        assert list(generate(m, PROMPT, 4)) == base[:4]     # not a prefix: starts afresh
         warm = m.device_bytes()
         assert warm["recurrent"] == state_bytes
         have = 4
@@ -213,7 +214,7 @@ def test_warm_cold_cycles_keep_recurrent_state(dev, kc, lfm2_path, small_chunks,
             assert m.recurrent_checksum() == rec and m.kv_checksum() == kv
             seen: list = []
             t = Timings()
-            got = list(m.generate(PROMPT + base[:have], 3, sample=recording_argmax(seen),
+            got = list(generate(m, PROMPT + base[:have], 3, sample=recording_argmax(seen),
                                   timings=t))
             assert t.cached_tokens == len(PROMPT) + have - 1
             assert got == base[have:have + 3]
@@ -260,23 +261,23 @@ def test_prompt_cache_matches_fresh_model(dev, kc, lfm2_path, small_chunks):
     the cache is reused only when all of it is a prefix of the new prompt."""
     m = Model(dev, kc, lfm2_path, n_ctx=128, name="lfm2-cache")
     try:
-        first = list(m.generate(PROMPT, 6))
+        first = list(generate(m, PROMPT, 6))
         t = Timings()
-        assert list(m.generate(PROMPT, 6, timings=t)) == first
+        assert list(generate(m, PROMPT, 6, timings=t)) == first
         assert t.cached_tokens == 0             # the cache ran past the prompt
         extended = PROMPT + first + [11, 19]
         t = Timings()
-        got_ext = list(m.generate(extended, 6, timings=t))
+        got_ext = list(generate(m, extended, 6, timings=t))
         assert t.cached_tokens == len(PROMPT) + 5
         diverging = PROMPT[:9] + [1, 2, 3]
         t = Timings()
-        got_div = list(m.generate(diverging, 6, timings=t))
+        got_div = list(generate(m, diverging, 6, timings=t))
         assert t.cached_tokens == 0
     finally:
         m.close()
     for prompt, got in ((PROMPT, first), (extended, got_ext), (diverging, got_div)):
         fresh = Model(dev, kc, lfm2_path, n_ctx=128, name="lfm2-fresh")
         try:
-            assert list(fresh.generate(prompt, 6)) == got
+            assert list(generate(fresh, prompt, 6)) == got
         finally:
             fresh.close()

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from engine.formats.gguf_file import GGUFFile
+from engine.residency.loop import generate
 from engine.residency.model import Model, PlacementError
 
 pytestmark = pytest.mark.gpu
@@ -105,7 +106,7 @@ def run(m: Model, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
     m.cache_tokens = []
     logits = m.eval(prompt, 0, greedy=False)
     m.cache_tokens = []
-    return logits, list(m.generate(prompt, n))
+    return logits, list(generate(m, prompt, n))
 
 
 @pytest.fixture(scope="module")
@@ -168,7 +169,7 @@ def test_greedy_tokens_agree_with_reference(dev, kc, moe_path, ggml_numerics):
         with GGUFFile(moe_path) as g:
             want = ReferenceModel(g, n_ctx=64, quantize_activations=ggml_numerics) \
                 .generate_greedy(PROMPT, 16)
-        assert list(m.generate(PROMPT, 16)) == want
+        assert list(generate(m, PROMPT, 16)) == want
         # routing happened on the device: one decode graph, recorded once, served every step
         decode = m._decode[True]
         assert m._run([want[-1]], len(PROMPT) + 15, True) >= 0 and m._decode == {True: decode}
@@ -343,7 +344,7 @@ def test_cli_generate_takes_cpu_moe(dev, kc, moe_path):
     out = __import__("json").loads(r.stdout)
     m = Model(dev, kc, moe_path, n_ctx=64)
     try:
-        assert out["tokens"] == until_eog(list(m.generate(out["prompt_tokens"], 6)))
+        assert out["tokens"] == until_eog(list(generate(m, out["prompt_tokens"], 6)))
     finally:
         m.close()
     _one_line_error(hotseat("generate", "-m", moe_path, "-p", "a0", "--cpu-moe", "7"),

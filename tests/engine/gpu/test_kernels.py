@@ -163,7 +163,9 @@ def test_mul_mat_cm(dev, kc, wtype, tile):
 
 def _one_token_product(dev, kc, wtype, raw, x, n_out, tuning, x_row=0):
     from engine.gpu.graph import Graph
-    from engine.gpu.ops import Builder, RunState, Tensor
+    from engine.gpu.builder import Builder
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
 
     n_in = x.shape[1]
     rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
@@ -185,7 +187,7 @@ def test_mul_mat_vec_rounds_like_the_plain_path(dev, kc, wtype):
     mul_mat round it in their passes (Q8_0, Q8_1 with its block sums, Q8_K, f16)."""
     from dataclasses import replace
 
-    from engine.gpu.ops import Tuning
+    from engine.gpu.paths import Tuning
 
     rng = np.random.default_rng(22)
     n_out, n_in = 45, 768
@@ -375,7 +377,9 @@ def builder_moe(dev, kc, tuning, wtype, raw, x, ids, n_expert, n_out, per_slot, 
     """Builder.matmul_id over W [n_in, n_out, n_expert] bound in parts (fractions of the
     experts), as a model records it."""
     from engine.gpu.graph import Graph
-    from engine.gpu.ops import Builder, RunState, Tensor
+    from engine.gpu.builder import Builder
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
 
     T, k = ids.shape
     n_in, raw = x.shape[-1], raw.reshape(-1)
@@ -406,7 +410,7 @@ def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
     does (inline Q8_0 / Q8_1, or a quantize_act pass first), from W in two parts."""
     from dataclasses import replace
 
-    from engine.gpu.ops import Tuning
+    from engine.gpu.paths import Tuning
 
     rng = np.random.default_rng(27)
     n_expert, n_out, n_in, T, k = 8, 24, 512, 7, 2
@@ -669,7 +673,10 @@ def test_quantized_activations_match_ggml_dot(dev, kc):
     from dataclasses import replace
 
     from engine.gpu.graph import Graph
-    from engine.gpu.ops import Builder, RunState, Tensor, Tuning
+    from engine.gpu.builder import Builder
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
 
     rng = np.random.default_rng(13)
     n_in, n_out, T = 576, 96, 3
@@ -721,7 +728,7 @@ def test_quantize_act_formats(dev, kc, fmt):
 
 
 def test_rope_from_ggml_table(dev, kc):
-    from engine.gpu.ops import RunState
+    from engine.gpu.runstate import RunState
 
     rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
                   n_vocab=64, n_ctx=64, max_tokens=8, rope=((1e5, 64),))
@@ -770,7 +777,7 @@ def test_attention_ggml_rounding(dev, kc):
 
 @pytest.mark.parametrize("neox,table", [(0, 0), (1, 1)])
 def test_rope_qkv_fused(dev, kc, neox, table):
-    from engine.gpu.ops import RunState
+    from engine.gpu.runstate import RunState
 
     rng = np.random.default_rng(17)
     n_tok, n_head, n_kv, hd, pos0, n_ctx = 3, 6, 2, 64, 7, 16
@@ -801,7 +808,9 @@ def test_rope_qkv_fused(dev, kc, neox, table):
 def _concat_op(dev, kc, a: np.ndarray, a_view, b: np.ndarray, b_view, tiled):
     """Run concat through Builder on numpy-backed Views; returns the device result."""
     from engine.gpu.graph import Graph
-    from engine.gpu.ops import Builder, Tuning, View
+    from engine.gpu.builder import Builder
+    from engine.gpu.paths import Tuning
+    from engine.gpu.tensors import View
 
     (ne_a, nb_a, off_a), (ne_b, nb_b, off_b) = a_view, b_view
     ba, bb = buf(dev, a), buf(dev, b)
@@ -905,7 +914,8 @@ def attn_inputs(seed: int, n_ctx: int, n_head: int, n_kv: int, hd: int, n_tok: i
 def builder_attention(dev, kc, tuning, q, k, v, pos0: int, window: int) -> np.ndarray:
     """Builder.attention as a model records it (on a RunState of its own): [n, n_head, hd]."""
     from engine.gpu.graph import Graph
-    from engine.gpu.ops import Builder, RunState
+    from engine.gpu.builder import Builder
+    from engine.gpu.runstate import RunState
 
     n, n_head, hd = q.shape
     n_ctx, n_kv = k.shape[:2]
@@ -945,7 +955,9 @@ def old_attention(dev, kc, q, k, v, pos0: int, window: int, ggml: int) -> np.nda
                                            (37, 50, 20), (20, 130, 7), (40, 100, 60)])
 def test_attention_mask_and_tile_classes(dev, kc, n, pos0, window):
     from engine.gpu.graph import Graph
-    from engine.gpu.ops import Builder, RunState, Tuning
+    from engine.gpu.builder import Builder
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
 
     n_ctx = 160
     tuning = Tuning.for_device(dev)
@@ -990,7 +1002,7 @@ FLASH_CASES = [(64, 37, 50, 0), (64, 37, 50, 20), (256, 37, 50, 0), (256, 37, 50
 def test_flash_attention(dev, kc, hd, n, pos0, window):
     """Tiled prefill attention against numpy and against attention.comp, with grouped heads;
     tile skipping on and off give the same bits."""
-    from engine.gpu.ops import Tuning
+    from engine.gpu.paths import Tuning
 
     q, k, v = attn_inputs(20, 160, 6, 2, hd, n)
     scale = hd ** -0.5
@@ -1018,7 +1030,7 @@ def test_flash_attention(dev, kc, hd, n, pos0, window):
 def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
     """One query token over n_kv_len cached positions, the KV range split across workgroups
     (this device's split counts, and a GPU's: 16 splits of at least 32 positions)."""
-    from engine.gpu.ops import Tuning
+    from engine.gpu.paths import Tuning
 
     q, k, v = attn_inputs(21, 2048, 6, 2, hd, 1)
     pos0, scale = n_kv_len - 1, hd ** -0.5

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine.gpu.ops import Tuning, is_amd_gcn, moe_tile_groups, moe_tile_slots
+from engine.gpu.builder import moe_tile_groups, moe_tile_slots
+
+from engine.gpu.paths import Tuning, is_amd_gcn
 from engine.gpu.vk import DeviceInfo
 
 AMD, NVIDIA, INTEL, MESA_CPU = 0x1002, 0x10DE, 0x8086, 0x10005

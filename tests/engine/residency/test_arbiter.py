@@ -15,11 +15,16 @@ class FakeModel:
     def __init__(self, arb: Arbiter, name: str, warm: int, kept_weights_only: int = 0):
         self.arb, self.name, self.warm, self.kept = arb, name, warm, kept_weights_only
         self.releases: list[bool] = []
-        arb.register(name, self.release)
+        self.held = warm
+        arb.register(name, self)
 
-    def release(self, full: bool) -> int:
+    def release(self, full: bool = True) -> dict:
         self.releases.append(full)
-        return 0 if full else self.kept
+        self.held = 0 if full else self.kept
+        return {"op": "release"}
+
+    def device_bytes(self) -> dict[str, int]:
+        return {"kv": self.held} if self.held else {}
 
 
 def check_ledger(arb: Arbiter) -> None:

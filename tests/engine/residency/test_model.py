@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from engine.formats.gguf_file import GGUFFile, ModelFileError
-from engine.residency.model import Model, Timings
+from engine.residency.loop import Timings, generate
+from engine.residency.model import Model
 from tests.conftest import DATA, load_reference
 
 pytestmark = pytest.mark.gpu
@@ -20,7 +21,7 @@ def smollm2(dev, kc, smollm2_path):
 
 def greedy(model: Model, prompt: list[int], n: int) -> list[int]:
     model.cache_tokens = []
-    return list(model.generate(prompt, n))
+    return list(generate(model, prompt, n))
 
 
 def test_smollm2_greedy_matches_llama_cpp(smollm2):
@@ -137,12 +138,12 @@ def test_prompt_cache_reuses_prefix_and_gives_same_tokens(smollm2):
     prompt = ref["prompt_ids"]
     first = greedy(smollm2, prompt, 8)
     t = Timings()
-    again = list(smollm2.generate(prompt, 8, timings=t))
+    again = list(generate(smollm2, prompt, 8, timings=t))
     assert again == first
     assert t.cached_tokens == len(prompt) - 1
     # a different continuation of a shared prefix reuses only the prefix
     t2 = Timings()
-    list(smollm2.generate(prompt[:5] + [30, 216], 2, timings=t2))
+    list(generate(smollm2, prompt[:5] + [30, 216], 2, timings=t2))
     assert t2.cached_tokens == 5
 
 
@@ -150,7 +151,7 @@ def test_sampling_logits_path_agrees_with_greedy(smollm2):
     ref = load_reference("smollm2-135m-instruct-q4_1.json")["prompts"]["plain"]
     smollm2.cache_tokens = []
     argmax = lambda logits, history: int(np.argmax(logits))  # noqa: E731
-    toks = list(smollm2.generate(ref["prompt_ids"], 6, sample=argmax))
+    toks = list(generate(smollm2, ref["prompt_ids"], 6, sample=argmax))
     assert toks == ref["greedy_ids"][:6]
 
 
@@ -224,7 +225,7 @@ def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_pl
         assert m.pinned_bytes() > 0.9 * m.weight_bytes and shadowed < 0.1 * m.weight_bytes
         assert len(m.pinned.chunks) > 50
     try:
-        first = list(m.generate(ref["prompt_ids"], 4))
+        first = list(generate(m, ref["prompt_ids"], 4))
         kv = m.kv_checksum()
         warm = m.device_bytes()
         for _ in range(3):
@@ -245,7 +246,7 @@ def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_pl
             assert m.kv_checksum() == kv
         # the prompt cache survived: only the last prompt token is recomputed
         t = Timings()
-        again = list(m.generate(ref["prompt_ids"], 8, timings=t))
+        again = list(generate(m, ref["prompt_ids"], 8, timings=t))
         assert t.cached_tokens == len(ref["prompt_ids"]) - 1
         assert again == ref["greedy_ids"][:8] and again[:4] == first
     finally:

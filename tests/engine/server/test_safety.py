@@ -89,13 +89,13 @@ def test_a_client_that_leaves_during_the_prompt_frees_the_engine(base, engine, r
     monkeypatch.setattr(model_module, "PREFILL_CHUNK", CHUNK)
     model = engine.models["m"].model
     runs: list[tuple[float, int, int]] = []           # (start time, position, tokens)
-    real_run = model._run
+    real_run = model.run
 
     def timed_run(tokens, pos0, greedy):
         runs.append((time.monotonic(), pos0, len(tokens)))
         return real_run(tokens, pos0, greedy)
 
-    monkeypatch.setattr(model, "_run", timed_run)
+    monkeypatch.setattr(model, "run", timed_run)
     cancelled = 'hotseat_generations_cancelled_total{model="m"}'
     before = metric(base, cancelled)
     prompt = [random.Random(5).randrange(300, 20000) for _ in range(LONG)]

@@ -1,0 +1,144 @@
+"""The engine's public surface, as a Protocol: what the CLI, the HTTP server and the tray
+call, and all they may call. `engine.api.Engine` is the one real implementation; the tray's
+wrapper (app/) and the test fake (tests/helpers/fake_engine.py) follow it too, and
+tests/engine/test_facade.py checks that their signatures match this one's.
+
+Names are model names as `load` returned them; a `name` of None means "the only model
+loaded". Errors a caller can act on carry a `code` (see `error_code`), which the server and
+the tray map to their own words instead of reading message text.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Protocol, runtime_checkable
+
+
+class ModelExists(ValueError):
+    """A load under a name the engine already holds."""
+    code = "model_exists"
+
+
+@dataclass
+class Completion:
+    prompt_tokens: list[int]
+    tokens: list[int]
+    text: str
+    finish_reason: str                   # "stop" (end of generation or stop string) | "length"
+    timings: dict = field(default_factory=dict)  # | "cancelled"
+
+    def as_dict(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "tokens": self.tokens, "text": self.text,
+                "finish_reason": self.finish_reason, "timings": self.timings}
+
+
+def error_code(exc: BaseException) -> str:
+    """The code of an engine error: its class's `code` where it has one ("model_file",
+    "budget", "pinned", "model_exists", "context_full", "arena_busy", "not_loaded",
+    "device_fault", ...), "not_loaded" for a KeyError naming a model, else "internal"."""
+    code = getattr(exc, "code", None)
+    if isinstance(code, str):
+        return code
+    if isinstance(exc, KeyError):
+        return "not_loaded"
+    if isinstance(exc, ValueError):
+        return "invalid_value"
+    return "internal"
+
+
+@runtime_checkable
+class EngineAPI(Protocol):
+    """One small API over the device, its models and their turns on it."""
+
+    device_name: str
+
+    # -- models ------------------------------------------------------------------------------
+    def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
+             progress: Callable[[int, int], None] | None = None,
+             cpu_moe: float = 0.0) -> str:
+        """Parse and upload a GGUF file (budget acquired first); its name."""
+
+    def unload(self, name: str) -> None:
+        """Free the model's device and host memory."""
+
+    def warm(self, name: str, wait: float | None = None) -> dict:
+        """Make a model warm now; the transfer ({"op": None} when it already was)."""
+
+    def evict(self, name: str, full: bool | None = None) -> dict:
+        """Make a model cold now (weights-only or full; default: the engine's mode)."""
+
+    def pin(self, name: str) -> None:
+        """Keep a model warm: made warm now, never released for another model."""
+
+    def unpin(self, name: str) -> None:
+        ...
+
+    # -- settings ----------------------------------------------------------------------------
+    def set_flash_attn(self, mode: str) -> None:
+        """Prefill attention "auto", "on" or "off", for the models loaded and later loads."""
+
+    def set_budget(self, budget_bytes: int | None) -> int:
+        """The VRAM budget in bytes (None: the device's default); the budget now in force."""
+
+    def default_budget(self) -> int:
+        """The budget the engine takes when not told: the device heap less a margin."""
+
+    def set_full_release(self, full: bool) -> None:
+        """Whether releases for other models free everything (KV shadowed on the host) or
+        only the weights."""
+
+    def set_idle_evict(self, seconds: float) -> None:
+        """Evict a warm, unpinned model unused for this long (0: never)."""
+
+    def subscribe(self, fn: Callable[[str, dict], None]) -> None:
+        """fn(event, info) for what the engine does by itself: "idle_evicted" ({"name",
+        "idle_s"}), "yielded" ({"until"})."""
+
+    # -- text and generation -----------------------------------------------------------------
+    def tokenizer(self, name: str | None = None):
+        """The model's Tokenizer."""
+
+    def prompt_tokens(self, name: str | None, prompt: str | None = None,
+                      messages: list[dict] | None = None) -> list[int]:
+        """The token ids a prompt or a chat becomes for this model."""
+
+    def generate(self, name: str | None = None, prompt: str | None = None,
+                 messages: list[dict] | None = None, tokens: list[int] | None = None,
+                 max_tokens: int = 128, sampling=None, stop: list[str] = (),
+                 on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None,
+                 wait: float | None = None) -> Completion:
+        """One request. wait: the most seconds to wait for the GPU (another process's turn,
+        a yield) before ArenaBusy; None waits as long as it takes."""
+
+    # -- status ------------------------------------------------------------------------------
+    def status(self) -> list[dict]:
+        """Per model: state, pin, device bytes by kind, host shadow, ..."""
+
+    def vram(self) -> dict:
+        """The budget and what is in use."""
+
+    def arena_status(self) -> dict | None:
+        """Where this process stands in the cross-process arena (None without one)."""
+
+    def yielded_until(self) -> float | None:
+        """The end (time.time()) of a GPU yield in force, None when there is none."""
+
+    def yield_gpu(self, seconds: float) -> float:
+        """Give the GPU to other programs for this long: every Hotseat process goes cold;
+        the yield's end."""
+
+    def set_arena_label(self, label: str) -> None:
+        """What `hotseat ps` says this process is."""
+
+    # -- tools -------------------------------------------------------------------------------
+    def device_job(self, fn: Callable[..., object], name: str | None = None,
+                   why: str = "device work"):
+        """fn on the engine thread as one job; with a name, that model is made warm first
+        and fn(bench) gets a `ModelBench` of it. For benchmarks."""
+
+    def trim(self) -> int:
+        """Give spare device blocks back to the driver; the bytes freed."""
+
+    def close(self) -> None:
+        ...

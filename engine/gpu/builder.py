@@ -1,0 +1,360 @@
+"""The ops a model's forward pass is written in.
+
+`Builder` turns calls like `b.matmul(w, x, y, n)` into recorded dispatches on a `Graph`:
+it knows each kernel's group counts and push constants, so architectures read as a list
+of tensor operations. Which kernel an op takes comes from the model's `Paths` table.
+"""
+from __future__ import annotations
+
+from . import vk
+from .graph import Graph
+from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_K, MATVEC_ACT, MATVEC_CHUNK
+from .paths import Paths, Tuning
+from .runstate import RunState
+from .tensors import Tensor, View
+
+
+class Builder:
+    """Records a forward pass on a Graph; one method per op."""
+
+    def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning,
+                 paths: Paths | None = None):
+        self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
+        self._paths = paths       # the model's table; else per head size from the tuning
+        self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
+        self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
+        self._masks: set[int] = set()    # windows whose attention mask this graph has built
+
+    def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
+        """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
+        key = (id(x), x_row, n, n_in, fmt)
+        if self._rounded != key:
+            blocks = n * n_in // ACT_BLOCK[fmt]
+            self.g.op("quantize_act", [x, self.rs.xq], (-(-blocks // 64), 1, 1),
+                      spec=dict(FMT=fmt), n_cols=n_in, n_rows=n, x_offset=x_row)
+            self._rounded = key
+        return self.rs.xq
+
+    def paths(self, head_dim: int = 0) -> Paths:
+        p = self._paths
+        if p is None or (head_dim and p.head_dim != head_dim):
+            p = self.t.paths(head_dim or (p.head_dim if p else 64))
+        return p
+
+    def _wrote(self, buf: vk.Buffer) -> None:
+        if self._rounded is not None and self._rounded[0] == id(buf):
+            self._rounded = None
+        if self._grouped is not None and self._grouped[0] == id(buf):
+            self._grouped = None
+
+    def get_rows(self, table: Tensor, ids: vk.Buffer, out: vk.Buffer, n: int,
+                 scale: float = 1.0) -> None:
+        for buf, first, count in table.bindings():
+            self.g.op("get_rows", [buf, ids, out], (n, 1, 1), wtype=table.wtype,
+                      n_cols=table.shape[0], n_rows=n, scale=scale, row_base=first,
+                      part_rows=count)
+        self._wrote(out)
+
+    def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
+               x_row: int = 0) -> None:
+        """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T."""
+        p = self.paths()
+        if n == 1 and p.decode_matmul == "mul_mat_vec":
+            self._matvec(w, x, y, accumulate, x_row)
+            return
+        n_in, n_out = w.shape[0], w.rows
+        if n > 1 and p.prefill_matmul == "mul_mat_cm" and n_in % CM_K == 0:
+            self._matmul_cm(w, x, y, n, accumulate, x_row)
+            return
+        rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
+        per_group = rows * self.t.warps
+        inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACC=int(accumulate),
+                    ACT=inline)
+        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
+        if fmt is not None:
+            x = self._rounded_input(x, x_row, n, n_in, fmt)
+            x_row = 0
+        for buf, first, count in w.bindings():
+            self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
+                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
+                      x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
+        self._wrote(y)
+
+    def _matmul_cm(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool,
+                   x_row: int) -> None:
+        """Many tokens on the matrix units: f16 tiles, f32 sums. x goes in as f16, not
+        rounded as ggml's CPU backend rounds it (f16 cannot hold those values)."""
+        n_in, n_out = w.shape[0], w.rows
+        bm, bn = self.t.cm_tile
+        for buf, first, count in w.bindings():
+            self.g.op("mul_mat_cm", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
+                      wtype=w.wtype, spec=dict(ACC=int(accumulate), BM=bm, BN=bn), n_in=n_in,
+                      n_out=count, n_tokens=n, x_offset=x_row * n_in // 4, y_offset=first,
+                      y_stride=n_out)
+        self._wrote(y)
+
+    def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
+                x_row: int) -> None:
+        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act)."""
+        n_in = w.shape[0]
+        chunks = n_in // MATVEC_CHUNK[w.wtype]
+        lanes = self.t.subgroup
+        while lanes < min(chunks, self.t.mv_lanes):
+            lanes *= 2
+        rows = self.t.matvec_rows(w.wtype, w.rows)
+        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate),
+                    ACT=MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0)
+        for buf, first, count in w.bindings():
+            self.g.op("mul_mat_vec", [buf, x, y], (-(-count // rows), 1, 1), wtype=w.wtype,
+                      spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
+                      y_offset=first)
+        self._wrote(y)
+
+    def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
+                  n_used: int, per_slot: bool = False) -> None:
+        """y[t, j, :] = x[t (, j), :] @ w[ids[t, j]]^T for n tokens of n_used routed experts;
+        w is [n_in, n_out, n_expert], x is [n, n_in] or, per_slot, [n, n_used, n_in].
+        Several tokens: grouped by expert (Tuning.moe_grouped), each expert one product."""
+        if n > 1 and self.paths().moe_prefill == "mul_mat_moe":
+            self._matmul_moe(w, x, ids, y, n, n_used, per_slot)
+            return
+        n_in, n_out = w.shape[0], w.shape[1]
+        per_group = self.t.mv_rows * self.t.warps
+        inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=self.t.mv_rows, ACT=inline,
+                    X_SLOT=int(per_slot))
+        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
+        if fmt is not None:
+            x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
+        for buf, first, count in w.bindings():          # parts of whole experts
+            self.g.op("mul_mat_id", [buf, x, ids, y], (-(-n_out // per_group), n_used, n),
+                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
+                      expert_base=first // n_out, n_experts=count // n_out)
+        self._wrote(y)
+
+    def moe_group(self, ids: vk.Buffer, n: int, n_used: int, n_expert: int) -> None:
+        """rs.moe_groups, rs.moe_perm: the slots of ids[n, n_used] grouped by expert (reused
+        until ids is written again)."""
+        key = (id(ids), n, n_used, n_expert)
+        if self._grouped != key:
+            self.g.op("moe_group", [ids, self.rs.moe_groups, self.rs.moe_perm], (n_expert, 1, 1),
+                      n_slots=n * n_used)
+            self._grouped = key
+
+    def _matmul_moe(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
+                    n_used: int, per_slot: bool) -> None:
+        """The routed products grouped by expert: activations rounded as mul_mat_id rounds
+        them (ggml_numerics), then one register-tiled product per expert over its slots."""
+        n_in, n_out, n_expert = w.shape
+        self.moe_group(ids, n, n_used, n_expert)
+        rows = self.t.mm_rows
+        nt = moe_tile_slots(n, n_used, n_expert, self.t.mm_tokens)
+        inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
+        spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACT=inline,
+                    X_SLOT=int(per_slot))
+        fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
+        if fmt is not None:
+            x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
+        tiles = moe_tile_groups(n, n_used, n_expert, nt)
+        rs = self.rs
+        for buf, first, count in w.bindings():          # parts of whole experts
+            self.g.op("mul_mat_moe", [buf, x, rs.moe_groups, rs.moe_perm, y],
+                      (-(-n_out // (rows * self.t.warps)), tiles, count // n_out),
+                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
+                      expert_base=first // n_out)
+        self._wrote(y)
+
+    def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,
+                   n_expert: int, n_used: int, norm: bool = True) -> None:
+        """Softmax over n_expert logits per token; the n_used largest into ids and weights."""
+        self.g.op("moe_router", [logits, ids, weights], (n, 1, 1), spec=dict(NORM=int(norm)),
+                  n_expert=n_expert, n_used=n_used)
+        self._wrote(ids)
+        self._wrote(weights)
+
+    def moe_combine(self, y: vk.Buffer, weights: vk.Buffer, x: vk.Buffer, n: int, n_embd: int,
+                    n_used: int) -> None:
+        """x[t] += sum_j weights[t, j] * y[t, j] (the experts' outputs into the residual)."""
+        self.g.op("moe_combine", [y, weights, x], _groups_1d(n * n_embd), n_embd=n_embd,
+                  n_used=n_used, n=n * n_embd)
+        self._wrote(x)
+
+    def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
+                 row_offset: int = 0) -> None:
+        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1), spec=dict(WG=self.t.norm_wg),
+                  n_cols=w.shape[0], n_rows=n, eps=eps, x_offset=row_offset)
+        self._wrote(out)
+
+    def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
+                 v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n_dims: int,
+                 n: int, base: float, neox: bool, freq_scale: float = 1.0) -> None:
+        """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0."""
+        table = self.rs.rope_table(base, n_dims, freq_scale) if self.t.ggml_numerics else q
+        count = n * ((n_head + n_head_kv) * n_dims // 2 + n_head_kv * head_dim)
+        self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step, table],
+                  (-(-count // 64), 1, 1), spec=dict(NEOX=int(neox),
+                                                     TABLE=int(self.t.ggml_numerics)),
+                  n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
+                  n_tokens=n, freq_base=base, freq_scale=freq_scale)
+        self._wrote(q)
+
+    def attention(self, q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer, out: vk.Buffer,
+                  n_head: int, n_head_kv: int, head_dim: int, n: int, scale: float,
+                  window: int = 0) -> None:
+        """out[n, n_head, head_dim] = softmax(q k^T * scale) v over the cache up to each
+        token's position (the last `window` positions only, when window > 0)."""
+        p = self.paths(head_dim)
+        if n == 1:
+            self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
+                                  scale, window)
+        elif p.prefill_attention == "flash_attn_cm":
+            self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step],
+                      (-(-n // 64), n_head, 1), spec=dict(HD=head_dim), n_head=n_head,
+                      n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
+        elif p.prefill_attention == "flash_attn":
+            self._flash_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
+                                  scale, window)
+        else:
+            ggml = self.t.ggml_numerics
+            self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
+                      spec=dict(HD=head_dim, GGML=int(ggml)), n_head=n_head,
+                      n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
+        self._wrote(out)
+
+    def _split_attention(self, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, scale,
+                         window) -> None:
+        rs = self.rs
+        splits = self.t.decode_splits(rs.n_ctx)
+        if self.paths(head_dim).decode_attention == "attn_decode":   # one pass, f32 probs
+            self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
+                                     rs.step], (splits, n_head, 1),
+                      spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim)),
+                      n_head=n_head, n_head_kv=n_head_kv, window=window, n_split=splits,
+                      min_chunk=self.t.split_chunk, scale=scale)
+            self.g.op("attn_merge", [rs.split_stats, rs.split_out, out], (n_head, 1, 1),
+                      head_dim=head_dim, n_split=splits)
+            return
+        bufs = [q, k_cache, v_cache, rs.scores, rs.split_stats, rs.split_out, rs.step]
+        for pass_ in (0, 1):
+            self.g.op("attn_split", bufs, (splits, n_head, 1),
+                      spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim),
+                                GGML=int(self.t.ggml_numerics), PASS=pass_),
+                      n_head=n_head, n_head_kv=n_head_kv, n_ctx=rs.n_ctx, window=window,
+                      n_split=splits, min_chunk=self.t.split_chunk, scale=scale)
+        self.g.op("attn_combine", [rs.split_out, out], (n_head, 1, 1), head_dim=head_dim,
+                  n_split=splits)
+
+    def attention_mask(self, n: int, window: int) -> tuple[vk.Buffer, vk.Buffer]:
+        """The (mask, tile classes) of this pass for `window`, built on first use."""
+        if window not in self.rs.masks:
+            raise ValueError(f"flash attention: the run state has no mask for window {window} "
+                             "(built without flash_block, or for other windows)")
+        mask, tiles = self.rs.masks[window]
+        if window not in self._masks:
+            rows, cols = self.rs.flash_block
+            stride = -(-self.rs.n_ctx // cols) * cols
+            self.g.op("attn_mask", [mask, tiles, self.rs.step],
+                      (stride // cols, -(-n // rows), 1), spec=dict(WG=64, BR=rows, BC=cols),
+                      n_tokens=n, stride=stride, window=window)
+            self._masks.add(window)
+        return mask, tiles
+
+    def _flash_attention(self, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
+                         scale, window) -> None:
+        mask, tiles = self.attention_mask(n, window)
+        rows, cols = self.rs.flash_block
+        lanes = self.t.attn_lanes(head_dim)
+        self.g.op("flash_attn", [q, k_cache, v_cache, out, mask, tiles, self.rs.step],
+                  (-(-n // rows), n_head, 1),
+                  spec=dict(WG=rows * lanes, HD=head_dim, BR=rows, BC=cols, LP=lanes,
+                            GGML=int(self.t.ggml_numerics), SKIP=int(self.t.flash_skip)),
+                  n_head=n_head, n_head_kv=n_head_kv, n_tokens=n,
+                  stride=-(-self.rs.n_ctx // cols) * cols, scale=scale)
+
+    def silu_mul(self, gate: vk.Buffer, up: vk.Buffer, out: vk.Buffer, count: int,
+                 gelu: bool = False) -> None:
+        self.g.op("silu_mul", [gate, up, out], _groups_1d(count), spec=dict(GELU=int(gelu)),
+                  n=count)
+        self._wrote(out)
+
+    def add(self, a: vk.Buffer, b: vk.Buffer, out: vk.Buffer, count: int) -> None:
+        self.g.op("add", [a, b, out], _groups_1d(count), n=count)
+        self._wrote(out)
+
+    def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
+        self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
+                  x_offset=0)
+
+    def mul(self, a: View, b: View, out: vk.Buffer) -> None:
+        """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous."""
+        (n_cols, n_rows, _), (a0, a_stride, _), (b0, b_stride, _) = a.ne, a.strides, b.strides
+        if a0 != 1 or b0 != 1 or b.ne[:2] != a.ne[:2]:
+            raise ValueError("mul takes two row views of one shape")
+        self.g.op("mul", [a.buf, b.buf, out], (-(-n_cols // 64), n_rows, 1), n_cols=n_cols,
+                  n_rows=n_rows, a_offset=a.offset, a_stride=a_stride, b_offset=b.offset,
+                  b_stride=b_stride)
+        self._wrote(out)
+
+    def cpy(self, src: View, dst: View) -> None:
+        """dst = src between 2-D row views."""
+        (n_cols, n_rows, _), (s0, s_stride, _), (d0, d_stride, _) = \
+            src.ne, src.strides, dst.strides
+        if s0 != 1 or d0 != 1 or dst.ne[:2] != src.ne[:2]:
+            raise ValueError("cpy takes two row views of one shape")
+        self.g.op("cpy", [src.buf, dst.buf], _groups_1d(n_cols * n_rows), n_cols=n_cols,
+                  n_rows=n_rows, src_offset=src.offset, src_stride=s_stride,
+                  dst_offset=dst.offset, dst_stride=d_stride)
+        self._wrote(dst.buf)
+
+    def concat(self, a: View, b: View, out: vk.Buffer, tiled: bool | None = None) -> None:
+        """out = concat(a, b) along dim 0, contiguous [ne2, ne1, a.ne0 + b.ne0]. The tiled
+        path (the default when one source is stored transposed) transposes that one through
+        shared memory; tiled=False takes the element-wise path whatever the strides."""
+        if a.ne[1:] != b.ne[1:]:
+            raise ValueError(f"concat along dim 0 of {a.ne} and {b.ne}")
+        tsrc = 0 if a.strides[1] < b.strides[1] else 1    # the one read along dim 1
+        if tiled is None:
+            tiled = a.transposed or b.transposed
+        ne0, (_, ne1, ne2) = a.ne[0] + b.ne[0], a.ne
+        if tiled:
+            groups = (-(-ne0 // 32), -(-ne1 // 32), ne2)
+        else:
+            groups = _groups_1d(ne0 * ne1 * ne2, 256)
+        (a0, a1, a2), (b0, b1, b2) = a.strides, b.strides
+        self.g.op("concat", [a.buf, b.buf, out], groups, spec=dict(TILED=int(tiled), TSRC=tsrc),
+                  ne00=a.ne[0], ne10=b.ne[0], ne1=ne1, ne2=ne2, a_nb0=a0, a_nb1=a1, a_nb2=a2,
+                  b_nb0=b0, b_nb1=b1, b_nb2=b2, a_offset=a.offset, b_offset=b.offset)
+        self._wrote(out)
+
+    def ssm_conv(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int) -> None:
+        """out[t, c] = sum_k x[c, t + k] * w[c, k]; x holds d_conv + n inputs per channel."""
+        width, n_channels = w.shape
+        self.g.op("ssm_conv", [x, w.binding(), out], (-(-n_channels // 64), n, 1),
+                  n_channels=n_channels, n_tokens=n, width=width)
+        self._wrote(out)
+
+
+def moe_tile_slots(n: int, n_used: int, n_expert: int, nt_max: int) -> int:
+    """Slots per token tile of mul_mat_moe: the smallest power of two, at most nt_max, that
+    holds an expert's share of an even routing (a short chunk's tiles would otherwise be
+    mostly padding, computed all the same)."""
+    nt = nt_max
+    while nt > 1 and (nt // 2) * n_expert >= n * n_used:
+        nt //= 2
+    return nt
+
+
+def moe_tile_groups(n: int, n_used: int, n_expert: int, nt: int) -> int:
+    """Token-tile workgroups per expert of mul_mat_moe (tiles of nt slots): twice what an even
+    routing needs (an expert with more tokens loops over its tiles), at most what one expert
+    can get (n: a token takes an expert once)."""
+    even = -(-n * n_used // (n_expert * nt))
+    return max(1, min(-(-n // nt), 2 * even))
+
+
+def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:
+    groups = -(-count // wg)
+    if groups <= 65535:
+        return (groups, 1, 1)
+    return (65535, -(-groups // 65535), 1)

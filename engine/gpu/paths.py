@@ -1,0 +1,162 @@
+"""Paths by capability, chosen once per device: `Tuning` holds the tile sizes and kernel
+choices for a device, and `Paths` the table of kernels a model's graphs take (decode and
+prefill products, attention in each phase, expert products), which `Builder` reads and
+`hotseat bench` prints whole."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+
+from . import vk
+from .kernels import compiled
+
+
+FLASH_ATTN_MODES = ("auto", "on", "off")
+MAX_SPLITS = 32          # decode attention: KV splits per head, at most
+AMD_VENDOR = 0x1002
+# GCN chips (GCN 1 to 5) as RADV names them ("AMD RADV POLARIS10"), and the marketing names
+# other drivers report for the same generations (RX 480/580, R9 390, RX Vega, Radeon VII...)
+GCN_CHIPS = ("TAHITI", "PITCAIRN", "VERDE", "OLAND", "HAINAN", "BONAIRE", "KAVERI", "KABINI",
+             "HAWAII", "MULLINS", "TONGA", "ICELAND", "TOPAZ", "CARRIZO", "FIJI", "STONEY",
+             "POLARIS", "VEGAM", "VEGA", "RAVEN", "RENOIR")
+GCN_NAMES = re.compile(r"\bRX [456]\d0X?\b|\bR[579] [23M]\d\d|\bR9 (FURY|NANO)|\bRX VEGA"
+                       r"|RADEON VII|\bHD [78]\d{3}\b|\bPRO WX [2-9]\d{3}\b|FIREPRO")
+
+
+def flash_attn_mode(mode: str) -> str:
+    """mode, checked: one of FLASH_ATTN_MODES."""
+    if mode not in FLASH_ATTN_MODES:
+        raise ValueError(f"flash attention must be one of {', '.join(FLASH_ATTN_MODES)}, "
+                         f"got {mode!r}")
+    return mode
+
+
+def is_amd_gcn(info: vk.DeviceInfo) -> bool:
+    """An AMD GPU of the GCN generations (not RDNA), by the name its driver reports."""
+    if info.vendor_id != AMD_VENDOR:
+        return False
+    name = info.name.upper()
+    return any(re.search(rf"\b{chip}\d*\b", name) for chip in GCN_CHIPS) or \
+        bool(GCN_NAMES.search(name))
+
+
+@dataclass
+class Tuning:
+    """Tile sizes and kernel choices picked per device (lavapipe wants different ones than a
+    discrete GPU)."""
+    subgroup: int = 32      # the device's subgroup size
+    warps: int = 4          # subgroups per matrix-product workgroup
+    mv_rows: int = 2        # weight rows per subgroup: one-token mul_mat, mul_mat_id
+    mm_rows: int = 4        # weight rows per subgroup, prefill
+    mm_tokens: int = 8      # tokens per subgroup, prefill
+    matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
+    mv_lanes: int = 256     # most lanes sharing one row in mul_mat_vec
+    norm_wg: int = 256      # lanes per row of rms_norm
+    argmax_wg: int = 1024   # lanes of the one argmax workgroup
+    coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
+    cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
+    prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
+    ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
+                                 # off by default on devices with matrix units
+    flash_attn: str = "auto"     # prefill attention: "on" tiled (flash_attn.comp), "off" per
+                                 # token (attention.comp), "auto" tiled on AMD GCN at head
+                                 # size >= 256, where the per-token kernel is slowest
+    amd_gcn: bool = False
+    max_shared: int = 32768      # shared memory per workgroup, bytes
+    flash_skip: bool = True      # flash attention skips masked tiles (off: for tests)
+    split_max: int = 16          # decode attention: KV splits per head at long context
+    split_chunk: int = 32        # ... and the fewest positions a split takes
+    moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
+                                 # else one per token and slot (mul_mat_id, as decode)
+
+    @classmethod
+    def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
+        coopmat = (dev.coopmat and dev.subgroup_size == 32 and compiled("mul_mat_cm")
+                   and compiled("flash_attn_cm"))
+        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat)
+
+    @classmethod
+    def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
+                 flash_attn: str = "auto", coopmat: bool = False) -> "Tuning":
+        common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
+                      amd_gcn=is_amd_gcn(info), coopmat=coopmat,
+                      prefill_tokens=512 if coopmat else 0, max_shared=max_shared,
+                      # where the matrix units can take prefill, their f16 inputs cannot
+                      # follow ggml's CPU rounding anyway: decode does not either
+                      ggml_numerics=not coopmat)
+        if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
+            return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
+                       split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup, **common)
+        return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+
+    @property
+    def fast_prefill(self) -> bool:
+        """Prefill on the matrix units (mul_mat_cm, flash_attn_cm): x goes in as f16, so not
+        where ggml's CPU rounding is asked for."""
+        return self.coopmat and not self.ggml_numerics
+
+    def matvec_rows(self, wtype: str, n_out: int) -> int:
+        """Rows per mul_mat_vec workgroup. Measured on an H200 (`hotseat kernel-bench
+        mul_mat_vec`): 4-bit rows want 8 per workgroup (4 below 4096 rows, where fewer
+        workgroups would idle the GPU); Q6_K and wider types, 2."""
+        if wtype in ("Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K"):
+            return 8 if n_out >= 4096 else 4
+        return 2
+
+    def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
+        """Tiled attention for this pass? Never for decode (one token), which splits instead."""
+        if n_tokens <= 1 or self.flash_attn == "off":
+            return False
+        return self.flash_attn == "on" or (self.amd_gcn and head_dim >= 256)
+
+    def attn_lanes(self, head_dim: int) -> int:
+        """Lanes that share one dot product of q and k (flash and decode attention): more at
+        large heads, for fewer registers per lane; they must divide head_dim / 4."""
+        lanes = min(8 if head_dim >= 128 else 4, self.subgroup)
+        while (head_dim // 4) % lanes:
+            lanes //= 2
+        return lanes
+
+    def flash_block(self, head_dim: int) -> tuple[int, int]:
+        """(query rows, KV positions) of a flash-attention tile: the widest KV block whose K
+        and V (f16) and mask tile fit in shared memory."""
+        rows = 16
+        for cols in (32, 16, 8):
+            if 2 * 2 * cols * head_dim + 2 * rows * cols <= self.max_shared:
+                return rows, cols
+        raise ValueError(f"head dim {head_dim} does not fit flash attention's shared memory")
+
+    def decode_splits(self, n_ctx: int) -> int:
+        """KV splits per head for decode: about one per 128 positions of context, so long
+        contexts fill the GPU; a pass uses only as many as min chunks of split_chunk allow."""
+        return max(1, min(self.split_max, MAX_SPLITS, n_ctx // 128))
+
+    def paths(self, head_dim: int) -> "Paths":
+        """The kernels a model with heads of head_dim takes on this device."""
+        prefill_attn = "flash_attn_cm" if self.fast_prefill and head_dim in (64, 128) else \
+            "flash_attn" if self.use_flash_attn(head_dim, 2) else "attention"
+        return Paths(
+            head_dim=head_dim,
+            decode_matmul="mul_mat_vec" if self.matvec else "mul_mat",
+            prefill_matmul="mul_mat_cm" if self.fast_prefill else "mul_mat",
+            decode_attention="attn_decode" if self.matvec and not self.ggml_numerics
+            else "attn_split",
+            prefill_attention=prefill_attn,
+            moe_prefill="mul_mat_moe" if self.moe_grouped else "mul_mat_id",
+            numerics="ggml" if self.ggml_numerics else "device")
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The kernel each op takes, per phase (decode: one token; prefill: a chunk)."""
+    head_dim: int
+    decode_matmul: str       # mul_mat_vec | mul_mat (one token)
+    prefill_matmul: str      # mul_mat_cm (matrix units) | mul_mat (register tiles);
+                             # a product whose row length is no multiple of 16 takes mul_mat
+    decode_attention: str    # attn_decode (one pass per split) | attn_split (two, f16 probs)
+    prefill_attention: str   # flash_attn_cm | flash_attn (tiled) | attention (per token)
+    moe_prefill: str         # mul_mat_moe (grouped by expert) | mul_mat_id (per token)
+    numerics: str            # ggml (llama.cpp's CPU rounding) | device
+
+    def as_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,192 @@
+"""The state a forward pass runs on: `RunState` holds the preallocated activations, the KV
+cache, recurrent states and the small host-visible buffers for per-step values."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from . import vk
+from .paths import MAX_SPLITS
+
+
+class RunState:
+    """Activations for up to `max_tokens` tokens per pass, and an f16 KV cache of n_ctx.
+
+    With experts (n_expert > 0) the feed-forward buffers hold n_expert_used slots per token
+    (n_ff is then one expert's), beside the router's logits and choices.
+
+    Attention scratch: per-split scores, maxima and outputs of decode attention, and with
+    `flash_block` = (rows, cols) one prefill mask and tile classes per sliding window in
+    `windows` (0: full causal), for flash attention.
+    """
+
+    def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, n_head: int,
+                 q_dim: int, kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
+                 kv_layers: list[int] | None = None,
+                 rope: tuple[tuple[float, int], ...] = (),
+                 conv_layers: tuple[int, ...] = (), d_conv: int = 0, n_expert: int = 0,
+                 n_expert_used: int = 0, windows: tuple[int, ...] = (0,),
+                 flash_block: tuple[int, int] | None = None):
+        self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
+        self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
+        alloc = dev.allocator.alloc
+        T = max_tokens
+        S = T * max(n_expert_used, 1)               # feed-forward rows: token (or token, slot)
+
+        def act(name: str, floats: int) -> vk.Buffer:
+            return alloc(4 * floats, f"{label}/{name}", "compute")
+
+        self.x = act("x", T * n_embd)                # [T, n_embd] residual stream
+        self.xn = act("xn", T * n_embd)              # [T, n_embd] normed
+        self.q = act("q", T * q_dim)                 # [T, n_head * head_dim]
+        self.k = act("k", T * kv_dim)                # [T, n_head_kv * head_dim]
+        self.v = act("v", T * kv_dim)
+        self.att = act("att", T * q_dim)             # [T, n_head * head_dim]
+        self.gate = act("gate", S * n_ff)            # [T, n_ff] or [T, n_expert_used, n_ff]
+        self.up = act("up", S * n_ff)
+        self.logits = act("logits", n_vocab)         # [1, n_vocab] last token only
+        k_max = max(n_embd, q_dim, n_ff)
+        self.xq = act("xq", S * k_max)               # [S, k_max] rounded activations
+        if n_expert:
+            self.router = act("router", T * n_expert)               # [T, n_expert] logits
+            self.expert_ids = alloc(4 * S, f"{label}/expert_ids", "compute")   # [T, used] u32
+            self.expert_w = act("expert_w", S)                      # [T, n_expert_used]
+            self.moe_out = act("moe_out", S * n_embd)               # [T, n_expert_used, n_embd]
+            # slots grouped by expert (moe_group): (offset, count) per expert, slot lists
+            self.moe_groups = alloc(8 * n_expert, f"{label}/moe_groups", "compute")
+            self.moe_perm = alloc(4 * S, f"{label}/moe_perm", "compute")           # [S] u32
+        self.scores = act("scores", n_head * n_ctx)  # [n_head, n_ctx] decode attention
+        self.split_stats = act("split_stats", 2 * n_head * MAX_SPLITS)  # [n_head, splits, 2]
+        self.split_out = act("split_out", MAX_SPLITS * q_dim)  # [n_head, splits, head_dim]
+        self.flash_block = flash_block
+        self.masks: dict[int, tuple[vk.Buffer, vk.Buffer]] = {}   # window -> (mask, classes)
+        if flash_block:
+            rows, cols = _mask_shape(T, n_ctx, flash_block)
+            for w in windows:
+                self.masks[w] = (alloc(2 * rows * cols, f"{label}/mask{w}", "compute"),
+                                 act(f"mask{w}_tiles", _tiles(rows, cols, flash_block)))
+        self.rope_tables: dict[tuple, vk.Buffer] = {}      # (base, n_dims, scale) -> table
+        self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
+        self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
+        self.result = alloc(4 * n_vocab, f"{label}/result", "compute", host=True)
+        layers = kv_layers if kv_layers is not None else list(range(n_layer))
+        self.k_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/k_cache.{i}", "kv")
+                        for i in layers}             # [n_ctx, n_head_kv, head_dim] f16
+        self.v_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/v_cache.{i}", "kv")
+                        for i in layers}
+        # short-convolution layers: per channel the last d_conv inputs (ggml's conv state)
+        self.conv_state = {i: alloc(4 * d_conv * n_embd, f"{label}/conv_state.{i}", "recurrent")
+                           for i in conv_layers}         # [n_embd, d_conv] f32
+        if conv_layers:
+            self.bcx = act("bcx", T * 3 * n_embd)        # [T, 3 * n_embd] B | C | x
+            self.bx = act("bx", T * n_embd)              # [T, n_embd] B * x
+            self.conv_x = act("conv_x", n_embd * (d_conv + T))   # [n_embd, d_conv + T]
+            self.conv = act("conv", T * n_embd)          # [T, n_embd] conv output, then C * it
+        for base, n_dims in rope:
+            self.rope_table(base, n_dims)
+
+    def rope_table(self, base: float, n_dims: int, freq_scale: float = 1.0) -> vk.Buffer:
+        """(cos, sin) for every position and pair, computed as ggml does: theta starts at
+        pos * freq_scale and is multiplied by powf(base, -2 / n_dims) in float32 per pair."""
+        key = (base, n_dims, freq_scale)
+        if key not in self.rope_tables:
+            table = rope_angles(self.n_ctx, base, n_dims, freq_scale)
+            buf = self.dev.allocator.alloc(table.nbytes, f"rope{base:g}", "compute")
+            with vk.Uploader(self.dev, staging_bytes=table.nbytes) as up:
+                up.write(buf, table)
+            self.rope_tables[key] = buf
+        return self.rope_tables[key]
+
+    @staticmethod
+    def bytes_for(*, n_layer: int, n_embd: int, n_head: int, q_dim: int, kv_dim: int,
+                  n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None,
+                  rope: tuple[tuple[float, int], ...] = (), conv_layers: tuple[int, ...] = (),
+                  d_conv: int = 0, n_expert: int = 0, n_expert_used: int = 0,
+                  windows: tuple[int, ...] = (0,),
+                  flash_block: tuple[int, int] | None = None) -> int:
+        """What the constructor allocates, without allocating (for the arbiter)."""
+        T = max_tokens
+        S = T * max(n_expert_used, 1)
+        k_max = max(n_embd, q_dim, n_ff)
+        floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim) + 2 * S * n_ff + n_vocab
+        floats += S * k_max + sum(n_ctx * d for _, d in rope)
+        if n_expert:
+            floats += T * n_expert + 2 * S + S * n_embd      # router, ids, weights, moe_out
+            floats += 2 * n_expert + S                       # moe_groups, moe_perm
+        if conv_layers:
+            floats += len(conv_layers) * d_conv * n_embd + T * 5 * n_embd
+            floats += n_embd * (d_conv + T)
+        floats += n_head * n_ctx + 2 * n_head * MAX_SPLITS + MAX_SPLITS * q_dim
+        mask = 0
+        if flash_block:
+            rows, cols = _mask_shape(T, n_ctx, flash_block)
+            mask = len(windows) * (2 * rows * cols + 4 * _tiles(rows, cols, flash_block))
+        host = 4 * T + 16 + 4 * n_vocab
+        layers = n_layer if kv_layers is None else len(kv_layers)
+        return 4 * floats + mask + host + 2 * 2 * n_ctx * kv_dim * layers
+
+    def set_step(self, token_ids, pos0: int) -> None:
+        ids = np.asarray(token_ids, np.uint32)
+        self.ids.write(ids)
+        self.step.write(np.array([pos0, pos0 + len(ids), 0, 0], np.uint32))
+
+    def reset_recurrent(self) -> None:
+        """Zero every conv state: a sequence starting at position 0 has no past inputs."""
+        if not self.conv_state:
+            return
+        zeros = np.zeros(next(iter(self.conv_state.values())).nbytes, np.uint8)
+        with vk.Uploader(self.dev, staging_bytes=max(4096, zeros.nbytes)) as up:
+            for buf in self.conv_state.values():
+                up.write(buf, zeros)
+
+    def buffers(self) -> list[vk.Buffer]:
+        return [b for b in vars(self).values() if isinstance(b, vk.Buffer)] + \
+            list(self.k_cache.values()) + list(self.v_cache.values()) + \
+            list(self.conv_state.values()) + list(self.rope_tables.values()) + \
+            [b for pair in self.masks.values() for b in pair]
+
+    def close(self) -> None:
+        for b in self.buffers():
+            self.dev.allocator.free(b)
+
+
+@functools.lru_cache(maxsize=16)
+def rope_angles(n_ctx: int, base: float, n_dims: int, freq_scale: float) -> np.ndarray:
+    """[n_ctx, n_dims / 2, (cos, sin)] float32; computed once per process (a full restore
+    rebuilds the device table from it)."""
+    half = n_dims // 2
+    theta_scale = np.float32(base) ** np.float32(-2.0 / n_dims)
+    theta = np.empty((n_ctx, half), np.float32)
+    theta[:, 0] = np.arange(n_ctx, dtype=np.float32) * np.float32(freq_scale)
+    for i in range(1, half):
+        theta[:, i] = theta[:, i - 1] * theta_scale
+    t64 = theta.astype(np.float64)
+    table = np.stack([np.cos(t64), np.sin(t64)], axis=-1).astype(np.float32)
+    table.flags.writeable = False
+    return table
+
+
+def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tuple = (0,),
+                   flash_block: tuple[int, int] | None = None) -> dict:
+    """RunState's sizes for a model config. Hybrid configs name their attention layers
+    (`kv_layers`) and their short-convolution layers (`conv_layers`, of `d_conv` inputs);
+    with experts, c.n_ff is one expert's."""
+    return dict(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head,
+                q_dim=c.n_head * c.head_dim, kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff,
+                n_vocab=c.n_vocab, n_ctx=n_ctx, max_tokens=max_tokens, rope=rope,
+                kv_layers=getattr(c, "kv_layers", None),
+                conv_layers=getattr(c, "conv_layers", ()), d_conv=getattr(c, "d_conv", 0),
+                n_expert=getattr(c, "n_expert", 0),
+                n_expert_used=getattr(c, "n_expert_used", 0), windows=windows,
+                flash_block=flash_block)
+
+
+def _mask_shape(max_tokens: int, n_ctx: int, block: tuple[int, int]) -> tuple[int, int]:
+    """(rows, columns) of a flash-attention mask: whole tiles."""
+    rows, cols = block
+    return -(-max_tokens // rows) * rows, -(-n_ctx // cols) * cols
+
+
+def _tiles(rows: int, cols: int, block: tuple[int, int]) -> int:
+    return (rows // block[0]) * (cols // block[1])

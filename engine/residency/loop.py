@@ -1,0 +1,136 @@
+"""The token loop: a prompt through a model's forward passes, then one token at a time.
+
+`generate()` yields token ids (the KV of the longest cached prefix reused); `request()` is
+one request's text over it: streaming, stop strings, cancellation and the arena's safe
+points between prefill chunks and decoded tokens.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+from ..text.tokenizer import StreamDecoder, Tokenizer
+from .model import Model
+
+
+class Cancelled(Exception):
+    """A request given up mid-way: while it waited for the arena's token, or during its
+    prompt."""
+
+
+@dataclass
+class Timings:
+    prompt_tokens: int = 0
+    prefill_s: float = 0.0
+    generated: int = 0
+    decode_s: float = 0.0
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "prefill_tokens_per_s": (self.prompt_tokens - self.cached_tokens) / self.prefill_s
+            if self.prefill_s > 0 else 0.0,
+            # the first generated token comes out of prefill; the rest are decode steps
+            "decode_tokens_per_s": (self.generated - 1) / self.decode_s
+            if self.decode_s > 0 and self.generated > 1 else 0.0,
+        }
+
+
+def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | None = None,
+             stop_ids: set[int] = frozenset(), timings: Timings | None = None,
+             between_chunks: Callable[[], None] | None = None) -> Iterator[int]:
+    """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
+    between_chunks: eval()'s `between`, for the prompt.
+
+    The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
+    token is recomputed, for its logits). Recurrent states belong to the end of the cache,
+    so with them the cache is reused only when all of it is a prefix of prompt[:-1].
+    """
+    if not prompt:
+        raise ValueError("empty prompt")
+    t = timings if timings is not None else Timings()
+    greedy = sample is None
+    reuse = 0
+    for a, b in zip(model.cache_tokens, prompt[:-1]):
+        if a != b:
+            break
+        reuse += 1
+    if model.recurrent and reuse < len(model.cache_tokens):
+        reuse = 0
+    t.prompt_tokens, t.cached_tokens = len(prompt), reuse
+    history = list(prompt)
+    t0 = time.perf_counter()
+    out = model.eval(prompt[reuse:], reuse, greedy, between_chunks)
+    t.prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pos = len(prompt)
+    for i in range(max_new):
+        tok = out if greedy else sample(out, history)
+        t.generated += 1
+        yield tok
+        history.append(tok)
+        if tok in stop_ids or i == max_new - 1 or pos >= model.n_ctx:
+            break
+        out = model.run([tok], pos, greedy)
+        pos += 1
+        t.decode_s = time.perf_counter() - t0
+
+
+def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_tokens: int,
+            sampler, stop, on_text, cancel: threading.Event,
+            turn: Callable[[], None] | None = None):
+    """One request's text: (tokens, text, finish reason, timings). turn() is the arena's
+    safe point, between prefill chunks and after every token. A client gone (cancel set)
+    stops a long prompt between its chunks too (Cancelled), not after all of it."""
+    timings = Timings()
+
+    def prompt_point() -> None:
+        if cancel.is_set():
+            raise Cancelled()
+        if turn is not None:
+            turn()
+
+    out: list[int] = []
+    decoder = StreamDecoder(tokenizer)
+    text, finish = "", "length"
+    hold = max((len(s) for s in stop), default=0)    # text held back to catch stop strings
+    emitted = 0
+    if max_tokens > 0:
+        gen = generate(model, prompt_ids, max_tokens,
+                       None if sampler is None else sampler.sample,
+                       tokenizer.eog_ids, timings, between_chunks=prompt_point)
+        for tok in gen:
+            if tok in tokenizer.eog_ids:
+                finish = "stop"
+                break
+            out.append(tok)
+            text += decoder.push(tok)
+            cut = _find_stop(text, stop)
+            if cut is not None:
+                text, finish = text[:cut], "stop"
+                break
+            if on_text and len(text) - hold > emitted:
+                on_text(text[emitted:len(text) - hold])
+                emitted = len(text) - hold
+            if cancel.is_set():
+                finish = "cancelled"
+                break
+            if turn is not None and len(out) < max_tokens:
+                turn()
+        gen.close()
+    if finish == "length":
+        text += decoder.flush()
+    if on_text and len(text) > emitted:
+        on_text(text[emitted:])
+    return out, text, finish, timings
+
+
+def _find_stop(text: str, stop) -> int | None:
+    cuts = [text.find(s) for s in stop if s and s in text]
+    return min(cuts) if cuts else None
