@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .facade import Completion, ModelExists
+from .facade import Completion, EngineFault, ModelExists
 from .formats.gguf_file import ModelFileError
 from .gpu import vk
 from .gpu.kernels import KernelCache
@@ -108,6 +108,9 @@ class Engine:
         self._idle_s = 0.0
         self._idle_thread: threading.Thread | None = None
         self._closed = threading.Event()
+        self.faults: list[dict] = []         # device faults recovered from (last 20)
+        self.fault_count = 0
+        self.lost: str | None = None         # why the device is gone, once it is
         self.thread = EngineThread()
         self.turns = None if arena is None else Turns(
             arena, self.thread, _Seat(self), wake_on_free=wake_on_free, label=arena_label,
@@ -126,6 +129,7 @@ class Engine:
         """fn on the engine thread; with an arena, the token is taken first (waiting here,
         not on the engine thread, so that other work goes on meanwhile; at most `wait`
         seconds when given, else ArenaBusy)."""
+        self._check_device()
         turns = self.turns
         claimed = turns is not None and turns.claim(why, wait)
 
@@ -134,11 +138,62 @@ class Engine:
                 turns.start(why)
             return fn(*args)
         try:
-            return self.thread.run(job)
+            return self._on_thread(why, job)
         except BaseException:
             if claimed and not self.thread.on_thread():
                 self.thread.run(self._drop_if_idle)
             raise
+
+    def _on_thread(self, why: str, fn: Callable, *args):
+        """fn on the engine thread; a Vulkan error in it leaves no model on stale device
+        state (see _recover) and reaches the caller as an EngineFault."""
+        def guarded():
+            try:
+                return fn(*args)
+            except vk.VulkanError as exc:
+                raise self._recover(why, exc) from exc
+        return self.thread.run(guarded)
+
+    def _check_device(self) -> None:
+        if self.lost is not None:
+            raise EngineFault(f"the GPU is lost ({self.lost}); restart Hotseat", lost=True)
+
+    def _recover(self, why: str, exc: vk.VulkanError) -> EngineFault:
+        """After a Vulkan error (engine thread): what any model holds on the device may be
+        half-written, so every model with device memory is released with nothing copied
+        back (host shadows stay; a model whose KV lived only on the device recomputes its
+        prompt), and the spare blocks go back. Fail closed: nothing later reads state the
+        failed work may have touched."""
+        lost = bool(getattr(exc, "lost", False) or getattr(self.dev, "lost", False))
+        if lost:
+            self.lost = str(exc)
+        for m in list(self.models.values()):
+            if m.model.device_bytes() or m.model.state == "warm":
+                try:
+                    self.arbiter.release(m.name, full=True, discard=True)
+                except Exception:                 # freeing on a lost device
+                    if not lost:
+                        raise
+        try:
+            self.dev.allocator.trim()
+        except Exception:
+            if not lost:
+                raise
+        self.fault_count += 1
+        self.faults = (self.faults + [{"t": time.time(), "error": str(exc), "during": why,
+                                        "lost": lost}])[-20:]
+        self._drop_if_idle()
+        self._emit("device_fault", dict(self.faults[-1]))
+        if lost:
+            return EngineFault(f"the GPU was lost during {why} ({exc}); restart Hotseat",
+                               lost=True)
+        return EngineFault(f"the GPU failed during {why} ({exc}); the models were reset "
+                           "from their host copies, so a retry gives the right answer")
+
+    def health(self) -> dict:
+        last = dict(self.faults[-1]) if self.faults else None
+        status = "device_lost" if self.lost else "recovered" if self.fault_count else "ok"
+        return {"status": status, "faults": self.fault_count, "last_fault": last}
 
     def _safe_point(self) -> None:
         if self.turns is not None:
@@ -207,7 +262,7 @@ class Engine:
             self.arbiter.unregister(name)
             del self.models[name]
             self._drop_if_idle()
-        self.thread.run(job)
+        self._on_thread(f"unload {name}", job)
 
     def warm(self, name: str, wait: float | None = None) -> dict:
         """Make a model warm now; what was restored ({"op": None} if it already was warm).
@@ -231,7 +286,8 @@ class Engine:
             self.arbiter.release(name, full)
             self._drop_if_idle()
             return m.model.last_transfer
-        return self.thread.run(job)
+        self._check_device()
+        return self._on_thread(f"evict {name}", job)
 
     def pin(self, name: str) -> None:
         """Keep a model warm: it is made warm now and never released by the arbiter."""
@@ -274,7 +330,7 @@ class Engine:
                 if m.model.set_flash_attn(mode):
                     self.arbiter.release(m.name, full=True)
             self._drop_if_idle()
-        self.thread.run(job)
+        self._on_thread("a change of kernels", job)
 
     def default_budget(self) -> int:
         return default_budget(self.dev)
@@ -328,7 +384,7 @@ class Engine:
                     out.append((m.name, idle))
             self._drop_if_idle()
             return out
-        done = self.thread.run(job)
+        done = self._on_thread("idle eviction", job)
         for name, idle in done:
             self._emit("idle_evicted", {"name": name, "idle_s": idle})
         return [n for n, _ in done]
@@ -357,6 +413,7 @@ class Engine:
                  "host_weight_bytes": m.model.host_weight_bytes,
                  "warm_bytes": m.model.warm_bytes(),
                  "cached_tokens": len(m.model.cache_tokens),
+                 "faults": m.model.faults,
                  "last_restore": m.last_restore}
                 for m in list(self.models.values())]
 
@@ -406,7 +463,7 @@ class Engine:
                 for m in list(self.models.values()):
                     if m.model.state == "warm" and m.name not in self.arbiter.pinned:
                         self.arbiter.release(m.name)
-            self.thread.run(job)
+            self._on_thread("a yield", job)
         self._emit("yielded", {"until": until})
         return until
 
@@ -459,7 +516,6 @@ class Engine:
                              f"{m.model.n_ctx}")
         max_tokens = max(0, min(int(max_tokens), m.model.n_ctx - len(prompt_ids)))
         params = sampling or SamplingParams()
-        sampler = None if params.plain_greedy else Sampler(params)
         cancel = cancel if cancel is not None else threading.Event()
         t0 = time.perf_counter()
         turns = self.turns
@@ -471,6 +527,7 @@ class Engine:
             turn = None if turns is None else lambda: turns.turn(m.name, cancel)
             if turns is not None:
                 turns.running += 1
+            sampler = None if params.plain_greedy else Sampler(params)   # afresh on a retry
             try:
                 return loop.request(m.model, m.tokenizer, prompt_ids, max_tokens, sampler,
                                     stop, on_text, cancel, turn)
@@ -480,9 +537,23 @@ class Engine:
                 if turns is not None:
                     turns.running -= 1
                 m.last_used = time.monotonic()
+        emitted = []
+        if on_text is not None:
+            def on_text(piece: str, _to=on_text) -> None:
+                emitted.append(True)
+                _to(piece)
         m.busy += 1
         try:
-            out, text, finish, timings = self._job(f"generate {m.name}", job, wait=wait)
+            for attempt in range(2):
+                try:
+                    out, text, finish, timings = self._job(f"generate {m.name}", job,
+                                                           wait=wait)
+                    break
+                except EngineFault as exc:
+                    # the models were reset from their host copies: a request that has
+                    # shown nothing yet runs once more from there
+                    if exc.lost or emitted or attempt or cancel.is_set():
+                        raise
         except KeyboardInterrupt:
             cancel.set()                 # the job stops at its next token or prompt chunk
             raise

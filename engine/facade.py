@@ -19,6 +19,21 @@ class ModelExists(ValueError):
     code = "model_exists"
 
 
+class EngineFault(RuntimeError):
+    """The GPU failed during a job (a Vulkan error: a lost device, an allocation refused
+    mid-way). The engine has already reset what the failed work touched: the models are
+    cold and restore from their host shadows at their next use, so a retry gives the
+    answer a fresh start gives. `lost`: the device is gone and nothing will run until
+    Hotseat restarts."""
+    code = "device_fault"
+
+    def __init__(self, message: str, lost: bool = False):
+        super().__init__(message)
+        self.lost = lost
+        if lost:
+            self.code = "device_lost"
+
+
 @dataclass
 class Completion:
     prompt_tokens: list[int]
@@ -120,6 +135,10 @@ class EngineAPI(Protocol):
 
     def arena_status(self) -> dict | None:
         """Where this process stands in the cross-process arena (None without one)."""
+
+    def health(self) -> dict:
+        """{"status": "ok" | "recovered" (device faults happened and were recovered from) |
+        "device_lost", "faults": count, "last_fault": {"t", "error", "during"} or None}."""
 
     def yielded_until(self) -> float | None:
         """The end (time.time()) of a GPU yield in force, None when there is none."""

@@ -179,3 +179,17 @@ def test_only_the_arbiter_releases_models():
                     and not ast.unparse(node.func.value).endswith("arbiter"):
                 found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
     assert not found, "releases outside the arbiter:\n" + "\n".join(found)
+
+
+LONG_LINES = 650      # "about 600"
+
+
+def test_long_modules_say_why():
+    """A module of more than about 600 lines states at its top why it is one module."""
+    long = []
+    for name, path in MODULES.items():
+        text = path.read_text()
+        doc = ast.get_docstring(ast.parse(text)) or ""
+        if text.count("\n") > LONG_LINES and "Why this module is long:" not in doc:
+            long.append(f"{name} ({text.count(chr(10))} lines)")
+    assert not long, "split these, or say why they are one module: " + ", ".join(long)

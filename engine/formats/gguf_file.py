@@ -46,6 +46,7 @@ _SCALAR_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: 
 
 class ModelFileError(Exception):
     """A model file that cannot be used; str() is one line naming the file."""
+    code = "model_file"
 
     def __init__(self, path: str | os.PathLike, problem: str):
         self.path = os.fspath(path)

@@ -10,6 +10,10 @@ What the rest of the engine gets from here:
 
 Hot paths (recording, submitting) call `lib.vk*` directly: the wrapper functions cost about
 25 us a call against 3 us for the raw ones. The C signature sits in a comment above each.
+
+Why this module is long: it is the one module that imports the binding, so every call into
+Vulkan (device choice, memory, uploads, host imports, command buffers, timestamps) lives
+here and nowhere else.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ class PinnedError(BudgetError):
 
 
 class Releasable(Protocol):
-    def release(self, full: bool = True) -> dict: ...
+    def release(self, full: bool = True, discard: bool = False) -> dict: ...
 
     def device_bytes(self) -> dict[str, int]: ...
 
@@ -103,21 +103,22 @@ class Arbiter:
             self._log(name, "acquire", int(nbytes))
             return released
 
-    def release(self, name: str, full: bool | None = None) -> int:
+    def release(self, name: str, full: bool | None = None, discard: bool = False) -> int:
         """Release one model now (weights-only or full; None: the configured mode), pinned
-        or not (the caller decides whether a pin forbids it); the bytes it keeps."""
+        or not (the caller decides whether a pin forbids it); the bytes it keeps. discard:
+        everything, nothing copied back (its device contents are not to be trusted)."""
         with self._lock:
             if name not in self._models:
                 raise KeyError(f"no model named {name!r} is loaded")
-            kept = self._free(name, self.full_release if full is None else full)
+            kept = self._free(name, self.full_release if full is None else full, discard)
             self._held[name] = int(kept)
             self._log(name, "release", int(kept))
             return int(kept)
 
-    def _free(self, name: str, full: bool) -> int:
+    def _free(self, name: str, full: bool, discard: bool = False) -> int:
         """The one place a model releases device memory; the bytes it keeps."""
         model = self._models[name]
-        model.release(full=full)
+        model.release(full=full, discard=discard)
         return sum(model.device_bytes().values())
 
     def release_all(self) -> list[str]:

@@ -42,6 +42,10 @@ so every Hotseat process goes cold and stays cold until then. Anyone able to wri
 the doorbell or open the lock file is this user: the directory and file modes keep other
 users out, and a file that is a symbolic link, not a regular file or owned by someone else
 is refused with `ArenaError`.
+
+Why this module is long: the arena is a file protocol (the token lock, the doorbell, the
+holder and member files), and every reader and writer of those files, with the checks that
+keep them safe, sits in this one place.
 """
 from __future__ import annotations
 
@@ -73,11 +77,13 @@ POLL_S = 1.0                     # the watcher also polls, in case an inotify ev
 
 class ArenaError(RuntimeError):
     """The arena directory or one of its files is unsafe or unusable."""
+    code = "arena"
 
 
 class ArenaBusy(BudgetError):
     """The token did not come within the timeout (another process is busy, or a yield).
     `retry_after`: seconds until a yield in force ends, else None."""
+    code = "arena_busy"
 
     def __init__(self, message: str, retry_after: float | None = None):
         super().__init__(message)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Callable
 
 import numpy as np
@@ -30,8 +30,10 @@ from ..gpu.tensors import Tensor
 from . import placement
 from .placement import PlacementError  # noqa: F401  (raised by Model())
 
-PREFILL_CHUNK = 256
-PREFILL_GRAPHS_KEPT = 4
+PREFILL_CHUNK = 256           # most prompt tokens a prefill pass takes (where no matrix units)
+CHUNK_TARGET_S = 0.5          # a prefill pass (one submit) takes about this long at most
+PROBE_CHUNK = 4               # the first pass of a model whose speed is not known yet
+PREFILL_GRAPHS_KEPT = 8
 
 
 def default_flash_attn() -> str:
@@ -110,6 +112,8 @@ class Model:
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
         self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
+        self.faults = 0                         # device faults this model was reset after
+        self._pass_times: deque[tuple[int, float]] = deque(maxlen=8)   # (tokens, seconds)
         if warm:
             try:
                 self.restore(progress)
@@ -196,12 +200,19 @@ class Model:
             self.last_transfer.update(self.upload_timing)      # alloc_s, copy_s
         return self.last_transfer
 
-    def release(self, full: bool = True) -> dict:
+    def release(self, full: bool = True, discard: bool = False) -> dict:
         """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
         back); full eviction copies the used KV to host memory and frees everything on the
         device. Both copy the recurrent states to host memory. Host-placed weights stay where
         they are either way: they hold no VRAM, and keeping them spares the restore their
-        copy (close() frees them)."""
+        copy (close() frees them).
+
+        discard: the device's contents cannot be trusted (a Vulkan error hit work on it):
+        free everything on the device and copy nothing back. What only the device held (the
+        KV cache and recurrent states of a warm model) is lost, so the prompt cache is
+        emptied; host shadows stay as they were, and the next restore starts from them."""
+        if discard:
+            return self._discard()
         t0 = time.perf_counter()
         moved = 0
         self._drop_graphs()
@@ -221,6 +232,22 @@ class Model:
             self.rs = None
         self.last_transfer = {"op": "release", "seconds": time.perf_counter() - t0,
                               "bytes": moved}
+        return self.last_transfer
+
+    def _discard(self) -> dict:
+        self._drop_graphs()
+        for b in self.arenas:
+            self.dev.allocator.free(b)
+        self.arenas.clear()
+        self.weights = {}
+        if self.rs is not None:
+            self.rs.close()
+            self.rs = None
+            if self.kv_shadow is None:          # the device held the only copy
+                self.cache_tokens = []
+                self.recurrent_shadow = None
+        self.faults += 1
+        self.last_transfer = {"op": "discard", "seconds": 0.0, "bytes": 0}
         return self.last_transfer
 
     def _shadow_kv(self) -> int:
@@ -445,7 +472,11 @@ class Model:
                 raise ValueError(f"{self.name}: the recurrent state is at position "
                                  f"{len(self.cache_tokens)}, not {pos0}")
         self.rs.set_step(tokens, pos0)
-        self._graph(len(tokens), greedy).replay()
+        graph = self._graph(len(tokens), greedy)
+        t0 = time.perf_counter()
+        graph.replay()
+        if len(tokens) > 1:                     # what a prefill pass of this size costs
+            self._pass_times.append((len(tokens), time.perf_counter() - t0))
         del self.cache_tokens[pos0:]
         self.cache_tokens.extend(tokens)
         if greedy:
@@ -458,12 +489,36 @@ class Model:
         between() runs between two chunks: a safe point, where the model may be released
         and restored (the cache then holds every chunk so far)."""
         out = None
-        for s in range(0, len(tokens), self.chunk):
+        s = 0
+        while s < len(tokens):
             if s and between is not None:
                 between()
-            chunk = tokens[s:s + self.chunk]
-            out = self.run(chunk, pos0 + s, greedy)
+            n = self.next_chunk(len(tokens) - s)
+            out = self.run(tokens[s:s + n], pos0 + s, greedy)
+            s += n
         return out
+
+    def next_chunk(self, remaining: int) -> int:
+        """Tokens for the next prefill pass: as many as fit CHUNK_TARGET_S at this model's
+        measured speed, so that a cancellation or another process's turn (taken between
+        passes) waits at most about that long on any device; a power of two, so that few
+        graphs are recorded, up to `chunk`. The rest of a prompt that fits goes whole."""
+        cap = self.chunk
+        times = self._pass_times
+        if not times:
+            n = PROBE_CHUNK
+        else:
+            # t = a + b n over the recent passes (b alone from one pass size)
+            ns = np.array([p[0] for p in times], np.float64)
+            ts = np.array([p[1] for p in times], np.float64)
+            b = float(np.polyfit(ns, ts, 1)[0]) if len(set(ns)) > 1 else 0.0
+            if b <= 0:
+                b = float(ts.sum() / ns.sum())
+            a = max(0.0, float(ts.mean() - b * ns.mean()))
+            fit = (CHUNK_TARGET_S - a) / b if a < CHUNK_TARGET_S else CHUNK_TARGET_S / b
+            n = 1 << max(1, int(fit).bit_length() - 1) if fit >= 2 else 2
+        n = min(n, cap)
+        return remaining if remaining <= n else n
 
     def device_bytes(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -10,6 +10,9 @@ included (special-token partitioning first, its hand-written splitters for the G
 Llama 3 regexes, the "collapsed" text it feeds std::regex for the others), because a token
 id that differs from llama.cpp's is a prompt the model was never shown.
 
+Why this module is long: both algorithms and the pre-tokenizer splitters are ported in the
+order llama.cpp has them, so that they can be read side by side with it.
+
 Character classes come from Python's unicodedata (Unicode 14.0) plus the few letters, digits
 and punctuation that llama.cpp's Unicode 15.1 table adds.
 """

@@ -172,7 +172,7 @@ def test_greedy_tokens_agree_with_reference(dev, kc, moe_path, ggml_numerics):
         assert list(generate(m, PROMPT, 16)) == want
         # routing happened on the device: one decode graph, recorded once, served every step
         decode = m._decode[True]
-        assert m._run([want[-1]], len(PROMPT) + 15, True) >= 0 and m._decode == {True: decode}
+        assert m.run([want[-1]], len(PROMPT) + 15, True) >= 0 and m._decode == {True: decode}
     finally:
         m.close()
 

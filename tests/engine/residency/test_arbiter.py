@@ -18,7 +18,7 @@ class FakeModel:
         self.held = warm
         arb.register(name, self)
 
-    def release(self, full: bool = True) -> dict:
+    def release(self, full: bool = True, discard: bool = False) -> dict:
         self.releases.append(full)
         self.held = 0 if full else self.kept
         return {"op": "release"}

@@ -1,6 +1,9 @@
 """The HTTP server on the real engine and the embedded model, driven by the official openai
 client and by raw HTTP. Generation is slow on lavapipe, so few requests generate and each
-generates only a few tokens."""
+generates only a few tokens.
+
+Why this module is long: every route shares one real engine and server (module fixtures),
+which start once for all of them."""
 from __future__ import annotations
 
 import asyncio
