@@ -97,7 +97,9 @@ def test_a_client_that_leaves_during_the_prompt_frees_the_engine(base, engine, r
 
     monkeypatch.setattr(model, "_run", timed_run)
     cancelled = 'hotseat_generations_cancelled_total{model="m"}'
+    status = 'hotseat_requests_total{endpoint="/v1/completions",status="%d"}'
     before = metric(base, cancelled)
+    before_200, before_499 = metric(base, status % 200), metric(base, status % 499)
     prompt = [random.Random(5).randrange(300, 20000) for _ in range(LONG)]
     port = int(base.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
@@ -113,6 +115,9 @@ def test_a_client_that_leaves_during_the_prompt_frees_the_engine(base, engine, r
     answers_correctly(base, ref)                       # queued behind the abandoned prompt
     waited = time.monotonic() - left
     assert metric(base, cancelled) == before + 1
+    # the one that left is a 499 (nginx's "client closed request"), the one answered a 200
+    assert (metric(base, status % 499), metric(base, status % 200)) == (before_499 + 1,
+                                                                      before_200 + 1)
     long_runs = [r for r in runs if r[2] == CHUNK]
     assert long_runs[-1][1] < LONG - CHUNK, "the whole prompt ran"
     # the chunk running when the client left finishes, at most one more starts before the
