@@ -448,9 +448,9 @@ class Device:
                 # VkResult vkQueueSubmit(VkQueue, uint32_t, const VkSubmitInfo*, VkFence)
                 r = lib.vkQueueSubmit(self.queue, 1, info, self.fence)
             if r != _vk.VK_SUCCESS:
-                raise self.fault(r, point, [self.fence], work=point)
+                raise self._fault(r, point, [self.fence], work=point)
             if kind == "timeout":                    # queued, and reported while it runs
-                raise self.fault(_vk.VK_TIMEOUT, point, [self.fence], work=point)
+                raise self._fault(_vk.VK_TIMEOUT, point, [self.fence], work=point)
             self._fence_pending = True
             if wait:
                 self._wait_fences([self.fence], point)
@@ -480,15 +480,15 @@ class Device:
                                            and time.monotonic() >= deadline):
                     break
         if r != _vk.VK_SUCCESS:
-            raise self.fault(r, "wait", fences, work=work)
+            raise self._fault(r, "wait", fences, work=work)
         # VkResult vkResetFences(VkDevice, uint32_t, const VkFence*)
         r = lib.vkResetFences(self.device, n, arr)
         if r != _vk.VK_SUCCESS:
-            raise self.fault(r, "wait", fences, work=work)
+            raise self._fault(r, "wait", fences, work=work)
         if self.fence in fences:
             self._fence_pending = False
 
-    def fault(self, result: int, where: str, fences: list = (), command_buffers: list = (),
+    def _fault(self, result: int, where: str, fences: list = (), command_buffers: list = (),
               work: str = "") -> DeviceFault:
         """Bring the device back to a known state after a failed call and return the error
         to raise: wait for the queue to go idle (the failed work may still be running),
@@ -713,7 +713,7 @@ class Allocator:
             raise OutOfMemory(f"cannot allocate {nbytes} bytes for {label} on {dev.name} "
                               "(injected)")
         if fault is not None:
-            raise dev.fault(FAULT_RESULTS[fault], "alloc", work=label)
+            raise dev._fault(FAULT_RESULTS[fault], "alloc", work=label)
         # raw calls: a full restore creates a buffer per KV layer, and the wrappers cost
         # ~25 us each against ~3 us
         info = ffi.new("VkBufferCreateInfo*", {
@@ -1021,7 +1021,7 @@ class Uploader:
             if r == _vk.VK_SUCCESS and kind == "timeout":    # queued, reported while running
                 r = _vk.VK_TIMEOUT
             if r != _vk.VK_SUCCESS:
-                err = self.dev.fault(r, "copy", [self._fences[i]], [cmd])
+                err = self.dev._fault(r, "copy", [self._fences[i]], [cmd])
                 self._drop()
                 raise err
         self._busy[i] = True
