@@ -7,6 +7,12 @@ What the rest of the engine gets from here:
 - `Kernel`: a compute pipeline from SPIR-V, with its push-constant block and specialization.
 - `CommandList`: dispatches recorded once into a command buffer and replayed per submit.
 - `TimestampPool`: GPU timestamps.
+- `DeviceFault` / `DeviceLost`: work that failed. Fence waits have no deadline (a slow
+  device is not a lost one); after any failed submit, wait or copy the device is made idle
+  and its fences reset before the raise, and `Device.faults` / `last_fault` tell upper
+  layers that what the failed work wrote is undefined. A lost device refuses every call.
+  `inject()` (and HOTSEAT_FAULT=point:kind[:nth], e.g. `submit:timeout:3`) fails the nth
+  submit, wait, copy or alloc with a timeout, device_lost or out_of_memory, for tests.
 
 Hot paths (recording, submitting) call `lib.vk*` directly: the wrapper functions cost about
 25 us a call against 3 us for the raw ones. The C signature sits in a comment above each.
@@ -17,14 +23,18 @@ here and nowhere else.
 """
 from __future__ import annotations
 
+import logging
 import os
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import vulkan as _vk
 from vulkan import ffi, lib
+
+log = logging.getLogger("hotseat.vk")
 
 KINDS = ("weights", "kv", "recurrent", "compute", "scratch", "staging", "shadow", "pinned",
          "host_weights")
@@ -39,6 +49,104 @@ class VulkanError(RuntimeError):
 def check(result: int, what: str) -> None:
     if result != _vk.VK_SUCCESS:
         raise VulkanError(f"{what} failed with VkResult {result}")
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+FAULT_POINTS = ("submit", "wait", "copy", "alloc")
+# the VkResult each injected kind stands for
+FAULT_RESULTS = {"timeout": _vk.VK_TIMEOUT, "device_lost": _vk.VK_ERROR_DEVICE_LOST,
+                 "out_of_memory": _vk.VK_ERROR_OUT_OF_DEVICE_MEMORY}
+_RESULT_KINDS = {_vk.VK_TIMEOUT: "timeout", _vk.VK_ERROR_DEVICE_LOST: "device_lost",
+                 _vk.VK_ERROR_OUT_OF_DEVICE_MEMORY: "out_of_memory",
+                 _vk.VK_ERROR_OUT_OF_HOST_MEMORY: "out_of_memory"}
+WAIT_SLICE_NS = 1_000_000_000     # a fence wait returns every second to look at its deadline
+
+
+class DeviceFault(VulkanError):
+    """Work on the device failed. kind: timeout, device_lost, out_of_memory or error; where:
+    the call that failed (submit, wait, copy, alloc). The device was brought back to a known
+    state before this was raised (queue idle, fences and one-off command buffers reset), but
+    what the failed work was to write is undefined."""
+
+    def __init__(self, kind: str, where: str, result: int, device: str = "", work: str = "",
+                 message: str | None = None):
+        self.kind, self.where, self.result = kind, where, result
+        what = f"{where} of {work}" if work and work != where else where
+        super().__init__(message or f"{what} failed on {device or 'the device'}: {kind} "
+                                    f"(VkResult {result})")
+
+
+class DeviceLost(DeviceFault):
+    """The device is gone (VK_ERROR_DEVICE_LOST): every later call on it raises this."""
+
+
+@dataclass
+class Fault:
+    """An injected failure: the nth call at `point` (counted from when it was armed) fails
+    with `kind`. A timeout is reported while the work is still queued or running, as a real
+    one is."""
+    point: str
+    kind: str
+    nth: int = 1
+    seen: int = 0
+    fired: bool = False
+
+    def __post_init__(self):
+        if self.point not in FAULT_POINTS:
+            raise ValueError(f"fault point {self.point!r} is not one of {', '.join(FAULT_POINTS)}")
+        if self.kind not in FAULT_RESULTS:
+            raise ValueError(f"fault kind {self.kind!r} is not one of {', '.join(FAULT_RESULTS)}")
+        if self.point == "alloc" and self.kind == "timeout":
+            raise ValueError("an allocation cannot time out: inject out_of_memory or device_lost")
+        if self.nth < 1:
+            raise ValueError(f"fault {self.point}:{self.kind}: the count starts at 1")
+
+
+_faults: list[Fault] = []
+_faults_lock = threading.Lock()
+
+
+def parse_faults(spec: str) -> list[Fault]:
+    """HOTSEAT_FAULT's syntax: `point:kind[:nth]`, comma-separated
+    (`submit:timeout:3` fails the 3rd submit with a timeout)."""
+    out = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.split(":")
+        if len(parts) not in (2, 3) or (len(parts) == 3 and not parts[2].isdigit()):
+            raise ValueError(f"HOTSEAT_FAULT: {item!r} is not point:kind[:nth]")
+        out.append(Fault(parts[0], parts[1], int(parts[2]) if len(parts) == 3 else 1))
+    return out
+
+
+def inject(point: str, kind: str, nth: int = 1) -> Fault:
+    """Arm a fault (the test hook; HOTSEAT_FAULT arms them for a whole process)."""
+    f = Fault(point, kind, nth)
+    with _faults_lock:
+        _faults.append(f)
+    return f
+
+
+def clear_faults() -> None:
+    with _faults_lock:
+        _faults.clear()
+
+
+def _fire(point: str) -> str | None:
+    """The kind of fault the current call at `point` must fail with, if one is armed."""
+    if not _faults:
+        return None
+    with _faults_lock:
+        kind = None
+        for f in _faults:
+            if f.point == point and not f.fired:
+                f.seen += 1
+                if f.seen == f.nth and kind is None:
+                    f.fired, kind = True, f.kind
+        return kind
+
+
+_faults.extend(parse_faults(os.environ.get("HOTSEAT_FAULT", "")))
 
 
 def _version_str(v: int) -> str:
@@ -91,7 +199,17 @@ class Device:
     """One Vulkan device with a compute queue, a command pool and a pipeline cache."""
 
     def __init__(self, wanted: str | None = None, cache_dir: str | None = None):
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()      # the queue, and the recovery after a fault
+        # Faults: work that failed, after which what it wrote is undefined (upper layers
+        # compare `faults` before and after their work); a lost device refuses everything.
+        self.faults = 0
+        self.last_fault: DeviceFault | None = None
+        self.lost = False
+        self._fence_pending = False          # a submit(wait=False) not waited for yet
+        # No deadline by default: a slow device is not a lost one. HOTSEAT_FENCE_LIMIT_S sets
+        # one (a fence not signalled by then is a timeout fault).
+        limit = float(os.environ.get("HOTSEAT_FENCE_LIMIT_S") or 0)
+        self.fence_limit_s: float | None = limit if limit > 0 else None
         app = _vk.VkApplicationInfo(pApplicationName="hotseat", applicationVersion=1,
                                     pEngineName="hotseat", engineVersion=1,
                                     apiVersion=_vk.VK_MAKE_VERSION(1, 2, 0))
@@ -305,24 +423,101 @@ class Device:
         except OSError:
             pass
 
-    # -- submission -------------------------------------------------------------------------
-    def submit(self, command_buffers: list, wait: bool = True) -> None:
-        """Submit command buffers in one vkQueueSubmit and (by default) wait for them."""
+    # -- submission ----------------------------------------------------------------------
+    def check_alive(self) -> None:
+        """Raise DeviceLost once the device is lost (or closed), instead of calling into it."""
+        if self.lost:
+            raise DeviceLost("device_lost", "call", _vk.VK_ERROR_DEVICE_LOST, message=(
+                f"the Vulkan device {self.name} was lost ({self.last_fault}); nothing more "
+                "runs on it until hotseat is restarted"))
+        if self.device is None:
+            raise VulkanError(f"{self.name}: the device is closed")
+
+    def submit(self, command_buffers: list, wait: bool = True, point: str = "submit") -> None:
+        """Submit command buffers in one vkQueueSubmit and (by default) wait for them.
+        point: "submit" for compute work, "copy" for transfers (fault injection and the
+        fault's wording). Any failure raises DeviceFault with the device made idle."""
+        self.check_alive()
         with self._lock:
+            if self._fence_pending:
+                self._wait_fences([self.fence], point)
             arr = ffi.new("VkCommandBuffer[]", command_buffers)
             info = ffi.new("VkSubmitInfo*", {"sType": _vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
                                              "commandBufferCount": len(command_buffers),
                                              "pCommandBuffers": arr})
-            # VkResult vkQueueSubmit(VkQueue, uint32_t, const VkSubmitInfo*, VkFence)
-            check(lib.vkQueueSubmit(self.queue, 1, info, self.fence), "vkQueueSubmit")
+            kind = _fire(point)
+            if kind is not None and kind != "timeout":
+                r = FAULT_RESULTS[kind]              # refused: nothing was queued
+            else:
+                # VkResult vkQueueSubmit(VkQueue, uint32_t, const VkSubmitInfo*, VkFence)
+                r = lib.vkQueueSubmit(self.queue, 1, info, self.fence)
+            if r != _vk.VK_SUCCESS:
+                raise self._fault(r, point, [self.fence], work=point)
+            if kind == "timeout":                    # queued, and reported while it runs
+                raise self._fault(_vk.VK_TIMEOUT, point, [self.fence], work=point)
+            self._fence_pending = True
             if wait:
-                self._wait_fence()
+                self._wait_fences([self.fence], point)
 
-    def _wait_fence(self) -> None:
-        fences = ffi.new("VkFence[1]", [self.fence])
-        # VkResult vkWaitForFences(VkDevice, uint32_t, const VkFence*, VkBool32, uint64_t)
-        check(lib.vkWaitForFences(self.device, 1, fences, 1, 60_000_000_000), "vkWaitForFences")
-        check(lib.vkResetFences(self.device, 1, fences), "vkResetFences")
+    def wait(self) -> None:
+        """Wait for the work of a submit(wait=False)."""
+        with self._lock:
+            if self._fence_pending:
+                self._wait_fences([self.fence], "submit")
+
+    def _wait_fences(self, fences: list, work: str) -> None:
+        """Wait until every fence is signalled, then reset them. No deadline unless
+        fence_limit_s is set: the wait is retried on VK_TIMEOUT."""
+        n = len(fences)
+        arr = ffi.new("VkFence[]", fences)
+        kind = _fire("wait")
+        if kind is not None:
+            r = FAULT_RESULTS[kind]                  # the work goes on running
+        else:
+            deadline = None if self.fence_limit_s is None \
+                else time.monotonic() + self.fence_limit_s
+            while True:
+                # VkResult vkWaitForFences(VkDevice, uint32_t, const VkFence*, VkBool32,
+                #                          uint64_t timeout_ns)
+                r = lib.vkWaitForFences(self.device, n, arr, 1, WAIT_SLICE_NS)
+                if r != _vk.VK_TIMEOUT or (deadline is not None
+                                           and time.monotonic() >= deadline):
+                    break
+        if r != _vk.VK_SUCCESS:
+            raise self._fault(r, "wait", fences, work=work)
+        # VkResult vkResetFences(VkDevice, uint32_t, const VkFence*)
+        r = lib.vkResetFences(self.device, n, arr)
+        if r != _vk.VK_SUCCESS:
+            raise self._fault(r, "wait", fences, work=work)
+        if self.fence in fences:
+            self._fence_pending = False
+
+    def _fault(self, result: int, where: str, fences: list = (), command_buffers: list = (),
+              work: str = "") -> DeviceFault:
+        """Bring the device back to a known state after a failed call and return the error
+        to raise: wait for the queue to go idle (the failed work may still be running),
+        reset the fences and the one-off command buffers involved, count the fault. Recorded
+        command buffers (graphs) are left alone: once idle they can be submitted again."""
+        kind = _RESULT_KINDS.get(result, "error")
+        with self._lock:
+            # VkResult vkQueueWaitIdle(VkQueue)
+            idle = lib.vkQueueWaitIdle(self.queue)
+            if kind == "device_lost" or idle == _vk.VK_ERROR_DEVICE_LOST:
+                self.lost = True
+            if fences:
+                lib.vkResetFences(self.device, len(fences), ffi.new("VkFence[]", list(fences)))
+            for cmd in command_buffers:
+                # VkResult vkResetCommandBuffer(VkCommandBuffer, VkCommandBufferResetFlags)
+                lib.vkResetCommandBuffer(cmd, 0)
+            if self.fence in fences:
+                self._fence_pending = False
+            err = (DeviceLost if self.lost else DeviceFault)(
+                "device_lost" if self.lost else kind, where, result, self.name, work)
+            self.faults += 1
+            self.last_fault = err
+        log.error("%s%s", err, "; the device is lost" if self.lost else
+                  f" (queue idle: VkResult {idle})")
+        return err
 
     def one_shot(self):
         """A command buffer for one-off work (copies), submitted when the block ends."""
@@ -331,8 +526,10 @@ class Device:
     def close(self) -> None:
         if self.device is None:
             return
-        _vk.vkDeviceWaitIdle(self.device)
-        self.save_pipeline_cache()
+        # VkResult vkDeviceWaitIdle(VkDevice): an error here (a lost device) changes nothing
+        lib.vkDeviceWaitIdle(self.device)
+        if not self.lost:
+            self.save_pipeline_cache()
         self.allocator.close()
         _vk.vkDestroyPipelineCache(self.device, self.pipeline_cache, None)
         _vk.vkDestroyFence(self.device, self.fence, None)
@@ -353,16 +550,19 @@ class _OneShot:
         self.dev = dev
 
     def __enter__(self):
+        self.dev.check_alive()
         self.cmd = allocate_command_buffer(self.dev)
         begin(self.cmd, one_time=True)
         return self.cmd
 
     def __exit__(self, exc_type, *rest):
-        host_barrier(self.cmd)
-        end(self.cmd)
-        if exc_type is None:
-            self.dev.submit([self.cmd])
-        _vk.vkFreeCommandBuffers(self.dev.device, self.dev.command_pool, 1, [self.cmd])
+        try:
+            host_barrier(self.cmd)
+            end(self.cmd)
+            if exc_type is None:
+                self.dev.submit([self.cmd], point="copy")
+        finally:
+            _vk.vkFreeCommandBuffers(self.dev.device, self.dev.command_pool, 1, [self.cmd])
 
 
 def allocate_command_buffer(dev: Device):
@@ -511,6 +711,13 @@ class Allocator:
             raise ValueError(f"unknown buffer kind {kind!r}")
         nbytes = max(int(nbytes), 4)
         dev = self.dev
+        dev.check_alive()
+        fault = _fire("alloc")
+        if fault == "out_of_memory":
+            raise OutOfMemory(f"cannot allocate {nbytes} bytes for {label} on {dev.name} "
+                              "(injected)")
+        if fault is not None:
+            raise dev._fault(FAULT_RESULTS[fault], "alloc", work=label)
         # raw calls: a full restore creates a buffer per KV layer, and the wrappers cost
         # ~25 us each against ~3 us
         info = ffi.new("VkBufferCreateInfo*", {
@@ -783,11 +990,20 @@ class Uploader:
 
     def _wait(self, i: int) -> None:
         if self._busy[i]:
-            fences = ffi.new("VkFence[1]", [self._fences[i]])
-            check(lib.vkWaitForFences(self.dev.device, 1, fences, 1, 60_000_000_000),
-                  "vkWaitForFences")
-            check(lib.vkResetFences(self.dev.device, 1, fences), "vkResetFences")
+            try:
+                self.dev._wait_fences([self._fences[i]], "copy")
+            except DeviceFault:
+                self._drop()
+                raise
             self._busy[i] = False
+
+    def _drop(self) -> None:
+        """After a fault (the device is idle again): forget the copies in flight and staged,
+        and make both fences and command buffers fresh."""
+        lib.vkResetFences(self.dev.device, len(self._fences), ffi.new("VkFence[]", self._fences))
+        for cmd in self._cmds:
+            lib.vkResetCommandBuffer(cmd, 0)
+        self._busy, self._pending, self._fill = [False, False], [[], []], [0, 0]
 
     def _flush(self, i: int) -> None:
         copies = self._pending[i]
@@ -801,12 +1017,22 @@ class Uploader:
         arr = ffi.new("VkCommandBuffer[1]", [cmd])
         info = ffi.new("VkSubmitInfo*", {"sType": _vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
                                          "commandBufferCount": 1, "pCommandBuffers": arr})
+        self.dev.check_alive()
         with self.dev._lock:
-            check(lib.vkQueueSubmit(self.dev.queue, 1, info, self._fences[i]), "vkQueueSubmit")
+            kind = _fire("copy")
+            r = FAULT_RESULTS[kind] if kind is not None and kind != "timeout" \
+                else lib.vkQueueSubmit(self.dev.queue, 1, info, self._fences[i])
+            if r == _vk.VK_SUCCESS and kind == "timeout":    # queued, reported while running
+                r = _vk.VK_TIMEOUT
+            if r != _vk.VK_SUCCESS:
+                err = self.dev._fault(r, "copy", [self._fences[i]], [cmd])
+                self._drop()
+                raise err
         self._busy[i] = True
         self._pending[i], self._fill[i] = [], 0
 
     def write(self, dst: Buffer, src: np.ndarray, offset: int = 0) -> None:
+        self.dev.check_alive()
         src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         self.bytes += src.nbytes
         if dst.view is not None and self.direct:
@@ -837,7 +1063,13 @@ class Uploader:
             self._wait(1)
 
     def close(self) -> None:
-        self.finish()
+        try:
+            if not self.dev.lost:
+                self.finish()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
         for b in self._staging:
             self.dev.allocator.free(b)
         for f in self._fences:
@@ -850,8 +1082,17 @@ class Uploader:
     def __enter__(self) -> "Uploader":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *rest) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        try:                             # what is staged is not sent; what is in flight ends
+            if not self.dev.lost:
+                self._pending = [[], []]
+                self._wait(0)
+                self._wait(1)
+        finally:
+            self._release()
 
 
 def upload(dev: Device, dst: Buffer, src: np.ndarray, offset: int = 0) -> None:
@@ -861,6 +1102,7 @@ def upload(dev: Device, dst: Buffer, src: np.ndarray, offset: int = 0) -> None:
 
 
 def download(dev: Device, src: Buffer, nbytes: int | None = None, offset: int = 0) -> np.ndarray:
+    dev.check_alive()
     nbytes = src.nbytes - offset if nbytes is None else nbytes
     if src.view is not None:
         return src.view[offset:offset + nbytes].copy()
@@ -875,6 +1117,7 @@ def download(dev: Device, src: Buffer, nbytes: int | None = None, offset: int = 
 
 def download_many(dev: Device, sources: list[tuple[Buffer, int]]) -> list[np.ndarray]:
     """The first n bytes of each buffer, through one staging buffer and one submit."""
+    dev.check_alive()
     if all(b.view is not None for b, _ in sources):
         return [b.view[:n].copy() for b, n in sources]
     total = sum(-(-n // 16) * 16 for _, n in sources)
@@ -916,6 +1159,7 @@ class Kernel:
     def __init__(self, dev: Device, name: str, spirv: bytes, n_buffers: int, push_size: int,
                  spec: dict[int, int] | None = None):
         self.dev, self.name, self.n_buffers, self.push_size = dev, name, n_buffers, push_size
+        dev.check_alive()
         d = dev.device
         self.module = _vk.vkCreateShaderModule(d, _vk.VkShaderModuleCreateInfo(
             codeSize=len(spirv), pCode=spirv), None)
@@ -989,6 +1233,7 @@ class CommandList:
 
     def __init__(self, dev: Device):
         self.dev = dev
+        dev.check_alive()
         self.cmd = allocate_command_buffer(dev)
         self._barrier = ffi.new("VkMemoryBarrier*", {
             "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,

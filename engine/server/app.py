@@ -17,7 +17,8 @@ not allowed with --cors-origin (403) and a body that is not JSON (415), then che
 key. Idle keep-alive connections close after KEEPALIVE_S.
 
 The routes live by API: openai.py (/v1), manage.py (/api), with access.py (Host, Origin,
-body type, the API key, CORS), errors.py and metrics.py; this module holds what they share.
+body type, the API key, CORS), errors.py, metrics.py and slots.py (a model's queue); this
+module holds what they share and imports them, never the other way round.
 /health and /metrics never wait for the engine.
 
 aiohttp is imported inside the functions that use it: cli.py imports serve.py to build its
@@ -32,15 +33,15 @@ import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..residency.arbiter import BudgetError
 from .access import Access, WILDCARD_BINDS, allowed_host_names
 from .errors import ApiError, bad, json_response, over_budget
 from .manage import ManagementRoutes
-from .metrics import Metrics
+from .metrics import CLIENT_GONE_STATUS, Metrics
 from .openai import OpenAIRoutes
+from .slots import ModelSlot
 from .turns import ArenaRoutes
 
 if TYPE_CHECKING:
@@ -52,17 +53,6 @@ log = logging.getLogger("hotseat.serve")
 
 MAX_BODY = 4 << 20                       # bytes of request body; more is a 413
 KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
-
-
-@dataclass
-class ModelSlot:
-    """A served model and its queue."""
-    name: str
-    n_ctx: int
-    created: int
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    depth: int = 0                        # requests holding or waiting for the lock
-    closed: bool = False                  # unloaded; requests still queued get a 404
 
 
 class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
@@ -85,6 +75,7 @@ class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
         # others wait on their model's lock), so models take turns request by request.
         self.turn = asyncio.Lock()
         self._cancels: set[threading.Event] = set()
+        self._left: set[int] = set()       # ids of requests whose client left mid-answer
 
     def routes(self) -> list[tuple[str, str, Callable]]:
         return [
@@ -138,9 +129,13 @@ class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
         try:
             resp = await self._dispatch(request, handler)
         except asyncio.CancelledError:
-            self.metrics.request(endpoint, 499, time.perf_counter() - t0)   # client gone
+            self._left.discard(id(request))
+            self.metrics.request(endpoint, CLIENT_GONE_STATUS, time.perf_counter() - t0)
             raise
-        self.metrics.request(endpoint, resp.status, time.perf_counter() - t0)
+        # a client that left is counted as such, whatever status its response had begun with
+        status = CLIENT_GONE_STATUS if id(request) in self._left else resp.status
+        self._left.discard(id(request))
+        self.metrics.request(endpoint, status, time.perf_counter() - t0)
         return resp
 
     async def _dispatch(self, request: web.Request, handler) -> web.StreamResponse:

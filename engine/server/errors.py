@@ -72,15 +72,17 @@ def show(v: Any) -> str:
 
 
 def number(body: dict, key: str, default: float, lo: float | None = None,
-            hi: float | None = None) -> float:
+            hi: float | None = None, lo_open: bool = False) -> float:
+    """body[key] within [lo, hi] ((lo, hi] with lo_open), or default when it is absent."""
     v = body.get(key)
     if v is None:
         return default
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
         raise bad(f"{key} must be a number, got {show(v)}", key, "invalid_type")
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
-        span = f"between {lo} and {hi}" if lo is not None and hi is not None \
-            else f">= {lo}" if lo is not None else f"<= {hi}"
+    if (lo is not None and (v <= lo if lo_open else v < lo)) or (hi is not None and v > hi):
+        low = f"> {lo}" if lo_open else f">= {lo}"
+        span = (f"between {lo} and {hi}" if not lo_open else f"{low} and <= {hi}") \
+            if lo is not None and hi is not None else low if lo is not None else f"<= {hi}"
         raise bad(f"{key} must be {span}, got {v}", key, "invalid_value")
     return float(v)
 

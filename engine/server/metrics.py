@@ -6,7 +6,10 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..api import Completion
-    from .app import ModelSlot
+    from .slots import ModelSlot
+
+
+CLIENT_GONE_STATUS = 499                 # nginx's "client closed request"
 
 
 def _label(v: str) -> str:

@@ -30,12 +30,13 @@ from .errors import (
     over_budget,
     show,
 )
+from .metrics import CLIENT_GONE_STATUS
 
 if TYPE_CHECKING:
     from aiohttp import web
 
     from ..api import Completion
-    from .app import ModelSlot
+    from .slots import ModelSlot
 
 log = logging.getLogger("hotseat.serve")
 
@@ -45,7 +46,9 @@ POLL_S = 0.25                            # how often a waiting request checks it
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user",
               "assistant": "assistant"}
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
-MAX_TOKENS_HEADER = "X-Hotseat-Max-Tokens"   # set when a max_tokens was clamped to the context
+MAX_TOKENS_HEADER = "X-Hotseat-Max-Tokens"   # set when the client gave no max_tokens and
+                                             # the context's room limits the completion
+MAX_TEMPERATURE = 2.0                    # OpenAI's range: [0, 2]
 
 
 # -- requests ------------------------------------------------------------------------------
@@ -153,12 +156,13 @@ class GenRequest:
     model: str
     messages: list[dict] | None
     prompt: str | list[int] | None
-    max_tokens: int | None                # None: as many as the context allows
+    max_tokens: int | None                # None: the client gave none
     sampling: Any                         # SamplingParams
     stop: list[str]
     stream: bool
     include_usage: bool
     logit_bias: list[tuple[int | str, float]]   # token id or text (tokenized), bias or BAN
+    max_tokens_param: str = "max_tokens"  # or max_completion_tokens: the name the client used
 
 
 def parse_request(body: Any, chat: bool) -> GenRequest:
@@ -192,15 +196,15 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
 
     key = "max_completion_tokens" if body.get("max_completion_tokens") is not None \
         else "max_tokens"
-    max_tokens = integer(body, key, None if chat else COMPLETIONS_DEFAULT_MAX_TOKENS, lo=0)
+    max_tokens = integer(body, key, None, lo=1)
 
     d = SamplingParams()
     seed = integer(body, "seed", None)
     try:
         sampling = SamplingParams(
-            temperature=number(body, "temperature", d.temperature, 0.0),
+            temperature=number(body, "temperature", d.temperature, 0.0, MAX_TEMPERATURE),
             top_k=integer(body, "top_k", d.top_k, lo=0),
-            top_p=number(body, "top_p", d.top_p, 0.0, 1.0),
+            top_p=number(body, "top_p", d.top_p, 0.0, 1.0, lo_open=True),
             min_p=number(body, "min_p", d.min_p, 0.0, 1.0),
             repeat_penalty=number(body, "repeat_penalty", d.repeat_penalty, 0.0),
             repeat_last_n=integer(body, "repeat_last_n", d.repeat_last_n, lo=-1),
@@ -217,9 +221,12 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
     opts = body.get("stream_options")
     if opts is not None and not isinstance(opts, dict):
         raise bad("stream_options must be an object", "stream_options", "invalid_type")
+    if opts is not None and not stream:
+        raise bad("the stream_options parameter is only allowed when stream is true",
+                  "stream_options", "invalid_value")
     include_usage = boolean(opts or {}, "include_usage", False)
     return GenRequest(model or "", messages, prompt, max_tokens, sampling,
-                      parse_stop(body.get("stop")), stream, include_usage, logit_bias)
+                      parse_stop(body.get("stop")), stream, include_usage, logit_bias, key)
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -268,10 +275,9 @@ class OpenAIRoutes:
                 raise
         if not ids:
             raise bad(f"the {param} is empty", param, "invalid_value")
-        if len(ids) >= slot.n_ctx:
-            raise bad(f"the {param} has {len(ids)} tokens; the context of {slot.name!r} holds "
-                       f"{slot.n_ctx} (prompt and completion together)", param,
-                       "context_length_exceeded")
+        if len(ids) >= slot.n_ctx:            # no room left for a single completion token
+            raise bad(context_overflow(slot.n_ctx, len(ids), param), param,
+                      "context_length_exceeded")
         return ids
 
     def _logit_bias(self, slot: ModelSlot, req: GenRequest) -> None:
@@ -309,10 +315,18 @@ class OpenAIRoutes:
         ids = await self._prompt_ids(slot, req)
         room = slot.n_ctx - len(ids)
         headers = {}
-        max_tokens = room if req.max_tokens is None else req.max_tokens
-        if max_tokens > room:
-            max_tokens = room
-            headers[MAX_TOKENS_HEADER] = str(room)
+        if req.max_tokens is None:            # the server's choice: limited to the room left
+            max_tokens = room if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
+            if max_tokens == room:
+                headers[MAX_TOKENS_HEADER] = str(room)
+        elif req.max_tokens > room:           # the client's: refused, as OpenAI does
+            raise bad(f"{req.max_tokens_param} is too large: {req.max_tokens}. The context of "
+                      f"{slot.name!r} ({slot.n_ctx} tokens) holds at most {room} completion "
+                      f"tokens after the {len(ids)} of the {'messages' if chat else 'prompt'}, "
+                      f"whereas you provided {req.max_tokens}.", req.max_tokens_param,
+                      "invalid_value")
+        else:
+            max_tokens = req.max_tokens
         meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
                 "created": int(time.time()), "model": slot.name,
                 "system_fingerprint": "hotseat"}
@@ -324,7 +338,7 @@ class OpenAIRoutes:
                     raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
                                    "model_not_found")
                 if _gone(request):             # gave up while queued: nobody to answer
-                    return json_response({}, 499)
+                    return json_response({}, CLIENT_GONE_STATUS)
                 if req.stream:
                     # the headers go out before the generation: warm the model first, so
                     # that a budget refusal is still a 409
@@ -336,6 +350,8 @@ class OpenAIRoutes:
                                            wait=wait)
         finally:
             slot.depth -= 1
+        if out.finish_reason == "cancelled" and _gone(request):
+            return json_response({}, CLIENT_GONE_STATUS)        # left during its prompt or its answer
         text = out.text
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
@@ -438,6 +454,9 @@ class OpenAIRoutes:
                 # the worker scheduled its pieces before its result, so None comes after them
                 pieces.put_nowait(None)
             await writer
+            if out.finish_reason == "cancelled" and _gone(request):
+                self._left.add(id(request))    # nobody to send the end to
+                return resp
             await send(chunk(None, FINISH[out.finish_reason]))
             if req.include_usage:
                 await send({**meta, "object": obj, "choices": [], "usage": _usage(out)})
@@ -454,12 +473,24 @@ class OpenAIRoutes:
                 pass
         except ConnectionError:                # the client went away mid-stream
             cancel.set()
+            self._left.add(id(request))
         finally:
             if writer is not None and not writer.done():
                 writer.cancel()
         return resp
 
 
+
+
+def context_overflow(n_ctx: int, n_tokens: int, param: str) -> str:
+    """OpenAI's wording, which clients key on to trim their history: litellm's
+    ContextWindowExceededError looks for "this model's maximum context length is",
+    langchain-openai's OpenAIContextOverflowError for "context_length_exceeded" in str(error).
+    The openai package's errors now show the message alone (not the code, as its 1.x did), so
+    the code is repeated at the end of the message."""
+    return (f"This model's maximum context length is {n_ctx} tokens. However, your {param} "
+            f"resulted in {n_tokens} tokens. Please reduce the length of the {param}. "
+            "(context_length_exceeded)")
 
 
 def _gone(request: web.Request) -> bool:

@@ -1,6 +1,6 @@
-"""The endpoint left on: a client that leaves during its prompt, values that cannot work,
-logit_bias and the penalties, load errors that reveal nothing, idle connections, memory over
-load/unload cycles, and a fuzz of bad requests and files. Against the real server on the
+"""The endpoint left on: a client that leaves during its prompt, a device fault during one,
+values that cannot work, logit_bias and the penalties, load errors that reveal nothing, idle
+connections, memory over load/unload cycles, and a fuzz of bad requests and files. Against the real server on the
 bundled model over HTTP; generations are a few tokens each.
 
 HOTSEAT_LEAK_CYCLES sets the measured load/unload cycles of the memory test (default 10,
@@ -20,6 +20,7 @@ import warnings
 import pytest
 
 import engine.residency.model as model_module
+from engine.gpu import vk
 from engine.api import Engine
 from engine.server.app import make_app
 from engine.text.sampling import BAN, SamplingParams
@@ -97,7 +98,9 @@ def test_a_client_that_leaves_during_the_prompt_frees_the_engine(base, engine, r
 
     monkeypatch.setattr(model, "run", timed_run)
     cancelled = 'hotseat_generations_cancelled_total{model="m"}'
+    status = 'hotseat_requests_total{endpoint="/v1/completions",status="%d"}'
     before = metric(base, cancelled)
+    before_200, before_499 = metric(base, status % 200), metric(base, status % 499)
     prompt = [random.Random(5).randrange(300, 20000) for _ in range(LONG)]
     port = int(base.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
@@ -113,6 +116,9 @@ def test_a_client_that_leaves_during_the_prompt_frees_the_engine(base, engine, r
     answers_correctly(base, ref)                       # queued behind the abandoned prompt
     waited = time.monotonic() - left
     assert metric(base, cancelled) == before + 1
+    # the one that left is a 499 (nginx's "client closed request"), the one answered a 200
+    assert (metric(base, status % 499), metric(base, status % 200)) == (before_499 + 1,
+                                                                      before_200 + 1)
     long_runs = [r for r in runs if r[2] == CHUNK]
     assert long_runs[-1][1] < LONG - CHUNK, "the whole prompt ran"
     # the chunk running when the client left finishes, at most one more starts before the
@@ -120,6 +126,44 @@ def test_a_client_that_leaves_during_the_prompt_frees_the_engine(base, engine, r
     assert sum(1 for t, _, _ in long_runs if t > left) <= 1, long_runs
     chunk_s = long_runs[2][0] - long_runs[1][0]
     assert waited < 3 * chunk_s + 5, (waited, chunk_s)     # all of it: 16 chunks
+
+
+# -- a device fault during a prompt -------------------------------------------------------
+
+@pytest.mark.parametrize("point,kind", [("submit", "timeout"), ("wait", "timeout"),
+                                        ("submit", "out_of_memory"), ("wait", "out_of_memory")])
+def test_a_device_fault_during_a_prompt_leaves_later_answers_right(base, engine, ref,
+                                                                   monkeypatch, point, kind):
+    """The issue's reproduction, with the fault injected rather than waited for: a timeout
+    or a refused submit in the 3rd chunk of a long prompt. That request fails cleanly (a 500
+    naming the fault) or is answered right; the next answers are the clean run's, an evict
+    and the restore after it work, and the server lives on."""
+    monkeypatch.setattr(model_module, "PREFILL_CHUNK", CHUNK)
+    long_text = "The quick brown fox jumps over the lazy dog. " * 8
+    body = {"model": "m", "max_tokens": 2, "temperature": 0,
+            "messages": [{"role": "user", "content": long_text}]}
+    got, clean = post(base, "/v1/chat/completions", body)
+    assert got == 200, clean
+    answers_correctly(base, ref)                  # another prompt: nothing of it is cached
+    vk.inject(point, kind, nth=3)
+    try:
+        got, out = post(base, "/v1/chat/completions", body)
+    finally:
+        vk.clear_faults()
+    if got == 200:
+        assert out["choices"] == clean["choices"]
+    else:
+        err = assert_error(500, got, out, None, "engine_error")
+        assert kind in err["message"], err
+    got, again = post(base, "/v1/chat/completions", body)
+    assert got == 200 and again["choices"] == clean["choices"], again
+    answers_correctly(base, ref)
+    got, out = post(base, "/api/models/m/evict", {})
+    assert got == 200, out
+    answers_correctly(base, ref)
+    got, again = post(base, "/v1/chat/completions", body)
+    assert got == 200 and again["choices"] == clean["choices"], again
+    assert request(base, "GET", "/health", key=None)[2] == {"status": "ok"}
 
 
 # -- values that cannot work --------------------------------------------------------------

@@ -297,11 +297,20 @@ BAD = [
      "messages[0].content", "invalid_type"),
     (CHAT, chat_body(temperature="hot"), 400, "temperature", "invalid_type"),
     (CHAT, chat_body(temperature=-1), 400, "temperature", "invalid_value"),
+    (CHAT, chat_body(temperature=2.01), 400, "temperature", "invalid_value"),
+    (CHAT, chat_body(temperature=3), 400, "temperature", "invalid_value"),
     (CHAT, chat_body(top_p=1.5), 400, "top_p", "invalid_value"),
+    (CHAT, chat_body(top_p=0), 400, "top_p", "invalid_value"),
+    (CHAT, chat_body(top_p=-0.5), 400, "top_p", "invalid_value"),
     (CHAT, chat_body(top_k=2.5), 400, "top_k", "invalid_type"),
     (CHAT, chat_body(min_p="0.1"), 400, "min_p", "invalid_type"),
     (CHAT, chat_body(seed="x"), 400, "seed", "invalid_type"),
     (CHAT, chat_body(max_tokens=-1), 400, "max_tokens", "invalid_value"),
+    (CHAT, chat_body(max_tokens=0), 400, "max_tokens", "invalid_value"),
+    (CHAT, chat_body(max_tokens=N_CTX), 400, "max_tokens", "invalid_value"),
+    (CHAT, chat_body(max_completion_tokens=0), 400, "max_completion_tokens", "invalid_value"),
+    (CHAT, chat_body(max_completion_tokens=10 ** 6), 400, "max_completion_tokens",
+     "invalid_value"),
     (CHAT, chat_body(max_tokens=2.5), 400, "max_tokens", "invalid_type"),
     (CHAT, chat_body(max_tokens="8"), 400, "max_tokens", "invalid_type"),
     (CHAT, chat_body(max_tokens=True), 400, "max_tokens", "invalid_type"),
@@ -310,7 +319,10 @@ BAD = [
     (CHAT, chat_body(stop=5), 400, "stop", "invalid_type"),
     (CHAT, chat_body(stop=["a", 1]), 400, "stop", "invalid_type"),
     (CHAT, chat_body(stream="yes"), 400, "stream", "invalid_type"),
-    (CHAT, chat_body(stream_options=[]), 400, "stream_options", "invalid_type"),
+    (CHAT, chat_body(stream_options=[], stream=True), 400, "stream_options", "invalid_type"),
+    (CHAT, chat_body(stream_options={"include_usage": True}), 400, "stream_options",
+     "invalid_value"),
+    (CHAT, chat_body(stream_options={}, stream=False), 400, "stream_options", "invalid_value"),
     (CHAT, chat_body(frequency_penalty=9), 400, "frequency_penalty", "invalid_value"),
     (CHAT, chat_body(logprobs=True), 400, "logprobs", "unsupported_parameter"),
     (CHAT, chat_body(model=5), 400, "model", "invalid_type"),
@@ -324,6 +336,12 @@ BAD = [
     (COMPLETIONS, {"prompt": [10 ** 9]}, 400, "prompt", "invalid_value"),
     (COMPLETIONS, {"prompt": "hello " * 600}, 400, "prompt", "context_length_exceeded"),
     (COMPLETIONS, {"prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": 0}, 400, "max_tokens", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": 10 ** 12}, 400, "max_tokens", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "temperature": 2.5}, 400, "temperature", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "top_p": 0.0}, 400, "top_p", "invalid_value"),
+    (COMPLETIONS, {"prompt": "x", "stream_options": {"include_usage": True}}, 400,
+     "stream_options", "invalid_value"),
 ]
 
 
@@ -351,16 +369,54 @@ def test_oversized_body(base):
     assert_error(413, got, body, None, "request_too_large")
 
 
-def test_huge_max_tokens_is_clamped(base, name, engine, chat_ref):
-    """1e12 (a JSON float) is a valid integer: clamped to what the context holds, and said so.
-    A stop string that is the greedy answer's first character keeps it to one token."""
-    raw = json.dumps(chat_body(model=name, temperature=0, stop=[chat_ref.text[0]])) \
+def test_max_tokens_past_the_context_is_refused_and_only_a_missing_one_is_clamped(
+        base, name, engine, chat_ref):
+    """1e12 (a JSON float) is a valid integer, and more than the context holds: a 400 naming
+    max_tokens, as OpenAI answers. Exactly the room left is served; no max_tokens at all is
+    limited to that room, and said so. A stop string that is the greedy answer's first
+    character keeps the served ones to one token."""
+    room = N_CTX - len(chat_ref.prompt_tokens)
+    raw = json.dumps(chat_body(model=name, temperature=0)) \
         .replace('"max_tokens": 1', '"max_tokens": 1e12').encode()
-    got, hdrs, body = request(base, "POST", CHAT, raw=raw)
-    assert got == 200, body
-    assert int(hdrs[MAX_TOKENS_HEADER]) == N_CTX - len(chat_ref.prompt_tokens)
-    assert body["choices"][0]["finish_reason"] == "stop"
-    assert body["usage"]["completion_tokens"] <= 1
+    got, _, body = request(base, "POST", CHAT, raw=raw)
+    err = assert_error(400, got, body, "max_tokens", "invalid_value")
+    assert f"at most {room} completion tokens" in err["message"]
+    assert "maximum context length" not in err["message"]   # not a reason to trim messages
+    got, _, body = request(base, "POST", CHAT, chat_body(model=name, max_tokens=room + 1))
+    assert_error(400, got, body, "max_tokens", "invalid_value")
+
+    stop = [chat_ref.text[0]]
+    for extra in ({"max_tokens": room}, {"max_tokens": None}):
+        got, hdrs, body = request(base, "POST", CHAT,
+                                  chat_body(model=name, temperature=0, stop=stop, **extra))
+        assert got == 200, body
+        assert hdrs.get(MAX_TOKENS_HEADER) == (None if extra["max_tokens"] else str(room))
+        assert body["choices"][0]["finish_reason"] == "stop"
+        assert body["usage"]["completion_tokens"] <= 1
+
+
+@pytest.mark.parametrize("path,param", [(CHAT, "messages"), (COMPLETIONS, "prompt")])
+def test_context_overflow_is_worded_as_clients_expect(client, name, path, param):
+    """litellm maps a 400 whose text holds "this model's maximum context length is" to its
+    ContextWindowExceededError, langchain-openai one whose text holds
+    "context_length_exceeded" to OpenAIContextOverflowError: their history trimming needs
+    both."""
+    with pytest.raises(openai.BadRequestError) as raised:
+        if path == CHAT:
+            client.chat.completions.create(model=name, max_tokens=1, messages=[
+                {"role": "user", "content": "hello " * 600}])
+        else:
+            client.completions.create(model=name, max_tokens=1, prompt="hello " * 600)
+    exc = raised.value
+    assert exc.status_code == 400 and exc.code == "context_length_exceeded"
+    assert exc.param == param
+    assert "this model's maximum context length is" in str(exc).lower()       # litellm
+    assert "context_length_exceeded" in str(exc)                              # langchain
+    m = re.fullmatch(r"This model's maximum context length is (\d+) tokens\. However, your "
+                     rf"{param} resulted in (\d+) tokens\. Please reduce the length of the "
+                     rf"{param}\. \(context_length_exceeded\)", exc.body["message"])
+    assert m, exc.body["message"]
+    assert int(m.group(1)) == N_CTX and int(m.group(2)) > N_CTX
 
 
 def test_normal_request_after_errors(base, name, completion_ref):
@@ -439,10 +495,11 @@ def test_engine_failure_is_a_500_and_the_server_survives(base, name, engine, mon
 
 def test_disconnect_cancels_generation(base, name):
     cancelled = f'hotseat_generations_cancelled_total{{model="{name}"}}'
-    before = metric(base, cancelled)
+    gone = 'hotseat_requests_total{endpoint="/v1/chat/completions",status="499"}'
+    before, before_gone = metric(base, cancelled), metric(base, gone)
     port = int(base.rsplit(":", 1)[1])
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
-    body = {"model": name, "temperature": 0, "stream": True, "max_tokens": 10 ** 12,
+    body = {"model": name, "temperature": 0, "stream": True,     # as much as the room holds
             "messages": [{"role": "user", "content": "Write a very long story about a cat."}]}
     conn.request("POST", CHAT, json.dumps(body), {"Authorization": f"Bearer {KEY}",
                                                   "Content-Type": "application/json"})
@@ -459,6 +516,9 @@ def test_disconnect_cancels_generation(base, name):
     while metric(base, cancelled) == before:
         assert time.monotonic() < deadline, "the generation was not cancelled"
         time.sleep(0.5)
+    while metric(base, gone) == before_gone:          # its 200 had begun: counted as 499
+        assert time.monotonic() < deadline, "the stream that lost its client is not a 499"
+        time.sleep(0.1)
     generated = metric(base, f'hotseat_generated_tokens_total{{model="{name}"}}')
     assert generated > 0
 
