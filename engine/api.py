@@ -150,6 +150,8 @@ class Engine:
         def guarded():
             try:
                 return fn(*args)
+            except vk.OutOfMemory:                # refused before any work: nothing to reset
+                raise
             except vk.VulkanError as exc:
                 raise self._recover(why, exc) from exc
         return self.thread.run(guarded)

@@ -35,9 +35,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..facade import EngineFault
 from ..residency.arbiter import BudgetError
 from .access import Access, WILDCARD_BINDS, allowed_host_names
-from .errors import ApiError, bad, json_response, over_budget
+from .errors import ApiError, bad, device_fault, json_response, over_budget
 from .manage import ManagementRoutes
 from .metrics import CLIENT_GONE_STATUS, Metrics
 from .openai import OpenAIRoutes
@@ -152,6 +153,9 @@ class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
         except BudgetError as exc:             # the arbiter's refusal, wherever it came from
             err = over_budget(exc)             # (a 503 when the GPU's turn did not come)
             return json_response(err.body(), err.status, err.headers)
+        except EngineFault as exc:             # evict, warm, load: the GPU failed
+            err = device_fault(exc)
+            return json_response(err.body(), err.status, err.headers)
         except web.HTTPException as exc:       # aiohttp's own 404, 405, 413
             code = {404: "not_found", 405: "method_not_allowed",
                     413: "request_too_large"}.get(exc.status)
@@ -200,7 +204,10 @@ class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
 
     # -- plain routes -------------------------------------------------------------------------
     async def health(self, request: web.Request) -> web.Response:
-        return json_response({"status": "ok"})
+        """ok; "recovered" after device faults the engine recovered from (200 both); a
+        lost device is a 503: nothing will run until the server restarts."""
+        h = self.engine.health()
+        return json_response(h, 503 if h["status"] == "device_lost" else 200)
 
     async def get_metrics(self, request: web.Request) -> web.Response:
         from aiohttp import web

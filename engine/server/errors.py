@@ -108,3 +108,12 @@ def boolean(body: dict, key: str, default: bool | None) -> bool | None:
     if not isinstance(v, bool):
         raise bad(f"{key} must be true or false, got {show(v)}", key, "invalid_type")
     return v
+
+
+def device_fault(exc) -> ApiError:
+    """An EngineFault: a 503, with Retry-After when the engine recovered (a retry gives the
+    answer a fresh start gives), without when the device is lost."""
+    err = ApiError(503, str(exc), None, exc.code)
+    if not exc.lost:
+        err.headers = {"Retry-After": "1"}
+    return err

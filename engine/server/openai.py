@@ -18,12 +18,14 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..facade import EngineFault
 from ..residency.arbiter import BudgetError
 from ..text.sampling import BAN, SamplingError, SamplingParams
 from .errors import (
     ApiError,
     bad,
     boolean,
+    device_fault,
     integer,
     json_response,
     number,
@@ -397,6 +399,8 @@ class OpenAIRoutes:
             raise bad(str(exc)) from None
         except BudgetError as exc:          # a cold model that pinned models leave no room for
             raise over_budget(exc) from None
+        except EngineFault as exc:          # the GPU failed; the engine reset what it touched
+            raise device_fault(exc) from None
         except Exception as exc:
             log.exception("generation on %s failed", slot.name)
             raise ApiError(500, f"generation failed: {exc}", None, "engine_error") from None
