@@ -1,40 +1,22 @@
-"""The one QObject between Qt and the engine facade.
-
-    bridge = EngineBridge()              # or EngineBridge(engine_factory=FakeEngine) in tests
-    bridge.models_changed.connect(window.on_models_changed)
-    bridge.start()                       # opens the device on the worker
-    bridge.load("/models/a.gguf")        # returns at once; progress and result come as signals
-    bridge.shutdown(1.5)                 # endpoint, then engine, within a deadline
-
-Every method here only queues a job, so the UI thread never waits for the device, a load or
-the endpoint. The worker is four lanes, each a thread that runs its jobs in order:
-
-- control: opening the engine, pin, evict, warm, unload, settings, the endpoint, yields;
-- load: loads and reloads, one at a time (a load parses the file on its caller's thread
-  for seconds; pins and evicts must not wait for that);
-- generate: the chat box's requests;
-- status: the status reads (status() and vram() read bookkeeping, so they answer while the
-  engine thread is busy), the arena's state, the idle eviction check.
-
-The engine itself runs device work on its own thread, one job at a time, so lanes never
-race on the device. Results come back as signals, emitted on a lane and delivered (queued)
-to receivers on the UI thread. The lanes are daemon threads: a quit never waits on a load
-that is still parsing.
-"""
+"""EngineBridge: its signals, its life cycle, the requests the UI makes (each only queues a
+job on a lane), the status reads, the arena and idle checks."""
 from __future__ import annotations
 
 import logging
 import os
-import queue
 import threading
 import time
 from typing import Callable
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from . import modelinfo
-from .activity import Activity, Op
+from .. import modelinfo
+from ..activity import Activity
 from .endpoint import HOST, Endpoint
+from .jobs import ModelJobs
+from .lanes import Lane, real_engine
+from .messages import NoEngine, default_budget_of, message
+from .serving import EndpointControl
 
 log = logging.getLogger("hotseat.app")
 
@@ -42,70 +24,7 @@ CLOSE_TIMEOUT_S = 30.0
 YIELD_S = 600
 
 
-def _real_engine(**kw):
-    from engine.api import Engine
-    from engine.args import arena_enabled
-
-    # the tray takes turns on the GPU with the user's other Hotseat processes, unless
-    # $HOTSEAT_NO_ARENA or hotseat-tray --no-arena says otherwise
-    kw.setdefault("arena", arena_enabled())
-    kw.setdefault("arena_label", "tray")
-    return Engine(**kw)
-
-
-class _Lane:
-    """A daemon thread running jobs in order; None ends it."""
-
-    def __init__(self, name: str):
-        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name=f"hotseat-{name}", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def put(self, job: Callable[[], None] | None) -> None:
-        self.jobs.put(job)
-
-    def _run(self) -> None:
-        while True:
-            job = self.jobs.get()
-            if job is None:
-                return
-            job()
-
-
-class _Observed:
-    """The engine as the endpoint sees it: generate() also reports to the activity (busy
-    state, tokens/s, last use); everything else is the engine's own."""
-
-    def __init__(self, engine, bridge: "EngineBridge"):
-        self._engine, self._bridge = engine, bridge
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
-
-    def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
-                 sampling=None, stop=(), on_text=None, cancel=None):
-        b = self._bridge
-        op = b.activity.begin(name or "?", "generate", "endpoint")
-        b.activity.start(op)
-
-        def counted(text: str) -> None:
-            b.activity.tick(op)
-            if on_text is not None:
-                on_text(text)
-        try:
-            out = self._engine.generate(name, prompt=prompt, messages=messages, tokens=tokens,
-                                        max_tokens=max_tokens, sampling=sampling, stop=stop,
-                                        on_text=counted, cancel=cancel)
-        finally:
-            b.activity.end(op)
-            b.touch(name)
-        b.log(f"Endpoint: {len(out.tokens)} tokens from {name}{_rate_text(out.timings)}")
-        return out
-
-
-class EngineBridge(QObject):
+class EngineBridge(ModelJobs, EndpointControl, QObject):
     #: the engine is open: the device's name
     device_ready = Signal(str)
     #: the models, after every change and every refresh(): a list of the engine's status()
@@ -148,7 +67,7 @@ class EngineBridge(QObject):
                  port: int = 8080, flash_attn: str = "auto", host: str = HOST,
                  api_key: str = "", parent: QObject | None = None):
         super().__init__(parent)
-        self._factory = engine_factory or _real_engine
+        self._factory = engine_factory or real_engine
         self._budget_bytes = budget_bytes
         self._full_release = full_release
         self._flash_attn = flash_attn
@@ -160,7 +79,7 @@ class EngineBridge(QObject):
         self._open_error = ""
         self._auto_budget: int | None = None
         self._endpoint: Endpoint | None = None
-        self._lanes = {n: _Lane(n) for n in ("control", "load", "generate", "status")}
+        self._lanes = {n: Lane(n) for n in ("control", "load", "generate", "status")}
         self._refresh_queued = threading.Event()
         self._closing = False
         self._started = False
@@ -391,13 +310,13 @@ class EngineBridge(QObject):
                                          full_release=self._full_release,
                                          flash_attn=self._flash_attn)
         except Exception as exc:
-            self._open_error = f"Cannot open the GPU: {_message(exc)}"
+            self._open_error = f"Cannot open the GPU: {message(exc)}"
             log.warning("%s", self._open_error)
             self.error.emit(self._open_error)
             return
         finally:
             self._opened.set()
-        self._auto_budget = _default_budget(self._engine)
+        self._auto_budget = default_budget_of(self._engine)
         if self._auto_budget is None and self._budget_bytes is None:
             self._auto_budget = self._engine.arbiter.budget
         self.device_name = str(self._engine.device_name)
@@ -406,141 +325,8 @@ class EngineBridge(QObject):
 
     def _need_engine(self):
         if self._engine is None:
-            raise _NoEngine(self._open_error or "the engine is not open")
+            raise NoEngine(self._open_error or "the engine is not open")
         return self._engine
-
-    def _load(self, path: str, name: str | None, pin: bool, n_ctx: int | None,
-              cpu_moe: float) -> None:
-        try:
-            self._load_one(path, name, pin, n_ctx, cpu_moe)
-        except Exception as exc:
-            if not self._closing:
-                self.load_failed.emit(path, _load_message(path, exc))
-
-    def _load_one(self, path: str, name: str | None, pin: bool, n_ctx: int | None,
-                  cpu_moe: float, verb: str = "Loaded") -> str:
-        """Load (and pin); raises what the engine raises."""
-        eng = self._need_engine()
-        self.load_started.emit(path)
-        label = name or os.path.splitext(os.path.basename(path))[0]
-        op: list[Op] = []
-        last = [-1]
-
-        def progress(done: int, total: int) -> None:
-            if not op:                    # the upload runs: the load is on the device now
-                op.append(self.activity.begin(label, "load"))
-                self.activity.start(op[0])
-            pct = done * 100 // total if total else 100
-            if pct != last[0] and not self._closing:
-                last[0] = pct
-                self.load_progress.emit(path, int(done), int(total))
-
-        t0 = time.monotonic()
-        kw = {"cpu_moe": cpu_moe} if cpu_moe else {}
-        try:
-            name = eng.load(path, name=name, n_ctx=n_ctx, progress=progress, **kw)
-        finally:
-            if op:
-                self.activity.end(op[0])
-        if pin:
-            try:
-                eng.pin(name)
-            except Exception as exc:
-                self.error.emit(_message(exc))
-        self.touch(name)
-        if self._endpoint is not None:
-            n = next((s["n_ctx"] for s in eng.status() if s["name"] == name), None)
-            if n is not None:
-                self._endpoint.add_model(name, n)
-        self.log(f"{verb} {name} in {time.monotonic() - t0:.1f} s")
-        self.load_finished.emit(path, name)
-        self._emit_status()
-        return name
-
-    def _reload(self, name: str, n_ctx: int | None, cpu_moe: float) -> None:
-        eng = self._need_engine()
-        old = next((s for s in eng.status() if s["name"] == name), None)
-        if old is None:
-            self.error.emit(f"no model named {name!r} is loaded")
-            return
-        eng.unload(name)
-        if self._endpoint is not None:
-            self._endpoint.remove_model(name)
-        self._emit_status()
-        pinned = bool(old["pinned"])
-        try:
-            self._load_one(old["path"], name, pinned, n_ctx, cpu_moe, verb="Reloaded")
-        except Exception as exc:
-            if self._closing:
-                return
-            # these options do not work for this model: back to the ones it had
-            self.error.emit(f"Could not reload {name} with those settings: "
-                            f"{_load_message(old['path'], exc)}")
-            self._load(old["path"], name, pinned, old.get("n_ctx"),
-                       float(old.get("cpu_moe") or 0.0))
-
-    def _call(self, method: str, name: str, op: Op) -> None:
-        try:
-            eng = self._need_engine()
-            self.activity.start(op)
-            getattr(eng, method)(name)
-        except Exception as exc:
-            if not isinstance(exc, (KeyError, ValueError, _NoEngine, RuntimeError)):
-                raise
-            self.error.emit(_message(exc))
-        else:
-            if method == "unload" and self._endpoint is not None:
-                self._endpoint.remove_model(name)
-            if method in ("warm", "pin"):
-                self.touch(name)
-        finally:
-            self.activity.end(op)
-        self._emit_status()
-
-    def _generate(self, name: str, prompt: str, max_tokens: int) -> None:
-        from engine.text.sampling import SamplingParams
-
-        try:
-            out = self._need_engine().generate(name, prompt=prompt, max_tokens=max_tokens,
-                                               sampling=SamplingParams(temperature=0.0))
-        except (KeyError, ValueError, _NoEngine) as exc:
-            self.error.emit(_message(exc))
-            return
-        self.touch(name)
-        self.generated.emit(name, out.text)
-        self._emit_status()
-
-    def _chat(self, rid: int, name: str, messages: list[dict], max_tokens: int,
-              temperature: float, cancel: threading.Event, op: Op) -> None:
-        from engine.text.sampling import SamplingParams
-
-        info = {"text": "", "tokens": 0, "finish_reason": "", "tokens_per_s": None,
-                "error": ""}
-
-        def on_text(piece: str) -> None:       # on the engine thread
-            self.activity.tick(op)
-            if not self._closing:
-                self.chat_delta.emit(rid, piece)
-        try:
-            eng = self._need_engine()
-            self.activity.start(op)
-            out = eng.generate(name, messages=messages, max_tokens=max_tokens,
-                               sampling=SamplingParams(temperature=temperature),
-                               on_text=on_text, cancel=cancel)
-        except Exception as exc:
-            info["error"] = _message(exc)
-        else:
-            rate = (out.timings or {}).get("decode_tokens_per_s") or op.rate()
-            info.update(text=out.text, tokens=len(out.tokens), finish_reason=out.finish_reason,
-                        tokens_per_s=rate)
-            self.log(f"Chat: {len(out.tokens)} tokens from {name}{_rate_text(out.timings)}")
-        finally:
-            self.activity.end(op)
-            self._cancels.pop(rid, None)
-            self.touch(name)
-        if not self._closing:
-            self.chat_done.emit(rid, info)
-        self._emit_status()
 
     def _refresh(self) -> None:
         self._refresh_queued.clear()
@@ -640,45 +426,6 @@ class EngineBridge(QObject):
             self._engine.set_flash_attn(mode)
             self._emit_status()
 
-    def _set_endpoint(self, enabled: bool) -> None:
-        if enabled and self._endpoint is None:
-            try:
-                eng = self._need_engine()
-            except _NoEngine as exc:
-                self.endpoint_changed.emit(False, str(exc))
-                return
-            models = [(s["name"], s["n_ctx"]) for s in eng.status()]
-            ep = Endpoint(_Observed(eng, self), models, self._port, host=self._host,
-                          api_key=self._api_key)
-            try:
-                url = ep.start()
-            except OSError as exc:
-                why = f"cannot listen on {ep.host}:{self._port}: {exc.strerror or exc}"
-                self.endpoint_changed.emit(False, why)
-                self.error.emit(f"Local endpoint: {why}")
-                return
-            self._endpoint = ep
-            self.log(f"Endpoint listening on {url}")
-            self.endpoint_changed.emit(True, url)
-        elif not enabled and self._endpoint is not None:
-            self._endpoint.stop()
-            self._endpoint = None
-            self.log("Endpoint stopped")
-            self.endpoint_changed.emit(False, "")
-        else:
-            running = self._endpoint is not None
-            self.endpoint_changed.emit(running, self._endpoint.url if running else "")
-
-    def _move_endpoint(self, port: int | None = None, host: str | None = None,
-                       api_key: str | None = None) -> None:
-        new = (self._port if port is None else port, self._host if host is None else host,
-               self._api_key if api_key is None else api_key)
-        changed = new != (self._port, self._host, self._api_key)
-        self._port, self._host, self._api_key = new
-        if changed and self._endpoint is not None:
-            self._set_endpoint(False)
-            self._set_endpoint(True)
-
     # -- activity ---------------------------------------------------------------------------
     def _activity_changed(self) -> None:
         busy = self.activity.busy()
@@ -689,44 +436,3 @@ class EngineBridge(QObject):
         if not self._closing:
             self.busy_changed.emit(dict(busy))
 
-
-def _rate_text(timings: dict | None) -> str:
-    rate = (timings or {}).get("decode_tokens_per_s")
-    return f" at {rate:.1f} tok/s" if rate else ""
-
-
-def _default_budget(engine) -> int | None:
-    """The budget the engine picks by itself, to return to when the user clears theirs."""
-    try:
-        from engine.api import default_budget
-
-        return default_budget(engine.dev)
-    except Exception:                     # a fake engine, or no device heap to read
-        return None
-
-
-def _load_message(path: str, exc: BaseException) -> str:
-    """One line for a failed load: the engine's ModelFileError already names the file."""
-    from engine.formats.gguf_file import ModelFileError
-    from engine.residency.arbiter import BudgetError
-
-    base = os.path.basename(path)
-    if isinstance(exc, ModelFileError):
-        return str(exc)
-    if isinstance(exc, OSError):
-        return f"{path}: {exc.strerror or exc}"
-    if isinstance(exc, (ValueError, KeyError, BudgetError)):
-        return f"{base}: {_message(exc)}"
-    log.warning("loading %s failed: %s", path, exc)
-    return f"{base}: {type(exc).__name__}: {exc}"
-
-
-class _NoEngine(Exception):
-    pass
-
-
-def _message(exc: BaseException) -> str:
-    # KeyError's str() is the repr of its argument; the others read as they are.
-    if isinstance(exc, KeyError) and exc.args:
-        return str(exc.args[0])
-    return str(exc) or type(exc).__name__
