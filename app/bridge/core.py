@@ -1,5 +1,6 @@
 """EngineBridge: its signals, its life cycle, the requests the UI makes (each only queues a
-job on a lane), the status reads, the arena and idle checks."""
+job on a lane), the status reads and what the engine reports by itself (idle evictions,
+yields), all through the engine facade (engine.facade.EngineAPI)."""
 from __future__ import annotations
 
 import logging
@@ -15,7 +16,8 @@ from ..activity import Activity
 from .endpoint import HOST, Endpoint
 from .jobs import ModelJobs
 from .lanes import Lane, real_engine
-from .messages import NoEngine, default_budget_of, message
+from ..errors import NO_GPU, message
+from .messages import NoEngine
 from .serving import EndpointControl
 
 log = logging.getLogger("hotseat.app")
@@ -39,10 +41,12 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
     load_progress = Signal(str, "qlonglong", "qlonglong")
     #: (path, name): the model at path is loaded (and pinned, if asked) under name
     load_finished = Signal(str, str)
-    #: (path, message): the model at path could not be loaded; the message is one line
-    load_failed = Signal(str, str)
-    #: a one-line message for the user: a refused pin, evict, budget change...
-    error = Signal(str)
+    #: (path, summary, details): the model at path could not be loaded; summary in words for
+    #: people (app/errors.py), details the engine's own line naming the file
+    load_failed = Signal(str, str, str)
+    #: (summary, details): a refused pin, evict, budget change...; summary one line in words
+    #: for people, details the engine's own text ("" when there is no more to say)
+    error = Signal(str, str)
     #: (name, text): a generate() finished
     generated = Signal(str, str)
     #: (request id, text): the next piece of a chat() answer, as it is generated
@@ -77,7 +81,6 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         self._engine = None                # set once on the control lane
         self._opened = threading.Event()   # set when the open finished (or failed)
         self._open_error = ""
-        self._auto_budget: int | None = None
         self._endpoint: Endpoint | None = None
         self._lanes = {n: Lane(n) for n in ("control", "load", "generate", "status")}
         self._refresh_queued = threading.Event()
@@ -85,12 +88,8 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         self._started = False
         self._cancels: dict[int, threading.Event] = {}
         self._chat_ids = iter(range(1, 1 << 62))
-        self._last_used: dict[str, float] = {}
-        self._seen_tokens: dict[str, int] = {}
         self._idle_s = 0.0                 # 0: never evict for idleness
-        self._idle_evicted: set[str] = set()
         self._arena: dict = {}
-        self._own_yield_until = 0.0        # our yield, where the engine has no arena
         self._busy: dict[str, str] = {}
         self._busy_lock = threading.Lock()
         self.activity = Activity(on_change=self._activity_changed)
@@ -243,11 +242,11 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
 
     def set_budget_bytes(self, budget_bytes: int | None) -> None:
         """The VRAM budget; None: the engine's default. Applies to the next acquisition."""
-        self._submit("control", lambda: self._set_arbiter(budget=budget_bytes))
+        self._submit("control", lambda: self._set_budget(budget_bytes))
 
     @Slot(bool)
     def set_full_release(self, full: bool) -> None:
-        self._submit("control", lambda: self._set_arbiter(full_release=bool(full)))
+        self._submit("control", lambda: self._set_full_release(bool(full)))
 
     @Slot(str)
     def set_flash_attn(self, mode: str) -> None:
@@ -256,18 +255,15 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         self._submit("control", lambda: self._set_flash_attn(str(mode)))
 
     def set_idle_evict_s(self, seconds: float) -> None:
-        """Evict a warm, unpinned model after this many seconds unused; 0: never."""
+        """The engine evicts a warm, unpinned model after this many seconds unused; 0:
+        never. The log says so ("idle_evicted")."""
         self._idle_s = max(0.0, float(seconds))
+        if self._started:                  # else the open applies it
+            self._submit("control", lambda: self._set_idle_evict(self._idle_s))
 
     def yield_gpu(self, seconds: float = YIELD_S) -> None:
         """Ask every Hotseat process (this one too) to go cold and stay off the GPU."""
-        self._submit("control", lambda: self._yield(float(seconds)))
-
-    def touch(self, name: str | None) -> None:
-        """The model was used now (for the idle eviction)."""
-        if name:
-            self._last_used[name] = time.monotonic()
-            self._idle_evicted.discard(name)
+        self._submit("control", lambda: self._need_engine().yield_gpu(float(seconds)))
 
     def log(self, text: str) -> None:
         if not self._closing:
@@ -302,7 +298,7 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
             if self._closing:
                 return
             log.exception("engine job failed")
-            self.error.emit(f"{type(exc).__name__}: {exc}")
+            self.error.emit(f"{type(exc).__name__}: {message(exc)}", "")
 
     def _open(self) -> None:
         try:
@@ -312,13 +308,13 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         except Exception as exc:
             self._open_error = f"Cannot open the GPU: {message(exc)}"
             log.warning("%s", self._open_error)
-            self.error.emit(self._open_error)
+            self.error.emit(NO_GPU, self._open_error)
             return
         finally:
             self._opened.set()
-        self._auto_budget = default_budget_of(self._engine)
-        if self._auto_budget is None and self._budget_bytes is None:
-            self._auto_budget = self._engine.arbiter.budget
+        self._engine.subscribe(self._on_engine_event)
+        if self._idle_s:
+            self._engine.set_idle_evict(self._idle_s)
         self.device_name = str(self._engine.device_name)
         self.device_ready.emit(self.device_name)
         self._emit_status()
@@ -332,7 +328,6 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         self._refresh_queued.clear()
         self._emit_status()
         self._check_arena()
-        self._check_idle()
 
     def _emit_status(self) -> None:
         if self._engine is None or self._closing:
@@ -343,82 +338,52 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         models = self._engine.status()
         for s in models:
             s.update(modelinfo.describe(s["path"], s.get("file_type"), "file_type" in s))
-            n = int(s.get("cached_tokens") or 0)
-            if self._seen_tokens.get(s["name"]) != n:
-                if s["name"] in self._seen_tokens:
-                    self.touch(s["name"])        # a request reached it some other way
-                self._seen_tokens[s["name"]] = n
-            self._last_used.setdefault(s["name"], time.monotonic())
         vram = dict(self._engine.vram())
         if self._closing:
             return
         self.models_changed.emit(models)
         self.vram_changed.emit(vram)
 
-    def _check_idle(self) -> None:
-        if not self._idle_s or self._engine is None:
-            return
-        now = time.monotonic()
-        for s in self._engine.status():
-            name = s["name"]
-            idle = now - self._last_used.get(name, now)
-            if (s["state"] == "warm" and not s["pinned"] and idle >= self._idle_s
-                    and name not in self._idle_evicted
-                    and not any(o.model == name for o in self.activity.ops())):
-                self._idle_evicted.add(name)
-                self.log(f"Evicted {name} after {idle / 60:.0f} min unused")
-                self._device_op(name, "evict")
-
     def _check_arena(self) -> None:
-        fn = getattr(self._engine, "arena_status", None)
-        st: dict = {}
-        if callable(fn):
-            try:
-                st = dict(fn() or {})
-            except Exception:
-                log.exception("arena_status failed")
-        if not st and self._own_yield_until > time.time():
-            # no arena in this engine: our own yield, as the arena would report it
-            st = {"state": "yielded", "until": self._own_yield_until, "holder_pid": None}
+        try:
+            st = dict(self._engine.arena_status() or {})
+            if not st:
+                until = self._engine.yielded_until()
+                if until:
+                    # no arena in this engine: its own yield, as the arena would report it
+                    st = {"state": "yielded", "until": until, "holder_pid": None}
+        except Exception:
+            log.exception("arena_status failed")
+            st = {}
         if st != self._arena and not self._closing:
             self._arena = st
             self.arena_changed.emit(dict(st))
 
-    def _yield(self, seconds: float) -> None:
-        from engine.residency.arena import Arena
-
-        arena = Arena(watch=False)
-        try:
-            got = arena.yield_gpu(seconds, wait=0)
-        finally:
-            arena.close()
-        until = float(got.get("until") or time.time() + seconds)
-        eng = self._need_engine()
-        status = getattr(eng, "arena_status", None)
-        if not callable(status) or status() is None:
-            # not in the arena: the ring reaches the others, our own models go cold here
-            self._own_yield_until = until
-            for s in eng.status():
-                if s["state"] == "warm" and not s["pinned"]:
-                    op = self.activity.begin(s["name"], "evict")
-                    self._call("evict", s["name"], op)
-        self.log(f"Yielded the GPU until {time.strftime('%H:%M', time.localtime(until))}")
+    def _on_engine_event(self, event: str, info: dict) -> None:
+        """What the engine did by itself (on its own threads): said in the log."""
+        if event == "idle_evicted":
+            self.log(f"Evicted {info['name']} after {info['idle_s'] / 60:.0f} min unused")
+        elif event == "yielded":
+            until = time.strftime("%H:%M", time.localtime(info["until"]))
+            self.log(f"Yielded the GPU until {until}")
         self.refresh()
 
-    def _set_arbiter(self, budget: int | None = -1, full_release: bool | None = None) -> None:
-        """budget -1: unchanged; None: the engine's default."""
-        if budget != -1:
-            self._budget_bytes = budget
-        if full_release is not None:
-            self._full_release = full_release
-        if self._engine is None:
-            return
-        arb = self._engine.arbiter
-        if budget != -1:
-            arb.budget = int(budget if budget is not None else self._auto_budget or arb.budget)
-        if full_release is not None:
-            arb.full_release = full_release
-        self._emit_status()
+    def _set_budget(self, budget: int | None) -> None:
+        """None: the engine's default."""
+        self._budget_bytes = budget
+        if self._engine is not None:
+            self._engine.set_budget(budget)
+            self._emit_status()
+
+    def _set_full_release(self, full: bool) -> None:
+        self._full_release = full
+        if self._engine is not None:
+            self._engine.set_full_release(full)
+            self._emit_status()
+
+    def _set_idle_evict(self, seconds: float) -> None:
+        if self._engine is not None:
+            self._engine.set_idle_evict(seconds)
 
     def _set_flash_attn(self, mode: str) -> None:
         self._flash_attn = mode

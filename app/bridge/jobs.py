@@ -7,7 +7,8 @@ import threading
 import time
 
 from ..activity import Op
-from .messages import NoEngine, load_message, message, rate_text
+from ..errors import describe, summary_of
+from .messages import NoEngine, load_message, rate_text
 
 
 class ModelJobs:
@@ -19,7 +20,7 @@ class ModelJobs:
             self._load_one(path, name, pin, n_ctx, cpu_moe)
         except Exception as exc:
             if not self._closing:
-                self.load_failed.emit(path, load_message(path, exc))
+                self.load_failed.emit(path, summary_of(exc), load_message(path, exc))
 
     def _load_one(self, path: str, name: str | None, pin: bool, n_ctx: int | None,
                   cpu_moe: float, verb: str = "Loaded") -> str:
@@ -50,8 +51,7 @@ class ModelJobs:
             try:
                 eng.pin(name)
             except Exception as exc:
-                self.error.emit(message(exc))
-        self.touch(name)
+                self.error.emit(*describe(exc))
         if self._endpoint is not None:
             n = next((s["n_ctx"] for s in eng.status() if s["name"] == name), None)
             if n is not None:
@@ -65,7 +65,7 @@ class ModelJobs:
         eng = self._need_engine()
         old = next((s for s in eng.status() if s["name"] == name), None)
         if old is None:
-            self.error.emit(f"no model named {name!r} is loaded")
+            self.error.emit(f"no model named {name!r} is loaded", "")
             return
         eng.unload(name)
         if self._endpoint is not None:
@@ -79,7 +79,7 @@ class ModelJobs:
                 return
             # these options do not work for this model: back to the ones it had
             self.error.emit(f"Could not reload {name} with those settings: "
-                            f"{load_message(old['path'], exc)}")
+                            f"{summary_of(exc)}", load_message(old["path"], exc))
             self._load(old["path"], name, pinned, old.get("n_ctx"),
                        float(old.get("cpu_moe") or 0.0))
 
@@ -91,12 +91,10 @@ class ModelJobs:
         except Exception as exc:
             if not isinstance(exc, (KeyError, ValueError, NoEngine, RuntimeError)):
                 raise
-            self.error.emit(message(exc))
+            self.error.emit(*describe(exc))
         else:
             if method == "unload" and self._endpoint is not None:
                 self._endpoint.remove_model(name)
-            if method in ("warm", "pin"):
-                self.touch(name)
         finally:
             self.activity.end(op)
         self._emit_status()
@@ -108,9 +106,8 @@ class ModelJobs:
             out = self._need_engine().generate(name, prompt=prompt, max_tokens=max_tokens,
                                                sampling=SamplingParams(temperature=0.0))
         except (KeyError, ValueError, NoEngine) as exc:
-            self.error.emit(message(exc))
+            self.error.emit(*describe(exc))
             return
-        self.touch(name)
         self.generated.emit(name, out.text)
         self._emit_status()
 
@@ -132,7 +129,7 @@ class ModelJobs:
                                sampling=SamplingParams(temperature=temperature),
                                on_text=on_text, cancel=cancel)
         except Exception as exc:
-            info["error"] = message(exc)
+            info["error"] = summary_of(exc)
         else:
             rate = (out.timings or {}).get("decode_tokens_per_s") or op.rate()
             info.update(text=out.text, tokens=len(out.tokens), finish_reason=out.finish_reason,
@@ -141,7 +138,6 @@ class ModelJobs:
         finally:
             self.activity.end(op)
             self._cancels.pop(rid, None)
-            self.touch(name)
         if not self._closing:
             self.chat_done.emit(rid, info)
         self._emit_status()

@@ -1,7 +1,18 @@
-"""The engine as the tray's endpoint sees it."""
+"""The engine as the tray's endpoint sees it: the whole facade (engine.facade.EngineAPI),
+each method passed through to the engine as it is called; generate() also reports to the
+bridge's activity (busy state, tokens/s) and log.
+
+The pass-through methods are made from the Protocol itself, so they take what it takes
+(tests/engine/test_facade.py compares the signatures); only generate() is written out.
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+import inspect
+import threading
+from typing import TYPE_CHECKING, Callable
+
+from engine.facade import Completion, EngineAPI
 
 from .messages import rate_text
 
@@ -9,18 +20,39 @@ if TYPE_CHECKING:
     from .core import EngineBridge
 
 
-class ObservedEngine:
-    """The engine as the endpoint sees it: generate() also reports to the activity (busy
-    state, tokens/s, last use); everything else is the engine's own."""
+def api_methods() -> list[str]:
+    """The names of EngineAPI's methods."""
+    return [n for n, v in vars(EngineAPI).items()
+            if not n.startswith("_") and inspect.isfunction(v)]
 
-    def __init__(self, engine, bridge: EngineBridge):
+
+def _pass_through(name: str):
+    proto = getattr(EngineAPI, name)
+
+    @functools.wraps(proto)
+    def method(self, *args, **kw):
+        return getattr(self._engine, name)(*args, **kw)
+    del method.__wrapped__                # its own signature, set from the Protocol's below
+    method.__signature__ = inspect.signature(proto)
+    return method
+
+
+class ObservedEngine:
+    """Every EngineAPI method of `engine`; generate() observed by `bridge`."""
+
+    def __init__(self, engine: EngineAPI, bridge: EngineBridge):
         self._engine, self._bridge = engine, bridge
 
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
+    @property
+    def device_name(self) -> str:
+        return self._engine.device_name
 
-    def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
-                 sampling=None, stop=(), on_text=None, cancel=None):
+    def generate(self, name: str | None = None, prompt: str | None = None,
+                 messages: list[dict] | None = None, tokens: list[int] | None = None,
+                 max_tokens: int = 128, sampling=None, stop: list[str] = (),
+                 on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None,
+                 wait: float | None = None) -> Completion:
         b = self._bridge
         op = b.activity.begin(name or "?", "generate", "endpoint")
         b.activity.start(op)
@@ -32,10 +64,14 @@ class ObservedEngine:
         try:
             out = self._engine.generate(name, prompt=prompt, messages=messages, tokens=tokens,
                                         max_tokens=max_tokens, sampling=sampling, stop=stop,
-                                        on_text=counted, cancel=cancel)
+                                        on_text=counted, cancel=cancel, wait=wait)
         finally:
             b.activity.end(op)
-            b.touch(name)
         b.log(f"Endpoint: {len(out.tokens)} tokens from {name}{rate_text(out.timings)}")
         return out
 
+
+for _name in api_methods():
+    if _name not in vars(ObservedEngine):
+        setattr(ObservedEngine, _name, _pass_through(_name))
+del _name

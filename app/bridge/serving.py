@@ -24,7 +24,7 @@ class EndpointControl:
             except OSError as exc:
                 why = f"cannot listen on {ep.host}:{self._port}: {exc.strerror or exc}"
                 self.endpoint_changed.emit(False, why)
-                self.error.emit(f"Local endpoint: {why}")
+                self.error.emit(f"Local endpoint: {why}", "")
                 return
             self._endpoint = ep
             self.log(f"Endpoint listening on {url}")

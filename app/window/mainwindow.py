@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLab
                                QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
 from ..bridge import EngineBridge
-from ..errors import friendly
 from ..icons import app_icon
 from ..settings import Settings
 from .chat import ChatPanel
@@ -239,9 +238,8 @@ class MainWindow(QMainWindow):
     def on_message_closed(self) -> None:
         self._show_message("", "info")
 
-    @Slot(str)
-    def on_error(self, message: str) -> None:
-        summary, details = friendly(message)
+    @Slot(str, str)
+    def on_error(self, summary: str, details: str) -> None:
         self.show_error(summary, details)
 
     @Slot(str)
@@ -346,10 +344,9 @@ class MainWindow(QMainWindow):
         if name in self.rows:
             self.drop_pending(path)
 
-    @Slot(str, str)
-    def on_load_failed(self, path: str, message: str) -> None:
+    @Slot(str, str, str)
+    def on_load_failed(self, path: str, summary: str, details: str) -> None:
         self.drop_pending(path)
-        summary, details = friendly(message)
         self.show_error(f"Could not load {os.path.basename(path)}: {summary}", details)
 
     # -- models -------------------------------------------------------------------------------
