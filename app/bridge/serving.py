@@ -27,6 +27,9 @@ class EndpointControl:
                 self.error.emit(f"Local endpoint: {why}", "")
                 return
             self._endpoint = ep
+            # a load that finished while the endpoint started saw no endpoint to tell
+            for s in eng.status():
+                ep.add_model(s["name"], s["n_ctx"])
             self.log(f"Endpoint listening on {url}")
             self.endpoint_changed.emit(True, url)
         elif not enabled and self._endpoint is not None:

@@ -236,6 +236,25 @@ def test_endpoint_serves_health_and_models_then_stops(qtbot, make_bridge, models
         get(url + "/health", timeout=2)
 
 
+def test_a_load_that_ends_while_the_endpoint_starts_is_served(qtbot, make_bridge, models,
+                                                               monkeypatch):
+    """The load lane tells the endpoint about a model only once the endpoint is there; a
+    load finishing while it starts is picked up when it has started."""
+    from app.bridge.endpoint import Endpoint
+
+    bridge = make_bridge(port=0)
+    start = Endpoint.start
+
+    def start_during_a_load(ep):
+        bridge.fake.load(models["b"])      # after the endpoint's list, before it is running
+        return start(ep)
+    monkeypatch.setattr(Endpoint, "start", start_during_a_load)
+    bridge.set_endpoint(True)
+    until(qtbot, lambda: bridge.rec.endpoint, timeout=10000)
+    url = bridge.rec.endpoint[-1][1]
+    until(qtbot, lambda: [m["id"] for m in get(url + "/v1/models")[1]["data"]] == ["b"])
+
+
 def test_endpoint_on_a_taken_port_reports(qtbot, make_bridge):
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
