@@ -14,8 +14,10 @@ the endpoint. The worker is four lanes, each a thread that runs its jobs in orde
   for seconds; pins and evicts must not wait for that);
 - generate: the chat box's requests;
 - status: the status reads (status() and vram() read bookkeeping, so they answer while the
-  engine thread is busy), the arena's state, the idle eviction check.
+  engine thread is busy), the arena's state.
 
+The bridge calls only the engine facade (engine.facade.EngineAPI). Idle eviction and yields
+are the engine's: the bridge hands it the settings and logs what it reports (subscribe).
 The engine itself runs device work on its own thread, one job at a time, so lanes never
 race on the device. Results come back as signals, emitted on a lane and delivered (queued)
 to receivers on the UI thread. The lanes are daemon threads: a quit never waits on a load

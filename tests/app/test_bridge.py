@@ -202,7 +202,7 @@ def test_generate_runs_on_the_worker(qtbot, bridge, models):
     assert bridge.rec.generated == [("a", " ok ok")]
 
 
-def get(url: str, timeout: float = 5.0):
+def get(url: str | urllib.request.Request, timeout: float = 5.0):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.status, json.loads(r.read())
 
@@ -442,9 +442,14 @@ def test_endpoint_with_an_api_key(qtbot, make_bridge, models):
                                                               "Bearer sekrit"})
     with urllib.request.urlopen(req, timeout=5) as r:
         assert r.status == 200
+    lan = {"Authorization": "Bearer sekrit", "Host": "192.168.1.20"}   # a LAN client's
+    with pytest.raises(urllib.error.HTTPError) as err:
+        get(urllib.request.Request(url + "/v1/models", headers=lan))
+    assert err.value.code == 403                            # not while on 127.0.0.1 only
     bridge.set_access("0.0.0.0", "sekrit")                  # moves to every address
     until(qtbot, lambda: len(bridge.rec.endpoint) == 3, timeout=10000)
-    assert bridge._endpoint.host == "0.0.0.0"
+    url = bridge.rec.endpoint[-1][1]
+    assert get(urllib.request.Request(url + "/v1/models", headers=lan))[0] == 200
 
 
 def test_endpoint_requests_show_as_busy(qtbot, make_bridge, models):
