@@ -13,10 +13,10 @@ from PySide6.QtCore import QObject, Signal, Slot
 
 from .. import modelinfo
 from ..activity import Activity
+from ..errors import NO_GPU, message
 from .endpoint import HOST, Endpoint
 from .jobs import ModelJobs
 from .lanes import Lane, real_engine
-from ..errors import NO_GPU, message
 from .messages import NoEngine
 from .serving import EndpointControl
 

@@ -34,6 +34,7 @@ def _pass_through(name: str):
         return getattr(self._engine, name)(*args, **kw)
     del method.__wrapped__                # its own signature, set from the Protocol's below
     method.__signature__ = inspect.signature(proto)
+    method.__qualname__ = f"ObservedEngine.{name}"
     return method
 
 
