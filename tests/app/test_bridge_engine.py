@@ -60,11 +60,13 @@ def test_load_evict_pin_on_the_real_engine(qtbot, smollm2_path):
         bridge.close()
 
 
-def test_idle_eviction_and_yield_are_the_engines(qtbot, smollm2_path):
+def test_idle_eviction_and_yield_are_the_engines(qtbot, smollm2_path, tmp_path, monkeypatch):
     """On the real engine (no arena): its idle thread evicts an unused model and the
     bridge's log says so; a yield makes the model cold and shows until when."""
     import time
 
+    # the yield rings every process of the arena: one of this test's own, not the session's
+    monkeypatch.setenv("HOTSEAT_ARENA", str(tmp_path / "arena"))
     bridge = EngineBridge(engine_factory=lambda **kw: small_engine(arena=False, **kw))
     rec = Recorder(bridge)
     lines, arena = [], []
