@@ -33,7 +33,6 @@ from . import autostart
 from . import settings as settings_mod
 from .bridge import EngineBridge
 from .collector import GarbageCollector
-from .errors import friendly
 from .icons import app_icon, resources_dir
 from .settings import ModelEntry
 from .tray import Tray
@@ -77,7 +76,7 @@ class HotseatApp(QObject):
         self.window.setting_changed.connect(self.on_setting_changed)
         self.window.model_options_changed.connect(self.on_model_options_changed)
         self.watcher.offered.connect(self.window.on_model_offered)
-        self.watcher.error.connect(self.window.on_error)
+        self.watcher.error.connect(self.window.show_error)
         self.tray.show_window_requested.connect(self.on_show_window)
         self.tray.preferences_requested.connect(self.on_show_preferences)
         self.tray.quit_requested.connect(self.on_quit)
@@ -126,19 +125,18 @@ class HotseatApp(QObject):
         self._pending.pop(path, None)
         self._notify("Model loaded", f"{name} is ready")
 
-    @Slot(str, str)
-    def on_load_failed(self, path: str, message: str) -> None:
-        summary, _ = friendly(message)
+    @Slot(str, str, str)
+    def on_load_failed(self, path: str, summary: str, details: str) -> None:
         self._notify("Could not load a model", f"{os.path.basename(path)}: {summary}")
         if self._pending.pop(path, None) is not None:
             self.settings.models = [e for e in self.settings.models if e.path != path]
             self.save()
             self.window.show_error(f"Could not load the saved model {os.path.basename(path)} "
-                                   f"again: {summary}", message)
+                                   f"again: {summary}", details)
 
-    @Slot(str)
-    def on_engine_error(self, message: str) -> None:
-        self._notify("Hotseat", friendly(message)[0])
+    @Slot(str, str)
+    def on_engine_error(self, summary: str, _details: str) -> None:
+        self._notify("Hotseat", summary)
 
     @Slot(bool, str)
     def on_endpoint_changed(self, running: bool, _detail: str) -> None:
@@ -415,9 +413,9 @@ def headless_check(model: str | None = None, timeout_s: float = 120.0) -> int:
             report["generated"] = events["generated"][1] if ok else None
         report["model_rows"] = len(window.rows) if ok else 0
     if "error" in events:
-        report["error"] = events["error"][0]
+        report["error"] = events["error"][1] or events["error"][0]     # the engine's text
     if "load_failed" in events:
-        report["error"] = events["load_failed"][1]
+        report["error"] = events["load_failed"][2]
     report["tray_menu"] = [t for t in tray.texts() if t]
     report["ok"] = bool(ok and report["icon"] and report["spv_modules"])
     window.timer.stop()

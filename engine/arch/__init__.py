@@ -20,5 +20,5 @@ def for_file(gguf: GGUFFile) -> ModuleType:
     arch = gguf.arch
     if arch not in ARCHITECTURES:
         raise ModelFileError(gguf.path, f"unsupported architecture {arch!r} (supported: "
-                                        f"{', '.join(ARCHITECTURES)})")
+                                        f"{', '.join(ARCHITECTURES)})", "architecture")
     return ARCHITECTURES[arch]

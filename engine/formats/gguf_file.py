@@ -45,11 +45,15 @@ _SCALAR_DTYPE = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: 
 
 
 class ModelFileError(Exception):
-    """A model file that cannot be used; str() is one line naming the file."""
+    """A model file that cannot be used; str() is one line naming the file. `reason` says
+    what kind of problem it is, for front ends to word it: "not_gguf", "truncated",
+    "corrupt", "version", "tensor_type", "architecture", "incomplete" (a tensor or key
+    missing), "not_found", "directory", "permission", or "" (another)."""
     code = "model_file"
 
-    def __init__(self, path: str | os.PathLike, problem: str):
+    def __init__(self, path: str | os.PathLike, problem: str, reason: str = ""):
         self.path = os.fspath(path)
+        self.reason = reason
         # One line whatever the problem text holds (exception messages may span several).
         self.problem = re.sub(r"\s*[\r\n]+\s*", " ", str(problem)).strip()
         super().__init__(f"{self.path}: {self.problem}")
@@ -76,21 +80,26 @@ class TensorInfo:
 def _check_header(path: str, head: bytes, size: int) -> tuple[int, int]:
     """Magic, version and counts: what gguf-py would turn into a confusing exception."""
     if size == 0:
-        raise ModelFileError(path, "empty file (0 bytes), not a GGUF model")
+        raise ModelFileError(path, "empty file (0 bytes), not a GGUF model",
+                             "not_gguf")
     if head[:4] != GGUF_MAGIC[:len(head)]:
         # never the bytes themselves: a path can name any readable file (/etc/shadow)
-        raise ModelFileError(path, "not a GGUF file (it does not start with the GGUF magic)")
+        raise ModelFileError(path, "not a GGUF file (it does not start with the GGUF magic)",
+                             "not_gguf")
     if size < 24:
-        raise ModelFileError(path, f"truncated file: {size} bytes, shorter than a GGUF header")
+        raise ModelFileError(path, f"truncated file: {size} bytes, shorter than a GGUF header",
+                             "truncated")
     version, n_tensors, n_kv = struct.unpack("<IQQ", head[4:24])
     if version not in (2, 3):
         if version & 0xFFFF == 0 and (version >> 24) in (2, 3):
             raise ModelFileError(path, f"unsupported GGUF version: big-endian file (version "
-                                       f"{version >> 24}); only little-endian files are read")
-        raise ModelFileError(path, f"unsupported GGUF version {version} (expected 2 or 3)")
+                                       f"{version >> 24}); only little-endian files are read",
+                                 "version")
+        raise ModelFileError(path, f"unsupported GGUF version {version} (expected 2 or 3)",
+                             "version")
     if n_tensors > MAX_TENSORS or n_kv > MAX_KV:
         raise ModelFileError(path, f"absurd header counts ({n_tensors} tensors, {n_kv} "
-                                   "metadata keys): corrupt file")
+                                   "metadata keys): corrupt file", "corrupt")
     return n_tensors, n_kv
 
 
@@ -103,13 +112,14 @@ class _Cursor:
         self.pos = 24
         self.where = "header"
 
-    def error(self, problem: str) -> ModelFileError:
-        return ModelFileError(self.path, f"{problem} (in {self.where}, at byte {self.pos})")
+    def error(self, problem: str, reason: str = "corrupt") -> ModelFileError:
+        return ModelFileError(self.path, f"{problem} (in {self.where}, at byte {self.pos})",
+                              reason)
 
     def take(self, n: int) -> int:
         if n > self.size - self.pos:
             raise self.error(f"truncated or corrupt file: {n} bytes needed, "
-                             f"{self.size - self.pos} left")
+                             f"{self.size - self.pos} left", "truncated")
         start = self.pos
         self.pos += n
         return start
@@ -153,7 +163,7 @@ class _Cursor:
         # Bound the count by the bytes left before looping over it.
         if count * _MIN_SIZE[itype] > self.size - self.pos:
             raise self.error(f"truncated or corrupt file: array of {count} items cannot "
-                             f"fit in the {self.size - self.pos} bytes left")
+                             f"fit in the {self.size - self.pos} bytes left", "truncated")
         if itype in _SCALAR_SIZE:
             start = self.take(count * _SCALAR_SIZE[itype])
             return np.frombuffer(self.buf, _SCALAR_DTYPE[itype], count, start).tolist()
@@ -222,32 +232,38 @@ def _parse_with(c: _Cursor, path: str, size: int, version: int, n_tensors: int, 
     for name, shape, ggml_type, offset in infos:
         if ggml_type not in GGML_QUANT_SIZES:
             raise ModelFileError(path, f"tensor {name!r} has unknown tensor type id {ggml_type} "
-                                       "(corrupt file, or a type newer than this gguf-py)")
+                                       "(corrupt file, or a type newer than this gguf-py)",
+                                 "tensor_type")
         if any(d == 0 for d in shape):
-            raise ModelFileError(path, f"tensor {name!r} has an empty dimension: shape {shape}")
+            raise ModelFileError(path, f"tensor {name!r} has an empty dimension: shape {shape}",
+                                 "corrupt")
         if any(d > MAX_DIM for d in shape):
-            raise ModelFileError(path, f"tensor {name!r} has absurd shape {shape}")
+            raise ModelFileError(path, f"tensor {name!r} has absurd shape {shape}", "corrupt")
         type_name = GGMLQuantizationType(ggml_type).name
         block, block_bytes = GGML_QUANT_SIZES[ggml_type]
         row = shape[0] if shape else 1
         if row % block:
             raise ModelFileError(path, f"tensor {name!r} shape {shape}: rows of {row} are not "
-                                       f"whole {type_name} blocks of {block}")
+                                       f"whole {type_name} blocks of {block}", "corrupt")
         n = 1
         for d in shape:
             n *= d
         nbytes = n // block * block_bytes
         if offset % alignment:
             raise ModelFileError(path, f"tensor {name!r} data offset {offset} is not a multiple "
-                                       f"of the alignment {alignment}: corrupt file")
+                                       f"of the alignment {alignment}: corrupt file", "corrupt")
         end = data_start + offset + nbytes
         if end > size:
             raise ModelFileError(path, f"truncated or corrupt file: tensor {name!r} ({type_name} "
                                        f"{shape}) ends at byte {end}, past the end of the file "
-                                       f"({size} bytes)")
+                                       f"({size} bytes)", "truncated")
         tensors.append((name, tuple(int(d) for d in shape), ggml_type, data_start + offset,
                         nbytes))
     return metadata, tensors
+
+
+def _os_reason(exc: OSError) -> str:
+    return "permission" if isinstance(exc, PermissionError) else ""
 
 
 def _open_checked(path: str) -> tuple[int, dict, list]:
@@ -255,14 +271,15 @@ def _open_checked(path: str) -> tuple[int, dict, list]:
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise ModelFileError(path, "no such file") from None
+        raise ModelFileError(path, "no such file", "not_found") from None
     except OSError as exc:
-        raise ModelFileError(path, f"cannot open: {exc.strerror or exc}") from None
+        raise ModelFileError(path, f"cannot open: {exc.strerror or exc}",
+                             _os_reason(exc)) from None
     if stat.S_ISDIR(st.st_mode):
-        raise ModelFileError(path, "is a directory, not a GGUF file")
+        raise ModelFileError(path, "is a directory, not a GGUF file", "directory")
     if not stat.S_ISREG(st.st_mode):
         # A pipe or device would block or stream forever; a model is a plain file.
-        raise ModelFileError(path, "not a regular file, so not a GGUF model")
+        raise ModelFileError(path, "not a regular file, so not a GGUF model", "not_gguf")
     size = st.st_size
     try:
         with open(path, "rb") as f:
@@ -273,7 +290,8 @@ def _open_checked(path: str) -> tuple[int, dict, list]:
                                            struct.unpack_from("<I", head, 4)[0], n_tensors,
                                            n_kv)
     except OSError as exc:
-        raise ModelFileError(path, f"cannot read: {exc.strerror or exc}") from None
+        raise ModelFileError(path, f"cannot read: {exc.strerror or exc}",
+                             _os_reason(exc)) from None
     return size, metadata, tensors
 
 
@@ -306,7 +324,7 @@ class GGUFFile:
 
     def require(self, key: str):
         if key not in self.metadata:
-            raise ModelFileError(self.path, f"missing metadata key {key!r}")
+            raise ModelFileError(self.path, f"missing metadata key {key!r}", "incomplete")
         return self.metadata[key]
 
     # -- tensors ----------------------------------------------------------------------------
@@ -319,7 +337,7 @@ class GGUFFile:
         try:
             return self.tensors[name]
         except KeyError:
-            raise ModelFileError(self.path, f"missing tensor {name!r}") from None
+            raise ModelFileError(self.path, f"missing tensor {name!r}", "incomplete") from None
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as float32 in numpy order (shape reversed from ggml's)."""

@@ -10,7 +10,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from .app import make_app
+from .listen import listen
 
 if TYPE_CHECKING:
     from ..api import Engine
@@ -102,23 +102,16 @@ def cmd_serve(args) -> int:
 
 
 async def _serve(eng: Engine, names: list[str], args) -> int:
-    from aiohttp import web
-
-    app = make_app(eng, names, api_key=args.api_key, cors_origins=args.cors_origin or (),
-                   host=args.host, allow_hosts=args.allow_host or ())
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port)
     try:
-        await site.start()
+        listening = await listen(eng, names, host=args.host, port=args.port,
+                                 api_key=args.api_key, cors_origins=args.cors_origin or (),
+                                 allow_hosts=args.allow_host or ())
     except OSError as exc:
-        await runner.cleanup()
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {why}") from None
-    port = runner.addresses[0][1] if runner.addresses else args.port
     host = f"[{args.host}]" if ":" in args.host else args.host
-    eng.set_arena_label(f"serve http://{host}:{port}")
-    print(f"hotseat serving {', '.join(names)} on http://{host}:{port} "
+    eng.set_arena_label(f"serve http://{host}:{listening.port}")
+    print(f"hotseat serving {', '.join(names)} on http://{host}:{listening.port} "
           f"(device: {eng.device_name})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -130,6 +123,5 @@ async def _serve(eng: Engine, names: list[str], args) -> int:
     try:
         await stop.wait()
     finally:
-        app["hotseat.server"].cancel_all()
-        await runner.cleanup()
+        await listening.stop()
     return 0

@@ -631,10 +631,6 @@ class Tokenizer:
                 self._attr[i] = self._attr[i] | ATTR_RSTRIP if on else self._attr[i] & ~ATTR_RSTRIP
 
     # -- lookups ----------------------------------------------------------------------------
-    def token_text(self, token: int) -> str:
-        """The vocabulary entry itself (GPT-2 byte-mapped or U+2581-escaped)."""
-        return self._tokens[token]
-
     def token_id(self, text: str) -> int | None:
         return self._to_id.get(text)
 

@@ -58,3 +58,40 @@ def test_load_evict_pin_on_the_real_engine(qtbot, smollm2_path):
     finally:
         window.timer.stop()
         bridge.close()
+
+
+def test_idle_eviction_and_yield_are_the_engines(qtbot, smollm2_path, tmp_path, monkeypatch):
+    """On the real engine (no arena): its idle thread evicts an unused model and the
+    bridge's log says so; a yield makes the model cold and shows until when."""
+    import time
+
+    # the yield rings every process of the arena: one of this test's own, not the session's
+    monkeypatch.setenv("HOTSEAT_ARENA", str(tmp_path / "arena"))
+    bridge = EngineBridge(engine_factory=lambda **kw: small_engine(arena=False, **kw))
+    rec = Recorder(bridge)
+    lines, arena = [], []
+    bridge.log_entry.connect(lines.append)
+    bridge.arena_changed.connect(arena.append)
+    try:
+        bridge.start()
+        bridge.load(smollm2_path)
+        until(qtbot, lambda: rec.loaded or rec.failed, timeout=LOAD_TIMEOUT_MS)
+        assert not rec.failed, rec.failed
+        name = rec.loaded[0][1]
+        until(qtbot, lambda: rec.model(name).get("state") == "warm", timeout=LOAD_TIMEOUT_MS)
+        bridge.set_idle_evict_s(1.0)
+        until(qtbot, lambda: rec.model(name).get("state") == "cold", timeout=10_000)
+        until(qtbot, lambda: any(x.endswith(f"Evicted {name} after 0 min unused")
+                                 for x in lines))
+        bridge.set_idle_evict_s(0)
+        bridge.warm(name)
+        until(qtbot, lambda: rec.model(name).get("state") == "warm", timeout=LOAD_TIMEOUT_MS)
+        bridge.yield_gpu(300)
+        until(qtbot, lambda: rec.model(name).get("state") == "cold", timeout=LOAD_TIMEOUT_MS)
+        until(qtbot, lambda: arena and arena[-1].get("state") == "yielded")
+        assert 290 < arena[-1]["until"] - time.time() <= 300
+        hm = time.strftime("%H:%M", time.localtime(arena[-1]["until"]))
+        until(qtbot, lambda: any(x.endswith(f"Yielded the GPU until {hm}") for x in lines))
+        assert not rec.errors, rec.errors
+    finally:
+        bridge.close()

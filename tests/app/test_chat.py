@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.chat import ChatPanel
+from app.window.chat import ChatPanel
 from tests.helpers.signals import until
 
 pytestmark = pytest.mark.filterwarnings("ignore:It is recommended to use web.AppKey")

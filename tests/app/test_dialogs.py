@@ -1,7 +1,7 @@
 """Preferences (each edit emitted at once, the LAN warning), About, a model's options."""
 from __future__ import annotations
 
-from app.dialogs import AboutDialog, ModelOptionsDialog, PreferencesDialog
+from app.window.dialogs import AboutDialog, ModelOptionsDialog, PreferencesDialog
 from app.settings import Settings
 from tests.helpers.fake_engine import fake_status
 

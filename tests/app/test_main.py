@@ -84,9 +84,9 @@ def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
     w = hs.window.preferences
     w.budget_spin.setValue(512)
     w.budget_spin.editingFinished.emit()
-    until(qtbot, lambda: eng.arbiter.budget == 512 << 20)
+    until(qtbot, lambda: eng.budget == 512 << 20)
     w.release_combo.setCurrentIndex(w.release_combo.findData("weights"))
-    until(qtbot, lambda: eng.arbiter.full_release is False)
+    until(qtbot, lambda: eng.full_release is False)
     w.flash_combo.setCurrentIndex(w.flash_combo.findData("on"))
     until(qtbot, lambda: eng.flash_attn == "on")
     w.port_spin.setValue(9123)
@@ -102,7 +102,7 @@ def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
     hs.close()
 
     hs2, eng2 = start_app()                                    # restored into engine and UI
-    assert eng2.arbiter.budget == 512 << 20 and eng2.arbiter.full_release is False
+    assert eng2.budget == 512 << 20 and eng2.full_release is False
     p2 = hs2.window.preferences
     assert eng2.flash_attn == "on" and p2.flash_combo.currentData() == "on"
     assert hs2.bridge.port == 9123 and p2.port_spin.value() == 9123
@@ -236,7 +236,8 @@ def test_idle_setting_reaches_the_bridge(qtbot, start_app):
     hs, eng = start_app()
     hs.window.preferences.idle_spin.setValue(15)
     hs.window.preferences.idle_spin.editingFinished.emit()
-    assert hs.bridge._idle_s == 15 * 60 and saved()["idle_evict_min"] == 15
+    assert saved()["idle_evict_min"] == 15
+    until(qtbot, lambda: eng.idle_s == 15 * 60)           # the engine evicts, not the tray
 
 
 @pytest.mark.qt_log_ignore("propagateSizeHints")

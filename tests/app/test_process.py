@@ -1,6 +1,7 @@
 """The real `hotseat-tray` process under Xvfb with a real system tray (trayer), on the real
 engine: Quit from the tray menu and SIGTERM end it within 2 s with the window open, the
-port closed and the settings saved; start/quit cycles never crash.
+port closed and the settings saved; start/quit cycles never crash; its endpoint answers
+X-Hotseat-Wait, and in LAN mode answers a client that names the machine by a LAN address.
 
 The tray menu's Quit is driven through the app's test hook ($HOTSEAT_TEST_HOOK): SIGUSR1
 triggers the menu's Quit QAction, the object a click on the menu item triggers. Skipped
@@ -11,6 +12,7 @@ HOTSEAT_STRESS_CYCLES sets the start/quit cycles (default 3 here; the issue's co
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -83,7 +85,8 @@ def port_open(port: int) -> bool:
 class Tray:
     """A started hotseat-tray and what its test hook reports."""
 
-    def __init__(self, display: str, tmp_path, models: list[dict] | None = None):
+    def __init__(self, display: str, tmp_path, models: list[dict] | None = None,
+                 settings: dict | None = None):
         self.dir = tmp_path
         self.config = tmp_path / "config"
         self.hook = tmp_path / "hook"
@@ -91,7 +94,7 @@ class Tray:
         self.hook.mkdir(exist_ok=True)
         self.port = free_port()
         (self.config / "settings.json").write_text(json.dumps(
-            {"models": models or [], "port": self.port, "endpoint": True}))
+            {"models": models or [], "port": self.port, "endpoint": True, **(settings or {})}))
         env = {k: v for k, v in os.environ.items() if k != "QT_QPA_PLATFORM"}
         env.update(DISPLAY=display, HOTSEAT_CONFIG_DIR=str(self.config),
                    XDG_CONFIG_HOME=str(tmp_path / "xdg"), HOTSEAT_TEST_HOOK=str(self.hook),
@@ -160,10 +163,11 @@ class Tray:
 def start(display, tmp_path):
     made = []
 
-    def make(models: list[dict] | None = None, sub: str = "") -> Tray:
+    def make(models: list[dict] | None = None, sub: str = "",
+             settings: dict | None = None) -> Tray:
         d = tmp_path / sub if sub else tmp_path
         d.mkdir(exist_ok=True)
-        t = Tray(display, d, models)
+        t = Tray(display, d, models, settings)
         made.append(t)
         return t
     yield make
@@ -208,3 +212,93 @@ def test_start_quit_cycles_never_crash(start):
         t.ready()
         t.quit_within(signal.SIGUSR1 if i % 2 == 0 else signal.SIGTERM)
         t.close()
+
+
+# -- the endpoint (issue 26) ------------------------------------------------------------------
+def request(port: int, method: str, path: str, body: dict | None = None, host: str = "127.0.0.1",
+            headers: dict | None = None, connect: str = "127.0.0.1") -> tuple[int, dict, dict]:
+    """One HTTP request to connect:port naming `host` in its Host header; (status, headers,
+    JSON body)."""
+    conn = http.client.HTTPConnection(connect, port, timeout=120)
+    try:
+        data = None if body is None else json.dumps(body).encode()
+        hdrs = {"Host": f"{host}:{port}", **({"Content-Type": "application/json"}
+                                              if data is not None else {}), **(headers or {})}
+        conn.request(method, path, body=data, headers=hdrs)
+        resp = conn.getresponse()
+        raw = resp.read()
+        return resp.status, dict(resp.getheaders()), json.loads(raw) if raw else {}
+    finally:
+        conn.close()
+
+
+def own_lan_address() -> str | None:
+    """This machine's address on its default route (no packet is sent), None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.123", 9))
+        except OSError:
+            return None
+        addr = s.getsockname()[0]
+    return None if addr.startswith("127.") else addr
+
+
+def assert_clean(t: Tray) -> None:
+    out = t.output()
+    assert "Traceback" not in out and "generation failed" not in out, out
+
+
+def test_the_wait_header_through_the_trays_endpoint(start, smollm2_path):
+    """X-Hotseat-Wait: 0 is a 200 while the GPU is free and a 503 while it is yielded, never
+    a 500 (the tray's engine wrapper once had no `wait`)."""
+    from engine.residency.arena import Arena
+
+    t = start([{"path": smollm2_path, "name": "smollm2"}])
+    t.ready(models=1)
+    body = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 2,
+            "temperature": 0}
+    status, _, out = request(t.port, "POST", "/v1/completions", body,
+                             headers={"X-Hotseat-Wait": "0"})
+    assert status == 200, out
+    assert out["usage"]["completion_tokens"] >= 1
+    chat = {"model": "smollm2", "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 2, "temperature": 0}
+    status, _, out = request(t.port, "POST", "/v1/chat/completions", chat,
+                             headers={"X-Hotseat-Wait": "2.5"})
+    assert status == 200, out
+    # another program takes the GPU for a minute: the tray answers at once that it is busy
+    with Arena(str(t.dir / "arena"), watch=False) as ring:
+        ring.yield_gpu(60, wait=0)
+    status, headers, out = request(t.port, "POST", "/v1/completions", body,
+                                   headers={"X-Hotseat-Wait": "0"})
+    assert status == 503, out
+    assert 0 < float(headers["Retry-After"]) <= 60
+    assert_clean(t)
+    t.quit_within(signal.SIGTERM)
+
+
+def test_lan_mode_answers_a_lan_client(start, smollm2_path):
+    """The tray in LAN mode (every address, with a key) answers a request whose Host is a
+    LAN address: what a client on the network sends."""
+    key = "sekrit-lan-key"
+    t = start([{"path": smollm2_path, "name": "smollm2"}],
+              settings={"lan": True, "api_key": key})
+    t.ready(models=1)
+    auth = {"Authorization": f"Bearer {key}"}
+    lan = "192.168.1.20"
+    status, _, out = request(t.port, "GET", "/v1/models", host=lan, headers=auth)
+    assert status == 200, out
+    assert [m["id"] for m in out["data"]] == ["smollm2"]
+    body = {"model": "smollm2", "prompt": "Hello", "max_tokens": 2, "temperature": 0}
+    status, _, out = request(t.port, "POST", "/v1/completions", body, host=lan, headers=auth)
+    assert status == 200, out
+    own = own_lan_address()
+    if own is not None:                  # the same through the machine's own LAN address
+        status, _, out = request(t.port, "GET", "/v1/models", host=own, headers=auth,
+                                 connect=own)
+        assert status == 200, out
+    # the key is still required, and a Host that is a foreign name is still refused
+    assert request(t.port, "GET", "/v1/models", host=lan)[0] == 401
+    assert request(t.port, "GET", "/v1/models", host="evil.example", headers=auth)[0] == 403
+    assert_clean(t)
+    t.quit_within(signal.SIGTERM)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.vrambar import VramBar, format_bytes
+from app.window.vrambar import VramBar, format_bytes
 
 
 @pytest.mark.parametrize("n, text", [(0, "0 B"), (512, "512 B"), (1536, "1.5 KiB"),

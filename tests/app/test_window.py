@@ -137,7 +137,10 @@ def test_unload_button_removes_the_row(qtbot, window, bridge, models):
 
 
 def test_a_refused_pin_shows_inline(qtbot, window, bridge):
-    bridge.error.emit("VRAM budget exceeded pinning a")
+    from app.errors import describe
+    from engine.residency.arbiter import BudgetError
+
+    bridge.error.emit(*describe(BudgetError("VRAM budget exceeded pinning a")))
     until(qtbot, lambda: not window.message.isHidden())
     assert window.message.text().startswith("Not enough VRAM in the budget")
     assert window.details_text.toPlainText() == "VRAM budget exceeded pinning a"

@@ -1,4 +1,5 @@
-"""A fake of the engine facade (engine/api.py) for UI tests: same method names, same status()
+"""A fake of the engine facade (engine.facade.EngineAPI) for UI tests: every method of the
+Protocol with the same signature (tests/engine/test_facade.py checks), the same status()
 and vram() dicts, no device, deterministic.
 
     eng = FakeEngine()
@@ -6,29 +7,38 @@ and vram() dicts, no device, deterministic.
                                    # file named bad.gguf or one that is not GGUF
     eng.calls                      # [("load", path), ("pin", name), ...] in order
     eng.arena_state = {"state": "yielded", "until": t, "holder_pid": 12}   # arena_status()
+    eng.evict_idle()               # what the real engine's idle thread does, when asked
 
 Each model holds MODEL_BYTES by kind while warm; evict() keeps the KV (weights-only) or
 nothing (full), as the real engine does. Device work (loads' uploads, pin, evict, warm,
 generate...) takes one lock, as the real engine's thread runs one job at a time: a warm
 waits for a generation; status() and vram() do not. write_gguf() makes small real GGUF
 files.
+
+Fake-only attributes, for white-box checks: `budget`, `full_release`, `pinned` (the
+arbiter's settings and pins), `idle_s` (set_idle_evict's), `flash_attn`, `calls`, `waits`,
+`load_options`, `closed`.
 """
 from __future__ import annotations
 
 import os
 import threading
 import time
+from typing import Callable
 
 import numpy as np
 
+from engine.facade import ModelExists
 from engine.formats.gguf_file import GGUFFile, ModelFileError
-from engine.residency.arbiter import BudgetError
+from engine.residency.arbiter import BudgetError, PinnedError
 
 MiB = 1 << 20
 MODEL_BYTES = {"weights": 96 * MiB, "kv": 6 * MiB, "recurrent": 2 * MiB, "compute": 8 * MiB,
                "scratch": 1 * MiB}
 LOAD_STEPS = 4
-FAKE_BUDGET = 1024 * MiB
+FAKE_BUDGET = 1024 * MiB                 # default_budget(): the heap less a margin
+HEAP_BYTES = 2048 * MiB
+N_VOCAB = 32
 
 
 class FakeCompletion:
@@ -37,11 +47,16 @@ class FakeCompletion:
         self.finish_reason, self.timings = "length", {}
 
 
-class FakeArbiter:
-    def __init__(self, budget_bytes: int, full_release: bool):
-        self.budget = int(budget_bytes)
-        self.full_release = full_release
-        self.pinned: set[str] = set()
+class FakeTokenizer:
+    """One token per word: word i of the vocabulary is "w{i}"; other words are token 1."""
+    n_vocab = N_VOCAB
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        return [int(w[1:]) if w[:1] == "w" and w[1:].isdigit() and int(w[1:]) < N_VOCAB
+                else 1 for w in text.split()] or [1]
+
+    def decode(self, ids: list[int], special: bool = False) -> str:
+        return " ".join(f"w{i}" for i in ids)
 
 
 class FakeModel:
@@ -49,41 +64,46 @@ class FakeModel:
         self.name, self.path, self.arch, self.n_ctx = name, path, arch, n_ctx
         self.state = "warm"
         self.device_bytes = dict(MODEL_BYTES)
-        self.last_used = 0
+        self.last_used = 0                   # the LRU clock
+        self.used_at = time.monotonic()      # for idle eviction
+        self.busy = 0
         self.cached_tokens = 0
         self.cpu_moe = 0.0
 
 
-class FakeDevice:
-    name = "Fake GPU"
-    device_heap_bytes = 2048 * MiB
-
-
 class FakeEngine:
-    device_name = FakeDevice.name
+    device_name = "Fake GPU"
 
     def __init__(self, device: str | None = None, n_ctx: int = 2048,
                  budget_bytes: int | None = None, full_release: bool = True,
                  load_delay_s: float = 0.0, flash_attn: str | None = None,
                  token_delay_s: float = 0.0):
-        self.dev = FakeDevice()
         self.n_ctx = n_ctx
         self.flash_attn = flash_attn or "auto"
-        self.arbiter = FakeArbiter(budget_bytes or FAKE_BUDGET, full_release)
+        self.budget = int(budget_bytes or FAKE_BUDGET)
+        self.full_release = full_release
+        self.pinned: set[str] = set()
+        self.idle_s = 0.0
         self.models: dict[str, FakeModel] = {}
         self.calls: list[tuple] = []
+        self.waits: list[float | None] = []  # generate()'s wait, per call
         self.load_delay_s = load_delay_s     # per progress step: lets a test see a load run
         self.token_delay_s = token_delay_s   # per generated token
         self.load_options: dict[str, dict] = {}   # name -> {"n_ctx", "cpu_moe"} as loaded
         self.arena_state: dict | None = None
+        self.arena_label = ""
         self.closed = False
+        self._yield_until = 0.0
+        self._listeners: list[Callable[[str, dict], None]] = []
         self._lock = threading.RLock()       # bookkeeping
         self._device = threading.RLock()     # the engine thread: one job at a time
         self._clock = 0
         self._file_types: dict[str, int | None] = {}
 
     # -- models -----------------------------------------------------------------------------
-    def load(self, path, name=None, n_ctx=None, progress=None, cpu_moe=0.0) -> str:
+    def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
+             progress: Callable[[int, int], None] | None = None,
+             cpu_moe: float = 0.0) -> str:
         """Parse on the caller's thread (the real checks of GGUFFile), then "upload" holding
         the device lock, LOAD_STEPS progress calls load_delay_s apart."""
         path = os.fspath(path)
@@ -91,10 +111,10 @@ class FakeEngine:
         with self._lock:
             self.calls.append(("load", path))
             if name in self.models:
-                raise ValueError(f"a model named {name!r} is already loaded")
+                raise ModelExists(f"a model named {name!r} is already loaded")
         if os.path.basename(path) == "bad.gguf":
             raise ModelFileError(path, "not a GGUF file (it does not start with the GGUF "
-                                       "magic)")
+                                       "magic)", "not_gguf")
         g = GGUFFile(path)                    # the real checks: missing, foreign, truncated
         try:
             arch = g.arch
@@ -123,41 +143,51 @@ class FakeEngine:
         with self._device, self._lock:
             self.calls.append(("unload", name))
             self._get(name)
-            self.arbiter.pinned.discard(name)
+            self.pinned.discard(name)
             del self.models[name]
+
+    def warm(self, name: str, wait: float | None = None) -> dict:
+        with self._device, self._lock:
+            self.calls.append(("warm", name))
+            m = self._get(name)
+            was = m.state
+            self._warm(m)
+            return {"op": None if was == "warm" else "restore", "seconds": 0.0, "bytes": 0}
+
+    def evict(self, name: str, full: bool | None = None) -> dict:
+        with self._device, self._lock:
+            self.calls.append(("evict", name))
+            m = self._get(name)
+            if name in self.pinned:
+                raise PinnedError(f"{name} is pinned; unpin it before evicting it")
+            self._release(m, self.full_release if full is None else full)
+            return {"op": "evict", "seconds": 0.0, "bytes": 0}
 
     def pin(self, name: str) -> None:
         with self._device, self._lock:
             self.calls.append(("pin", name))
             m = self._get(name)
-            pinned = sum(self._warm_bytes(self.models[n]) for n in self.arbiter.pinned
-                         if n != name)
-            if pinned + self._warm_bytes(m) > self.arbiter.budget:
+            pinned = sum(self._warm_bytes(self.models[n]) for n in self.pinned if n != name)
+            if pinned + self._warm_bytes(m) > self.budget:
                 raise BudgetError(f"VRAM budget exceeded pinning {name}")
-            self.arbiter.pinned.add(name)
+            self.pinned.add(name)
             self._warm(m)
 
     def unpin(self, name: str) -> None:
         with self._device, self._lock:
             self.calls.append(("unpin", name))
             self._get(name)
-            self.arbiter.pinned.discard(name)
+            self.pinned.discard(name)
 
-    def evict(self, name: str, full: bool | None = None) -> dict:
-        with self._device, self._lock:
-            self.calls.append(("evict", name))
-            m = self._get(name)
-            if name in self.arbiter.pinned:
-                raise BudgetError(f"{name} is pinned; unpin it before evicting it")
-            self._release(m, self.arbiter.full_release if full is None else full)
-            return {}
+    def _get(self, name: str | None) -> FakeModel:
+        if name is None and len(self.models) == 1:
+            return next(iter(self.models.values()))
+        try:
+            return self.models[name]
+        except KeyError:
+            raise KeyError(f"no model named {name!r} is loaded") from None
 
-    def warm(self, name: str, wait: float | None = None) -> dict:
-        with self._device, self._lock:
-            self.calls.append(("warm", name))
-            self._warm(self._get(name))
-            return {}
-
+    # -- settings -----------------------------------------------------------------------------
     def set_flash_attn(self, mode: str) -> None:
         with self._device, self._lock:
             self.calls.append(("set_flash_attn", mode))
@@ -165,11 +195,54 @@ class FakeEngine:
                 raise ValueError(f"flash attention must be one of auto, on, off, got {mode!r}")
             self.flash_attn = mode
 
-    def _get(self, name: str | None) -> FakeModel:
-        try:
-            return self.models[name]
-        except KeyError:
-            raise KeyError(f"no model named {name!r} is loaded") from None
+    def set_budget(self, budget_bytes: int | None) -> int:
+        budget = self.default_budget() if budget_bytes is None else int(budget_bytes)
+        if budget <= 0:
+            raise ValueError(f"VRAM budget must be positive, got {budget}")
+        with self._lock:
+            self.calls.append(("set_budget", budget_bytes))
+            self.budget = budget
+        return budget
+
+    def default_budget(self) -> int:
+        return FAKE_BUDGET
+
+    def set_full_release(self, full: bool) -> None:
+        with self._lock:
+            self.calls.append(("set_full_release", bool(full)))
+            self.full_release = bool(full)
+
+    def set_idle_evict(self, seconds: float) -> None:
+        """Only stored: the fake has no idle thread; evict_idle() does its work when asked."""
+        seconds = float(seconds)
+        if not seconds >= 0:
+            raise ValueError(f"idle eviction takes seconds >= 0, got {seconds}")
+        self.idle_s = seconds
+
+    def evict_idle(self, now: float | None = None) -> list[str]:
+        """As Engine.evict_idle: evict the warm, unpinned, not busy models idle for idle_s;
+        subscribers hear "idle_evicted"."""
+        if not self.idle_s:
+            return []
+        now = time.monotonic() if now is None else now
+        done = []
+        with self._device, self._lock:
+            for m in list(self.models.values()):
+                idle = now - m.used_at
+                if m.state == "warm" and not m.busy and idle >= self.idle_s \
+                        and m.name not in self.pinned:
+                    self._release(m, self.full_release)
+                    done.append((m.name, idle))
+        for name, idle in done:
+            self._emit("idle_evicted", {"name": name, "idle_s": idle})
+        return [n for n, _ in done]
+
+    def subscribe(self, fn: Callable[[str, dict], None]) -> None:
+        self._listeners.append(fn)
+
+    def _emit(self, event: str, info: dict) -> None:
+        for fn in list(self._listeners):
+            fn(event, info)
 
     # -- residency ----------------------------------------------------------------------------
     @staticmethod
@@ -179,6 +252,7 @@ class FakeEngine:
     def _touch(self, m: FakeModel) -> None:
         self._clock += 1
         m.last_used = self._clock
+        m.used_at = time.monotonic()
 
     def _used(self) -> int:
         return sum(sum(m.device_bytes.values()) for m in self.models.values())
@@ -190,13 +264,13 @@ class FakeEngine:
     def _make_room(self, nbytes: int, keep: str | None) -> None:
         """Release least recently used unpinned models until nbytes fit, as the arbiter does."""
         order = sorted((m for m in self.models.values()
-                        if m.name != keep and m.name not in self.arbiter.pinned
+                        if m.name != keep and m.name not in self.pinned
                         and m.state == "warm"), key=lambda m: m.last_used)
         for m in order:
-            if self._used() + nbytes <= self.arbiter.budget:
+            if self._used() + nbytes <= self.budget:
                 return
-            self._release(m, self.arbiter.full_release)
-        if self._used() + nbytes > self.arbiter.budget:
+            self._release(m, self.full_release)
+        if self._used() + nbytes > self.budget:
             raise BudgetError(f"VRAM budget exceeded making warm ({nbytes // MiB} MiB)")
 
     def _warm(self, m: FakeModel) -> None:
@@ -206,49 +280,61 @@ class FakeEngine:
             m.device_bytes = dict(MODEL_BYTES)
         self._touch(m)
 
-    # -- generation ---------------------------------------------------------------------------
-    def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
-                 sampling=None, stop=(), on_text=None, cancel=None, wait=None) -> "FakeCompletion":
-        """Make the model warm and answer " ok" max_tokens times, one piece per token
-        (token_delay_s apart), stopping early when cancel is set."""
-        with self._device:
-            with self._lock:
-                self.calls.append(("generate", name))
-                m = self._get(name)
-                self._warm(m)
-            pieces = []
-            finish = "length"
-            for _ in range(max_tokens):
-                if cancel is not None and cancel.is_set():
-                    finish = "cancelled"
-                    break
-                if self.token_delay_s:
-                    time.sleep(self.token_delay_s)
-                pieces.append(" ok")
-                if on_text is not None:
-                    on_text(" ok")
-            with self._lock:
-                m.cached_tokens = len(pieces) + 1
-        out = FakeCompletion(list(tokens or [1]), "".join(pieces))
-        out.finish_reason = finish
-        return out
+    # -- text and generation ------------------------------------------------------------------
+    def tokenizer(self, name: str | None = None) -> FakeTokenizer:
+        self._get(name)
+        return FakeTokenizer()
 
-    def prompt_tokens(self, name, prompt=None, messages=None) -> list[int]:
+    def prompt_tokens(self, name: str | None, prompt: str | None = None,
+                      messages: list[dict] | None = None) -> list[int]:
         """One token per word (at least one), as the endpoint needs for its checks."""
         self._get(name)
         text = prompt if messages is None else " ".join(m.get("content", "") for m in messages)
         return [1] * max(1, len((text or "").split()))
 
-    def arena_status(self) -> dict | None:
-        """What Engine.arena_status() returns: None where the engine has no arena."""
+    def generate(self, name: str | None = None, prompt: str | None = None,
+                 messages: list[dict] | None = None, tokens: list[int] | None = None,
+                 max_tokens: int = 128, sampling=None, stop: list[str] = (),
+                 on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None,
+                 wait: float | None = None) -> FakeCompletion:
+        """Make the model warm and answer " ok" max_tokens times, one piece per token
+        (token_delay_s apart), stopping early when cancel is set; `waits` records each
+        call's wait."""
         with self._lock:
-            return None if self.arena_state is None else dict(self.arena_state)
+            m = self._get(name)
+            m.busy += 1
+        try:
+            with self._device:
+                with self._lock:
+                    self.calls.append(("generate", name))
+                    self.waits.append(wait)
+                    self._warm(m)
+                pieces = []
+                finish = "length"
+                for _ in range(max_tokens):
+                    if cancel is not None and cancel.is_set():
+                        finish = "cancelled"
+                        break
+                    if self.token_delay_s:
+                        time.sleep(self.token_delay_s)
+                    pieces.append(" ok")
+                    if on_text is not None:
+                        on_text(" ok")
+                with self._lock:
+                    m.cached_tokens = len(pieces) + 1
+                    self._touch(m)
+        finally:
+            m.busy -= 1
+        out = FakeCompletion(list(tokens or [1]), "".join(pieces))
+        out.finish_reason = finish
+        return out
 
     # -- status -----------------------------------------------------------------------------
     def status(self) -> list[dict]:
         with self._lock:
             return [{"name": m.name, "path": m.path, "arch": m.arch, "n_ctx": m.n_ctx,
-                     "state": m.state, "pinned": m.name in self.arbiter.pinned,
+                     "state": m.state, "pinned": m.name in self.pinned,
                      "device_bytes": dict(m.device_bytes),
                      "host_shadow_bytes": MODEL_BYTES["weights"] if m.state == "cold" else 0,
                      "warm_bytes": self._warm_bytes(m), "cpu_moe": m.cpu_moe,
@@ -259,9 +345,52 @@ class FakeEngine:
     def vram(self) -> dict:
         with self._lock:
             used = self._used()
-            return {"budget_bytes": self.arbiter.budget, "granted_bytes": used,
-                    "allocated_bytes": used, "device": self.device_name,
-                    "heap_bytes": self.dev.device_heap_bytes, "host_weight_bytes": 0}
+            return {"budget_bytes": self.budget, "granted_bytes": used,
+                    "allocated_bytes": used, "spare_bytes": 0, "device": self.device_name,
+                    "heap_bytes": HEAP_BYTES, "host_weight_bytes": 0}
+
+    def arena_status(self) -> dict | None:
+        """What Engine.arena_status() returns: None where the engine has no arena."""
+        with self._lock:
+            return None if self.arena_state is None else dict(self.arena_state)
+
+    def yielded_until(self) -> float | None:
+        with self._lock:
+            if self.arena_state is not None:
+                return self.arena_state.get("until") \
+                    if self.arena_state.get("state") == "yielded" else None
+            return self._yield_until if self._yield_until > time.time() else None
+
+    def yield_gpu(self, seconds: float) -> float:
+        """As the real engine without an arena: its warm, unpinned models go cold now (no
+        other process is rung); subscribers hear "yielded"."""
+        until = time.time() + float(seconds)
+        with self._device, self._lock:
+            self.calls.append(("yield_gpu", float(seconds)))
+            self._yield_until = until
+            for m in self.models.values():
+                if m.state == "warm" and m.name not in self.pinned:
+                    self._release(m, self.full_release)
+        self._emit("yielded", {"until": until})
+        return until
+
+    def set_arena_label(self, label: str) -> None:
+        self.arena_label = label[:200]
+
+    # -- tools ------------------------------------------------------------------------------
+    def device_job(self, fn: Callable[..., object], name: str | None = None,
+                   why: str = "device work"):
+        """fn(the FakeModel, made warm) or fn(None) without a name, holding the device lock."""
+        with self._device:
+            with self._lock:
+                self.calls.append(("device_job", why))
+                m = None if name is None else self._get(name)
+                if m is not None:
+                    self._warm(m)
+            return fn(m)
+
+    def trim(self) -> int:
+        return 0
 
     def close(self) -> None:
         with self._device, self._lock:

@@ -16,7 +16,8 @@ class Recorder(QObject):
         self.progress: list[tuple] = []
         self.loaded: list[tuple] = []
         self.failed: list[tuple] = []
-        self.errors: list[str] = []
+        self.errors: list[str] = []          # error's summaries
+        self.error_details: list[str] = []   # and their details
         self.endpoint: list[tuple] = []
         self.generated: list[tuple] = []
         bridge.device_ready.connect(self.on_device_ready)
@@ -58,13 +59,14 @@ class Recorder(QObject):
     def on_load_finished(self, path: str, name: str) -> None:
         self.loaded.append((path, name))
 
-    @Slot(str, str)
-    def on_load_failed(self, path: str, message: str) -> None:
-        self.failed.append((path, message))
+    @Slot(str, str, str)
+    def on_load_failed(self, path: str, summary: str, details: str) -> None:
+        self.failed.append((path, summary, details))
 
-    @Slot(str)
-    def on_error(self, message: str) -> None:
-        self.errors.append(message)
+    @Slot(str, str)
+    def on_error(self, summary: str, details: str) -> None:
+        self.error_details.append(details)
+        self.errors.append(summary)
 
     @Slot(bool, str)
     def on_endpoint_changed(self, running: bool, detail: str) -> None:

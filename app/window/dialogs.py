@@ -9,8 +9,8 @@ from PySide6.QtWidgets import (QCheckBox, QComboBox, QDialog, QDialogButtonBox,
                                QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from .icons import app_icon
-from .settings import FLASH_ATTN_MODES, MAX_IDLE_MIN, RELEASE_MODES, Settings
+from ..icons import app_icon
+from ..settings import FLASH_ATTN_MODES, MAX_IDLE_MIN, RELEASE_MODES, Settings
 
 RELEASE_LABELS = {"full": "Full (weights, KV and compute)", "weights": "Weights only (KV stays)"}
 FLASH_ATTN_LABELS = {"auto": "Automatic", "on": "On", "off": "Off"}

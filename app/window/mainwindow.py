@@ -10,284 +10,26 @@ row's Warm and Evict buttons are both always there, one of them disabled.
 from __future__ import annotations
 
 import os
-import time
 
 from PySide6.QtCore import QSize, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import QDragEnterEvent, QDropEvent, QGuiApplication
-from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QGridLayout, QHBoxLayout,
-                               QLabel, QMainWindow, QPlainTextEdit, QProgressBar, QPushButton,
-                               QScrollArea, QTabWidget, QToolButton, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLabel,
+                               QMainWindow, QPlainTextEdit, QPushButton, QScrollArea,
+                               QTabWidget, QToolButton, QVBoxLayout, QWidget)
 
-from .bridge import EngineBridge
+from ..bridge import EngineBridge
+from ..icons import app_icon
+from ..settings import Settings
 from .chat import ChatPanel
 from .dialogs import AboutDialog, ModelOptionsDialog, PreferencesDialog
-from .errors import friendly
-from .icons import app_icon
-from .settings import Settings
+from .rows import BAR_TEXT_WIDTH, ModelRow, OfferRow, PendingRow
+from .status_text import SOFTWARE_WARNING, arena_text, is_software_renderer
+from .style import STYLE
 from .vrambar import VramBar, breakdown_html, format_bytes
 
 REFRESH_MS = 1000
-BAR_TEXT_WIDTH = 220
 SUFFIX = ".gguf"
-SOFTWARE_RENDERERS = ("llvmpipe", "lavapipe", "swiftshader", "softpipe")
-SOFTWARE_WARNING = "No GPU found: running on the CPU, slow"
 LOG_LINES = 500
-
-STYLE = """
-QFrame#modelRow { background: palette(base); border: 1px solid #d5d9e0; border-radius: 6px; }
-QFrame#modelRow[selected="true"] { border: 2px solid #4a78c2; }
-QFrame#pendingRow { background: palette(base); border: 1px dashed #b9c0cb; border-radius: 6px; }
-QLabel#modelName { font-weight: 600; font-size: 11pt; }
-QLabel#details, QLabel#barText, QLabel#deviceLabel, QLabel#breakdown { color: #5b6472; }
-QLabel#busy { color: #1f6f3f; font-weight: 600; }
-QLabel#badge { border-radius: 8px; padding: 1px 8px; font-weight: 600; font-size: 8pt;
-               color: white; }
-QLabel#badge[state="warm"] { background: #e4572e; }
-QLabel#badge[state="cold"] { background: #4a78c2; }
-QLabel#pinnedMark { color: #b5651d; font-size: 8pt; font-weight: 600; }
-QLabel#message[kind="error"] { background: #fdecea; color: #8a1f11; border: 1px solid #f5c2bb;
-                               border-radius: 4px; padding: 6px; }
-QLabel#message[kind="info"] { background: #eef4fb; color: #1f3f66; border: 1px solid #c8dbf0;
-                              border-radius: 4px; padding: 6px; }
-QLabel#banner { background: #fff4e5; color: #7a4100; border: 1px solid #f3c98b;
-                border-radius: 4px; padding: 6px; font-weight: 600; }
-QLabel#arenaBanner { background: #eceff3; color: #3b4452; border: 1px solid #c7ced8;
-                     border-radius: 4px; padding: 6px; font-weight: 600; }
-QPlainTextEdit#details { color: #5b6472; font-family: monospace; }
-QFrame#offer { background: #f3f8ee; border: 1px solid #cfe3bd; border-radius: 4px; }
-QLabel#empty { color: #7a8494; font-size: 11pt; padding: 24px; }
-"""
-
-
-def is_software_renderer(device: str) -> bool:
-    d = device.lower()
-    return any(s in d for s in SOFTWARE_RENDERERS)
-
-
-def arena_text(st: dict) -> str:
-    """What the window and the tray say about the arena; "" when there is nothing to say."""
-    state = st.get("state")
-    if state == "yielded":
-        until = st.get("until")
-        if until:
-            return f"Yielded to another app until {time.strftime('%H:%M', time.localtime(until))}"
-        return "Yielded to another app"
-    if state == "waiting":
-        pid = st.get("holder_pid")
-        return "Waiting for the GPU" + (f" (another app, pid {pid}, has it)" if pid else "")
-    return ""
-
-
-class ModelRow(QFrame):
-    """One model: name, warm/cold badge, what it is busy with, pin, warm, evict, options and
-    unload buttons, its details, its VRAM bar against the budget and the breakdown by kind."""
-
-    #: (name, pinned): the pin toggle was clicked
-    pin_toggled = Signal(str, bool)
-    #: (name): the evict button was clicked
-    evict_clicked = Signal(str)
-    #: (name): the warm button was clicked
-    warm_clicked = Signal(str)
-    #: (name): the unload button was clicked
-    unload_clicked = Signal(str)
-    #: (name): the options button was clicked
-    options_clicked = Signal(str)
-
-    def __init__(self, status: dict, budget: int, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setObjectName("modelRow")
-        self.name = status["name"]
-        self.status: dict = {}
-        grid = QGridLayout(self)
-        grid.setContentsMargins(10, 8, 10, 8)
-        grid.setHorizontalSpacing(8)
-        grid.setVerticalSpacing(4)
-
-        self.name_label = QLabel(self.name, objectName="modelName")
-        self.badge = QLabel(objectName="badge")
-        self.pinned_mark = QLabel("PINNED", objectName="pinnedMark")
-        self.busy_label = QLabel(objectName="busy")
-        self.details = QLabel(objectName="details")
-        self.pin_button = QToolButton(text="Pin", checkable=True)
-        self.pin_button.setToolTip("Keep this model warm: it is never evicted to make room")
-        self.pin_button.setFixedWidth(self.pin_button.fontMetrics().horizontalAdvance(
-            "Pinned") + 24)                            # "Pin" and "Pinned" the same width
-        self.warm_button = QToolButton(text="Warm")
-        self.warm_button.setToolTip("Upload it to VRAM again now (others may be evicted)")
-        self.evict_button = QToolButton(text="Evict")
-        self.options_button = QToolButton(text="Options…")
-        self.options_button.setToolTip("Context size and experts in RAM (cpu_moe)")
-        self.unload_button = QToolButton(text="Unload")
-        self.unload_button.setToolTip("Remove the model from the engine")
-        self.bar = VramBar()
-        self.bar_text = QLabel(objectName="barText")
-        self.bar_text.setFixedWidth(BAR_TEXT_WIDTH)     # every bar as long as the others
-        self.breakdown = QLabel(objectName="breakdown")
-        self.breakdown.setTextFormat(Qt.TextFormat.RichText)
-
-        top = QHBoxLayout()
-        top.setSpacing(8)
-        top.addWidget(self.name_label)
-        top.addWidget(self.badge)
-        top.addWidget(self.pinned_mark)
-        top.addWidget(self.busy_label)
-        top.addStretch(1)
-        for b in (self.pin_button, self.warm_button, self.evict_button, self.options_button,
-                  self.unload_button):
-            top.addWidget(b)
-        grid.addLayout(top, 0, 0, 1, 2)
-        grid.addWidget(self.details, 1, 0, 1, 2)
-        grid.addWidget(self.bar, 2, 0)
-        grid.addWidget(self.bar_text, 2, 1)
-        grid.addWidget(self.breakdown, 3, 0, 1, 2)
-        grid.setColumnStretch(0, 1)
-
-        self.pin_button.clicked.connect(self.on_pin_clicked)
-        self.evict_button.clicked.connect(self.on_evict_clicked)
-        self.warm_button.clicked.connect(self.on_warm_clicked)
-        self.options_button.clicked.connect(self.on_options_clicked)
-        self.unload_button.clicked.connect(self.on_unload_clicked)
-        self.set_selected(False)
-        self.update_status(status, budget)
-
-    def update_status(self, status: dict, budget: int) -> None:
-        self.status = status
-        state = status.get("state", "cold")
-        pinned = bool(status.get("pinned"))
-        self.badge.setText(state.upper())
-        if self.badge.property("state") != state:
-            self.badge.setProperty("state", state)
-            self.badge.style().unpolish(self.badge)
-            self.badge.style().polish(self.badge)
-        self.pinned_mark.setVisible(pinned)
-        self.pin_button.setChecked(pinned)
-        self.pin_button.setText("Pinned" if pinned else "Pin")
-        self.evict_button.setEnabled(state == "warm" and not pinned)
-        self.warm_button.setEnabled(state != "warm")
-        self.evict_button.setToolTip("Unpin it first" if pinned else
-                                     "Free its VRAM now; it stays loaded in RAM")
-        size = format_bytes(status.get("file_bytes", 0)) if status.get("file_bytes") else "?"
-        moe = f"  ·  cpu_moe {status['cpu_moe']:g}" if status.get("cpu_moe") else ""
-        self.details.setText(f"{status.get('arch', '?')}  ·  {status.get('quant', '?')}  ·  "
-                             f"{size}  ·  ctx {status.get('n_ctx', '?')}{moe}")
-        self.details.setToolTip(status.get("path", ""))
-        self.set_budget(budget)
-
-    def set_budget(self, budget: int) -> None:
-        dev = self.status.get("device_bytes", {})
-        self.bar.set_data(dev, budget, self.status.get("warm_bytes", 0))
-        text = f"{format_bytes(sum(dev.values()))} of {format_bytes(budget)}"
-        if self.status.get("state") == "cold" and self.status.get("host_shadow_bytes"):
-            text += f"  (RAM {format_bytes(self.status['host_shadow_bytes'])})"
-        self.bar_text.setText(text)
-        html = breakdown_html(dev)
-        self.breakdown.setText(html or "Nothing in VRAM")
-
-    def set_busy(self, text: str) -> None:
-        self.busy_label.setText(text)
-
-    def set_selected(self, selected: bool) -> None:
-        self.setProperty("selected", "true" if selected else "false")
-        self.style().unpolish(self)
-        self.style().polish(self)
-
-    @Slot(bool)
-    def on_pin_clicked(self, checked: bool) -> None:
-        self.pin_toggled.emit(self.name, checked)
-
-    @Slot()
-    def on_evict_clicked(self) -> None:
-        self.evict_clicked.emit(self.name)
-
-    @Slot()
-    def on_warm_clicked(self) -> None:
-        self.warm_clicked.emit(self.name)
-
-    @Slot()
-    def on_options_clicked(self) -> None:
-        self.options_clicked.emit(self.name)
-
-    @Slot()
-    def on_unload_clicked(self) -> None:
-        self.unload_clicked.emit(self.name)
-
-
-class PendingRow(QFrame):
-    """A model on its way: waiting, reading the file (no progress to show), uploading (a
-    percentage), until its row is in the list."""
-
-    def __init__(self, path: str, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setObjectName("pendingRow")
-        self.path = path
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(10, 6, 10, 6)
-        self.name_label = QLabel(f"<b>{os.path.basename(path)}</b>")
-        self.name_label.setToolTip(path)
-        self.stage_label = QLabel()
-        self.stage_label.setObjectName("barText")
-        self.stage_label.setFixedWidth(150)
-        self.bar = QProgressBar()
-        self.bar.setTextVisible(False)
-        self.bar.setMaximumHeight(12)
-        lay.addWidget(self.name_label)
-        lay.addWidget(self.stage_label)
-        lay.addWidget(self.bar, 1)
-        self.stage = ""
-        self.set_stage("waiting")
-
-    def set_stage(self, stage: str, done: int = 0, total: int = 0) -> None:
-        """"waiting", "reading" or "uploading" (with done of total bytes)."""
-        self.stage = stage
-        if stage == "uploading":
-            pct = int(done * 100 // total) if total else 100
-            self.bar.setRange(0, 100)
-            self.bar.setValue(pct)
-            self.stage_label.setText(f"Uploading {pct}%")
-        elif stage == "reading":
-            self.bar.setRange(0, 0)                    # busy, no percentage
-            self.stage_label.setText("Reading the file…")
-        else:
-            self.bar.setRange(0, 100)
-            self.bar.setValue(0)
-            self.stage_label.setText("Waiting")
-
-    @property
-    def percent(self) -> int:
-        return self.bar.value() if self.stage == "uploading" else 0
-
-
-class OfferRow(QFrame):
-    """"New model in the watched folder: X.gguf  [Add] [Dismiss]"."""
-
-    #: (path): Add was clicked
-    accepted = Signal(str)
-    #: (path): Dismiss was clicked
-    dismissed = Signal(str)
-
-    def __init__(self, path: str, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.setObjectName("offer")
-        self.path = path
-        lay = QHBoxLayout(self)
-        lay.setContentsMargins(8, 4, 8, 4)
-        self.label = QLabel(f"New model in the watched folder: <b>{os.path.basename(path)}</b>")
-        self.label.setToolTip(path)
-        self.add_button = QPushButton("Add")
-        self.dismiss_button = QPushButton("Dismiss")
-        lay.addWidget(self.label, 1)
-        lay.addWidget(self.add_button)
-        lay.addWidget(self.dismiss_button)
-        self.add_button.clicked.connect(self.on_add_clicked)
-        self.dismiss_button.clicked.connect(self.on_dismiss_clicked)
-
-    @Slot()
-    def on_add_clicked(self) -> None:
-        self.accepted.emit(self.path)
-
-    @Slot()
-    def on_dismiss_clicked(self) -> None:
-        self.dismissed.emit(self.path)
 
 
 class MainWindow(QMainWindow):
@@ -496,9 +238,8 @@ class MainWindow(QMainWindow):
     def on_message_closed(self) -> None:
         self._show_message("", "info")
 
-    @Slot(str)
-    def on_error(self, message: str) -> None:
-        summary, details = friendly(message)
+    @Slot(str, str)
+    def on_error(self, summary: str, details: str) -> None:
         self.show_error(summary, details)
 
     @Slot(str)
@@ -603,10 +344,9 @@ class MainWindow(QMainWindow):
         if name in self.rows:
             self.drop_pending(path)
 
-    @Slot(str, str)
-    def on_load_failed(self, path: str, message: str) -> None:
+    @Slot(str, str, str)
+    def on_load_failed(self, path: str, summary: str, details: str) -> None:
         self.drop_pending(path)
-        summary, details = friendly(message)
         self.show_error(f"Could not load {os.path.basename(path)}: {summary}", details)
 
     # -- models -------------------------------------------------------------------------------

@@ -102,23 +102,6 @@ class VramBar(QWidget):
         p.end()
 
 
-class Swatch(QWidget):
-    """A small colour square for the legend."""
-
-    def __init__(self, color: QColor, parent: QWidget | None = None):
-        super().__init__(parent)
-        self.color = color
-        self.setFixedSize(12, 12)
-
-    def paintEvent(self, _event) -> None:
-        p = QPainter(self)
-        p.setRenderHint(QPainter.RenderHint.Antialiasing)
-        p.setPen(Qt.PenStyle.NoPen)
-        p.setBrush(self.color)
-        p.drawRoundedRect(QRectF(self.rect()).adjusted(1, 1, -1, -1), 2, 2)
-        p.end()
-
-
 def present_kinds(device_bytes: dict[str, int]) -> list[str]:
     """The kinds holding bytes, in the bars' order (unknown kinds last)."""
     return [k for k in KINDS if device_bytes.get(k)] + \

@@ -1,5 +1,6 @@
-"""The local OpenAI-compatible endpoint, run from the tray: `engine.server.app.make_app` on an
-aiohttp `AppRunner`/`TCPSite`, in an asyncio loop of its own on a background thread.
+"""The local OpenAI-compatible endpoint, run from the tray: the server `hotseat serve` runs,
+started the same way (`engine.server.listen.listen`), in an asyncio loop of its own on a
+background thread.
 
     ep = Endpoint(engine, [("smollm2", 2048)], port=8080)   # host="0.0.0.0", api_key="..."
     url = ep.start()               # raises OSError when the port is taken
@@ -28,50 +29,40 @@ class Endpoint:
         self._models = list(models)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
-        self._runner = None
-        self._server = None               # engine.serve.Server behind the app
+        self._listening = None            # engine.server.listen.Listening
+        self._server = None               # the engine.server.app.Server behind it
         self.url = ""
 
     def start(self) -> str:
         """Listen; returns the URL. Blocks the calling (worker) thread until bound."""
-        from engine.server.app import make_app
-
-        app = make_app(self.engine, [], api_key=self.api_key)
-        self._server = app["hotseat.server"]
-        for name, n_ctx in self._models:
-            self._server.add_model(name, n_ctx)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever,
                                         name="hotseat-endpoint", daemon=True)
         self._thread.start()
-        fut = asyncio.run_coroutine_threadsafe(self._start(app), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
         try:
-            port = fut.result(START_TIMEOUT_S)
+            self._listening = fut.result(START_TIMEOUT_S)
         except BaseException:
             self._shutdown_loop()
             raise
-        self.port = port
+        self._server = self._listening.server
+        self.port = self._listening.port
         shown = "127.0.0.1" if self.host in ("0.0.0.0", "") else self.host
-        self.url = f"http://{shown}:{port}"
+        self.url = f"http://{shown}:{self.port}"
         return self.url
 
-    async def _start(self, app) -> int:
-        from aiohttp import web
+    async def _start(self):
+        from engine.server.listen import listen
 
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=2)
-        await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        try:
-            await site.start()
-        except OSError:
-            await runner.cleanup()
-            raise
-        self._runner = runner
-        return runner.addresses[0][1] if runner.addresses else self.port
+        listening = await listen(self.engine, [], host=self.host, port=self.port,
+                                 api_key=self.api_key, shutdown_timeout=2)
+        for name, n_ctx in self._models:
+            listening.server.add_model(name, n_ctx)
+        return listening
 
     @property
     def running(self) -> bool:
-        return self._runner is not None
+        return self._listening is not None
 
     def add_model(self, name: str, n_ctx: int) -> None:
         if self._loop is not None and self._server is not None:
@@ -88,7 +79,7 @@ class Endpoint:
     def stop(self) -> None:
         if self._loop is None:
             return
-        if self._runner is not None:
+        if self._listening is not None:
             fut = asyncio.run_coroutine_threadsafe(self._stop(), self._loop)
             try:
                 fut.result(STOP_TIMEOUT_S)
@@ -97,9 +88,8 @@ class Endpoint:
         self._shutdown_loop()
 
     async def _stop(self) -> None:
-        self._server.cancel_all()
-        runner, self._runner = self._runner, None
-        await runner.cleanup()
+        listening, self._listening = self._listening, None
+        await listening.stop()
 
     def _shutdown_loop(self) -> None:
         loop, self._loop = self._loop, None
@@ -109,4 +99,4 @@ class Endpoint:
             self._thread = None
         if not loop.is_running():
             loop.close()
-        self._runner = None
+        self._listening = None
