@@ -10,14 +10,19 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import TYPE_CHECKING, Callable
+from typing import Callable, Protocol
 
 from engine.facade import Completion, EngineAPI
 
 from .messages import rate_text
 
-if TYPE_CHECKING:
-    from .core import EngineBridge
+
+
+class Observer(Protocol):
+    """What the wrapper reports to (the bridge): the activity and its log."""
+    activity: object
+
+    def log(self, text: str) -> None: ...
 
 
 def api_methods() -> list[str]:
@@ -41,7 +46,7 @@ def _pass_through(name: str):
 class ObservedEngine:
     """Every EngineAPI method of `engine`; generate() observed by `bridge`."""
 
-    def __init__(self, engine: EngineAPI, bridge: EngineBridge):
+    def __init__(self, engine: EngineAPI, bridge: Observer):
         self._engine, self._bridge = engine, bridge
 
     @property

@@ -17,6 +17,11 @@ float16, GELU through ggml's float16 table. Each op then agrees with llama.cpp's
 rounding (~1e-7, against ~1e-3 without), but whole-model logits get no closer: one activation
 landing on the other side of a Q8 or float16 rounding step, from a 1e-7 difference in
 accumulation order, is magnified by the residual-stream outliers (1e4 to 1e5) of both models.
+
+Why this module is long: every architecture's reference shares the same blocks (attention
+with its masks, sinks and soft-caps, the rope scalings, the expert routing, the rounding),
+and keeping them in one file written apart from the GPU path keeps it independent of what
+it checks.
 """
 from __future__ import annotations
 

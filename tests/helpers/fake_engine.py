@@ -91,6 +91,7 @@ class FakeEngine:
         self.token_delay_s = token_delay_s   # per generated token
         self.load_options: dict[str, dict] = {}   # name -> {"n_ctx", "cpu_moe"} as loaded
         self.arena_state: dict | None = None
+        self.health_state = {"status": "ok", "faults": 0, "last_fault": None}
         self.arena_label = ""
         self.closed = False
         self._yield_until = 0.0
@@ -353,6 +354,11 @@ class FakeEngine:
         """What Engine.arena_status() returns: None where the engine has no arena."""
         with self._lock:
             return None if self.arena_state is None else dict(self.arena_state)
+
+    def health(self) -> dict:
+        """What Engine.health() returns; `fake.health_state` sets it."""
+        with self._lock:
+            return dict(self.health_state)
 
     def yielded_until(self) -> float | None:
         with self._lock:
