@@ -12,10 +12,14 @@ through `extra()`. `validate()` turns a corrupt header into one clear ModelFileE
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
+
 from ..formats.gguf_file import GGUFFile, ModelFileError
+from ..gpu.rope import Rope
 
 
 @dataclass(frozen=True)
@@ -32,11 +36,15 @@ class Config:
     rope_dims: int             # rotated dimensions of a head
     rms_eps: float
     tied_output: bool          # the output projection is the token embedding
+    rope: Rope                 # with the scaling the file declares
 
     # GGUF keys (under the architecture's prefix) an architecture may default differently;
     # None: the key is required
     DEFAULTS: ClassVar[dict] = {"context_length": 2048, "rope.freq_base": 10000.0,
                                 "attention.layer_norm_rms_epsilon": 1e-5}
+    # llama.cpp's graph for the architecture passes the `rope_freqs` tensor's per-pair
+    # factors to its rope (llama 3.1 and later, mistral3)
+    ROPE_FREQS: ClassVar[bool] = False
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Config":
@@ -55,6 +63,9 @@ class Config:
         n_head = int(g.require(f"{a}.attention.head_count"))
         head_dim = int(g.get(f"{a}.attention.key_length", n_embd // max(n_head, 1)))
         n_head_kv = g.get(f"{a}.attention.head_count_kv", n_head)
+        n_ctx_train = int(key("context_length"))
+        rope_base = float(key("rope.freq_base"))
+        rope_dims = int(g.get(f"{a}.rope.dimension_count", head_dim))
         return dict(
             n_layer=int(g.require(f"{a}.block_count")),
             n_embd=n_embd,
@@ -64,11 +75,13 @@ class Config:
             head_dim=head_dim,
             n_ff=int(g.require(f"{a}.feed_forward_length")),
             n_vocab=cls.vocab_size(g),
-            n_ctx_train=int(key("context_length")),
-            rope_base=float(key("rope.freq_base")),
-            rope_dims=int(g.get(f"{a}.rope.dimension_count", head_dim)),
+            n_ctx_train=n_ctx_train,
+            rope_base=rope_base,
+            rope_dims=rope_dims,
             rms_eps=float(key("attention.layer_norm_rms_epsilon")),
             tied_output="output.weight" not in g.tensors,
+            rope=rope_from_gguf(g, rope_base, rope_dims, n_ctx_train,
+                                "rope_freqs.weight" if cls.ROPE_FREQS else None),
         )
 
     @staticmethod
@@ -91,6 +104,48 @@ class Config:
 
     def validate(self, path: str) -> None:
         check_hyperparameters(self, path, self.problems())
+
+
+def rope_from_gguf(g: GGUFFile, base: float, n_dims: int, n_ctx_train: int,
+                   factors: str | None = None) -> Rope:
+    """The rope llama.cpp sets up from a file's keys (llama-model.cpp's hparams, then
+    llama-context.cpp's cparams): `rope.scaling.type` (linear by default; none; yarn),
+    `rope.scaling.factor` (or `rope.scale_linear`), YaRN's original context, betas and log
+    multiplier, `rope.scaling.attn_factor`, and per-pair frequency factors from the tensor
+    `factors` where the architecture's graph reads them."""
+    a = g.arch
+    f32 = np.float32
+    scaling = str(g.get(f"{a}.rope.scaling.type", "linear"))
+    if scaling not in ("none", "linear", "yarn"):
+        raise ModelFileError(g.path, f"rope scaling {scaling!r} is not supported (supported: "
+                                     "none, linear, yarn)", reason="rope")
+    factor = float(g.get(f"{a}.rope.scaling.factor", g.get(f"{a}.rope.scale_linear", 0.0)))
+    freq_scale = 1.0 if factor == 0.0 or scaling == "none" else float(f32(1.0) / f32(factor))
+    n_ctx_orig = int(g.get(f"{a}.rope.scaling.original_context_length", n_ctx_train))
+    ext_factor, attn_factor = 0.0, f32(1.0)
+    beta_fast = float(g.get(f"{a}.rope.scaling.yarn_beta_fast", 0.0) or 32.0)
+    beta_slow = float(g.get(f"{a}.rope.scaling.yarn_beta_slow", 0.0) or 1.0)
+    if scaling == "yarn" and freq_scale != 1.0:
+        ext_factor = 1.0
+        # llama-context.cpp's YaRN attention factor; the rope then multiplies by
+        # 1 + 0.1 ln(factor) itself, so it is divided out here
+        log_mul = float(g.get(f"{a}.rope.scaling.yarn_log_multiplier", 0.0))
+        s = f32(1.0) / f32(freq_scale)
+
+        def mscale(m: float) -> f32:
+            return f32(1.0) if s <= 1 else f32(0.1) * f32(m) * f32(math.log(s)) + f32(1)
+        attn_factor = mscale(1.0) / mscale(log_mul) if log_mul else mscale(1.0)
+        attn_factor = attn_factor * (f32(1.0) / (f32(1.0) + f32(0.1) * f32(math.log(s))))
+    attn_factor = attn_factor * f32(g.get(f"{a}.rope.scaling.attn_factor", 1.0))
+    freq_factors: tuple[float, ...] = ()
+    if factors is not None and factors in g.tensors:
+        t = g.tensor(factors)
+        if t.type_name != "F32" or t.n_elements != n_dims // 2:
+            raise ModelFileError(g.path, f"tensor {factors} must be F32 of {n_dims // 2} "
+                                         f"values", reason="incomplete")
+        freq_factors = tuple(float(x) for x in np.frombuffer(t.data, np.float32))
+    return Rope(base, n_dims, freq_scale, ext_factor, float(attn_factor), beta_fast,
+                beta_slow, n_ctx_orig, freq_factors)
 
 
 def check_hyperparameters(c, path: str, extra: list[str] = ()) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..formats.gguf_file import GGUFFile
 from . import config
 from ..gpu.builder import Builder
+from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
 
 SWA_PATTERN = 6          # every sixth layer attends globally
@@ -67,9 +68,15 @@ class Config(config.Config):
             })
         return shapes
 
-def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
-    """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""
-    return ((c.rope_base, c.head_dim), (c.rope_base_local, c.head_dim))
+def rope_tables(c: Config) -> tuple[Rope, ...]:
+    """Every rope the layers use; RunState precomputes their angles: the global layers'
+    (with the file's scaling: Gemma 3 4B and larger declare linear 8) and the sliding-window
+    layers' (base 10000, unscaled)."""
+    return (c.rope, local_rope(c))
+
+
+def local_rope(c: Config) -> Rope:
+    return Rope(c.rope_base_local, c.rope.n_dims)
 
 
 def attn_windows(c: Config) -> tuple[int, ...]:
@@ -85,7 +92,7 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     for i in range(c.n_layer):
         p = f"blk.{i}."
         local = c.is_local(i)
-        base = c.rope_base_local if local else c.rope_base
+        rope = local_rope(c) if local else c.rope
         # attention
         b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
         b.matmul(w[p + "attn_q.weight"], rs.xn, rs.q, n)       # [n, n_head, head_dim]
@@ -94,7 +101,7 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
         b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n * c.n_head, c.rms_eps)
         b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
         b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                   c.head_dim, c.head_dim, n, base, neox=True)
+                   c.head_dim, n, rope, neox=True)
         b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                     c.head_dim, n, scale=c.attn_scale, window=c.window if local else 0)
         b.matmul(w[p + "attn_output.weight"], rs.att, rs.xn, n)   # [n, n_embd]

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ..formats.gguf_file import GGUFFile
 from . import config
 from ..gpu.builder import Builder
+from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
 from ..gpu.tensors import View
 
@@ -103,9 +104,9 @@ def attn_windows(c: Config) -> tuple[int, ...]:
     return (c.window,)
 
 
-def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
-    """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""
-    return ((c.rope_base, c.head_dim),) if c.kv_layers else ()
+def rope_tables(c: Config) -> tuple[Rope, ...]:
+    """Every rope the layers use; RunState precomputes their angles."""
+    return (c.rope,) if c.kv_layers else ()
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
@@ -141,7 +142,7 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
             b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n * c.n_head, c.rms_eps)
             b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
             b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                       c.head_dim, c.head_dim, n, c.rope_base, neox=True)
+                       c.head_dim, n, c.rope, neox=True)
             b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                         c.head_dim, n, scale=c.head_dim ** -0.5, window=c.window)
             b.matmul(w[p + "attn_output.weight"], rs.att, x, n, accumulate=True)

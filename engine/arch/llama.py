@@ -10,12 +10,14 @@ from dataclasses import dataclass
 from ..formats.gguf_file import GGUFFile
 from . import config
 from ..gpu.builder import Builder
+from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
 
 
 @dataclass(frozen=True)
 class Config(config.Config):
     """The common hyperparameters only."""
+    ROPE_FREQS = True          # llama 3.1 and later: rope_freqs divides low frequencies
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the forward pass reads, with its ggml shape (row length first)."""
@@ -38,9 +40,9 @@ class Config(config.Config):
             })
         return shapes
 
-def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
-    """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""
-    return ((c.rope_base, c.rope_dims),)
+def rope_tables(c: Config) -> tuple[Rope, ...]:
+    """Every rope the layers use; RunState precomputes their angles."""
+    return (c.rope,)
 
 
 def attn_windows(c: Config) -> tuple[int, ...]:
@@ -61,7 +63,7 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
         b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)       # [n, n_head_kv * head_dim]
         b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)       # [n, n_head_kv * head_dim]
         b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                   c.head_dim, c.rope_dims, n, c.rope_base, neox=False)
+                   c.head_dim, n, c.rope, neox=False)
         b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                     c.head_dim, n, scale=c.head_dim ** -0.5)  # [n, n_head * head_dim]
         b.matmul(w[p + "attn_output.weight"], rs.att, x, n, accumulate=True)

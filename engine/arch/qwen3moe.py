@@ -18,6 +18,7 @@ from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
 from ..formats.gguf_file import GGUFFile
 from . import config
 from ..gpu.builder import Builder
+from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
 
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # placement order
@@ -87,9 +88,9 @@ def attn_windows(c: Config) -> tuple[int, ...]:
     return (0,)
 
 
-def rope_tables(c: Config) -> tuple[tuple[float, int], ...]:
-    """(base, rotated dims) of every rope the layers use; RunState precomputes their angles."""
-    return ((c.rope_base, c.rope_dims),)
+def rope_tables(c: Config) -> tuple[Rope, ...]:
+    """Every rope the layers use; RunState precomputes their angles."""
+    return (c.rope,)
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
@@ -108,7 +109,7 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
         b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n * c.n_head, c.rms_eps)
         b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
         b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                   c.head_dim, c.rope_dims, n, c.rope_base, neox=True)
+                   c.head_dim, n, c.rope, neox=True)
         b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                     c.head_dim, n, scale=c.head_dim ** -0.5)  # [n, n_head * head_dim]
         b.matmul(w[p + "attn_output.weight"], rs.att, x, n, accumulate=True)

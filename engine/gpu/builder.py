@@ -10,6 +10,7 @@ from . import vk
 from .graph import Graph
 from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_K, MATVEC_ACT, MATVEC_CHUNK
 from .paths import Paths, Tuning
+from .rope import Rope
 from .runstate import RunState
 from .tensors import Tensor, View
 
@@ -187,16 +188,19 @@ class Builder:
         self._wrote(out)
 
     def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
-                 v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n_dims: int,
-                 n: int, base: float, neox: bool, freq_scale: float = 1.0) -> None:
-        """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0."""
-        table = self.rs.rope_table(base, n_dims, freq_scale) if self.t.ggml_numerics else q
+                 v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n: int,
+                 rope: Rope, neox: bool) -> None:
+        """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0.
+        The angles come from the rope's table (engine/gpu/rope.py) where ggml's numerics are
+        asked for or the rope is scaled; else the kernel computes them."""
+        table = self.t.ggml_numerics or not rope.plain
+        n_dims = rope.n_dims
         count = n * ((n_head + n_head_kv) * n_dims // 2 + n_head_kv * head_dim)
-        self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step, table],
-                  (-(-count // 64), 1, 1), spec=dict(NEOX=int(neox),
-                                                     TABLE=int(self.t.ggml_numerics)),
+        self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step,
+                               self.rs.rope_table(rope) if table else q],
+                  (-(-count // 64), 1, 1), spec=dict(NEOX=int(neox), TABLE=int(table)),
                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
-                  n_tokens=n, freq_base=base, freq_scale=freq_scale)
+                  n_tokens=n, freq_base=rope.base, freq_scale=rope.freq_scale)
         self._wrote(q)
 
     def attention(self, q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer, out: vk.Buffer,

@@ -2,12 +2,11 @@
 cache, recurrent states and the small host-visible buffers for per-step values."""
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from . import vk
 from .paths import MAX_SPLITS
+from .rope import Rope, rope_table
 
 
 class RunState:
@@ -24,7 +23,7 @@ class RunState:
     def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, n_head: int,
                  q_dim: int, kv_dim: int, n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int,
                  kv_layers: list[int] | None = None,
-                 rope: tuple[tuple[float, int], ...] = (),
+                 rope: tuple[Rope, ...] = (),
                  conv_layers: tuple[int, ...] = (), d_conv: int = 0, n_expert: int = 0,
                  n_expert_used: int = 0, windows: tuple[int, ...] = (0,),
                  flash_block: tuple[int, int] | None = None):
@@ -66,7 +65,7 @@ class RunState:
             for w in windows:
                 self.masks[w] = (alloc(2 * rows * cols, f"{label}/mask{w}", "compute"),
                                  act(f"mask{w}_tiles", _tiles(rows, cols, flash_block)))
-        self.rope_tables: dict[tuple, vk.Buffer] = {}      # (base, n_dims, scale) -> table
+        self.rope_tables: dict[Rope, vk.Buffer] = {}
         self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
         self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
         self.result = alloc(4 * n_vocab, f"{label}/result", "compute", host=True)
@@ -83,16 +82,15 @@ class RunState:
             self.bx = act("bx", T * n_embd)              # [T, n_embd] B * x
             self.conv_x = act("conv_x", n_embd * (d_conv + T))   # [n_embd, d_conv + T]
             self.conv = act("conv", T * n_embd)          # [T, n_embd] conv output, then C * it
-        for base, n_dims in rope:
-            self.rope_table(base, n_dims)
+        for r in rope:
+            self.rope_table(r)
 
-    def rope_table(self, base: float, n_dims: int, freq_scale: float = 1.0) -> vk.Buffer:
-        """(cos, sin) for every position and pair, computed as ggml does: theta starts at
-        pos * freq_scale and is multiplied by powf(base, -2 / n_dims) in float32 per pair."""
-        key = (base, n_dims, freq_scale)
+    def rope_table(self, rope: Rope) -> vk.Buffer:
+        """(cos, sin) for every position and pair (engine/gpu/rope.py), on the device."""
+        key = rope
         if key not in self.rope_tables:
-            table = rope_angles(self.n_ctx, base, n_dims, freq_scale)
-            buf = self.dev.allocator.alloc(table.nbytes, f"rope{base:g}", "compute")
+            table = rope_table(self.n_ctx, rope)
+            buf = self.dev.allocator.alloc(table.nbytes, f"rope{rope.base:g}", "compute")
             with vk.Uploader(self.dev, staging_bytes=table.nbytes) as up:
                 up.write(buf, table)
             self.rope_tables[key] = buf
@@ -101,7 +99,7 @@ class RunState:
     @staticmethod
     def bytes_for(*, n_layer: int, n_embd: int, n_head: int, q_dim: int, kv_dim: int,
                   n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None,
-                  rope: tuple[tuple[float, int], ...] = (), conv_layers: tuple[int, ...] = (),
+                  rope: tuple[Rope, ...] = (), conv_layers: tuple[int, ...] = (),
                   d_conv: int = 0, n_expert: int = 0, n_expert_used: int = 0,
                   windows: tuple[int, ...] = (0,),
                   flash_block: tuple[int, int] | None = None) -> int:
@@ -110,7 +108,7 @@ class RunState:
         S = T * max(n_expert_used, 1)
         k_max = max(n_embd, q_dim, n_ff)
         floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim) + 2 * S * n_ff + n_vocab
-        floats += S * k_max + sum(n_ctx * d for _, d in rope)
+        floats += S * k_max + sum(n_ctx * r.n_dims for r in rope)
         if n_expert:
             floats += T * n_expert + 2 * S + S * n_embd      # router, ids, weights, moe_out
             floats += 2 * n_expert + S                       # moe_groups, moe_perm
@@ -149,22 +147,6 @@ class RunState:
     def close(self) -> None:
         for b in self.buffers():
             self.dev.allocator.free(b)
-
-
-@functools.lru_cache(maxsize=16)
-def rope_angles(n_ctx: int, base: float, n_dims: int, freq_scale: float) -> np.ndarray:
-    """[n_ctx, n_dims / 2, (cos, sin)] float32; computed once per process (a full restore
-    rebuilds the device table from it)."""
-    half = n_dims // 2
-    theta_scale = np.float32(base) ** np.float32(-2.0 / n_dims)
-    theta = np.empty((n_ctx, half), np.float32)
-    theta[:, 0] = np.arange(n_ctx, dtype=np.float32) * np.float32(freq_scale)
-    for i in range(1, half):
-        theta[:, i] = theta[:, i - 1] * theta_scale
-    t64 = theta.astype(np.float64)
-    table = np.stack([np.cos(t64), np.sin(t64)], axis=-1).astype(np.float32)
-    table.flags.writeable = False
-    return table
 
 
 def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tuple = (0,),

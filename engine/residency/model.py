@@ -518,7 +518,11 @@ class Model:
             fit = (CHUNK_TARGET_S - a) / b if a < CHUNK_TARGET_S else CHUNK_TARGET_S / b
             n = 1 << max(1, int(fit).bit_length() - 1) if fit >= 2 else 2
         n = min(n, cap)
-        return remaining if remaining <= n else n
+        if remaining <= n:
+            return remaining
+        if remaining - n == 1:         # no pass of one token: that is decode's graph
+            n = n + 1 if n < cap else n - 1
+        return n
 
     def device_bytes(self) -> dict[str, int]:
         out: dict[str, int] = {}
