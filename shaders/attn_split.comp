@@ -24,7 +24,7 @@ layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n
 layout(std430, binding = 3) buffer S { float scores[]; };           // [n_head, n_ctx]
 layout(std430, binding = 4) buffer T { vec2 stats[]; };             // [n_head, n_split] max, sum
 layout(std430, binding = 5) writeonly buffer P { vec4 part[]; };    // [n_head, n_split, HD]
-STEP_BUFFER(6)
+#include "step.glsl"
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;

@@ -15,7 +15,7 @@ layout(std430, binding = 1) readonly buffer K { float k[]; };
 layout(std430, binding = 2) readonly buffer V { float v[]; };
 layout(std430, binding = 3) writeonly buffer KC { float16_t kc[]; };
 layout(std430, binding = 4) writeonly buffer VC { float16_t vc[]; };
-STEP_BUFFER(5)
+#include "step.glsl"
 layout(std430, binding = 6) readonly buffer CS { vec2 cs[]; };
 layout(push_constant) uniform Push {
     uint n_head;

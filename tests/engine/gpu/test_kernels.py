@@ -9,7 +9,7 @@ import pytest
 
 from engine.gpu import vk
 from engine.gpu.graph import run_once
-from shaders.registry import K_QUANTS, KERNELS, WEIGHT_TYPES
+from shaders.registry import K_QUANTS, KERNELS, STEP_BYTES, STEP_FIELDS, WEIGHT_TYPES, pack_step
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[3] / "shaders"
@@ -32,8 +32,8 @@ def read(dev, b, dtype=np.float32):
     return vk.download(dev, b).view(dtype)
 
 
-def step_buffer(dev, pos0: int):
-    return buf(dev, np.array([pos0, 0, 0, 0], np.uint32))
+def step_buffer(dev, pos0: int, n_past: int = 0):
+    return buf(dev, np.frombuffer(pack_step(pos0, n_past), np.uint8))
 
 
 def quantized(wtype: str, rows: int, cols: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -81,9 +81,60 @@ def test_push_constants_match_glsl(name):
     n_bindings = len(set(re.findall(r"binding\s*=\s*(\d+)", src)))
     if "quant.glsl" in src:
         n_bindings += 1          # the weight buffer is declared in the include
-    if "STEP_BUFFER" in src:
-        n_bindings += 1
+    if "step.glsl" in src:
+        n_bindings += 1          # and the step buffer in its own
     assert n_bindings == ks.n_buffers
+
+
+# -- the step buffer: one layout (registry.STEP_FIELDS), one GLSL block (include/step.glsl) ----
+
+def _glsl_block(src: str, name: str) -> list[tuple[str, str]]:
+    block = re.search(rf"buffer\s+{name}\s*\{{(.*?)\}}", src, re.S)
+    fields = []
+    for line in block.group(1).split(";"):
+        line = re.sub(r"//.*", "", line).strip()
+        if line:
+            typ, *names = line.replace(",", " ").split()
+            fields += [(n, _GLSL_TYPES[typ]) for n in names]
+    return fields
+
+
+def test_step_block_matches_registry():
+    src = (SHADERS / "include" / "step.glsl").read_text()
+    assert tuple(_glsl_block(src, "Step")) == STEP_FIELDS
+    assert "binding = STEP_BINDING" in src
+    assert STEP_BYTES == 4 * len(STEP_FIELDS) == len(pack_step(3, 4))
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_step_buffer_declared_once(name):
+    """A kernel reads the step buffer only through include/step.glsl, at the binding its
+    registry entry names, and none declares the block itself."""
+    ks = KERNELS[name]
+    src = (SHADERS / ks.source).read_text()
+    reads = re.search(r"\bstep\.\w+", re.sub(r"//.*", "", src)) is not None
+    assert reads == (ks.step is not None) == ('#include "step.glsl"' in src)
+    assert not re.search(r"buffer\s+Step\b|STEP_BINDING", src)
+    if ks.step is not None:
+        assert 0 <= ks.step < ks.n_buffers
+        assert not re.search(rf"binding\s*=\s*{ks.step}\b", src)    # the binding is free
+        assert ks.step not in ks.writes
+
+
+def test_no_other_step_block():
+    for path in SHADERS.glob("**/*.*"):
+        if path.suffix in (".comp", ".glsl") and path.name != "step.glsl":
+            assert not re.search(r"buffer\s+Step\b", path.read_text()), path
+
+
+def test_set_step_writes_the_registry_layout(dev):
+    from engine.gpu.ops import RunState
+
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=64, max_tokens=8)
+    rs.set_step([5, 6, 7], 30)
+    assert vk.download(dev, rs.step)[:STEP_BYTES].tobytes() == pack_step(30, 33)
+    rs.close()
 
 
 # -- matrix products -------------------------------------------------------------------------
