@@ -26,7 +26,7 @@ void tile_dot(const uint nb) {
             [[unroll]] for (uint t = 0; t < NT; t++) {
                 acc[r * NT + t] += dot(lo, xa[t]) + dot(hi, xb[t]);
             }
-#if defined(TYPE_Q4_1)
+#if defined(HAS_BLOCK_MIN)
             if (ACT == 2 && q == 0) {
                 const float m = block_min(wrow[r] * nb + ib);
                 [[unroll]] for (uint t = 0; t < NT; t++) acc[r * NT + t] += m * corr[t];

@@ -9,7 +9,8 @@ import pytest
 
 from engine.gpu import vk
 from engine.gpu.graph import run_once
-from shaders.registry import K_QUANTS, KERNELS, STEP_BYTES, STEP_FIELDS, WEIGHT_TYPES, pack_step
+from shaders.registry import (KERNELS, STEP_BYTES, STEP_FIELDS, SUPER_BLOCKS, WEIGHT_TYPES,
+                              pack_step)
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[3] / "shaders"
@@ -36,6 +37,11 @@ def step_buffer(dev, pos0: int, n_past: int = 0):
     return buf(dev, np.frombuffer(pack_step(pos0, n_past), np.uint8))
 
 
+# Byte offsets of the f16 scales in the blocks of the types gguf-py cannot quantize
+RANDOM_BLOCKS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+                 "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+
+
 def quantized(wtype: str, rows: int, cols: int, rng) -> tuple[np.ndarray, np.ndarray]:
     """(raw bytes as stored in GGUF, their dequantized float32 values)."""
     import gguf
@@ -45,15 +51,14 @@ def quantized(wtype: str, rows: int, cols: int, rng) -> tuple[np.ndarray, np.nda
     if wtype == "F32":
         return w.view(np.uint8), w
     qt = gguf.GGMLQuantizationType[wtype]
-    if wtype in K_QUANTS:
-        # gguf-py only dequantizes K-quants: random blocks with sane f16 scales stand in
+    if wtype in RANDOM_BLOCKS:
+        # gguf-py only dequantizes these: random blocks (every quant code and packed scale)
+        # with sane f16 scales stand in
         block, size = gguf.GGML_QUANT_SIZES[qt]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
         scales = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16)
-        if wtype == "Q6_K":
-            raw[..., -2:] = scales[..., :1].view(np.uint8)
-        else:
-            raw[..., :4] = scales.view(np.uint8).reshape(rows, cols // block, 4)
+        for i, off in enumerate(RANDOM_BLOCKS[wtype]):
+            raw[..., off:off + 2] = scales[..., i:i + 1].view(np.uint8)
         raw = raw.reshape(rows, -1)
     else:
         raw = quantize(w, qt)
@@ -523,7 +528,7 @@ def test_moe_limits_match_glsl():
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 def test_get_rows(dev, kc, wtype):
     rng = np.random.default_rng(3)
-    cols = 512 if wtype in K_QUANTS else 96
+    cols = 512 if wtype in SUPER_BLOCKS else 96
     raw, w = quantized(wtype, 50, cols, rng)
     ids = np.array([3, 0, 49, 3, 17], np.uint32)
     bw, bi, bo = buf(dev, raw), buf(dev, ids), buf(dev, nbytes=4 * 5 * cols)
@@ -655,7 +660,7 @@ def test_flash_attention_on_matrix_units(dev, kc, hd, n_tok, pos0, window):
     q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
     bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
     bo = buf(dev, nbytes=q.nbytes)
-    st = buf(dev, np.array([pos0, pos0 + n_tok, 0, 0], np.uint32))
+    st = step_buffer(dev, pos0, pos0 + n_tok)
     scale = hd ** -0.5
     run_once(dev, kc, "flash_attn_cm", [bq, bk, bv, bo, st], (-(-n_tok // 64), n_head, 1),
              spec=dict(HD=hd), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window,
