@@ -713,7 +713,68 @@ def test_quantized_activations_match_ggml_dot(dev, kc):
     rs.close()
 
 
-@pytest.mark.parametrize("fmt", [0, 2, 3])
+def ggml_cpu_product(wtype: str, raw: np.ndarray, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x @ w.T as ggml's CPU backend computes it: x rounded to the weight type's vec_dot_type
+    (engine/arch/reference.py's table and formats), Q8_1's block sums s = fp16(d * sum q)
+    multiplying the Q4_1 / Q5_1 block minimums."""
+    from engine.arch import reference as ref
+
+    act = ref.VEC_DOT[wtype]
+    if act != "Q8_1":
+        rounded = {"F32": lambda a: a, "F16": ref._f16, "BF16": ref._bf16, "Q8_0": ref._q8_0,
+                   "Q8_K": ref._q8_k}[act](x)
+        return rounded.astype(np.float64) @ w.T.astype(np.float64)
+    xq, s = ref._q8_1(x)
+    blk = raw.reshape(w.shape[0], w.shape[1] // 32, -1)
+    mins = blk[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    exact = xq.reshape(*s.shape, 32).sum(-1)
+    return xq.astype(np.float64) @ w.T.astype(np.float64) + (s - exact) @ mins.T
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_products_round_like_ggml_cpu(dev, kc, wtype):
+    """With ggml_numerics, every product path (prefill mul_mat, one-token mul_mat_vec and
+    mul_mat, the routed experts per token and grouped) against numpy's ggml CPU product."""
+    from dataclasses import replace
+
+    from engine.gpu.graph import Graph
+    from engine.gpu.ops import Builder, RunState, Tensor, Tuning
+
+    rng = np.random.default_rng(31)
+    n_in, n_out, T = 512, 40, 3
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal((T, n_in)) * 3).astype(np.float32)
+    want = ggml_cpu_product(wtype, raw, w, x)
+    base = replace(Tuning.for_device(dev), ggml_numerics=True, coopmat=False)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
+    bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, nbytes=4 * T * n_out)
+    t = Tensor(wtype, (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    for matvec, n, x_row in ((False, T, 0), (True, 1, T - 1), (False, 1, T - 1)):
+        g = Graph(dev, kc, "t")
+        Builder(g, {}, rs, replace(base, matvec=matvec)).matmul(t, bx, by, n, x_row=x_row)
+        g.replay()
+        got = read(dev, by)[: n * n_out].reshape(n, n_out)
+        g.close()
+        err = np.abs(got - want[x_row:x_row + n]).max()
+        assert err < 1e-5 * np.abs(want).max(), (matvec, n)
+    rs.close()
+    if wtype not in ("F32", "F16"):      # the rounding shows against the unrounded product
+        assert np.abs(x @ w.T - want).max() > 10 * err
+    # routed experts: expert e's rows are w[e * n_out / 4 ...]
+    n_expert, k = 4, 2
+    ids = routed_ids(rng, T, k, n_expert, hot=2)
+    we = w.reshape(n_expert, n_out // n_expert, n_in)
+    re = raw.reshape(n_expert, -1)
+    want = np.stack([np.stack([ggml_cpu_product(wtype, re[e], we[e], x[t:t + 1])[0]
+                               for e in ids[t]]) for t in range(T)])
+    for grouped in (False, True):
+        got = builder_moe(dev, kc, replace(base, moe_grouped=grouped), wtype, raw, x, ids,
+                          n_expert, n_out // n_expert, 0)
+        assert np.abs(got - want).max() < 1e-5 * np.abs(want).max(), grouped
+
+
+@pytest.mark.parametrize("fmt", [0, 2, 3, 4])
 def test_quantize_act_formats(dev, kc, fmt):
     rng = np.random.default_rng(14)
     x = (rng.standard_normal((2, 512)) * 5).astype(np.float32)
@@ -729,10 +790,14 @@ def test_quantize_act_formats(dev, kc, fmt):
         mx = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)
         iscale = np.float32(-127) / mx
         want = np.minimum(np.rint(iscale * b), 127) * (np.float32(1) / iscale)
-    else:
+    elif fmt == 3:
         want = x.astype(np.float16)
+    else:                            # bf16: round to nearest even on the top 16 bits
+        u = x.view(np.uint32).astype(np.uint64)
+        want = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
     got, want = read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32)
-    if dev.info.kind == "cpu":       # IEEE division and conversions: ggml's bits exactly
+    if dev.info.kind == "cpu" or fmt == 4:   # IEEE division and conversions (bf16's integer
+        # arithmetic everywhere): ggml's bits exactly
         assert np.array_equal(got, want)
     else:
         # Vulkan lets '/' be 2.5 ulp off and drivers convert to f16 their own way (NVIDIA's
