@@ -3,8 +3,9 @@
 Each `KernelSpec` names its GLSL source in this folder, how many storage buffers it binds
 (bindings 0..n-1, in order), the fields of its push-constant block (tests check them against
 the GLSL), its specialization constants by name and id, whether it comes in one variant
-per weight type, and where it binds the step buffer (STEP_FIELDS, include/step.glsl). `VARIANTS` is the table compile.py builds. Plain data: the build step and
-the engine (engine/gpu/kernels.py) both import it, and it imports neither.
+per weight type, and where it binds the step buffer (STEP_FIELDS, include/step.glsl).
+`VARIANTS` is the table compile.py builds. Plain data: the build step and the engine
+(engine/gpu/kernels.py) both import it, and it imports neither.
 """
 from __future__ import annotations
 

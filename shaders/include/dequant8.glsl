@@ -88,8 +88,11 @@ void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
     const uint a = d8_word16(b0 + 32 + 32 * n + 4 * q) >> (2 * k);
     const uint b = d8_word16(b0 + 48 + 32 * n + 4 * q) >> (2 * k);
     const uint ha = d8_word16(b0 + 4 * q) >> s, hb = d8_word16(b0 + 16 + 4 * q) >> s;
-    lo = d * d8_scale3(b0, 2 * s) * (vec4(d8_bytes(a) & 3u) - 4.0 * vec4(1u - (d8_bytes(ha) & 1u)));
-    hi = d * d8_scale3(b0, 2 * s + 1) * (vec4(d8_bytes(b) & 3u) - 4.0 * vec4(1u - (d8_bytes(hb) & 1u)));
+    // hmask bit clear: 4 less
+    const vec4 qa = vec4(d8_bytes(a) & 3u) - 4.0 * vec4(1u - (d8_bytes(ha) & 1u));
+    const vec4 qb = vec4(d8_bytes(b) & 3u) - 4.0 * vec4(1u - (d8_bytes(hb) & 1u));
+    lo = d * d8_scale3(b0, 2 * s) * qa;
+    hi = d * d8_scale3(b0, 2 * s + 1) * qb;
 }
 
 #elif defined(TYPE_IQ4_NL)

@@ -1,4 +1,5 @@
-// Weight formats. Each defines the weight buffer `W` at binding WEIGHT_BINDING and
+// Weight formats. Each defines the weight buffer `W` at binding WEIGHT_BINDING (the types
+// added later, DEQUANT8_TYPE: W16 and W32, with dequant8 in dequant8.glsl) and
 //   void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi)
 // giving, for block ib (32 weights), the weights at positions 4q..4q+3 (lo) and
 // 16+4q..16+4q+3 (hi), q in 0..3. That pairing matches how Q4_0/Q4_1 pack nibbles (byte j

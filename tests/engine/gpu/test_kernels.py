@@ -713,6 +713,21 @@ def test_quantized_activations_match_ggml_dot(dev, kc):
     rs.close()
 
 
+def test_activation_tables_follow_ggml_vec_dot_types():
+    """Each weight type's rounding in every path (mul_mat inline or through quantize_act,
+    mul_mat_vec) is its vec_dot_type in ggml-cpu (reference.VEC_DOT); K-blocked types take
+    256-weight rows in quarters."""
+    from engine.arch.reference import VEC_DOT
+    from engine.gpu.kernels import ACT_FORMAT, ACT_INLINE, MATVEC_ACT, MATVEC_CHUNK
+
+    inline, fmt = {1: "Q8_0", 2: "Q8_1"}, {0: "Q8_0", 2: "Q8_K", 3: "F16", 4: "BF16", None: "F32"}
+    matvec = {0: "F32", 1: "Q8_0", 2: "Q8_1", 3: "Q8_K", 4: "F16", 5: "BF16"}
+    for t in WEIGHT_TYPES:
+        plain = inline[ACT_INLINE[t]] if t in ACT_INLINE else fmt[ACT_FORMAT[t]]
+        assert plain == matvec[MATVEC_ACT[t]] == VEC_DOT[t], t
+        assert MATVEC_CHUNK[t] == (64 if t in SUPER_BLOCKS else 32)
+
+
 def ggml_cpu_product(wtype: str, raw: np.ndarray, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x @ w.T as ggml's CPU backend computes it: x rounded to the weight type's vec_dot_type
     (engine/arch/reference.py's table and formats), Q8_1's block sums s = fp16(d * sum q)
@@ -766,12 +781,15 @@ def test_products_round_like_ggml_cpu(dev, kc, wtype):
     ids = routed_ids(rng, T, k, n_expert, hot=2)
     we = w.reshape(n_expert, n_out // n_expert, n_in)
     re = raw.reshape(n_expert, -1)
-    want = np.stack([np.stack([ggml_cpu_product(wtype, re[e], we[e], x[t:t + 1])[0]
-                               for e in ids[t]]) for t in range(T)])
-    for grouped in (False, True):
-        got = builder_moe(dev, kc, replace(base, moe_grouped=grouped), wtype, raw, x, ids,
-                          n_expert, n_out // n_expert, 0)
-        assert np.abs(got - want).max() < 1e-5 * np.abs(want).max(), grouped
+    xs = (rng.standard_normal((T, k, n_in)) * 3).astype(np.float32)       # a row per slot
+    for per_slot, xx in ((0, x), (1, xs)):
+        want = np.stack([np.stack([
+            ggml_cpu_product(wtype, re[e], we[e], (xx[t, j] if per_slot else xx[t])[None])[0]
+            for j, e in enumerate(ids[t])]) for t in range(T)])
+        for grouped in (False, True):
+            got = builder_moe(dev, kc, replace(base, moe_grouped=grouped), wtype, raw, xx, ids,
+                              n_expert, n_out // n_expert, per_slot)
+            assert np.abs(got - want).max() < 1e-5 * np.abs(want).max(), (per_slot, grouped)
 
 
 @pytest.mark.parametrize("fmt", [0, 2, 3, 4])
