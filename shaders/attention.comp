@@ -18,7 +18,7 @@ layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_tokens
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
 layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n_head_kv, HD]
 layout(std430, binding = 3) writeonly buffer O { vec4 o4[]; };      // [n_tokens, n_head, HD]
-STEP_BUFFER(4)
+#include "step.glsl"
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;

@@ -1,9 +1,10 @@
 #version 450
 // Decode attention (one query token) in one pass: the visible KV range split across n_split
-// workgroups per head, as attn_split.comp splits it, each folding its positions into an
-// online softmax and writing its max, its sum and its unnormalised output; attn_merge.comp
-// rescales the splits to their common max and divides by the total. (attn_split's two
-// passes normalise before P.V, which ggml's f16 probabilities need; this one does not.)
+// workgroups per head as attn_split.comp splits it (include/split.glsl), each folding its
+// positions into an online softmax and writing its max, its sum and its unnormalised output;
+// attn_merge.comp rescales the splits to their common max and divides by the total.
+// (attn_split's two passes normalise before P.V, which ggml's f16 probabilities need; this
+// one does not.)
 // LP adjacent lanes share a position, each taking every LP-th vec4 of the head.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -18,7 +19,7 @@ layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n
 layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n_head_kv, HD]
 layout(std430, binding = 3) writeonly buffer T { vec2 stats[]; };   // [n_head, n_split] max, sum
 layout(std430, binding = 4) writeonly buffer P { vec4 part[]; };    // [n_head, n_split, HD]
-STEP_BUFFER(5)
+#include "step.glsl"
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
@@ -27,8 +28,8 @@ layout(push_constant) uniform Push {
     uint min_chunk;
     float scale;
 } p;
+#include "split.glsl"
 
-const uint D4 = HD / 4, DL = D4 / LP;
 const uint WG = gl_WorkGroupSize.x, G = WG / LP;    // position groups
 shared vec2 red2[G];
 shared vec4 red4[G * D4];
@@ -38,21 +39,16 @@ void main() {
     const uint t = gl_LocalInvocationIndex, lane = t % LP, g = t / LP;
     const uint pos = step.pos0;
     const uint kvh = h / (p.n_head / p.n_head_kv);
-    const uint first = (p.window > 0 && pos >= p.window) ? pos - p.window + 1 : 0;
-    const uint n_vis = pos + 1 - first;
-    const uint chunk = max((n_vis + p.n_split - 1) / p.n_split, p.min_chunk);
-    const uint a = min(first + s * chunk, pos + 1), b = min(a + chunk, pos + 1);
+    const uvec2 ab = split_range(s, pos, p.window, p.n_split, p.min_chunk);
+    const uint a = ab.x, b = ab.y;
 
-    vec4 qv[DL];
     [[unroll]] for (uint i = 0; i < DL; i++) qv[i] = q4[h * D4 + lane + LP * i] * p.scale;
     float m = -1.0 / 0.0, l = 0.0;
     vec4 acc[DL];
     [[unroll]] for (uint i = 0; i < DL; i++) acc[i] = vec4(0.0);
     for (uint kp = a + g; kp < b; kp += G) {
         const uint kb = (kp * p.n_head_kv + kvh) * D4 + lane;
-        float d = 0.0;
-        [[unroll]] for (uint i = 0; i < DL; i++) d += dot(qv[i], vec4(k4[kb + LP * i]));
-        [[unroll]] for (uint o = 1; o < LP; o *= 2) d += subgroupShuffleXor(d, o);
+        const float d = qk_dot(kb);
         const float mn = max(m, d);
         const float c = exp(m - mn), e = exp(d - mn);
         l = l * c + e;

@@ -13,7 +13,7 @@ layout(constant_id = 2) const uint BC = 32;         // key columns per tile
 
 layout(std430, binding = 0) writeonly buffer M { float16_t mask[]; };   // [rows, stride]
 layout(std430, binding = 1) writeonly buffer C { uint cls[]; };        // [rows/BR, stride/BC]
-STEP_BUFFER(2)
+#include "step.glsl"
 layout(push_constant) uniform Push {
     uint n_tokens;
     uint stride;       // mask columns: n_ctx rounded up to BC

@@ -1,10 +1,8 @@
 #version 450
 // Decode attention (one query token) with the visible KV range split across n_split
 // workgroups per head, in two passes; attn_combine.comp adds the splits' outputs.
-// Split s of a head covers `chunk` positions from first + s * chunk, where chunk is
-// ceil(n_visible / n_split) but at least min_chunk, so short contexts use fewer splits
-// (the rest write an empty result). The token sits at position step.pos0 and sees keys
-// 0..pos, or only the last WINDOW of them when window > 0.
+// The splits and the walk over their keys are include/split.glsl's (as attn_decode.comp's);
+// the token sits at position step.pos0.
 // PASS 0: scores q.k * scale into `scores`, and the split's max and sum of exp(score - max)
 //   into `stats`. LP adjacent lanes share a position, each taking every LP-th vec4 of the dot.
 // PASS 1: the softmax over all splits (the max of their maxes, their sums rescaled to it),
@@ -26,7 +24,7 @@ layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n
 layout(std430, binding = 3) buffer S { float scores[]; };           // [n_head, n_ctx]
 layout(std430, binding = 4) buffer T { vec2 stats[]; };             // [n_head, n_split] max, sum
 layout(std430, binding = 5) writeonly buffer P { vec4 part[]; };    // [n_head, n_split, HD]
-STEP_BUFFER(6)
+#include "step.glsl"
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
@@ -36,8 +34,8 @@ layout(push_constant) uniform Push {
     uint min_chunk;
     float scale;
 } p;
+#include "split.glsl"
 
-const uint D4 = HD / 4;
 const uint WG = gl_WorkGroupSize.x;
 shared vec2 red2[WG];
 shared vec4 red4[WG];
@@ -47,27 +45,20 @@ void main() {
     const uint t = gl_LocalInvocationIndex;
     const uint pos = step.pos0;
     const uint kvh = h / (p.n_head / p.n_head_kv);
-    const uint first = (p.window > 0 && pos >= p.window) ? pos - p.window + 1 : 0;
-    const uint n_vis = pos + 1 - first;
-    const uint chunk = max((n_vis + p.n_split - 1) / p.n_split, p.min_chunk);
-    const uint a = min(first + s * chunk, pos + 1), b = min(a + chunk, pos + 1);
+    const uvec2 ab = split_range(s, pos, p.window, p.n_split, p.min_chunk);
+    const uint a = ab.x, b = ab.y;
     const uint st = h * p.n_split;
 
     if (PASS == 0) {
-        const uint DL = D4 / LP, G = WG / LP;
+        const uint G = WG / LP;
         const uint lane = t % LP, g = t / LP;
-        vec4 qv[DL];
         [[unroll]] for (uint i = 0; i < DL; i++) {
             const vec4 x = q4[h * D4 + lane + LP * i];
             qv[i] = GGML != 0 ? vec4(f16vec4(x)) : x;
         }
         float m = -1.0 / 0.0, l = 0.0;
         for (uint kp = a + g; kp < b; kp += G) {
-            const uint kb = (kp * p.n_head_kv + kvh) * D4 + lane;
-            float d = 0.0;
-            [[unroll]] for (uint i = 0; i < DL; i++) d += dot(qv[i], vec4(k4[kb + LP * i]));
-            [[unroll]] for (uint o = 1; o < LP; o *= 2) d += subgroupShuffleXor(d, o);
-            const float sc = d * p.scale;
+            const float sc = qk_dot((kp * p.n_head_kv + kvh) * D4 + lane) * p.scale;
             if (lane == 0) scores[h * p.n_ctx + kp] = sc;
             const float mn = max(m, sc);
             l = l * exp(m - mn) + exp(sc - mn);

@@ -30,7 +30,7 @@ layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n
 layout(std430, binding = 3) writeonly buffer O { vec4 o4[]; };      // [n_tokens, n_head, HD]
 layout(std430, binding = 4) readonly buffer M { float16_t mask[]; }; // [rows, stride]
 layout(std430, binding = 5) readonly buffer C { uint cls[]; };      // [rows/BR, stride/BC]
-STEP_BUFFER(6)
+#include "step.glsl"
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;

@@ -20,6 +20,7 @@ layout(constant_id = 4) const uint ACT = 0;      // activation rounding, see abo
 #include "act.glsl"
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
+#include "tile.glsl"
 
 layout(push_constant) uniform Push {
     uint n_in;       // K, a multiple of 32
@@ -37,40 +38,15 @@ void main() {
     const uint t0 = gl_WorkGroupID.y * NT;
     if (row0 >= p.n_out) return;
     const uint nb = p.n_in / 32;
-    const uint n_units = nb * 4;
     const uint xs = p.n_in / 4;     // x row stride in vec4
 
-    float acc[ROWS * NT];
     [[unroll]] for (uint i = 0; i < ROWS * NT; i++) acc[i] = 0.0;
 
-    for (uint u = lane; u < n_units; u += gl_SubgroupSize) {
-        const uint ib = u >> 2, q = u & 3;
-        vec4 xa[NT], xb[NT];
-        [[unroll]] for (uint t = 0; t < NT; t++) {
-            const uint tt = min(t0 + t, p.n_tokens - 1);
-            const uint xo = p.x_offset + tt * xs + ib * 8 + q;
-            xa[t] = x4[xo];
-            xb[t] = x4[xo + 4];
-        }
-        float corr[NT];
-        if (ACT != 0) {
-            [[unroll]] for (uint t = 0; t < NT; t++) corr[t] = round_act(ACT, xa[t], xb[t]);
-        }
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            const uint row = min(row0 + r, p.n_out - 1) + p.row_offset;
-            vec4 lo, hi;
-            dequant8(row * nb + ib, q, lo, hi);
-            [[unroll]] for (uint t = 0; t < NT; t++) {
-                acc[r * NT + t] += dot(lo, xa[t]) + dot(hi, xb[t]);
-            }
-#if defined(TYPE_Q4_1)
-            if (ACT == 2 && q == 0) {
-                const float m = block_min(row * nb + ib);
-                [[unroll]] for (uint t = 0; t < NT; t++) acc[r * NT + t] += m * corr[t];
-            }
-#endif
-        }
+    [[unroll]] for (uint r = 0; r < ROWS; r++) wrow[r] = min(row0 + r, p.n_out - 1) + p.row_offset;
+    [[unroll]] for (uint t = 0; t < NT; t++) {
+        xrow[t] = p.x_offset + min(t0 + t, p.n_tokens - 1) * xs;
     }
+    tile_dot(nb);
     [[unroll]] for (uint r = 0; r < ROWS; r++) {
         [[unroll]] for (uint t = 0; t < NT; t++) {
             const float s = subgroupAdd(acc[r * NT + t]);

@@ -54,7 +54,7 @@ void main() {
             vec4 lo, hi;
             dequant8(row * nb + ib, q, lo, hi);
             acc[r] += dot(lo, xa) + dot(hi, xb);
-#if defined(TYPE_Q4_1)
+#if defined(HAS_BLOCK_MIN)
             if (ACT == 2 && q == 0) acc[r] += block_min(row * nb + ib) * corr;
 #endif
         }

@@ -26,6 +26,7 @@ layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 2) readonly buffer Groups { uint groups[]; };
 layout(std430, binding = 3) readonly buffer Perm { uint perm[]; };
 layout(std430, binding = 4) writeonly buffer Y { float y[]; };
+#include "tile.glsl"
 
 layout(push_constant) uniform Push {
     uint n_in;         // K, a multiple of 32
@@ -42,45 +43,19 @@ void main() {
     const uint count = groups[2 * (p.expert_base + e) + 1];
     if (row0 >= p.n_out) return;
     const uint nb = p.n_in / 32;
-    const uint n_units = nb * 4;
     const uint xs = p.n_in / 4;     // x row stride in vec4
     const uint w0 = e * p.n_out;
 
     for (uint i0 = gl_WorkGroupID.y * NT; i0 < count; i0 += gl_NumWorkGroups.y * NT) {
-        uint slot[NT], x0[NT];
+        uint slot[NT];
         [[unroll]] for (uint t = 0; t < NT; t++) {
             slot[t] = perm[offset + min(i0 + t, count - 1)];
-            x0[t] = (X_SLOT != 0 ? slot[t] : slot[t] / p.n_used) * xs;
+            xrow[t] = (X_SLOT != 0 ? slot[t] : slot[t] / p.n_used) * xs;
         }
-        float acc[ROWS * NT];
         [[unroll]] for (uint i = 0; i < ROWS * NT; i++) acc[i] = 0.0;
 
-        for (uint u = lane; u < n_units; u += gl_SubgroupSize) {
-            const uint ib = u >> 2, q = u & 3;
-            vec4 xa[NT], xb[NT];
-            [[unroll]] for (uint t = 0; t < NT; t++) {
-                xa[t] = x4[x0[t] + ib * 8 + q];
-                xb[t] = x4[x0[t] + ib * 8 + 4 + q];
-            }
-            float corr[NT];
-            if (ACT != 0) {
-                [[unroll]] for (uint t = 0; t < NT; t++) corr[t] = round_act(ACT, xa[t], xb[t]);
-            }
-            [[unroll]] for (uint r = 0; r < ROWS; r++) {
-                const uint row = w0 + min(row0 + r, p.n_out - 1);
-                vec4 lo, hi;
-                dequant8(row * nb + ib, q, lo, hi);
-                [[unroll]] for (uint t = 0; t < NT; t++) {
-                    acc[r * NT + t] += dot(lo, xa[t]) + dot(hi, xb[t]);
-                }
-#if defined(TYPE_Q4_1)
-                if (ACT == 2 && q == 0) {
-                    const float m = block_min(row * nb + ib);
-                    [[unroll]] for (uint t = 0; t < NT; t++) acc[r * NT + t] += m * corr[t];
-                }
-#endif
-            }
-        }
+        [[unroll]] for (uint r = 0; r < ROWS; r++) wrow[r] = w0 + min(row0 + r, p.n_out - 1);
+        tile_dot(nb);
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             [[unroll]] for (uint t = 0; t < NT; t++) {
                 const float s = subgroupAdd(acc[r * NT + t]);

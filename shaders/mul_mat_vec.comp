@@ -6,7 +6,8 @@
 // shared memory. The activations come straight from x (f32), each chunk of x read once for
 // all ROWS rows and, where ACT says so, rounded on the fly as ggml's CPU backend rounds
 // activations for this weight type: 1 Q8_0, 2 Q8_1 (blocks of 32, one lane's chunk), 3 Q8_K
-// (blocks of 256: the four lanes of one super-block agree through xor shuffles), 4 f16.
+// (blocks of 256: the four lanes of one super-block agree through xor shuffles), 4 f16,
+// 5 bf16.
 // Scales apply once per sub-block: sum(q * x) * d, less the minimum times sum(x).
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -48,7 +49,26 @@ uint x_index(uint c, uint v) {
 float chunk_dot(uint row, uint c, const uint nc, in vec4 xv[NV], in float xs[4]) {
     const uint b = row * nc + c;
     float acc = 0.0;
-#if defined(TYPE_F32)
+#if defined(TYPE_Q5_1)
+    // 24 bytes = 6 words: f16 d, f16 m, qh (bit j: weight j), qs[16]; as Q4_1 with Q5_0's bits
+    const uint o = b * 6;
+    const vec2 dm = unpackHalf2x16(w32[o]);
+    const uint qh = w32[o + 1];
+    [[unroll]] for (uint v = 0; v < 4; v++) {
+        const uint q = w32[o + 2 + v];
+        const vec4 lo = cnib_lo(q)
+            + 16.0 * vec4((uvec4(qh) >> uvec4(4 * v, 4 * v + 1, 4 * v + 2, 4 * v + 3)) & 1u);
+        const vec4 hi = cnib_hi(q)
+            + 16.0 * vec4((uvec4(qh) >> uvec4(4 * v + 16, 4 * v + 17, 4 * v + 18, 4 * v + 19)) & 1u);
+        acc += dot(lo, xv[v]) + dot(hi, xv[v + 4]);
+    }
+    acc = dm.x * acc + dm.y * xs[0];
+#elif defined(DEQUANT8_TYPE)
+    // the types without a chunk reader of their own: the chunk dequantized, then one dot
+    vec4 w[NV];
+    dequant_chunk(b, w);
+    [[unroll]] for (uint v = 0; v < NV; v++) acc += dot(w[v], xv[v]);
+#elif defined(TYPE_F32)
     [[unroll]] for (uint v = 0; v < NV; v++) acc += dot(uintBitsToFloat(w4[b * NV + v]), xv[v]);
 #elif defined(TYPE_F16)
     [[unroll]] for (uint v = 0; v < NV; v += 2) {
@@ -159,6 +179,10 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
     if (ACT == 4) {
         [[unroll]] for (uint v = 0; v < NV; v++)
             xv[v] = f16_rne(xv[v]);
+    }
+    if (ACT == 5) {
+        [[unroll]] for (uint v = 0; v < NV; v++)
+            xv[v] = bf16_rne(xv[v]);
     }
     float qsum = 0.0, d = 0.0;
     if (ACT == 1 || ACT == 2) {                     // Q8_0 / Q8_1: this chunk is the block

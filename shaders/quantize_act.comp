@@ -7,6 +7,7 @@
 //   FMT 2: Q8_K   blocks of 256, iscale = -127 / max (signed), q = min(127, rne(iscale x)),
 //                 d = 1 / iscale in f32
 //   FMT 3: F16    x rounded to f16
+//   FMT 4: BF16   x rounded to bf16
 #include "common.glsl"
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint FMT = 0;
@@ -21,7 +22,7 @@ layout(push_constant) uniform Push {
 #include "round.glsl"
 
 void main() {
-    const uint bs = FMT == 2 ? 256 : (FMT == 3 ? 4 : 32);
+    const uint bs = FMT == 2 ? 256 : (FMT >= 3 ? 4 : 32);
     const uint nb = p.n_cols / bs;
     const uint gid = gl_GlobalInvocationID.x;
     if (gid >= nb * p.n_rows) return;
@@ -30,6 +31,10 @@ void main() {
     const uint dst = row * p.n_cols + b * bs;
     if (FMT == 3) {
         for (uint j = 0; j < bs; j++) o[dst + j] = f16_rne(x[src + j]);
+        return;
+    }
+    if (FMT == 4) {
+        for (uint j = 0; j < bs; j++) o[dst + j] = bf16_rne(x[src + j]);
         return;
     }
     float amax = 0.0, vmax = 0.0;

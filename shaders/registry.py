@@ -2,19 +2,42 @@
 
 Each `KernelSpec` names its GLSL source in this folder, how many storage buffers it binds
 (bindings 0..n-1, in order), the fields of its push-constant block (tests check them against
-the GLSL), its specialization constants by name and id, and whether it comes in one variant
-per weight type. `VARIANTS` is the table compile.py builds. Plain data: the build step and
-the engine (engine/gpu/kernels.py) both import it, and it imports neither.
+the GLSL), its specialization constants by name and id, whether it comes in one variant
+per weight type, and where it binds the step buffer (STEP_FIELDS, include/step.glsl).
+`VARIANTS` is the table compile.py builds. Plain data: the build step and the engine
+(engine/gpu/kernels.py) both import it, and it imports neither.
 """
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
 
-WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K")
-K_QUANTS = ("Q4_K", "Q5_K", "Q6_K")         # 256-weight super-blocks: rows of 256k weights
+WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K",
+                "Q5_1", "BF16", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "MXFP4")
+K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+SUPER_BLOCKS = K_QUANTS + ("IQ4_XS",)       # 256-weight super-blocks: rows of 256k weights
+                                            # (include/types.glsl's SUPER_BLOCK)
 _FMT = {"u32": "I", "f32": "f"}
 MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_USED
+
+# The step buffer: the small host-visible buffer of per-submit values (RunState.set_step writes
+# it per decoded token and prefill chunk, so recorded command buffers stay valid). Declared in
+# GLSL once, include/step.glsl, at the binding a kernel's spec names (KernelSpec.step).
+STEP_FIELDS = (("pos0", "u32"), ("n_past", "u32"), ("step_pad0", "u32"), ("step_pad1", "u32"))
+STEP_BYTES = 4 * len(STEP_FIELDS)
+
+
+def pack_step(pos0: int, n_past: int) -> bytes:
+    """The step buffer's bytes."""
+    values = dict(pos0=pos0, n_past=n_past, step_pad0=0, step_pad1=0)
+    return _pack(STEP_FIELDS, values, "step buffer")
+
+
+def _pack(fields: tuple[tuple[str, str], ...], values: dict, what: str) -> bytes:
+    names = [n for n, _ in fields]
+    if set(values) != set(names):
+        raise TypeError(f"{what}: fields are {names}, got {sorted(values)}")
+    return struct.pack("<" + "".join(_FMT[t] for _, t in fields), *[values[n] for n in names])
 
 
 @dataclass(frozen=True)
@@ -28,17 +51,14 @@ class KernelSpec:
     writes: tuple[int, ...] = ()            # bindings the kernel writes (for barriers)
     coopmat: bool = False                   # uses VK_KHR_cooperative_matrix: compiled by
                                             # glslang (the glslc of Debian 12 lacks it)
+    step: int | None = None                 # binding of the step buffer, if it reads it
 
     @property
     def push_size(self) -> int:
         return 4 * len(self.push)
 
     def pack(self, **values) -> bytes:
-        names = [n for n, _ in self.push]
-        if set(values) != set(names):
-            raise TypeError(f"{self.source}: push constants are {names}, got {sorted(values)}")
-        return struct.pack("<" + "".join(_FMT[t] for _, t in self.push),
-                           *[values[n] for n in names])
+        return _pack(self.push, values, f"{self.source}: push constants")
 
 
 U, F = "u32", "f32"
@@ -77,39 +97,34 @@ KERNELS: dict[str, KernelSpec] = {
     "rms_norm": KernelSpec("rms_norm.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
                            (("WG", 0),), writes=(2,)),
-    "rope": KernelSpec("rope.comp", 5,
-                       (("n_heads", U), ("head_dim", U), ("n_dims", U), ("n_tokens", U),
-                        ("freq_base", F), ("freq_scale", F)),
-                       (("NEOX", 0), ("OUT_F16", 1), ("TABLE", 2)), writes=(1, 2)),
     "rope_qkv": KernelSpec("rope_qkv.comp", 7,
                            (("n_head", U), ("n_head_kv", U), ("head_dim", U), ("n_dims", U),
                             ("n_tokens", U), ("freq_base", F), ("freq_scale", F)),
-                           (("NEOX", 0), ("TABLE", 1)), writes=(0, 3, 4)),
-    "set_rows": KernelSpec("set_rows.comp", 3, (("n_cols", U), ("n_rows", U)), writes=(1,)),
+                           (("NEOX", 0), ("TABLE", 1)), writes=(0, 3, 4), step=5),
     "attention": KernelSpec("attention.comp", 5,
                             (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("window", U),
                              ("scale", F)),
-                            (("SG", 0), ("HD", 1), ("GGML", 2)), writes=(3,)),
+                            (("SG", 0), ("HD", 1), ("GGML", 2)), writes=(3,), step=4),
     "attn_mask": KernelSpec("attn_mask.comp", 3, (("n_tokens", U), ("stride", U), ("window", U)),
-                            (("WG", 0), ("BR", 1), ("BC", 2)), writes=(0, 1)),
+                            (("WG", 0), ("BR", 1), ("BC", 2)), writes=(0, 1), step=2),
     "flash_attn": KernelSpec("flash_attn.comp", 7,
                              (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("stride", U),
                               ("scale", F)),
                              (("WG", 0), ("HD", 1), ("BR", 2), ("BC", 3), ("LP", 4), ("GGML", 5),
-                              ("SKIP", 6)), writes=(3,)),
+                              ("SKIP", 6)), writes=(3,), step=6),
     "flash_attn_cm": KernelSpec("flash_attn_cm.comp", 5,
                                 (("n_head", U), ("n_head_kv", U), ("n_tokens", U),
                                  ("window", U), ("scale", F)),
-                                (("HD", 0),), writes=(3,), coopmat=True),
+                                (("HD", 0),), writes=(3,), coopmat=True, step=4),
     "attn_split": KernelSpec("attn_split.comp", 7,
                              (("n_head", U), ("n_head_kv", U), ("n_ctx", U), ("window", U),
                               ("n_split", U), ("min_chunk", U), ("scale", F)),
                              (("WG", 0), ("HD", 1), ("LP", 2), ("GGML", 3), ("PASS", 4)),
-                             writes=(3, 4, 5)),
+                             writes=(3, 4, 5), step=6),
     "attn_decode": KernelSpec("attn_decode.comp", 6,
                               (("n_head", U), ("n_head_kv", U), ("window", U), ("n_split", U),
                                ("min_chunk", U), ("scale", F)),
-                              (("WG", 0), ("HD", 1), ("LP", 2)), writes=(3, 4)),
+                              (("WG", 0), ("HD", 1), ("LP", 2)), writes=(3, 4), step=5),
     "attn_merge": KernelSpec("attn_merge.comp", 3, (("head_dim", U), ("n_split", U)),
                              writes=(2,)),
     "attn_combine": KernelSpec("attn_combine.comp", 2, (("head_dim", U), ("n_split", U)),
@@ -146,11 +161,12 @@ def _variants() -> dict[str, tuple[str, tuple[str, ...], str]]:
     out = {}
     for name, ks in KERNELS.items():
         tool = "glslang" if ks.coopmat else "glslc"
+        defs = () if ks.step is None else (f"STEP_BINDING={ks.step}",)
         if ks.typed:
             for t in WEIGHT_TYPES:
-                out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",), tool)
+                out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",) + defs, tool)
         else:
-            out[name] = (ks.source, (), tool)
+            out[name] = (ks.source, defs, tool)
     return out
 
 

@@ -2,17 +2,20 @@
 // rope on q (in place, f32) and k (into the f16 K cache), and v into the f16 V cache, in one
 // dispatch: the three small ops that follow the q/k/v projections in every layer.
 // Token t sits at position step.pos0 + t; a cache row for position p starts at
-// p * n_head_kv * head_dim. NEOX and TABLE as in rope.comp.
+// p * n_head_kv * head_dim. Dims past n_dims go into the K cache unrotated.
 #include "common.glsl"
 layout(local_size_x = 64) in;
+// NEOX = 0 rotates adjacent pairs (2i, 2i+1) (llama's GGUF layout); 1 rotates (i, i + n_dims/2)
 layout(constant_id = 0) const uint NEOX = 0;
+// TABLE = 1 reads (cos, sin) from a host-computed table [n_ctx, n_dims/2] that follows
+// ggml's float32 recurrence theta_i = pos * theta_scale^i, instead of computing them here
 layout(constant_id = 1) const uint TABLE = 0;
 layout(std430, binding = 0) buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
 layout(std430, binding = 2) readonly buffer V { float v[]; };
 layout(std430, binding = 3) writeonly buffer KC { float16_t kc[]; };
 layout(std430, binding = 4) writeonly buffer VC { float16_t vc[]; };
-STEP_BUFFER(5)
+#include "step.glsl"
 layout(std430, binding = 6) readonly buffer CS { vec2 cs[]; };
 layout(push_constant) uniform Push {
     uint n_head;

@@ -6,21 +6,25 @@ from __future__ import annotations
 
 import os
 
-from shaders.registry import KERNELS, VARIANTS, WEIGHT_TYPES, KernelSpec, variant_name
+from shaders.registry import (KERNELS, SUPER_BLOCKS, VARIANTS, WEIGHT_TYPES, KernelSpec,
+                              variant_name)
 
 from . import vk
 
 # The activation rounding ggml's CPU backend applies before a product with each weight type
-# (its vec_dot_type). Blocks of 32 are rounded inside mul_mat (its ACT: 1 Q8_0, 2 Q8_1);
-# the others by a quantize_act pass first (its FMT: 0 Q8_0, 2 Q8_K, 3 F16). None: f32 as is.
-ACT_INLINE = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "Q4_1": 2}
-ACT_FORMAT = {"Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "F16": 3, "F32": None}
-ACT_BLOCK = {0: 32, 2: 256, 3: 4}
-# mul_mat_vec rounds every format itself (its ACT: 1 Q8_0, 2 Q8_1, 3 Q8_K, 4 F16), one chunk
-# of MATVEC_CHUNK weights per lane (a quarter of a super-block for the K-quants).
-MATVEC_ACT = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "Q4_1": 2, "Q4_K": 3, "Q5_K": 3, "Q6_K": 3,
-              "F16": 4, "F32": 0}
-MATVEC_CHUNK = {t: 64 if t in ("Q4_K", "Q5_K", "Q6_K") else 32 for t in MATVEC_ACT}
+# (its vec_dot_type, type_traits_cpu in ggml-cpu.c). Blocks of 32 are rounded inside mul_mat
+# (its ACT: 1 Q8_0, 2 Q8_1); the others by a quantize_act pass first (its FMT: 0 Q8_0,
+# 2 Q8_K, 3 F16, 4 BF16). None: f32 as is.
+ACT_INLINE = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "IQ4_NL": 1, "MXFP4": 1, "Q4_1": 2, "Q5_1": 2}
+ACT_FORMAT = {"Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "IQ4_XS": 2, "F16": 3,
+              "BF16": 4, "F32": None}
+ACT_BLOCK = {0: 32, 2: 256, 3: 4, 4: 4}
+# mul_mat_vec rounds every format itself (its ACT: 1 Q8_0, 2 Q8_1, 3 Q8_K, 4 F16, 5 BF16),
+# one chunk of MATVEC_CHUNK weights per lane (a quarter of a 256-weight super-block).
+MATVEC_ACT = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "IQ4_NL": 1, "MXFP4": 1, "Q4_1": 2, "Q5_1": 2,
+              "Q2_K": 3, "Q3_K": 3, "Q4_K": 3, "Q5_K": 3, "Q6_K": 3, "IQ4_XS": 3, "F16": 4,
+              "BF16": 5, "F32": 0}
+MATVEC_CHUNK = {t: 64 if t in SUPER_BLOCKS else 32 for t in MATVEC_ACT}
 CM_K = 64                   # mul_mat_cm.comp's BK: its K must be a multiple
 
 

@@ -78,30 +78,41 @@ def bench_concat(dev, kernels, repeats: int = 50, shapes=SHAPES) -> list[dict]:
     return rows
 
 
-# (weight type, n_in, n_out): the decode products of Llama-shaped 1B Q4_0 and 8B Q4_K_M
+# (weight type, n_in, n_out): the decode products of Llama-shaped 1B Q4_0 and 8B Q4_K_M, and
+# an 8B-sized feed-forward product of each type added since
 MATVEC_SHAPES = (("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192), ("Q4_0", 8192, 2048),
                  ("Q4_K", 4096, 4096), ("Q4_K", 4096, 14336), ("Q4_K", 14336, 4096),
-                 ("Q6_K", 14336, 4096), ("Q6_K", 4096, 32768))
+                 ("Q6_K", 14336, 4096), ("Q6_K", 4096, 32768),
+                 ("Q5_1", 4096, 14336), ("BF16", 4096, 14336), ("Q3_K", 4096, 14336),
+                 ("Q2_K", 4096, 14336), ("IQ4_NL", 4096, 14336), ("IQ4_XS", 4096, 14336),
+                 ("MXFP4", 2880, 14336))
 MATVEC_ROWS = (1, 2, 4, 8, 16)
 MATVEC_LANES = (32, 64, 128, 256)
 OPS_PER_GRAPH = 8
+# Byte offsets of the f16 scales in a block of each quantized type (other bytes: any bits)
+_F16_SCALES = {"Q4_1": (0, 2), "Q5_1": (0, 2), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+               "Q2_K": (80, 82), "Q3_K": (108,)}
 
 
 def _random_weights(rng, wtype: str, n_in: int, n_out: int) -> np.ndarray:
-    """Random blocks with small finite f16 scales (speed depends on the bytes read, but NaNs
-    would make the outputs useless for the check)."""
+    """Random blocks with small finite scales (speed depends on the bytes read, but NaNs
+    would make the outputs useless for the check); float types from random normals."""
     import gguf
 
+    if wtype in ("F32", "F16", "BF16"):
+        w = rng.standard_normal(n_out * n_in).astype(np.float32)
+        if wtype == "BF16":
+            return (w.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+        return w.astype(np.float16 if wtype == "F16" else np.float32).view(np.uint8)
     qt = gguf.GGMLQuantizationType[wtype]
     block, size = gguf.GGML_QUANT_SIZES[qt]
     raw = rng.integers(0, 256, (n_out * n_in // block, size), dtype=np.uint8)
+    if wtype == "MXFP4":
+        raw[:, 0] = 121                     # e8m0 scale byte: 2^-7
+        return raw.reshape(-1)
     scale = np.full(raw.shape[0], 0.01, np.float16).view(np.uint8).reshape(-1, 2)
-    if wtype == "Q6_K":
-        raw[:, -2:] = scale
-    else:
-        raw[:, 0:2] = scale
-        if wtype in ("Q4_K", "Q5_K", "Q4_1"):
-            raw[:, 2:4] = scale
+    for off in _F16_SCALES.get(wtype, (0,)):
+        raw[:, off:off + 2] = scale
     return raw.reshape(-1)
 
 

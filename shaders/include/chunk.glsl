@@ -4,7 +4,8 @@
 //   void dequant_chunk(uint b, out vec4 w[NV])   b = row * (n_in / CHUNK) + chunk
 // Needs the weight buffer declared three ways at binding 0: w4 (uvec4), w16 (uint16_t),
 // w32 (uint).
-#if defined(TYPE_Q4_K) || defined(TYPE_Q5_K) || defined(TYPE_Q6_K)
+#include "types.glsl"
+#if defined(SUPER_BLOCK)
 const uint CHUNK = 64;
 #else
 const uint CHUNK = 32;
@@ -28,8 +29,19 @@ uvec2 kscale_min(uvec4 hd, uint s) {
                  (lo4 >> 4) | (((hd.z >> (8 * (s - 4))) >> 6 & 3u) << 4));
 }
 
+#if defined(DEQUANT8_TYPE)
+#include "dequant8.glsl"
+#endif
+
 void dequant_chunk(uint b, out vec4 w[NV]) {
-#if defined(TYPE_F32)
+#if defined(DEQUANT8_TYPE)
+    // chunk b is blocks (CHUNK / 32) b .. of 32 weights, dequant8's lo and hi of each
+    [[unroll]] for (uint s = 0; s < CHUNK / 32; s++) {
+        [[unroll]] for (uint q = 0; q < 4; q++) {
+            dequant8(b * (CHUNK / 32) + s, q, w[8 * s + q], w[8 * s + 4 + q]);
+        }
+    }
+#elif defined(TYPE_F32)
     [[unroll]] for (uint v = 0; v < NV; v++) w[v] = uintBitsToFloat(w4[b * NV + v]);
 #elif defined(TYPE_F16)
     [[unroll]] for (uint v = 0; v < NV; v += 2) {

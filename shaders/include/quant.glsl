@@ -1,4 +1,5 @@
-// Weight formats. Each defines the weight buffer `W` at binding WEIGHT_BINDING and
+// Weight formats. Each defines the weight buffer `W` at binding WEIGHT_BINDING (the types
+// added later, DEQUANT8_TYPE: W16 and W32, with dequant8 in dequant8.glsl) and
 //   void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi)
 // giving, for block ib (32 weights), the weights at positions 4q..4q+3 (lo) and
 // 16+4q..16+4q+3 (hi), q in 0..3. That pairing matches how Q4_0/Q4_1 pack nibbles (byte j
@@ -6,6 +7,7 @@
 #ifndef WEIGHT_BINDING
 #define WEIGHT_BINDING 0
 #endif
+#include "types.glsl"
 
 #if defined(TYPE_F32)
 layout(std430, binding = WEIGHT_BINDING) readonly buffer W { vec4 w4[]; };
@@ -61,6 +63,7 @@ void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
     lo = vec4(uvec4(v, v >> 8, v >> 16, v >> 24) & 0xFu) * dm.x + dm.y;
     hi = vec4(uvec4(v >> 4, v >> 12, v >> 20, v >> 28) & 0xFu) * dm.x + dm.y;
 }
+#define HAS_BLOCK_MIN      // block_min: the block's m, for Q8_1's sum correction (act.glsl)
 float block_min(uint ib) { return unpackHalf2x16(w32[ib * 5]).y; }
 
 #elif defined(TYPE_Q5_0)
@@ -146,6 +149,11 @@ void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
     lo = d * scale6(b0, 8 * n + 2 * k) * vec4(qa);
     hi = d * scale6(b0, 8 * n + 2 * k + 1) * vec4(qb);
 }
+
+#elif defined(DEQUANT8_TYPE)
+layout(std430, binding = WEIGHT_BINDING) readonly buffer W16 { uint16_t w16[]; };
+layout(std430, binding = WEIGHT_BINDING) readonly buffer W32 { uint w32[]; };
+#include "dequant8.glsl"
 
 #else
 #error "define one TYPE_*"

@@ -9,7 +9,9 @@ import pytest
 
 from engine.gpu import vk
 from engine.gpu.graph import run_once
-from shaders.registry import K_QUANTS, KERNELS, WEIGHT_TYPES
+from engine.gpu.rope import Rope
+from shaders.registry import (KERNELS, STEP_BYTES, STEP_FIELDS, SUPER_BLOCKS, WEIGHT_TYPES,
+                              pack_step)
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[3] / "shaders"
@@ -32,8 +34,13 @@ def read(dev, b, dtype=np.float32):
     return vk.download(dev, b).view(dtype)
 
 
-def step_buffer(dev, pos0: int):
-    return buf(dev, np.array([pos0, 0, 0, 0], np.uint32))
+def step_buffer(dev, pos0: int, n_past: int = 0):
+    return buf(dev, np.frombuffer(pack_step(pos0, n_past), np.uint8))
+
+
+# Byte offsets of the f16 scales in the blocks of the types gguf-py cannot quantize
+RANDOM_BLOCKS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+                 "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
 def quantized(wtype: str, rows: int, cols: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -45,15 +52,14 @@ def quantized(wtype: str, rows: int, cols: int, rng) -> tuple[np.ndarray, np.nda
     if wtype == "F32":
         return w.view(np.uint8), w
     qt = gguf.GGMLQuantizationType[wtype]
-    if wtype in K_QUANTS:
-        # gguf-py only dequantizes K-quants: random blocks with sane f16 scales stand in
+    if wtype in RANDOM_BLOCKS:
+        # gguf-py only dequantizes these: random blocks (every quant code and packed scale)
+        # with sane f16 scales stand in
         block, size = gguf.GGML_QUANT_SIZES[qt]
         raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
         scales = rng.uniform(0.001, 0.05, (rows, cols // block, 2)).astype(np.float16)
-        if wtype == "Q6_K":
-            raw[..., -2:] = scales[..., :1].view(np.uint8)
-        else:
-            raw[..., :4] = scales.view(np.uint8).reshape(rows, cols // block, 4)
+        for i, off in enumerate(RANDOM_BLOCKS[wtype]):
+            raw[..., off:off + 2] = scales[..., i:i + 1].view(np.uint8)
         raw = raw.reshape(rows, -1)
     else:
         raw = quantize(w, qt)
@@ -81,9 +87,60 @@ def test_push_constants_match_glsl(name):
     n_bindings = len(set(re.findall(r"binding\s*=\s*(\d+)", src)))
     if "quant.glsl" in src:
         n_bindings += 1          # the weight buffer is declared in the include
-    if "STEP_BUFFER" in src:
-        n_bindings += 1
+    if "step.glsl" in src:
+        n_bindings += 1          # and the step buffer in its own
     assert n_bindings == ks.n_buffers
+
+
+# -- the step buffer: one layout (registry.STEP_FIELDS), one GLSL block (include/step.glsl) ----
+
+def _glsl_block(src: str, name: str) -> list[tuple[str, str]]:
+    block = re.search(rf"buffer\s+{name}\s*\{{(.*?)\}}", src, re.S)
+    fields = []
+    for line in block.group(1).split(";"):
+        line = re.sub(r"//.*", "", line).strip()
+        if line:
+            typ, *names = line.replace(",", " ").split()
+            fields += [(n, _GLSL_TYPES[typ]) for n in names]
+    return fields
+
+
+def test_step_block_matches_registry():
+    src = (SHADERS / "include" / "step.glsl").read_text()
+    assert tuple(_glsl_block(src, "Step")) == STEP_FIELDS
+    assert "binding = STEP_BINDING" in src
+    assert STEP_BYTES == 4 * len(STEP_FIELDS) == len(pack_step(3, 4))
+
+
+@pytest.mark.parametrize("name", sorted(KERNELS))
+def test_step_buffer_declared_once(name):
+    """A kernel reads the step buffer only through include/step.glsl, at the binding its
+    registry entry names, and none declares the block itself."""
+    ks = KERNELS[name]
+    src = (SHADERS / ks.source).read_text()
+    reads = re.search(r"\bstep\.\w+", re.sub(r"//.*", "", src)) is not None
+    assert reads == (ks.step is not None) == ('#include "step.glsl"' in src)
+    assert not re.search(r"buffer\s+Step\b|STEP_BINDING", src)
+    if ks.step is not None:
+        assert 0 <= ks.step < ks.n_buffers
+        assert not re.search(rf"binding\s*=\s*{ks.step}\b", src)    # the binding is free
+        assert ks.step not in ks.writes
+
+
+def test_no_other_step_block():
+    for path in SHADERS.glob("**/*.*"):
+        if path.suffix in (".comp", ".glsl") and path.name != "step.glsl":
+            assert not re.search(r"buffer\s+Step\b", path.read_text()), path
+
+
+def test_set_step_writes_the_registry_layout(dev):
+    from engine.gpu.runstate import RunState
+
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=64, max_tokens=8)
+    rs.set_step([5, 6, 7], 30)
+    assert vk.download(dev, rs.step)[:STEP_BYTES].tobytes() == pack_step(30, 33)
+    rs.close()
 
 
 # -- matrix products -------------------------------------------------------------------------
@@ -476,7 +533,7 @@ def test_moe_limits_match_glsl():
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 def test_get_rows(dev, kc, wtype):
     rng = np.random.default_rng(3)
-    cols = 512 if wtype in K_QUANTS else 96
+    cols = 512 if wtype in SUPER_BLOCKS else 96
     raw, w = quantized(wtype, 50, cols, rng)
     ids = np.array([3, 0, 49, 3, 17], np.uint32)
     bw, bi, bo = buf(dev, raw), buf(dev, ids), buf(dev, nbytes=4 * 5 * cols)
@@ -562,40 +619,6 @@ def rope_ref(x: np.ndarray, pos0: int, n_dims: int, base: float, neox: bool) -> 
     return out
 
 
-@pytest.mark.parametrize("neox", [0, 1])
-def test_rope_in_place(dev, kc, neox):
-    rng = np.random.default_rng(8)
-    x = rng.standard_normal((5, 3, 64)).astype(np.float32)
-    bx, st = buf(dev, x), step_buffer(dev, 37)
-    run_once(dev, kc, "rope", [bx, bx, bx, st, bx], (-(-5 * 3 * 32 // 64), 1, 1),
-             spec=dict(NEOX=neox, OUT_F16=0, TABLE=0), n_heads=3, head_dim=64, n_dims=64, n_tokens=5,
-             freq_base=10000.0, freq_scale=1.0)
-    assert nmse(read(dev, bx).reshape(x.shape), rope_ref(x, 37, 64, 10000.0, bool(neox))) < 1e-11
-
-
-def test_rope_into_f16_cache(dev, kc):
-    rng = np.random.default_rng(9)
-    x = rng.standard_normal((4, 2, 64)).astype(np.float32)
-    n_ctx = 16
-    bx, st = buf(dev, x), step_buffer(dev, 5)
-    cache = buf(dev, np.zeros((n_ctx, 2, 64), np.float16), kind="kv")
-    run_once(dev, kc, "rope", [bx, bx, cache, st, bx], (4, 1, 1),
-             spec=dict(NEOX=0, OUT_F16=1, TABLE=0),
-             n_heads=2, head_dim=64, n_dims=64, n_tokens=4, freq_base=1e5, freq_scale=1.0)
-    got = read(dev, cache, np.float16).reshape(n_ctx, 2, 64).astype(np.float32)
-    assert nmse(got[5:9], rope_ref(x, 5, 64, 1e5, False)) < 1e-6
-    assert not got[:5].any() and not got[9:].any()
-
-
-def test_set_rows(dev, kc):
-    x = np.random.default_rng(10).standard_normal((3, 192)).astype(np.float32)
-    st = step_buffer(dev, 2)
-    bx, cache = buf(dev, x), buf(dev, np.zeros((8, 192), np.float16))
-    run_once(dev, kc, "set_rows", [bx, cache, st], (9, 1, 1), n_cols=192, n_rows=3)
-    got = read(dev, cache, np.float16).reshape(8, 192)
-    assert np.array_equal(got[2:5], x.astype(np.float16)) and not got[5:].any()
-
-
 def attention_ref(q, k, v, pos0, window, scale):
     n_tok, n_head, hd = q.shape
     group = n_head // k.shape[1]
@@ -642,7 +665,7 @@ def test_flash_attention_on_matrix_units(dev, kc, hd, n_tok, pos0, window):
     q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
     bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
     bo = buf(dev, nbytes=q.nbytes)
-    st = buf(dev, np.array([pos0, pos0 + n_tok, 0, 0], np.uint32))
+    st = step_buffer(dev, pos0, pos0 + n_tok)
     scale = hd ** -0.5
     run_once(dev, kc, "flash_attn_cm", [bq, bk, bv, bo, st], (-(-n_tok // 64), n_head, 1),
              spec=dict(HD=hd), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window,
@@ -698,7 +721,89 @@ def test_quantized_activations_match_ggml_dot(dev, kc):
     rs.close()
 
 
-@pytest.mark.parametrize("fmt", [0, 2, 3])
+def test_activation_tables_follow_ggml_vec_dot_types():
+    """Each weight type's rounding in every path (mul_mat inline or through quantize_act,
+    mul_mat_vec) is its vec_dot_type in ggml-cpu (reference.VEC_DOT); K-blocked types take
+    256-weight rows in quarters."""
+    from engine.arch.reference import VEC_DOT
+    from engine.gpu.kernels import ACT_FORMAT, ACT_INLINE, MATVEC_ACT, MATVEC_CHUNK
+
+    inline, fmt = {1: "Q8_0", 2: "Q8_1"}, {0: "Q8_0", 2: "Q8_K", 3: "F16", 4: "BF16", None: "F32"}
+    matvec = {0: "F32", 1: "Q8_0", 2: "Q8_1", 3: "Q8_K", 4: "F16", 5: "BF16"}
+    for t in WEIGHT_TYPES:
+        plain = inline[ACT_INLINE[t]] if t in ACT_INLINE else fmt[ACT_FORMAT[t]]
+        assert plain == matvec[MATVEC_ACT[t]] == VEC_DOT[t], t
+        assert MATVEC_CHUNK[t] == (64 if t in SUPER_BLOCKS else 32)
+
+
+def ggml_cpu_product(wtype: str, raw: np.ndarray, w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """x @ w.T as ggml's CPU backend computes it: x rounded to the weight type's vec_dot_type
+    (engine/arch/reference.py's table and formats), Q8_1's block sums s = fp16(d * sum q)
+    multiplying the Q4_1 / Q5_1 block minimums."""
+    from engine.arch import reference as ref
+
+    act = ref.VEC_DOT[wtype]
+    if act != "Q8_1":
+        rounded = {"F32": lambda a: a, "F16": ref._f16, "BF16": ref._bf16, "Q8_0": ref._q8_0,
+                   "Q8_K": ref._q8_k}[act](x)
+        return rounded.astype(np.float64) @ w.T.astype(np.float64)
+    xq, s = ref._q8_1(x)
+    blk = raw.reshape(w.shape[0], w.shape[1] // 32, -1)
+    mins = blk[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    exact = xq.reshape(*s.shape, 32).sum(-1)
+    return xq.astype(np.float64) @ w.T.astype(np.float64) + (s - exact) @ mins.T
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+def test_products_round_like_ggml_cpu(dev, kc, wtype):
+    """With ggml_numerics, every product path (prefill mul_mat, one-token mul_mat_vec and
+    mul_mat, the routed experts per token and grouped) against numpy's ggml CPU product."""
+    from dataclasses import replace
+
+    from engine.gpu.graph import Graph
+    from engine.gpu.builder import Builder
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
+
+    rng = np.random.default_rng(31)
+    n_in, n_out, T = 512, 40, 3
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal((T, n_in)) * 3).astype(np.float32)
+    want = ggml_cpu_product(wtype, raw, w, x)
+    base = replace(Tuning.for_device(dev), ggml_numerics=True, coopmat=False)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
+    bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, nbytes=4 * T * n_out)
+    t = Tensor(wtype, (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    for matvec, n, x_row in ((False, T, 0), (True, 1, T - 1), (False, 1, T - 1)):
+        g = Graph(dev, kc, "t")
+        Builder(g, {}, rs, replace(base, matvec=matvec)).matmul(t, bx, by, n, x_row=x_row)
+        g.replay()
+        got = read(dev, by)[: n * n_out].reshape(n, n_out)
+        g.close()
+        err = np.abs(got - want[x_row:x_row + n]).max()
+        assert err < 1e-5 * np.abs(want).max(), (matvec, n)
+    rs.close()
+    if wtype not in ("F32", "F16"):      # the rounding shows against the unrounded product
+        assert np.abs(x @ w.T - want).max() > 10 * err
+    # routed experts: expert e's rows are w[e * n_out / 4 ...]
+    n_expert, k = 4, 2
+    ids = routed_ids(rng, T, k, n_expert, hot=2)
+    we = w.reshape(n_expert, n_out // n_expert, n_in)
+    re = raw.reshape(n_expert, -1)
+    xs = (rng.standard_normal((T, k, n_in)) * 3).astype(np.float32)       # a row per slot
+    for per_slot, xx in ((0, x), (1, xs)):
+        want = np.stack([np.stack([
+            ggml_cpu_product(wtype, re[e], we[e], (xx[t, j] if per_slot else xx[t])[None])[0]
+            for j, e in enumerate(ids[t])]) for t in range(T)])
+        for grouped in (False, True):
+            got = builder_moe(dev, kc, replace(base, moe_grouped=grouped), wtype, raw, xx, ids,
+                              n_expert, n_out // n_expert, per_slot)
+            assert np.abs(got - want).max() < 1e-5 * np.abs(want).max(), (per_slot, grouped)
+
+
+@pytest.mark.parametrize("fmt", [0, 2, 3, 4])
 def test_quantize_act_formats(dev, kc, fmt):
     rng = np.random.default_rng(14)
     x = (rng.standard_normal((2, 512)) * 5).astype(np.float32)
@@ -714,10 +819,14 @@ def test_quantize_act_formats(dev, kc, fmt):
         mx = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)
         iscale = np.float32(-127) / mx
         want = np.minimum(np.rint(iscale * b), 127) * (np.float32(1) / iscale)
-    else:
+    elif fmt == 3:
         want = x.astype(np.float16)
+    else:                            # bf16: round to nearest even on the top 16 bits
+        u = x.view(np.uint32).astype(np.uint64)
+        want = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
     got, want = read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32)
-    if dev.info.kind == "cpu":       # IEEE division and conversions: ggml's bits exactly
+    if dev.info.kind == "cpu" or fmt == 4:   # IEEE division and conversions (bf16's integer
+        # arithmetic everywhere): ggml's bits exactly
         assert np.array_equal(got, want)
     else:
         # Vulkan lets '/' be 2.5 ulp off and drivers convert to f16 their own way (NVIDIA's
@@ -725,21 +834,6 @@ def test_quantize_act_formats(dev, kc, fmt):
         # by at most one quantization step of its block
         step = np.abs(want).max() / (127 if fmt != 3 else 1024)
         assert np.abs(got - want).max() <= step
-
-
-def test_rope_from_ggml_table(dev, kc):
-    from engine.gpu.runstate import RunState
-
-    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
-                  n_vocab=64, n_ctx=64, max_tokens=8, rope=((1e5, 64),))
-    x = np.random.default_rng(15).standard_normal((5, 3, 64)).astype(np.float32)
-    bx = buf(dev, x)
-    rs.set_step([0] * 5, 30)
-    run_once(dev, kc, "rope", [bx, bx, bx, rs.step, rs.rope_table(1e5, 64)], (8, 1, 1),
-             spec=dict(NEOX=0, OUT_F16=0, TABLE=1), n_heads=3, head_dim=64, n_dims=64,
-             n_tokens=5, freq_base=1e5, freq_scale=1.0)
-    assert nmse(read(dev, bx).reshape(x.shape), rope_ref(x, 30, 64, 1e5, False)) < 1e-11
-    rs.close()
 
 
 def attention_ggml_ref(q, k, v, pos0, window, scale):
@@ -775,7 +869,8 @@ def test_attention_ggml_rounding(dev, kc):
     assert np.abs(read(dev, bo).reshape(q.shape) - want).max() < 1e-5
 
 
-@pytest.mark.parametrize("neox,table", [(0, 0), (1, 1)])
+@pytest.mark.parametrize("neox", [0, 1])
+@pytest.mark.parametrize("table", [0, 1])
 def test_rope_qkv_fused(dev, kc, neox, table):
     from engine.gpu.runstate import RunState
 
@@ -785,12 +880,13 @@ def test_rope_qkv_fused(dev, kc, neox, table):
     k = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
     v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
     rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
-                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=((1e4, hd),))
+                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=(Rope(1e4, hd),))
     rs.set_step([0] * n_tok, pos0)
     bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
     kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
     count = n_tok * ((n_head + n_kv) * hd // 2 + n_kv * hd)
-    run_once(dev, kc, "rope_qkv", [bq, bk, bv, kc_, vc_, rs.step, rs.rope_table(1e4, hd)],
+    run_once(dev, kc, "rope_qkv", [bq, bk, bv, kc_, vc_, rs.step,
+                                    rs.rope_table(Rope(1e4, hd))],
              (-(-count // 64), 1, 1), spec=dict(NEOX=neox, TABLE=table), n_head=n_head,
              n_head_kv=n_kv, head_dim=hd, n_dims=hd, n_tokens=n_tok, freq_base=1e4,
              freq_scale=1.0)

@@ -36,3 +36,16 @@ def test_mul_mat_moe_bench_table(monkeypatch, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("prefill expert products on ")
     assert len([ln for ln in lines if ln.startswith("| Q")]) == 4
+
+
+def test_mul_mat_vec_bench_types(dev, kc, monkeypatch):
+    """The decode bench's random weights are valid blocks for every weight type it lists:
+    each of its shapes' types, small, runs and mul_mat_vec agrees with mul_mat (the bench
+    raises where they disagree)."""
+    monkeypatch.setattr(kernelbench, "MATVEC_ROWS", (4,))
+    types = sorted({t for t, _, _ in kernelbench.MATVEC_SHAPES})
+    shapes = tuple((t, 256, 8) for t in types)
+    rows = kernelbench.bench_mul_mat_vec(dev, kc, 1, shapes=shapes)
+    assert [r["type"] for r in rows] == types
+    for r in rows:
+        assert r["variants"] and all(v["us"] > 0 for v in r["variants"])

@@ -1,0 +1,13 @@
+// The step buffer: values that change per submit (per decoded token, per prefill chunk) live
+// here so recorded command buffers stay valid; RunState.set_step (engine/gpu/ops.py) writes
+// them. The block is shaders/registry.py's STEP_FIELDS (a test holds the two together) and
+// its binding the kernel's KernelSpec.step, which compile.py passes as STEP_BINDING.
+#ifndef STEP_BINDING
+#error "STEP_BINDING comes from the kernel's registry entry (KernelSpec.step)"
+#endif
+layout(std430, binding = STEP_BINDING) readonly buffer Step {
+    uint pos0;         // position of the pass's first token
+    uint n_past;       // positions in the KV cache once this pass is in
+    uint step_pad0;
+    uint step_pad1;
+} step;

@@ -1,0 +1,117 @@
+"""Each weight type added to the engine, through a whole model: a small random qwen3moe whose
+embeddings, attention, experts and head all hold that type loads (the loader takes the type)
+and its logits follow engine/arch/reference.py in float32. (With llama.cpp's activation
+rounding, such a random model's logits move by 1e-4 to 1e-1 in NMSE on the last bit of a
+rounding or a near-tie in the router, existing types alike, so that rounding is held to the
+reference per product instead: test_kernels.py's test_products_round_like_ggml_cpu.)"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.formats.gguf_file import GGUFFile
+from engine.residency.model import Model
+from tests.engine.gpu.test_kernels import RANDOM_BLOCKS, quantized
+
+pytestmark = pytest.mark.gpu
+
+# rows of 256 weights: every type's blocks fit
+N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM = 2, 256, 4, 2, 64
+N_EXPERT, N_USED, N_FF_EXP, N_VOCAB = 4, 2, 256, 320
+PROMPT = [1, 17, 200, 33, 4, 91, 150]
+NEW_TYPES = ("Q5_1", "BF16", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "MXFP4")
+
+
+def write_model(path: str, wtype: str, seed: int = 5) -> None:
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    qt = gguf.GGMLQuantizationType[wtype]
+    w = gguf.GGUFWriter(path, "qwen3moe")
+    a = "qwen3moe"
+    for key, v in (("block_count", N_LAYER), ("context_length", 4096),
+                   ("embedding_length", N_EMBD), ("feed_forward_length", 4 * N_FF_EXP),
+                   ("expert_feed_forward_length", N_FF_EXP), ("expert_count", N_EXPERT),
+                   ("expert_used_count", N_USED), ("attention.head_count", N_HEAD),
+                   ("attention.head_count_kv", N_HEAD_KV), ("attention.key_length", HEAD_DIM),
+                   ("attention.value_length", HEAD_DIM), ("rope.dimension_count", HEAD_DIM)):
+        w.add_uint32(f"{a}.{key}", v)
+    w.add_float32(f"{a}.rope.freq_base", 1e6)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    words = [f"\u2581{chr(97 + i % 26)}{i}" for i in range(N_VOCAB - 3 - 256)]
+    w.add_tokenizer_model("llama")
+    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + words)
+    w.add_token_scores([-float(i) for i in range(N_VOCAB)])
+    w.add_token_types([3, 3, 3] + [6] * 256 + [1] * len(words))
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+
+    def mat(name, *shape):
+        """shape in numpy order, the row length last; weights of about 1 / sqrt(row length),
+        so activations keep their size through the layers"""
+        rows, n = int(np.prod(shape[:-1])), shape[-1]
+        if wtype in RANDOM_BLOCKS:           # random blocks, their f16 scales brought down
+            raw, deq = quantized(wtype, rows, n, rng)
+            blocks = raw.reshape(-1, gguf.GGML_QUANT_SIZES[qt][1])
+            for off in RANDOM_BLOCKS[wtype]:
+                d = blocks[:, off:off + 2].copy().view(np.float16) / (deq.std() * np.sqrt(n))
+                blocks[:, off:off + 2] = d.astype(np.float16).view(np.uint8)
+        else:
+            raw = quantize((rng.standard_normal((rows, n)) / np.sqrt(n)).astype(np.float32), qt)
+        w.add_tensor(name, raw.reshape(*shape[:-1], -1), raw_dtype=qt)
+
+    def norm(name, n):
+        w.add_tensor(name, 1 + 0.1 * rng.standard_normal(n).astype(np.float32))
+
+    mat("token_embd.weight", N_VOCAB, N_EMBD)
+    norm("output_norm.weight", N_EMBD)
+    mat("output.weight", N_VOCAB, N_EMBD)
+    for i in range(N_LAYER):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight", N_EMBD)
+        mat(p + "attn_q.weight", N_HEAD * HEAD_DIM, N_EMBD)
+        mat(p + "attn_k.weight", N_HEAD_KV * HEAD_DIM, N_EMBD)
+        mat(p + "attn_v.weight", N_HEAD_KV * HEAD_DIM, N_EMBD)
+        norm(p + "attn_q_norm.weight", HEAD_DIM)
+        norm(p + "attn_k_norm.weight", HEAD_DIM)
+        mat(p + "attn_output.weight", N_EMBD, N_HEAD * HEAD_DIM)
+        norm(p + "ffn_norm.weight", N_EMBD)
+        w.add_tensor(p + "ffn_gate_inp.weight",
+                     (rng.standard_normal((N_EXPERT, N_EMBD)) / 8).astype(np.float32))
+        mat(p + "ffn_gate_exps.weight", N_EXPERT, N_FF_EXP, N_EMBD)
+        mat(p + "ffn_up_exps.weight", N_EXPERT, N_FF_EXP, N_EMBD)
+        mat(p + "ffn_down_exps.weight", N_EXPERT, N_EMBD, N_FF_EXP)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def nmse(got, want) -> float:
+    want = np.asarray(want, np.float64)
+    return float(np.sum((np.asarray(got, np.float64) - want) ** 2) / np.sum(want ** 2))
+
+
+@pytest.mark.parametrize("wtype", NEW_TYPES)
+def test_model_of_one_weight_type(dev, kc, tmp_path, wtype):
+    from engine.arch.reference import ReferenceModel
+
+    path = str(tmp_path / f"tiny-{wtype}.gguf")
+    write_model(path, wtype)
+    m = Model(dev, kc, path, n_ctx=64)
+    m.tuning.coopmat = False
+    try:
+        with GGUFFile(path) as g:
+            assert {g.tensor(n).type_name for n in m.config.tensor_shapes()} >= {wtype}
+            m.tuning.ggml_numerics = False
+            ref = ReferenceModel(g, n_ctx=64, quantize_activations=False)
+            # the GPU's f16 KV cache is the one difference
+            assert nmse(m.eval(PROMPT, 0, greedy=False), ref.forward(PROMPT, 0)[-1]) < 1e-6
+            got = m.eval([42], len(PROMPT), greedy=False)
+            assert nmse(got, ref.forward([42], len(PROMPT))[-1]) < 1e-6
+            m.tuning.ggml_numerics = True        # runs, to finite logits
+            m.cache_tokens = []
+            assert np.isfinite(m.eval(PROMPT, 0, greedy=False)).all()
+    finally:
+        m.close()
