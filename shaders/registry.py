@@ -133,7 +133,7 @@ KERNELS: dict[str, KernelSpec] = {
                                (("n_cols", U), ("n_rows", U), ("x_offset", U)),
                                (("FMT", 0),), writes=(1,)),
     "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),), (("GELU", 0),), writes=(2,)),
-    "add": KernelSpec("add.comp", 3, (("n", U),), writes=(2,)),
+    "add": KernelSpec("add.comp", 3, (("n", U), ("b_len", U)), writes=(2,)),
     "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("WG", 0),),
                          writes=(1,)),
     "mul": KernelSpec("mul.comp", 3,

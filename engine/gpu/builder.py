@@ -283,8 +283,18 @@ class Builder:
         self._wrote(out)
 
     def add(self, a: vk.Buffer, b: vk.Buffer, out: vk.Buffer, count: int) -> None:
-        self.g.op("add", [a, b, out], _groups_1d(count), n=count)
+        self.g.op("add", [a, b, out], _groups_1d(count), n=count, b_len=count)
         self._wrote(out)
+
+    def add_bias(self, x: vk.Buffer, bias: Tensor, n: int) -> None:
+        """x[n, len(bias)] += bias, in place (the biases of qwen2's, phi3's and gpt-oss's
+        projections; GGUF keeps them in F32)."""
+        if bias.wtype != "F32":
+            raise ValueError(f"a bias must be F32, got {bias.wtype}")
+        width = bias.shape[0]
+        self.g.op("add", [x, bias.binding(), x], _groups_1d(n * width), n=n * width,
+                  b_len=width)
+        self._wrote(x)
 
     def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
         self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,

@@ -586,8 +586,17 @@ def test_add(dev, kc):
     rng = np.random.default_rng(6)
     a, b = (rng.standard_normal(300).astype(np.float32) for _ in range(2))
     ba, bb, bo = buf(dev, a), buf(dev, b), buf(dev, nbytes=a.nbytes)
-    run_once(dev, kc, "add", [ba, bb, bo], (5, 1, 1), n=300)
+    run_once(dev, kc, "add", [ba, bb, bo], (5, 1, 1), n=300, b_len=300)
     assert np.array_equal(read(dev, bo), a + b)
+
+
+def test_add_bias_to_every_row(dev, kc):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 60)).astype(np.float32)
+    bias = rng.standard_normal(60).astype(np.float32)
+    bx, bb = buf(dev, x), buf(dev, bias)
+    run_once(dev, kc, "add", [bx, bb, bx], (5, 1, 1), n=300, b_len=60)
+    assert np.array_equal(read(dev, bx).reshape(5, 60), x + bias)
 
 
 @pytest.mark.parametrize("lanes", [1, 4, 32])
