@@ -403,8 +403,9 @@ class Engine:
         shadow bytes, weights placed in host memory (cpu_moe), the file's quantization id. Reads
         bookkeeping only, so it answers while a request runs."""
         pinned = set(self.arbiter.pinned)
+        lost = self.lost is not None
         return [{"name": m.name, "path": m.model.path, "arch": m.model.gguf.arch,
-                 "n_ctx": m.model.n_ctx, "state": m.model.state,
+                 "n_ctx": m.model.n_ctx, "state": "unusable" if lost else m.model.state,
                  "pinned": m.name in pinned,
                  "device_bytes": m.model.device_bytes(),
                  "host_shadow_bytes": m.model.host_shadow_bytes(),

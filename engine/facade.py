@@ -107,7 +107,8 @@ class EngineAPI(Protocol):
 
     def subscribe(self, fn: Callable[[str, dict], None]) -> None:
         """fn(event, info) for what the engine does by itself: "idle_evicted" ({"name",
-        "idle_s"}), "yielded" ({"until"})."""
+        "idle_s"}), "yielded" ({"until"}), "device_fault" ({"t", "error", "during",
+        "lost"})."""
 
     # -- text and generation -----------------------------------------------------------------
     def tokenizer(self, name: str | None = None):

@@ -366,6 +366,12 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         elif event == "yielded":
             until = time.strftime("%H:%M", time.localtime(info["until"]))
             self.log(f"Yielded the GPU until {until}")
+        elif event == "device_fault":
+            if info.get("lost"):
+                self.log(f"The GPU was lost during {info['during']}: restart Hotseat")
+            else:
+                self.log(f"The GPU failed during {info['during']}; the models were reset "
+                         "from their copies in RAM")
         self.refresh()
 
     def _set_budget(self, budget: int | None) -> None:

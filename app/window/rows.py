@@ -98,7 +98,9 @@ class ModelRow(QFrame):
         self.pin_button.setChecked(pinned)
         self.pin_button.setText("Pinned" if pinned else "Pin")
         self.evict_button.setEnabled(state == "warm" and not pinned)
-        self.warm_button.setEnabled(state != "warm")
+        self.warm_button.setEnabled(state == "cold")
+        self.badge.setToolTip("The GPU was lost: restart Hotseat" if state == "unusable"
+                              else "")
         self.evict_button.setToolTip("Unpin it first" if pinned else
                                      "Free its VRAM now; it stays loaded in RAM")
         size = format_bytes(status.get("file_bytes", 0)) if status.get("file_bytes") else "?"

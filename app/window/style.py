@@ -11,6 +11,7 @@ QLabel#badge { border-radius: 8px; padding: 1px 8px; font-weight: 600; font-size
                color: white; }
 QLabel#badge[state="warm"] { background: #e4572e; }
 QLabel#badge[state="cold"] { background: #4a78c2; }
+QLabel#badge[state="unusable"] { background: #6b7280; }
 QLabel#pinnedMark { color: #b5651d; font-size: 8pt; font-weight: 600; }
 QLabel#message[kind="error"] { background: #fdecea; color: #8a1f11; border: 1px solid #f5c2bb;
                                border-radius: 4px; padding: 6px; }

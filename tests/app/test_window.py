@@ -86,6 +86,12 @@ def test_badge_and_bar_follow_the_state(qtbot, window, bridge):
     until(qtbot, lambda: row.pin_button.isChecked())
     assert not row.pinned_mark.isHidden() and not row.evict_button.isEnabled()
 
+    # the GPU lost (the engine says "unusable"): nothing to warm or evict, and why
+    bridge.models_changed.emit([fake_status("a", "unusable", device_bytes={})])
+    until(qtbot, lambda: row.badge.text() == "UNUSABLE")
+    assert not row.warm_button.isEnabled() and not row.evict_button.isEnabled()
+    assert "restart Hotseat" in row.badge.toolTip()
+
 
 def test_bar_paints(qtbot, window, bridge):
     bridge.vram_changed.emit({"budget_bytes": 256 << 20})

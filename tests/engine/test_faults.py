@@ -144,5 +144,6 @@ def test_a_lost_device_refuses_work_and_says_so(engine, ref):
         answer(engine, ref)
     with pytest.raises(EngineFault, match="restart Hotseat"):
         engine.warm("m")
+    assert engine.status()[0]["state"] == "unusable"
     engine.unload("m")                       # freeing still works
     assert engine.status() == []
