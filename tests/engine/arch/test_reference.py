@@ -150,10 +150,22 @@ def test_llamacpp_gemma3(gemma3, case):
     _check_case("gemma3", gemma3, case)
 
 
+# whole greedy sequences (up to 64 ids) that agree with llama.cpp id for id, when last
+# measured (numpy reference, float32 against llama.cpp's CPU backend; the rest part at a
+# near-tie within the tolerances above): a change that loses one shows here
+MIN_FULL_MATCH = {"smollm2": 3, "gemma3": 4}
+
+
 def test_full_length_summary(capsys):
-    """Not a check: how many whole greedy sequences (up to 64 ids) agree id for id."""
+    """How many whole greedy sequences agree id for id: no fewer than when last measured.
+    Runs after the llama.cpp cases above (pytest keeps a module's order)."""
+    checked = {name: n for name, n in CHECKED.items() if n}
+    if not checked:
+        pytest.skip("no llama.cpp case ran before this test")
     with capsys.disabled():
-        for name, n in CHECKED.items():
-            if n:
-                print(f"\n{name}: {len(FULL_MATCH[name])} of {n} full greedy sequences match "
-                      f"llama.cpp exactly: {', '.join(FULL_MATCH[name]) or '-'}")
+        for name, n in checked.items():
+            print(f"\n{name}: {len(FULL_MATCH[name])} of {n} full greedy sequences match "
+                  f"llama.cpp exactly: {', '.join(FULL_MATCH[name]) or '-'}")
+    for name, n in checked.items():
+        if n == len(_cases(name)):           # every case of the model ran
+            assert len(FULL_MATCH[name]) >= MIN_FULL_MATCH[name], (name, FULL_MATCH[name])
