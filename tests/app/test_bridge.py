@@ -223,7 +223,7 @@ def test_endpoint_serves_health_and_models_then_stops(qtbot, make_bridge, models
     until(qtbot, lambda: rec.endpoint, timeout=10000)
     running, url = rec.endpoint[-1]
     assert running and url.startswith("http://127.0.0.1:")
-    assert get(url + "/health") == (200, {"status": "ok"})
+    assert get(url + "/health") == (200, {"status": "ok", "faults": 0, "last_fault": None})
     load(qtbot, bridge, models["b"])                     # loaded while serving: served too
     until(qtbot, lambda: len(get(url + "/v1/models")[1]["data"]) == 2)
     assert sorted(m["id"] for m in get(url + "/v1/models")[1]["data"]) == ["a", "b"]

@@ -274,7 +274,7 @@ def test_endpoint_toggle_starts_and_stops_the_server(qtbot, make_bridge, models)
     assert running
     until(qtbot, lambda: url in window.endpoint_label.text())
     with urllib.request.urlopen(url + "/health", timeout=5) as r:
-        assert json.loads(r.read()) == {"status": "ok"}
+        assert json.loads(r.read()) == {"status": "ok", "faults": 0, "last_fault": None}
     window.endpoint_toggle.setChecked(False)
     until(qtbot, lambda: len(bridge.rec.endpoint) == 2, timeout=10000)
     until(qtbot, lambda: window.endpoint_label.text() == "")

@@ -82,8 +82,8 @@ def test_releases_run_on_the_engine_thread_and_status_answers_meanwhile(smollm2_
         seen = []
         model = eng.models["a"].model
         release = model.release
-        model.release = lambda full=True: (seen.append(threading.current_thread()),
-                                           release(full=full))[1]
+        model.release = lambda full=True, **kw: (seen.append(threading.current_thread()),
+                                                 release(full=full, **kw))[1]
         done = threading.Event()
         out = {}
 

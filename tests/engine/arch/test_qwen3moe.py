@@ -195,7 +195,7 @@ def test_prefill_groups_tokens_by_expert(dev, kc, moe_path):
         m.tuning.moe_grouped = grouped
         m.profile = True                            # graphs keep their ops' names
         try:
-            logits = [m.eval(prompt, 0, greedy=False), m.eval([42], len(prompt), greedy=False)]
+            logits = [m.run(prompt, 0, greedy=False), m.run([42], len(prompt), greedy=False)]
             ops = [[kernel_of(n) for n in g._op_names]
                    for g in (m._prefill[(len(prompt), False)], m._decode[False])]
             runs[grouped] = logits, ops

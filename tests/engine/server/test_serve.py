@@ -439,7 +439,7 @@ def test_auth(base, open_base, name):
     got, _, body = request(base, "GET", "/v1/models", headers={"Authorization": "Basic " + KEY},
                            key=None)
     assert_error(401, got, body, None, "invalid_api_key")
-    assert request(base, "GET", "/health", key=None)[2] == {"status": "ok"}
+    assert request(base, "GET", "/health", key=None)[2] == {"status": "ok", "faults": 0, "last_fault": None}
     # without a configured key nothing is asked for
     got, hdrs, body = request(open_base, "GET", "/v1/models", key=None)
     assert got == 200 and body["data"][0]["id"] == name
@@ -527,7 +527,7 @@ def test_disconnect_cancels_generation(base, name):
 
 def test_health_and_metrics(base, name):
     got, hdrs, body = request(base, "GET", "/health", key=None)
-    assert got == 200 and body == {"status": "ok"}
+    assert got == 200 and body == {"status": "ok", "faults": 0, "last_fault": None}
     request(base, "GET", "/v1/models")
     got, hdrs, text = request(base, "GET", "/metrics", key=None)
     assert got == 200 and hdrs["Content-Type"].startswith("text/plain")
