@@ -25,6 +25,7 @@ def test_desktop_entry_runs_the_tray_script():
 
 @pytest.mark.slow
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_pyinstaller_bundle_starts(tmp_path):
     pytest.importorskip("PyInstaller")
     dist, work = tmp_path / "dist", tmp_path / "build"

@@ -34,7 +34,8 @@ def _no_faults_left():
     vk.clear_faults()
 
 
-@pytest.fixture(params=[True, False], ids=["unified", "discrete"])
+@pytest.fixture(params=[True, pytest.param(False, marks=pytest.mark.slow)],
+                ids=["unified", "discrete"])
 def engine(request, smollm2_path, monkeypatch):
     """An engine with SmolLM2 loaded; "discrete" takes the copy path a discrete GPU takes
     (host shadow plus device copies), so copies can fail too."""

@@ -454,6 +454,7 @@ def _read_ledger(path: str) -> list[dict]:
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 def test_three_engine_processes_take_turns(tmp_path, smollm2_path):
     from engine.api import Engine
     from engine.text.sampling import SamplingParams

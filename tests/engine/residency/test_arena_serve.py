@@ -18,7 +18,7 @@ import pytest
 
 from engine.tools.serveproc import ServeProcess
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]       # several real servers
 
 ROOT = Path(__file__).resolve().parents[3]
 CTX = 128

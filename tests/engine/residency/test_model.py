@@ -81,6 +81,7 @@ def test_decode_kernel_follows_the_plain_path(smollm2):
         smollm2.cache_tokens = []
 
 
+@pytest.mark.slow
 def test_smollm2_cases_follow_llama_cpp(smollm2):
     """Plain and chat prompts recorded with llama.cpp (tests/tools/make_llamacpp_reference.py).
 

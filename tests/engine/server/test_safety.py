@@ -137,6 +137,7 @@ def test_a_client_that_leaves_during_the_prompt_frees_the_engine(base, engine, r
 
 # -- a device fault during a prompt -------------------------------------------------------
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point,kind", [("submit", "timeout"), ("wait", "timeout"),
                                         ("submit", "out_of_memory"), ("wait", "out_of_memory")])
 def test_a_device_fault_during_a_prompt_leaves_later_answers_right(base, engine, ref,
