@@ -21,8 +21,9 @@ uint d8_word(uint byte_off) {
     if ((byte_off & 1u) == 0) return uint(w16[i]) | (uint(w16[i + 1]) << 16);
     return (uint(w16[i]) >> 8) | (uint(w16[i + 1]) << 8) | ((uint(w16[i + 2]) & 0xFFu) << 24);
 }
-
-uint d8_byte16(uint byte_off) { return (uint(w16[byte_off >> 1]) >> (8 * (byte_off & 1u))) & 0xFFu; }
+uint d8_byte16(uint byte_off) {           // 1 byte
+    return (uint(w16[byte_off >> 1]) >> (8 * (byte_off & 1u))) & 0xFFu;
+}
 
 #if defined(TYPE_IQ2_XXS) || defined(TYPE_IQ2_XS) || defined(TYPE_IQ2_S) \
     || defined(TYPE_IQ3_XXS) || defined(TYPE_IQ3_S)
@@ -141,7 +142,7 @@ void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
 // blocks start at any byte)
 void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
     const uint o = ib * 17;
-    const uint e = (uint(w16[o >> 1]) >> (8 * (o & 1u))) & 0xFFu;
+    const uint e = d8_byte16(o);
     const float d = uintBitsToFloat(e < 2 ? 0x00200000u << e : (e - 1) << 23);
     const uint v = d8_word(o + 1 + 4 * q);
     lo = d * d8_kv(d8_nib_lo(v));
