@@ -13,9 +13,10 @@ import struct
 from dataclasses import dataclass
 
 WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K",
-                "Q5_1", "BF16", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "MXFP4")
+                "Q5_1", "BF16", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "MXFP4",
+                "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
-SUPER_BLOCKS = K_QUANTS + ("IQ4_XS",)       # 256-weight super-blocks: rows of 256k weights
+SUPER_BLOCKS = K_QUANTS + ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")       # 256-weight super-blocks: rows of 256k weights
                                             # (include/types.glsl's SUPER_BLOCK)
 _FMT = {"u32": "I", "f32": "f"}
 MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_USED

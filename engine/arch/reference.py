@@ -247,7 +247,8 @@ def _q8_k(x: np.ndarray) -> np.ndarray:
 # The activation format ggml's CPU backend pairs with each weight type (its vec_dot_type).
 VEC_DOT = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1",
            "Q2_K": "Q8_K", "Q3_K": "Q8_K", "Q4_K": "Q8_K", "Q5_K": "Q8_K", "Q6_K": "Q8_K",
-           "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K", "MXFP4": "Q8_0",
+           "IQ4_NL": "Q8_0", "IQ4_XS": "Q8_K", "MXFP4": "Q8_0", "IQ3_XXS": "Q8_K",
+           "IQ3_S": "Q8_K", "IQ2_XXS": "Q8_K", "IQ2_XS": "Q8_K", "IQ2_S": "Q8_K",
            "F16": "F16", "BF16": "BF16", "F32": "F32"}
 
 

@@ -16,14 +16,15 @@ from . import vk
 # (its ACT: 1 Q8_0, 2 Q8_1); the others by a quantize_act pass first (its FMT: 0 Q8_0,
 # 2 Q8_K, 3 F16, 4 BF16). None: f32 as is.
 ACT_INLINE = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "IQ4_NL": 1, "MXFP4": 1, "Q4_1": 2, "Q5_1": 2}
-ACT_FORMAT = {"Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "IQ4_XS": 2, "F16": 3,
+ACT_FORMAT = {"Q2_K": 2, "Q3_K": 2, "Q4_K": 2, "Q5_K": 2, "Q6_K": 2, "IQ4_XS": 2,
+              "IQ3_XXS": 2, "IQ3_S": 2, "IQ2_XXS": 2, "IQ2_XS": 2, "IQ2_S": 2, "F16": 3,
               "BF16": 4, "F32": None}
 ACT_BLOCK = {0: 32, 2: 256, 3: 4, 4: 4}
 # mul_mat_vec rounds every format itself (its ACT: 1 Q8_0, 2 Q8_1, 3 Q8_K, 4 F16, 5 BF16),
 # one chunk of MATVEC_CHUNK weights per lane (a quarter of a 256-weight super-block).
 MATVEC_ACT = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "IQ4_NL": 1, "MXFP4": 1, "Q4_1": 2, "Q5_1": 2,
-              "Q2_K": 3, "Q3_K": 3, "Q4_K": 3, "Q5_K": 3, "Q6_K": 3, "IQ4_XS": 3, "F16": 4,
-              "BF16": 5, "F32": 0}
+              "Q2_K": 3, "Q3_K": 3, "Q4_K": 3, "Q5_K": 3, "Q6_K": 3, "IQ4_XS": 3, "IQ3_XXS": 3,
+              "IQ3_S": 3, "IQ2_XXS": 3, "IQ2_XS": 3, "IQ2_S": 3, "F16": 4, "BF16": 5, "F32": 0}
 MATVEC_CHUNK = {t: 64 if t in SUPER_BLOCKS else 32 for t in MATVEC_ACT}
 CM_K = 64                   # mul_mat_cm.comp's BK: its K must be a multiple
 

@@ -99,9 +99,9 @@ class Tuning:
         """Rows per mul_mat_vec workgroup. Measured on an H200 (`hotseat kernel-bench
         mul_mat_vec`): 4-bit rows want 8 per workgroup (4 below 4096 rows, where fewer
         workgroups would idle the GPU); Q6_K and wider types, 2. The types added later (Q5_1,
-        the 2- and 3-bit K-quants, IQ4_NL, IQ4_XS, MXFP4) take the 4-bit rows, unmeasured."""
-        if wtype in ("Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q5_1", "Q2_K", "Q3_K", "IQ4_NL",
-                     "IQ4_XS", "MXFP4"):
+        the 2- and 3-bit K-quants, IQ4_NL, IQ4_XS, MXFP4, the IQ3 and IQ2 types) take the
+        4-bit rows, unmeasured."""
+        if wtype not in ("F32", "F16", "BF16", "Q8_0", "Q6_K"):
             return 8 if n_out >= 4096 else 4
         return 2
 

@@ -21,6 +21,24 @@ uint d8_word(uint byte_off) {
     if ((byte_off & 1u) == 0) return uint(w16[i]) | (uint(w16[i + 1]) << 16);
     return (uint(w16[i]) >> 8) | (uint(w16[i + 1]) << 8) | ((uint(w16[i + 2]) & 0xFFu) << 24);
 }
+uint d8_byte16(uint byte_off) {           // 1 byte
+    return (uint(w16[byte_off >> 1]) >> (8 * (byte_off & 1u))) & 0xFFu;
+}
+
+#if defined(TYPE_IQ2_XXS) || defined(TYPE_IQ2_XS) || defined(TYPE_IQ2_S) \
+    || defined(TYPE_IQ3_XXS) || defined(TYPE_IQ3_S)
+#include "iq_grids.glsl"
+// ggml's ksigns_iq2xs: 7 stored sign bits, the 8th their parity
+uint d8_ksigns(uint i) { return i | ((bitCount(i) & 1u) << 7); }
+// +1 or -1 for sign bits first .. first + 3
+vec4 d8_signs(uint bits, uint first) { return 1.0 - 2.0 * vec4(d8_bits(bits, first)); }
+// values 4h .. 4h + 3 of IQ2 grid row r (iq_grids.glsl: 2-bit codes of 8, 25, 43)
+vec4 d8_iq2_row(uint word, uint r, uint h) {
+    const uint c = word >> (16 * (r & 1u) + 8 * h);
+    const vec4 code = vec4((uvec4(c, c >> 2, c >> 4, c >> 6)) & 3u);
+    return 8.0 + 17.0 * code + floor(code * 0.5);
+}
+#endif
 
 #if defined(TYPE_IQ4_NL) || defined(TYPE_IQ4_XS)
 const float KVALUES[16] = float[16](-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
@@ -124,10 +142,93 @@ void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
 // blocks start at any byte)
 void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
     const uint o = ib * 17;
-    const uint e = (uint(w16[o >> 1]) >> (8 * (o & 1u))) & 0xFFu;
+    const uint e = d8_byte16(o);
     const float d = uintBitsToFloat(e < 2 ? 0x00200000u << e : (e - 1) << 23);
     const uint v = d8_word(o + 1 + 4 * q);
     lo = d * d8_kv(d8_nib_lo(v));
     hi = d * d8_kv(d8_nib_hi(v));
+}
+
+#elif defined(TYPE_IQ2_XXS)
+// super-block (66 bytes = 33 u16): f16 d, then per sub-block of 32 two u32: four grid
+// indices (bytes), and four 7-bit sign groups with a 4-bit scale on top. Group g (8 weights):
+// IQ2XXS_GRID row of index byte g, signs ksigns[bits 7g..] ; w = d (0.5 + scale) / 4 * value.
+void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
+    const uint b0 = (ib >> 3) * 66, s = ib & 7, h = q & 1, g = q >> 1;
+    const uint aux0 = d8_word16(b0 + 2 + 8 * s), aux1 = d8_word16(b0 + 6 + 8 * s);
+    const float db = unpackHalf2x16(uint(w16[b0 >> 1])).x * (0.5 + float(aux1 >> 28)) * 0.25;
+    [[unroll]] for (uint i = 0; i < 2; i++) {          // groups g (lo) and g + 2 (hi)
+        const uint gi = g + 2 * i;
+        const uint row = (aux0 >> (8 * gi)) & 0xFFu;
+        const vec4 v = d8_iq2_row(IQ2XXS_GRID[row >> 1], row, h)
+                     * d8_signs(d8_ksigns((aux1 >> (7 * gi)) & 127u), 4 * h);
+        if (i == 0) lo = db * v; else hi = db * v;
+    }
+}
+
+#elif defined(TYPE_IQ2_XS) || defined(TYPE_IQ2_S)
+#if defined(TYPE_IQ2_XS)
+// super-block (74 bytes = 37 u16): f16 d, u16 qs[32] (9-bit grid index, 7 sign bits),
+// scales[8]. Sub-block s has groups 4s .. 4s + 3 and the scale nibbles of scales[s] (low for
+// its first 16 weights).
+const uint SB_BYTES = 74, SCALES = 66;
+#else
+// super-block (82 bytes = 41 u16): f16 d, qs[32], signs[32], qh[8], scales[8]. Group i's
+// grid index is qs[i] with bits 2(i % 4).. of qh[i / 4] on top, its signs byte signs[i].
+const uint SB_BYTES = 82, SCALES = 74;
+#endif
+void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
+    const uint b0 = (ib >> 3) * SB_BYTES, s = ib & 7, h = q & 1, g = q >> 1;
+    const float d = unpackHalf2x16(uint(w16[b0 >> 1])).x;
+    const uint sc = d8_byte16(b0 + SCALES + s);
+    [[unroll]] for (uint i = 0; i < 2; i++) {          // groups g (lo) and g + 2 (hi)
+        const uint gi = 4 * s + g + 2 * i;
+#if defined(TYPE_IQ2_XS)
+        const uint qv = uint(w16[(b0 >> 1) + 1 + gi]);
+        const uint row = qv & 511u, signs = d8_ksigns(qv >> 9);
+        const vec4 v = d8_iq2_row(IQ2XS_GRID[row >> 1], row, h) * d8_signs(signs, 4 * h);
+#else
+        const uint qh = d8_byte16(b0 + 66 + s);
+        const uint row = d8_byte16(b0 + 2 + gi) | (((qh >> (2 * (g + 2 * i))) & 3u) << 8);
+        const vec4 v = d8_iq2_row(IQ2S_GRID[row >> 1], row, h)
+                     * d8_signs(d8_byte16(b0 + 34 + gi), 4 * h);
+#endif
+        const float db = d * (0.5 + float((sc >> (4 * i)) & 0xFu)) * 0.25;
+        if (i == 0) lo = db * v; else hi = db * v;
+    }
+}
+
+#elif defined(TYPE_IQ3_XXS)
+// super-block (98 bytes = 49 u16): f16 d, qs[64] (grid indices, 4 weights each), then per
+// sub-block a u32 of four 7-bit sign groups (8 weights each) and a 4-bit scale on top;
+// w = d (0.5 + scale) / 2 * value.
+void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
+    const uint b0 = (ib >> 3) * 98, s = ib & 7, h = q & 1, g = q >> 1;
+    const uint aux = d8_word16(b0 + 66 + 4 * s);
+    const float db = unpackHalf2x16(uint(w16[b0 >> 1])).x * (0.5 + float(aux >> 28)) * 0.5;
+    [[unroll]] for (uint i = 0; i < 2; i++) {          // weights 4q.. (lo), 16 + 4q.. (hi)
+        const uint row = d8_byte16(b0 + 2 + 8 * s + q + 4 * i);
+        const vec4 v = vec4(d8_bytes(IQ3XXS_GRID[row]))
+                     * d8_signs(d8_ksigns((aux >> (7 * (g + 2 * i))) & 127u), 4 * h);
+        if (i == 0) lo = db * v; else hi = db * v;
+    }
+}
+
+#elif defined(TYPE_IQ3_S)
+// super-block (110 bytes = 55 u16): f16 d, qs[64], qh[8], signs[32], scales[4]. Grid index k
+// of sub-block s (4 weights) is qs[8s + k] with bit k of qh[s] on top; signs byte 4s + g per
+// 8 weights; scale nibble s of scales; w = d (1 + 2 scale) * value.
+void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
+    const uint b0 = (ib >> 3) * 110, s = ib & 7, h = q & 1, g = q >> 1;
+    const uint qh = d8_byte16(b0 + 66 + s);
+    const uint sc = (d8_byte16(b0 + 106 + (s >> 1)) >> (4 * (s & 1))) & 0xFu;
+    const float db = unpackHalf2x16(uint(w16[b0 >> 1])).x * float(1 + 2 * sc);
+    [[unroll]] for (uint i = 0; i < 2; i++) {          // weights 4q.. (lo), 16 + 4q.. (hi)
+        const uint k = q + 4 * i;
+        const uint row = d8_byte16(b0 + 2 + 8 * s + k) | (((qh >> k) & 1u) << 8);
+        const vec4 v = vec4(d8_bytes(IQ3S_GRID[row]))
+                     * d8_signs(d8_byte16(b0 + 74 + 4 * s + g + 2 * i), 4 * h);
+        if (i == 0) lo = db * v; else hi = db * v;
+    }
 }
 #endif

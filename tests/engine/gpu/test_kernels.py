@@ -40,7 +40,8 @@ def step_buffer(dev, pos0: int, n_past: int = 0):
 
 # Byte offsets of the f16 scales in the blocks of the types gguf-py cannot quantize
 RANDOM_BLOCKS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-                 "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+                 "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,),
+                 "IQ2_XXS": (0,), "IQ2_XS": (0,), "IQ2_S": (0,)}
 
 
 def quantized(wtype: str, rows: int, cols: int, rng) -> tuple[np.ndarray, np.ndarray]:
@@ -743,6 +744,17 @@ def test_activation_tables_follow_ggml_vec_dot_types():
         plain = inline[ACT_INLINE[t]] if t in ACT_INLINE else fmt[ACT_FORMAT[t]]
         assert plain == matvec[MATVEC_ACT[t]] == VEC_DOT[t], t
         assert MATVEC_CHUNK[t] == (64 if t in SUPER_BLOCKS else 32)
+
+
+def test_iq_grids_are_gguf_pys():
+    """include/iq_grids.glsl is what shaders/iq_grids.py writes from gguf-py's tables."""
+    from shaders import iq_grids
+
+    assert (SHADERS / "include" / "iq_grids.glsl").read_text() == iq_grids.render()
+    # ggml's iq2xxs_grid[0..1] = 0x0808080808080808, 0x080808080808082b: 2-bit codes 0, then
+    # a 2 first; iq3s_grid[1] = 0x01010103
+    assert iq_grids.grid_words("IQ2_XXS")[0] == 2 << 16
+    assert iq_grids.grid_words("IQ3_S")[1] == 0x01010103
 
 
 def ggml_cpu_product(wtype: str, raw: np.ndarray, w: np.ndarray, x: np.ndarray) -> np.ndarray:

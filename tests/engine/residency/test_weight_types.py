@@ -19,7 +19,8 @@ pytestmark = pytest.mark.gpu
 N_LAYER, N_EMBD, N_HEAD, N_HEAD_KV, HEAD_DIM = 2, 256, 4, 2, 64
 N_EXPERT, N_USED, N_FF_EXP, N_VOCAB = 4, 2, 256, 320
 PROMPT = [1, 17, 200, 33, 4, 91, 150]
-NEW_TYPES = ("Q5_1", "BF16", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "MXFP4")
+NEW_TYPES = ("Q5_1", "BF16", "Q3_K", "Q2_K", "IQ4_NL", "IQ4_XS", "MXFP4", "IQ3_XXS", "IQ3_S",
+             "IQ2_XXS", "IQ2_XS", "IQ2_S")
 
 
 def write_model(path: str, wtype: str, seed: int = 5) -> None:
