@@ -58,7 +58,7 @@ def cmd_check(args) -> int:
     path = resolve(args.file)
     target, note = (Target.typical(flash), "") if args.no_device else device_target(flash)
     try:
-        report = check_file(path, args.ctx or DEFAULT_CTX, target)
+        report = check_file(path, DEFAULT_CTX if args.ctx is None else args.ctx, target)
     except ModelFileError as exc:
         if args.json:
             _emit({"path": exc.path, "runs": False, "problems": [exc.problem],

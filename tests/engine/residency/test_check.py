@@ -302,16 +302,19 @@ def test_garbage_and_truncated_files_raise_as_a_load_does(tmp_path, smollm2_path
 # -- against a real load (lavapipe) ------------------------------------------------------------
 
 @pytest.mark.gpu
-def test_the_figures_are_what_a_real_load_reports(smollm2_path):
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_the_figures_are_what_a_real_load_reports(request, model):
+    """Gemma 3 adds sliding-window layers and a second rope table to the run state."""
     from engine.api import Engine
 
+    path = request.getfixturevalue(f"{model}_path")
     with Engine() as eng:
-        before = eng.check(smollm2_path)
-        small = eng.check(smollm2_path, n_ctx=512)
+        before = eng.check(path)
+        small = eng.check(path, n_ctx=512)
         assert before["runs"] and before["device"]["measured"]
         assert before["device"]["budget_bytes"] == eng.vram()["budget_bytes"]
-        eng.load(smollm2_path, name="a")
-        eng.load(smollm2_path, name="b", n_ctx=512)
+        eng.load(path, name="a")
+        eng.load(path, name="b", n_ctx=512)
         st = {s["name"]: s for s in eng.status()}
         for name, r in (("a", before), ("b", small)):
             assert r["vram"]["total_bytes"] == st[name]["warm_bytes"]
@@ -321,7 +324,7 @@ def test_the_figures_are_what_a_real_load_reports(smollm2_path):
         # tiled prompt attention adds its masks to the run state: the check follows the
         # engine's setting
         eng.set_flash_attn("on")
-        flash = eng.check(smollm2_path)
+        flash = eng.check(path)
         eng.warm("a")
         st = {s["name"]: s for s in eng.status()}
         assert flash["vram"]["total_bytes"] == st["a"]["warm_bytes"] \
