@@ -43,6 +43,7 @@ from .gpu.paths import flash_attn_mode
 from .residency import loop
 from .residency.arbiter import Arbiter, PinnedError
 from .residency.arena import Arena
+from .residency.check import Target, check_file
 from .residency.loop import Cancelled, Timings
 from .residency.model import Model, default_flash_attn
 from .residency.turns import ARENA_SLICE_S, EngineThread, Turns
@@ -248,6 +249,12 @@ class Engine:
         finally:
             with self._names_lock:
                 self._loading.discard(name)
+
+    def check(self, path: str, n_ctx: int | None = None) -> dict:
+        """Whether the file will run on this device under this budget, read on the caller's
+        thread (no device work): engine/residency/check.py."""
+        target = Target.of_device(self.dev, self.flash_attn, self.arbiter.budget)
+        return check_file(os.fspath(path), n_ctx or self.n_ctx, target)
 
     def _warm(self, m: Loaded) -> None:
         """Make m warm: acquire budget (evicting others), then restore from host shadows."""

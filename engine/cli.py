@@ -216,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flash_attn_argument(_serve.add_parser(sub, model_help))
     from .tools import yield_gpu
     yield_gpu.add_parser(sub)
+    from .tools import check as _check
+    _check.add_parser(sub)
     from .tools import client as _client
     _client.add_parsers(sub)
     return p

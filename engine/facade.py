@@ -73,6 +73,13 @@ class EngineAPI(Protocol):
              cpu_moe: float = 0.0) -> str:
         """Parse and upload a GGUF file (budget acquired first); its name."""
 
+    def check(self, path: str, n_ctx: int | None = None) -> dict:
+        """Whether the file will run here, before loading it (no device work): "runs",
+        "problems" (every one, one line each), its architecture, weight types, contexts and
+        the VRAM warm and RAM cold it takes at n_ctx (None: the engine's default);
+        engine/residency/check.py. A file that is not a readable GGUF raises the error a
+        load would."""
+
     def unload(self, name: str) -> None:
         """Free the model's device and host memory."""
 

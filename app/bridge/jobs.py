@@ -8,7 +8,7 @@ import time
 
 from ..activity import Op
 from ..errors import describe, summary_of
-from .messages import NoEngine, load_message, rate_text
+from .messages import NoEngine, WontRun, load_message, rate_text, sizes_text
 
 
 class ModelJobs:
@@ -24,9 +24,13 @@ class ModelJobs:
 
     def _load_one(self, path: str, name: str | None, pin: bool, n_ctx: int | None,
                   cpu_moe: float, verb: str = "Loaded") -> str:
-        """Load (and pin); raises what the engine raises."""
+        """Check the file, then load it (and pin it); raises WontRun for a file the check
+        refuses (the load is not attempted), else what the engine raises."""
         eng = self._need_engine()
         self.load_started.emit(path)
+        report = eng.check(path, n_ctx)
+        if not report["runs"]:
+            raise WontRun(path, report["problems"])
         label = name or os.path.splitext(os.path.basename(path))[0]
         op: list[Op] = []
         last = [-1]
@@ -56,7 +60,7 @@ class ModelJobs:
             n = next((s["n_ctx"] for s in eng.status() if s["name"] == name), None)
             if n is not None:
                 self._endpoint.add_model(name, n)
-        self.log(f"{verb} {name} in {time.monotonic() - t0:.1f} s")
+        self.log(f"{verb} {name} in {time.monotonic() - t0:.1f} s{sizes_text(report)}")
         self.load_finished.emit(path, name)
         self._emit_status()
         return name

@@ -45,6 +45,24 @@ def default_flash_attn() -> str:
         raise ValueError(f"HOTSEAT_FLASH_ATTN: {exc}") from None
 
 
+def weight_layout(g: GGUFFile, cfg, on_host: frozenset[str], storage_align: int,
+                  max_storage_range: int) -> placement.Layout:
+    """How a model's weights are packed into arenas on a device with these limits (Model
+    uploads this layout; `hotseat check` sums it before any load)."""
+    return placement.plan_layout(g, cfg.tensor_shapes(), on_host, max(storage_align, 256),
+                                 max_storage_range)
+
+
+def run_state_sizes(arch, cfg, n_ctx: int, tuning: Tuning) -> dict:
+    """RunState's sizes for a model of `arch` and `cfg` at n_ctx on a device of this tuning:
+    what a warm Model allocates and warm_bytes() counts (`hotseat check` reads them too)."""
+    chunk = tuning.prefill_tokens or PREFILL_CHUNK
+    block = tuning.flash_block(cfg.head_dim) \
+        if tuning.use_flash_attn(cfg.head_dim, chunk) else None
+    return run_state_args(cfg, n_ctx, chunk, arch.rope_tables(cfg), arch.attn_windows(cfg),
+                          block)
+
+
 def _check_tensors(g: GGUFFile, cfg) -> None:
     only = cfg.tensor_types() if hasattr(cfg, "tensor_types") else {}
     for name, shape in cfg.tensor_shapes().items():
@@ -91,9 +109,8 @@ class Model:
             raise
         self.cpu_moe = float(cpu_moe)
         # where each tensor sits in the weight arenas
-        self._layout = placement.plan_layout(self.gguf, self.config.tensor_shapes(),
-                                             self.host_tensors,
-                                             max(dev.storage_align, 256), dev.max_storage_range)
+        self._layout = weight_layout(self.gguf, self.config, self.host_tensors,
+                                     dev.storage_align, dev.max_storage_range)
         self.arenas: list[vk.Buffer] = []       # device weights while they are resident
         self.shadow: list[vk.Buffer] = []       # host-visible copy of what is not pinned
         self.pinned: vk.HostImport | None = None  # the file's pages, imported (discrete GPUs)
@@ -169,10 +186,7 @@ class Model:
         return self.tuning.prefill_tokens or PREFILL_CHUNK
 
     def _run_state_args(self) -> dict:
-        block = self.tuning.flash_block(self.config.head_dim) if self.uses_flash_attn else None
-        return run_state_args(self.config, self.n_ctx, self.chunk,
-                              self.arch.rope_tables(self.config),
-                              self.arch.attn_windows(self.config), block)
+        return run_state_sizes(self.arch, self.config, self.n_ctx, self.tuning)
 
     def restore(self, progress: Callable[[int, int], None] | None = None) -> dict:
         """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""

@@ -234,6 +234,33 @@ def test_drag_accepts_only_gguf_files(window, models, tmp_path):
     assert not drag_enter(window, mime_for(str(tmp_path)))    # a folder
 
 
+def test_a_file_that_will_not_run_shows_the_checks_reasons(qtbot, window, bridge, tmp_path):
+    """The engine's check refuses it before any load: the reasons show, nothing loads."""
+    from tests.helpers.fake_engine import write_gguf
+
+    path = write_gguf(tmp_path / "ds.gguf", arch="deepseek2")
+    reasons = bridge.fake.check(path)["problems"]
+    assert reasons and reasons[0].startswith("architecture deepseek2 is not supported")
+    drop(window, path)
+    until(qtbot, lambda: not window.message.isHidden())
+    assert window.message.text() == f"Could not load ds.gguf: {'; '.join(reasons)}"
+    assert window.message.property("kind") == "error"
+    window.details_button.click()
+    details = window.details_text.toPlainText().splitlines()
+    assert details == [f"{path}: Hotseat cannot run this file:"] + [f"- {r}" for r in reasons]
+    until(qtbot, lambda: not window.pending)
+    assert ("load", path) not in bridge.fake.calls and window.rows == {}
+
+
+def test_a_file_that_runs_logs_what_it_takes(qtbot, window, bridge, models):
+    drop(window, models["a"])
+    until(qtbot, lambda: "a" in window.rows)
+    r = bridge.fake.check(models["a"])
+    vram, ram = r["vram"]["total_bytes"] >> 20, r["ram"]["weights_bytes"] >> 20
+    until(qtbot, lambda: f"({vram} MiB of VRAM warm, {ram} MiB of RAM cold)"
+          in window.log_view.toPlainText())
+
+
 def test_dropping_a_loaded_model_selects_its_row(qtbot, window, bridge, models):
     window.load_paths([models["a"], models["b"]])
     until(qtbot, lambda: set(window.rows) == {"a", "b"})

@@ -5,6 +5,8 @@ and vram() dicts, no device, deterministic.
     eng = FakeEngine()
     eng.load(path, progress=cb)    # cb(done, total) LOAD_STEPS times; ModelFileError for a
                                    # file named bad.gguf or one that is not GGUF
+    eng.check(path)                # runs False, with problems, for an architecture not in
+                                   # engine.arch or a tensor type the kernels lack
     eng.calls                      # [("load", path), ("pin", name), ...] in order
     eng.arena_state = {"state": "yielded", "until": t, "holder_pid": 12}   # arena_status()
     eng.evict_idle()               # what the real engine's idle thread does, when asked
@@ -139,6 +141,43 @@ class FakeEngine:
                 self._touch(m)
                 self.models[name] = m
         return name
+
+    def check(self, path: str, n_ctx: int | None = None) -> dict:
+        """The real file checks (GGUFFile; bad.gguf refused as load() refuses it), then what
+        a fake can judge: the architecture against the registry, every tensor's type against
+        the kernels' types. Sizes are MODEL_BYTES'. The keys Engine.check() gives."""
+        from collections import Counter
+
+        from engine.arch import ARCHITECTURES
+        from shaders.registry import WEIGHT_TYPES
+
+        path = os.fspath(path)                # not in `calls`: no device work
+        if os.path.basename(path) == "bad.gguf":
+            raise ModelFileError(path, "not a GGUF file (it does not start with the GGUF "
+                                       "magic)", "not_gguf")
+        with GGUFFile(path) as g:
+            arch = g.get("general.architecture")
+            types = Counter(t.type_name for t in g.tensors.values())
+            trained = g.get(f"{arch}.context_length")
+        problems = [] if arch in ARCHITECTURES else \
+            [f"architecture {arch} is not supported (supported: {', '.join(ARCHITECTURES)})"]
+        bad = {t: n for t, n in types.items() if t not in WEIGHT_TYPES}
+        problems += [f"tensor type {t} in {n} tensor{'s' if n > 1 else ''}"
+                     for t, n in bad.items()]
+        weights, kv, total = MODEL_BYTES["weights"], MODEL_BYTES["kv"], sum(MODEL_BYTES.values())
+        sized = not problems
+        return {"path": path, "architecture": arch, "runs": not problems,
+                "problems": problems, "notes": [], "weight_types": dict(types),
+                "unsupported_types": bad,
+                "context": {"trained": trained, "n_ctx": n_ctx or self.n_ctx},
+                "vram": {"weights_bytes": weights, "kv_bytes": kv,
+                         "compute_bytes": total - weights - kv, "total_bytes": total}
+                if sized else None,
+                "ram": {"weights_bytes": weights, "kv_full_context_bytes": kv,
+                        "recurrent_bytes": 0, "upper_bound_bytes": weights + kv}
+                if sized else None,
+                "device": {"name": self.device_name, "measured": True,
+                           "budget_bytes": self.budget}}
 
     def unload(self, name: str) -> None:
         with self._device, self._lock:
