@@ -10,6 +10,9 @@ layout(constant_id = 0) const uint NEOX = 0;
 // TABLE = 1 reads (cos, sin) from a host-computed table [n_ctx, n_dims/2] that follows
 // ggml's float32 recurrence theta_i = pos * theta_scale^i, instead of computing them here
 layout(constant_id = 1) const uint TABLE = 0;
+// TEMP = 1 then multiplies q (all head_dim of it) by 1 + temp_scale * ln(1 + floor(pos /
+// temp_floor)): Llama 4's attention temperature (mistral3)
+layout(constant_id = 2) const uint TEMP = 0;
 layout(std430, binding = 0) buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
 layout(std430, binding = 2) readonly buffer V { float v[]; };
@@ -25,6 +28,8 @@ layout(push_constant) uniform Push {
     uint n_tokens;
     float freq_base;
     float freq_scale;
+    float temp_scale;
+    uint temp_floor;
 } p;
 
 vec2 cos_sin(uint pos, uint i) {
@@ -54,8 +59,16 @@ void main() {
         const uint row = (t * heads + h) * p.head_dim;
         if (is_q) {
             const float x0 = q[row + a], x1 = q[row + b];
-            q[row + a] = x0 * c.x - x1 * c.y;
-            q[row + b] = x0 * c.y + x1 * c.x;
+            const float ra = x0 * c.x - x1 * c.y, rb = x0 * c.y + x1 * c.x;
+            if (TEMP != 0) {
+                const float s = 1.0 + p.temp_scale * log(1.0 + float(pos / p.temp_floor));
+                q[row + a] = ra * s;
+                q[row + b] = rb * s;
+                if (i == 0) for (uint d = p.n_dims; d < p.head_dim; d++) q[row + d] *= s;
+            } else {
+                q[row + a] = ra;
+                q[row + b] = rb;
+            }
         } else {
             const float x0 = k[row + a], x1 = k[row + b];
             const uint o = pos * kv_row + h * p.head_dim;

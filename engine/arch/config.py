@@ -45,6 +45,8 @@ class Config:
     # llama.cpp's graph for the architecture passes the `rope_freqs` tensor's per-pair
     # factors to its rope (llama 3.1 and later, mistral3)
     ROPE_FREQS: ClassVar[bool] = False
+    # the graph passes LongRoPE's short or long factors (phi3): it takes `longrope` scaling
+    LONGROPE: ClassVar[bool] = False
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Config":
@@ -59,6 +61,9 @@ class Config:
             default = cls.DEFAULTS[name]
             return g.require(f"{a}.{name}") if default is None else g.get(f"{a}.{name}", default)
 
+        if g.get(f"{a}.rope.scaling.type") == "longrope" and not cls.LONGROPE:
+            raise ModelFileError(g.path, f"LongRoPE scaling is not supported for {a}",
+                                 reason="rope")
         n_embd = int(g.require(f"{a}.embedding_length"))
         n_head = int(g.require(f"{a}.attention.head_count"))
         head_dim = int(g.get(f"{a}.attention.key_length", n_embd // max(n_head, 1)))
@@ -102,6 +107,11 @@ class Config:
         """What this architecture cannot run, beyond the common checks."""
         return []
 
+    def at_context(self, n_ctx: int) -> "Config":
+        """The configuration a model runs with at context size n_ctx (the Model takes it):
+        itself, but where the file's hyperparameters depend on it (phi3's LongRoPE)."""
+        return self
+
     def validate(self, path: str) -> None:
         check_hyperparameters(self, path, self.problems())
 
@@ -112,13 +122,14 @@ def rope_from_gguf(g: GGUFFile, base: float, n_dims: int, n_ctx_train: int,
     llama-context.cpp's cparams): `rope.scaling.type` (linear by default; none; yarn),
     `rope.scaling.factor` (or `rope.scale_linear`), YaRN's original context, betas and log
     multiplier, `rope.scaling.attn_factor`, and per-pair frequency factors from the tensor
-    `factors` where the architecture's graph reads them."""
+    `factors` where the architecture's graph reads them. LongRoPE (phi3) is its factors and
+    attention factor alone: the architecture passes the factors it picks."""
     a = g.arch
     f32 = np.float32
     scaling = str(g.get(f"{a}.rope.scaling.type", "linear"))
-    if scaling not in ("none", "linear", "yarn"):
+    if scaling not in ("none", "linear", "yarn", "longrope"):
         raise ModelFileError(g.path, f"rope scaling {scaling!r} is not supported (supported: "
-                                     "none, linear, yarn)", reason="rope")
+                                     "none, linear, yarn, longrope)", reason="rope")
     factor = float(g.get(f"{a}.rope.scaling.factor", g.get(f"{a}.rope.scale_linear", 0.0)))
     freq_scale = 1.0 if factor == 0.0 or scaling == "none" else float(f32(1.0) / f32(factor))
     n_ctx_orig = int(g.get(f"{a}.rope.scaling.original_context_length", n_ctx_train))

@@ -58,13 +58,15 @@ class Builder:
 
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
                x_row: int = 0) -> None:
-        """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T."""
+        """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T. A row slice whose rows do not start
+        on a bindable offset (Tensor.skip) takes mul_mat, which reads from a row offset."""
         p = self.paths()
-        if n == 1 and p.decode_matmul == "mul_mat_vec":
+        skips = w.skips()
+        if n == 1 and p.decode_matmul == "mul_mat_vec" and not any(skips):
             self._matvec(w, x, y, accumulate, x_row)
             return
         n_in, n_out = w.shape[0], w.rows
-        if n > 1 and p.prefill_matmul == "mul_mat_cm" and n_in % CM_K == 0:
+        if n > 1 and p.prefill_matmul == "mul_mat_cm" and n_in % CM_K == 0 and not any(skips):
             self._matmul_cm(w, x, y, n, accumulate, x_row)
             return
         rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
@@ -76,10 +78,11 @@ class Builder:
         if fmt is not None:
             x = self._rounded_input(x, x_row, n, n_in, fmt)
             x_row = 0
-        for buf, first, count in w.bindings():
+        for (buf, first, count), skip in zip(w.bindings(), skips):
             self.g.op("mul_mat", [buf, x, y], (-(-count // per_group), -(-n // nt), 1),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
-                      x_offset=x_row * n_in // 4, y_offset=first, row_offset=0, y_stride=n_out)
+                      x_offset=x_row * n_in // 4, y_offset=first, row_offset=skip,
+                      y_stride=n_out)
         self._wrote(y)
 
     def _matmul_cm(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool,
@@ -189,18 +192,25 @@ class Builder:
 
     def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
                  v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n: int,
-                 rope: Rope, neox: bool) -> None:
+                 rope: Rope, neox: bool, temp_scale: float = 0.0, temp_floor: int = 0) -> None:
         """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0.
         The angles come from the rope's table (engine/gpu/rope.py) where ggml's numerics are
-        asked for or the rope is scaled; else the kernel computes them."""
+        asked for or the rope is scaled; else the kernel computes them. With temp_scale,
+        q is then multiplied by 1 + temp_scale * ln(1 + floor(pos / temp_floor)) (Llama 4's
+        attention temperature, as mistral3 has it)."""
         table = self.t.ggml_numerics or not rope.plain
         n_dims = rope.n_dims
         count = n * ((n_head + n_head_kv) * n_dims // 2 + n_head_kv * head_dim)
+        temp = bool(temp_scale)
+        if temp and temp_floor <= 0:
+            raise ValueError(f"attention temperature: floor scale {temp_floor}")
         self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step,
                                self.rs.rope_table(rope) if table else q],
-                  (-(-count // 64), 1, 1), spec=dict(NEOX=int(neox), TABLE=int(table)),
+                  (-(-count // 64), 1, 1),
+                  spec=dict(NEOX=int(neox), TABLE=int(table), TEMP=int(temp)),
                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
-                  n_tokens=n, freq_base=rope.base, freq_scale=rope.freq_scale)
+                  n_tokens=n, freq_base=rope.base, freq_scale=rope.freq_scale,
+                  temp_scale=temp_scale, temp_floor=max(temp_floor, 1))
         self._wrote(q)
 
     def attention(self, q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer, out: vk.Buffer,

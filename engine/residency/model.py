@@ -94,6 +94,7 @@ class Model:
         if not 16 <= n_ctx <= 1 << 20:
             raise ValueError(f"context size {n_ctx} out of range")
         self.n_ctx = n_ctx
+        self.config = self.config.at_context(n_ctx)      # phi3's LongRoPE: by context size
         self.name = name or path.rsplit("/", 1)[-1]
         self.tuning = Tuning.for_device(dev, flash_attn or default_flash_attn())
         self.profile = False                    # record graphs with per-op timestamps

@@ -239,6 +239,65 @@ def _one_token_product(dev, kc, wtype, raw, x, n_out, tuning, x_row=0):
     return out
 
 
+@pytest.mark.parametrize("wtype,n_in", [("F16", 128), ("Q8_0", 64), ("Q4_K", 256)])
+@pytest.mark.parametrize("n", [1, 5])
+def test_matmul_of_row_slices(dev, kc, wtype, n_in, n):
+    """Tensor.row_slice: a product with rows [a, b) of a weight writes those rows alone, into
+    a [n, b - a] output, whether the slice starts on a bindable offset (F16 rows of 256
+    bytes) or inside one (Q8_0 rows of 68 bytes, Q4_K of 144: mul_mat's row offset), and
+    across the parts of a weight split in two (the second part at an aligned offset of its
+    own, as the weight arenas place it)."""
+    from dataclasses import replace
+
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import BIND_ALIGN, Tensor
+
+    rng = np.random.default_rng(29)
+    n_out, split = 96, 40
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    row_bytes = raw.nbytes // n_out
+    x = rng.standard_normal((n, n_in)).astype(np.float32)
+    second = -(-split * row_bytes // BIND_ALIGN) * BIND_ALIGN + BIND_ALIGN
+    arena = np.zeros(second + (n_out - split) * row_bytes, np.uint8)
+    arena[:split * row_bytes] = raw[:split * row_bytes]
+    arena[second:] = raw[split * row_bytes:]
+    bw, bp, bx = buf(dev, raw, kind="weights"), buf(dev, arena, kind="weights"), buf(dev, x)
+    whole = Tensor(wtype, (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    parted = Tensor(wtype, (n_in, n_out), [(0, split, 0, 0, split * row_bytes),
+                                            (split, n_out - split, 0, second,
+                                             (n_out - split) * row_bytes)], [bp])
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
+    for matvec in (False, True):
+        tuning = replace(Tuning.for_device(dev), matvec=matvec, ggml_numerics=False)
+        for t, (a, b) in [(whole, (0, 32)), (whole, (32, 48)), (whole, (5, 77)),
+                          (parted, (20, 70)), (parted, (45, 96)), (parted, (3, 9))]:
+            sl = t.row_slice(a, b)
+            assert sl.rows == b - a
+            if t is whole and a % 4:
+                assert any(sl.skip) == (a * row_bytes % BIND_ALIGN != 0)
+            by = buf(dev, np.full(n * (b - a) + 3, 7.0, np.float32))
+            g = Graph(dev, kc, "t")
+            Builder(g, {}, rs, tuning).matmul(sl, bx, by, n)
+            g.replay()
+            got = read(dev, by)
+            assert nmse(got[:n * (b - a)].reshape(n, b - a), x @ w[a:b].T) < 1e-10, (a, b)
+            assert np.all(got[n * (b - a):] == 7.0)
+            g.close()
+    # a slice of a slice
+    sl = parted.row_slice(10, 80).row_slice(25, 60)
+    by = buf(dev, nbytes=4 * n * 35)
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, rs, tuning).matmul(sl, bx, by, n)
+    g.replay()
+    assert nmse(read(dev, by)[:n * 35].reshape(n, 35), x @ w[35:70].T) < 1e-10
+    g.close()
+    rs.close()
+
+
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 def test_mul_mat_vec_rounds_like_the_plain_path(dev, kc, wtype):
     """With ggml's rounding, the decode kernel rounds x inside itself as quantize_act and
@@ -910,13 +969,62 @@ def test_rope_qkv_fused(dev, kc, neox, table):
                                     rs.rope_table(Rope(1e4, hd))],
              (-(-count // 64), 1, 1), spec=dict(NEOX=neox, TABLE=table), n_head=n_head,
              n_head_kv=n_kv, head_dim=hd, n_dims=hd, n_tokens=n_tok, freq_base=1e4,
-             freq_scale=1.0)
+             freq_scale=1.0, temp_scale=0.0, temp_floor=1)
     assert nmse(read(dev, bq).reshape(q.shape), rope_ref(q, pos0, hd, 1e4, bool(neox))) < 1e-11
     kk = read(dev, kc_, np.float16).reshape(n_ctx, n_kv, hd).astype(np.float32)
     assert nmse(kk[pos0:pos0 + n_tok], rope_ref(k, pos0, hd, 1e4, bool(neox))) < 1e-6
     vv = read(dev, vc_, np.float16).reshape(n_ctx, n_kv, hd)
     assert np.array_equal(vv[pos0:pos0 + n_tok], v.astype(np.float16))
     assert not kk[:pos0].any() and not vv[pos0 + n_tok:].any()
+    rs.close()
+
+
+@pytest.mark.parametrize("n_dims", [64, 32])
+def test_rope_qkv_attention_temperature(dev, kc, n_dims):
+    """TEMP: q times 1 + s ln(1 + floor(pos / floor_scale)) after its rotation, every dim of
+    it (the unrotated ones too); k and v as without it. Positions 5..12 over a floor scale of
+    4 cross three steps of the factor."""
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.paths import Tuning
+    from engine.gpu.rope import rope_table
+    from engine.gpu.runstate import RunState
+
+    rng = np.random.default_rng(19)
+    n_tok, n_head, n_kv, hd, pos0, n_ctx, s, floor = 8, 4, 2, 64, 5, 16, 0.5, 4
+    q = rng.standard_normal((n_tok, n_head, hd)).astype(np.float32)
+    k = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    rope = Rope(1e4, n_dims, freq_scale=0.5)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=n_head, q_dim=n_head * hd,
+                  kv_dim=n_kv * hd, n_ff=64, n_vocab=64, n_ctx=n_ctx, max_tokens=n_tok,
+                  rope=(rope,))
+    rs.set_step([0] * n_tok, pos0)
+    bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+    kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, rs, Tuning.for_device(dev)).rope_qkv(
+        bq, bk, bv, kc_, vc_, n_head, n_kv, hd, n_tok, rope, neox=False, temp_scale=s,
+        temp_floor=floor)
+    g.replay()
+    pos = np.arange(pos0, pos0 + n_tok)
+    temp = 1 + s * np.log(1 + np.floor(pos / floor))
+    assert len(set(temp)) == 3
+    cs = rope_table(n_ctx, rope)[pos]                                    # [n_tok, n_dims/2, 2]
+
+    def rotated(x):
+        out = x.astype(np.float64).copy()
+        a, b = x[..., 0:n_dims:2], x[..., 1:n_dims:2]
+        c, sn = cs[:, None, :, 0], cs[:, None, :, 1]
+        out[..., 0:n_dims:2], out[..., 1:n_dims:2] = a * c - b * sn, a * sn + b * c
+        return out
+
+    assert nmse(read(dev, bq).reshape(q.shape), rotated(q) * temp[:, None, None]) < 1e-11
+    kk = read(dev, kc_, np.float16).reshape(n_ctx, n_kv, hd).astype(np.float32)
+    assert nmse(kk[pos0:pos0 + n_tok], rotated(k)) < 1e-6
+    vv = read(dev, vc_, np.float16).reshape(n_ctx, n_kv, hd)
+    assert np.array_equal(vv[pos0:pos0 + n_tok], v.astype(np.float16))
+    g.close()
     rs.close()
 
 
