@@ -9,10 +9,11 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
-from . import gemma3, lfm2, llama, qwen3moe
+from . import gemma2, gemma3, gpt_oss, lfm2, llama, qwen3moe
 
 ARCHITECTURES: dict[str, ModuleType] = {
-    "llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe}
+    "llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe, "gemma2": gemma2,
+    "gpt-oss": gpt_oss}
 
 
 def for_file(gguf: GGUFFile) -> ModuleType:

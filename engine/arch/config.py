@@ -45,6 +45,8 @@ class Config:
     # llama.cpp's graph for the architecture passes the `rope_freqs` tensor's per-pair
     # factors to its rope (llama 3.1 and later, mistral3)
     ROPE_FREQS: ClassVar[bool] = False
+    # the key n_ff comes from (gpt-oss declares only its experts' length)
+    FF_KEY: ClassVar[str] = "feed_forward_length"
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Config":
@@ -73,7 +75,7 @@ class Config:
             # per-layer lists (hybrids) are read by the architecture's extra()
             n_head_kv=n_head_kv if isinstance(n_head_kv, (list, tuple)) else int(n_head_kv),
             head_dim=head_dim,
-            n_ff=int(g.require(f"{a}.feed_forward_length")),
+            n_ff=int(g.require(f"{a}.{cls.FF_KEY}")),
             n_vocab=cls.vocab_size(g),
             n_ctx_train=n_ctx_train,
             rope_base=rope_base,

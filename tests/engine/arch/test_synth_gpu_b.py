@@ -1,0 +1,97 @@
+"""gemma2 and gpt-oss on the GPU engine against llama.cpp's stored logits on the synthetic
+models (tests/data/synth): each file loaded as the app loads it (engine.residency.model.Model),
+the sequence teacher-forced, compared by tests/helpers/synth_reference.py (every position's
+argmax, ties aside, and the cosine of whole logit rows).
+
+Logits at every prompt position: the engine gives the last token's per pass, so the prompt's
+positions 0..n-2 come from decode steps, one token at a time from position 0, and the last
+from one prefill of the whole prompt (in the model's chunks), whose cache the continuation's
+decode steps then read. Prefill (per-token or flash attention, the windows' masks) and decode
+(split attention) both run with the architectures' options.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.residency.model import Model
+from tests.helpers import synth_reference as sr
+
+pytestmark = pytest.mark.gpu
+
+ARCHS = ("gemma2", "gpt-oss")
+CASES = [n for n in sr.case_names() if n.split("-")[0] in ARCHS or n.startswith("gpt-oss")]
+
+
+def prompt_logits(m: Model, ids: list[int]) -> np.ndarray:
+    """[len(ids), n_vocab]: rows 0..n-2 by decode steps, the last by one prefill."""
+    rows = [m.eval([t], i, greedy=False) for i, t in enumerate(ids[:-1])]
+    rows.append(m.eval(ids, 0, greedy=False))
+    return np.stack(rows)
+
+
+def teacher_forced(m: Model, case: sr.Case, between=None) -> np.ndarray:
+    """[n_tokens, n_vocab]; between(i) runs before continuation step i."""
+    def step(tok: int, pos: int) -> np.ndarray:
+        if between is not None:
+            between(pos - len(case.prompt_ids))
+        return m.eval([tok], pos, greedy=False)
+    return sr.logits_by_steps(case, lambda ids: prompt_logits(m, ids), step)
+
+
+@pytest.fixture(scope="module", params=CASES or [None])
+def case(request) -> sr.Case:
+    if request.param is None:
+        pytest.skip(f"{sr.DATA / 'index.json'} missing")
+    return sr.load_case(request.param)
+
+
+@pytest.mark.parametrize("flash", ["off", "on"])
+def test_follows_llamacpp(dev, kc, case, flash):
+    """Per-token prefill attention (lavapipe's default) and tiled (flash) attention."""
+    sr.check_file(case)
+    m = Model(dev, kc, str(case.model_path), n_ctx=case.n_ctx, name=case.name,
+              flash_attn=flash)
+    try:
+        assert m.uses_flash_attn == (flash == "on")
+        logits = teacher_forced(m, case)
+    finally:
+        m.close()
+    figures = sr.compare(case, logits)
+    print(f"{case.name} (flash {flash}): tie margin {case.tie}, ties at {figures['ties']}, "
+          f"cosines {figures['cos_prompt_last']:.6f} {figures['cos_last']:.6f}, "
+          f"max |diff| {figures['max_diff']:.4f}")
+
+
+@pytest.mark.parametrize("name", [n for n in CASES if n.startswith("gpt-oss")])
+def test_release_restore_midway_keeps_kv_bit_for_bit(dev, kc, name):
+    """gpt-oss released fully (KV to host memory, the device freed) and restored in the
+    middle of the continuation: the KV comes back bit for bit and every later logit is the
+    one of a run without the cycle."""
+    case = sr.load_case(name)
+    m = Model(dev, kc, str(case.model_path), n_ctx=case.n_ctx, name=name)
+    try:
+        plain = teacher_forced(m, case)
+        m.cache_tokens = []
+        kv = {}
+
+        def cycle(i: int) -> None:
+            if i != len(case.continuation_ids) // 2:
+                return
+            kv["before"] = m.kv_checksum()
+            m.release(full=True)
+            assert m.state == "cold" and sum(m.device_bytes().values()) == 0
+            assert m.kv_checksum() == kv["before"]           # the host shadow
+            m.restore()
+            kv["after"] = m.kv_checksum()
+        cycled = teacher_forced(m, case, between=cycle)
+    finally:
+        m.close()
+    assert kv["after"] == kv["before"]
+    assert np.array_equal(cycled, plain)
+    sr.compare(case, cycled)
+
+
+def test_every_case_of_both_architectures_is_run():
+    archs = {sr.load_case(n).model_path.name.split("-")[0] for n in CASES}
+    assert {"gemma2", "gpt"} <= archs and any("mxfp4" in n for n in CASES)
