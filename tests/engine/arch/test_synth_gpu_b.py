@@ -95,3 +95,77 @@ def test_release_restore_midway_keeps_kv_bit_for_bit(dev, kc, name):
 def test_every_case_of_both_architectures_is_run():
     archs = {sr.load_case(n).model_path.name.split("-")[0] for n in CASES}
     assert {"gemma2", "gpt"} <= archs and any("mxfp4" in n for n in CASES)
+
+
+# -- gemma3's final logit soft-cap (the same op as gemma2's) --------------------------------
+
+def write_gemma3(path: str, final_softcap: float, seed: int = 3) -> None:
+    """A tiny random gemma3 (2 layers, tied) declaring final_logit_softcapping."""
+    import gguf
+
+    rng = np.random.default_rng(seed)
+    e, n_head, n_kv, hd, ff, vocab = 256, 4, 2, 64, 256, 300
+    w = gguf.GGUFWriter(path, "gemma3")
+    for key, v in (("block_count", 2), ("context_length", 4096), ("embedding_length", e),
+                   ("feed_forward_length", ff), ("attention.head_count", n_head),
+                   ("attention.head_count_kv", n_kv), ("attention.key_length", hd),
+                   ("attention.value_length", hd), ("attention.sliding_window", 512)):
+        w.add_uint32(f"gemma3.{key}", v)
+    w.add_float32("gemma3.rope.freq_base", 10000.0)
+    w.add_float32("gemma3.attention.layer_norm_rms_epsilon", 1e-6)
+    w.add_float32("gemma3.final_logit_softcapping", final_softcap)
+
+    def mat(name, rows, n, gain=1.0):
+        w.add_tensor(name, (rng.standard_normal((rows, n)) * gain / np.sqrt(n)).astype(np.float32))
+
+    def norm(name, n):
+        w.add_tensor(name, 1 + 0.1 * rng.standard_normal(n).astype(np.float32))
+
+    mat("token_embd.weight", vocab, e, gain=4.0)       # large logits, so that the cap bites
+    norm("output_norm.weight", e)
+    for i in range(2):
+        p = f"blk.{i}."
+        norm(p + "attn_norm.weight", e)
+        mat(p + "attn_q.weight", n_head * hd, e)
+        mat(p + "attn_k.weight", n_kv * hd, e)
+        mat(p + "attn_v.weight", n_kv * hd, e)
+        norm(p + "attn_q_norm.weight", hd)
+        norm(p + "attn_k_norm.weight", hd)
+        mat(p + "attn_output.weight", e, n_head * hd)
+        norm(p + "post_attention_norm.weight", e)
+        norm(p + "ffn_norm.weight", e)
+        mat(p + "ffn_gate.weight", ff, e)
+        mat(p + "ffn_up.weight", ff, e)
+        mat(p + "ffn_down.weight", e, ff)
+        norm(p + "post_ffw_norm.weight", e)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_gemma3_final_softcap_follows_the_reference(dev, kc, tmp_path):
+    """A gemma3 file with final_logit_softcapping loads (it was refused) and its capped
+    logits follow engine/arch/reference.py in float32, after a prompt and a decode step."""
+    from engine.arch.reference import ReferenceModel
+    from engine.formats.gguf_file import GGUFFile
+
+    cap, prompt = 3.0, [5, 17, 200, 33, 4, 91, 150]
+    path = str(tmp_path / "gemma3-softcap.gguf")
+    write_gemma3(path, cap)
+    m = Model(dev, kc, path, n_ctx=64)
+    m.tuning.ggml_numerics = False
+    try:
+        with GGUFFile(path) as g:
+            ref = ReferenceModel(g, n_ctx=64)
+            want = ref.forward(prompt, 0)[-1]
+            got = m.eval(prompt, 0, greedy=False)
+            want2 = ref.forward([42], len(prompt))[-1]
+        got2 = m.eval([42], len(prompt), greedy=False)
+    finally:
+        m.close()
+    raw = np.arctanh(np.clip(want / cap, -1 + 1e-7, 1 - 1e-7)) * cap
+    assert np.abs(raw).max() > 2 * cap                 # the cap changes these logits
+    for a, b in ((got, want), (got2, want2)):
+        assert np.abs(a).max() <= cap
+        assert np.sum((a - b) ** 2) / np.sum(b ** 2) < 1e-6
