@@ -46,19 +46,24 @@ def case(request) -> sr.Case:
     return sr.load_case(request.param)
 
 
-@pytest.mark.parametrize("flash", ["off", "on"])
-def test_follows_llamacpp(dev, kc, case, flash):
-    """Per-token prefill attention (lavapipe's default) and tiled (flash) attention."""
+@pytest.mark.parametrize("paths", ["plain", "flash", "gpu"])
+def test_follows_llamacpp(dev, kc, case, paths):
+    """lavapipe's paths (per-token prefill attention, two-pass split decode attention,
+    llama.cpp's rounding); tiled (flash) prefill attention; and a discrete GPU's decode paths
+    without matrix units (mul_mat_vec, one-pass split attention, device numerics)."""
     sr.check_file(case)
     m = Model(dev, kc, str(case.model_path), n_ctx=case.n_ctx, name=case.name,
-              flash_attn=flash)
+              flash_attn="on" if paths == "flash" else "off")
+    if paths == "gpu":
+        m.tuning.matvec, m.tuning.ggml_numerics = True, False
     try:
-        assert m.uses_flash_attn == (flash == "on")
+        assert m.uses_flash_attn == (paths == "flash")
+        assert m.paths.decode_attention == ("attn_decode" if paths == "gpu" else "attn_split")
         logits = teacher_forced(m, case)
     finally:
         m.close()
     figures = sr.compare(case, logits)
-    print(f"{case.name} (flash {flash}): tie margin {case.tie}, ties at {figures['ties']}, "
+    print(f"{case.name} ({paths}): tie margin {case.tie}, ties at {figures['ties']}, "
           f"cosines {figures['cos_prompt_last']:.6f} {figures['cos_last']:.6f}, "
           f"max |diff| {figures['max_diff']:.4f}")
 
