@@ -108,6 +108,17 @@ class Config:
         check_hyperparameters(self, path, self.problems())
 
 
+def swa_layers(g: GGUFFile, n_layer: int, default_pattern: int = 2) -> tuple[bool, ...]:
+    """Which layers attend through a sliding window, as llama.cpp's set_swa_pattern reads
+    `attention.sliding_window_pattern`: a flag per layer, or n (every n-th layer global, the
+    others sliding; 0: all sliding)."""
+    pattern = g.get(f"{g.arch}.attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, (list, tuple)):
+        return tuple(bool(p) for p in pattern[:n_layer])
+    n = int(pattern)
+    return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
+
+
 def rope_from_gguf(g: GGUFFile, base: float, n_dims: int, n_ctx_train: int,
                    factors: str | None = None) -> Rope:
     """The rope llama.cpp sets up from a file's keys (llama-model.cpp's hparams, then

@@ -36,16 +36,10 @@ class Config(config.Config):
     @classmethod
     def extra(cls, g: GGUFFile, common: dict) -> dict:
         a, n_layer = g.arch, common["n_layer"]
-        pattern = g.get(f"{a}.attention.sliding_window_pattern", 2)
-        if isinstance(pattern, (list, tuple)):      # one flag per layer
-            swa = tuple(bool(p) for p in pattern[:n_layer])
-        else:                                       # every n-th layer global
-            n = int(pattern)
-            swa = tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
         per_head = common["n_embd"] // common["n_head"] if n_layer == 46 else common["head_dim"]
         return dict(
             window=int(g.get(f"{a}.attention.sliding_window", 4096)),
-            swa_layers=swa,
+            swa_layers=config.swa_layers(g, n_layer),
             rope_base_local=float(g.get(f"{a}.rope.freq_base_swa", common["rope_base"])),
             attn_scale=per_head ** -0.5,
             attn_softcap=float(g.get(f"{a}.attn_logit_softcapping", 50.0) or 0.0),

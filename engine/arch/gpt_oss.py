@@ -42,16 +42,10 @@ class Config(config.Config):
     @classmethod
     def extra(cls, g: GGUFFile, common: dict) -> dict:
         a, n_layer = g.arch, common["n_layer"]
-        pattern = g.get(f"{a}.attention.sliding_window_pattern", 2)
-        if isinstance(pattern, (list, tuple)):      # one flag per layer
-            swa = tuple(bool(p) for p in pattern[:n_layer])
-        else:                                       # every n-th layer global
-            n = int(pattern)
-            swa = tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
         return dict(n_expert=int(g.require(f"{a}.expert_count")),
                     n_expert_used=int(g.require(f"{a}.expert_used_count")),
                     window=int(g.require(f"{a}.attention.sliding_window")),
-                    swa_layers=swa,
+                    swa_layers=config.swa_layers(g, n_layer),
                     rope_base_local=float(g.get(f"{a}.rope.freq_base_swa",
                                                 common["rope_base"])))
 

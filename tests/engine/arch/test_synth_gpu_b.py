@@ -174,3 +174,33 @@ def test_gemma3_final_softcap_follows_the_reference(dev, kc, tmp_path):
     for a, b in ((got, want), (got2, want2)):
         assert np.abs(a).max() <= cap
         assert np.sum((a - b) ** 2) / np.sum(b ** 2) < 1e-6
+
+
+# -- what the GPU configs read, against the reference's reading of the same files -----------
+
+@pytest.mark.parametrize("name", ["gemma2-swa-f16", "gpt-oss-mxfp4"])
+def test_config_reads_what_the_reference_reads(name):
+    """Windows, rope bases and scalings (gpt-oss's YaRN attention factor from the shared
+    rope_from_gguf against the reference's llama-context.cpp reading), scales, soft-caps,
+    experts: each from its own reading of the GGUF keys."""
+    from engine import arch
+    from engine.arch.reference import Config as RefConfig
+    from engine.formats.gguf_file import GGUFFile
+
+    with GGUFFile(sr.DATA / f"{name}.gguf") as g:
+        c, r = arch.for_file(g).Config.from_gguf(g), RefConfig.from_gguf(g)
+    assert (c.swa_layers, c.window) == (r.swa_layers, r.n_swa)
+    assert (c.rope_base, c.rope_base_local) == (r.rope_base, r.rope_base_swa)
+    assert (c.rope.freq_scale, c.rope.ext_factor) == (r.rope_freq_scale, r.yarn_ext_factor)
+    assert (c.rope.beta_fast, c.rope.beta_slow, c.rope.n_ctx_orig) == \
+        (r.yarn_beta_fast, r.yarn_beta_slow, r.n_ctx_orig)
+    assert c.rope.attn_factor == r.yarn_attn_factor
+    assert (c.n_ff, c.n_head, c.n_head_kv, c.head_dim) == (r.n_ff or c.n_ff, r.n_head,
+                                                           r.n_head_kv, r.head_dim)
+    if name.startswith("gemma2"):
+        assert (c.attn_softcap, c.final_softcap) == (r.attn_softcap, r.final_softcap)
+        assert c.attn_scale == pytest.approx(r.attn_scale) and c.tied_output
+    else:
+        assert (c.n_expert, c.n_expert_used, c.n_ff) == (r.n_expert, r.n_expert_used, 64)
+        assert c.rope.ext_factor == 1.0 and c.rope.freq_scale == 1 / 32
+        assert not c.tied_output
