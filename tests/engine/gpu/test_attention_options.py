@@ -97,8 +97,9 @@ def tuning_for(dev, path: str, ggml: bool) -> Tuning:
 def test_attention_options(dev, kc, path, ggml, softcap, sinks, window):
     hd = 64
     decode = path.startswith("attn_")
-    n, pos0 = (1, 90) if decode else (37, 50)
-    q, k, v = attn_inputs(30, N_CTX, N_HEAD, N_KV, hd, n)
+    # decode: a context long enough for several splits (one split per 128 positions)
+    n, pos0, n_ctx = (1, 300, 2048) if decode else (37, 50, N_CTX)
+    q, k, v = attn_inputs(30, n_ctx, N_HEAD, N_KV, hd, n)
     # sinks around the scores' range: some dominate a head's softmax, some vanish in it
     sk = np.array([-3.0, 0.5, 2.0, 4.0, 8.0, -20.0], np.float32) if sinks else None
     t = tuning_for(dev, path, ggml)
@@ -107,6 +108,8 @@ def test_attention_options(dev, kc, path, ggml, softcap, sinks, window):
     else:
         p = t.paths(hd).prefill_attention
     assert p == path
+    if decode:
+        assert t.decode_splits(n_ctx) == 16
     got = run_attention(dev, kc, t, q, k, v, pos0, window, softcap, sk)
     want = attention_ref(q, k, v, pos0, window, hd ** -0.5, softcap, sk, ggml)
     plain = attention_ref(q, k, v, pos0, window, hd ** -0.5)
