@@ -4,6 +4,7 @@
 // softmax (running max, sum and output), then the lanes are merged with subgroup operations,
 // so no shared memory and no barrier. Token t sits at position step.pos0 + t and sees keys
 // 0..pos, or only the last WINDOW of them when window > 0 (sliding-window layers).
+// Options (include/attn.glsl): scores soft-capped (softcap > 0), a sink logit per head (SINKS).
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -13,19 +14,23 @@ layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4
 // GGML = 1 follows ggml's CPU arithmetic instead of the online softmax: q rounded to f16,
 // the full-row softmax in f32 (max, then sum), probabilities rounded to f16 before P.V.
 layout(constant_id = 2) const uint GGML = 0;
+layout(constant_id = 3) const uint SINKS = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_tokens, n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
 layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n_head_kv, HD]
 layout(std430, binding = 3) writeonly buffer O { vec4 o4[]; };      // [n_tokens, n_head, HD]
 #include "step.glsl"
+layout(std430, binding = 5) readonly buffer Sk { float sinks[]; };  // [n_head] (SINKS)
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
     uint n_tokens;
     uint window;       // 0: full causal attention
     float scale;
+    float softcap;     // 0: none
 } p;
+#include "attn.glsl"
 
 const uint D4 = HD / 4;
 
@@ -47,24 +52,25 @@ void main() {
             const uint kb = (kp * p.n_head_kv + kvh) * D4;
             float s = 0.0;
             [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
-            mx = max(mx, s * p.scale);
+            mx = max(mx, soft_cap(s * p.scale, p.softcap));
         }
         mx = subgroupMax(mx);
+        if (SINKS != 0) mx = max(mx, sinks[h]);
         float sum = 0.0;
         for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
             const uint kb = (kp * p.n_head_kv + kvh) * D4;
             float s = 0.0;
             [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
-            sum += exp(s * p.scale - mx);
+            sum += exp(soft_cap(s * p.scale, p.softcap) - mx);
         }
-        const float inv = 1.0 / subgroupAdd(sum);
+        const float inv = 1.0 / (subgroupAdd(sum) + (SINKS != 0 ? exp(sinks[h] - mx) : 0.0));
         vec4 acc[D4];
         [[unroll]] for (uint d = 0; d < D4; d++) acc[d] = vec4(0.0);
         for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
             const uint kb = (kp * p.n_head_kv + kvh) * D4;
             float s = 0.0;
             [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
-            const float pr = float(float16_t(exp(s * p.scale - mx) * inv));
+            const float pr = float(float16_t(exp(soft_cap(s * p.scale, p.softcap) - mx) * inv));
             [[unroll]] for (uint d = 0; d < D4; d++) acc[d] += pr * vec4(v4[kb + d]);
         }
         [[unroll]] for (uint d = 0; d < D4; d++) {
@@ -76,6 +82,7 @@ void main() {
     [[unroll]] for (uint d = 0; d < D4; d++) qv[d] = q4[qb + d] * p.scale;
 
     float m = -1.0 / 0.0, l = 0.0;
+    if (SINKS != 0 && lane == 0) { m = sinks[h]; l = 1.0; }
     vec4 acc[D4];
     [[unroll]] for (uint d = 0; d < D4; d++) acc[d] = vec4(0.0);
 
@@ -83,6 +90,7 @@ void main() {
         const uint kb = (kp * p.n_head_kv + kvh) * D4;
         float s = 0.0;
         [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
+        s = soft_cap(s, p.softcap);
         const float mn = max(m, s);
         const float c = exp(m - mn), e = exp(s - mn);
         l = l * c + e;

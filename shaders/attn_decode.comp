@@ -6,6 +6,7 @@
 // (attn_split's two passes normalise before P.V, which ggml's f16 probabilities need; this
 // one does not.)
 // LP adjacent lanes share a position, each taking every LP-th vec4 of the head.
+// Options: scores soft-capped (softcap > 0), a sink logit per head (SINKS), as split.glsl says.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -13,6 +14,7 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4 * LP
 layout(constant_id = 2) const uint LP = 4;          // lanes per position (<= SG)
+layout(constant_id = 3) const uint SINKS = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -20,6 +22,7 @@ layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n
 layout(std430, binding = 3) writeonly buffer T { vec2 stats[]; };   // [n_head, n_split] max, sum
 layout(std430, binding = 4) writeonly buffer P { vec4 part[]; };    // [n_head, n_split, HD]
 #include "step.glsl"
+layout(std430, binding = 6) readonly buffer Sk { float sinks[]; };  // [n_head] (SINKS)
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
@@ -27,6 +30,7 @@ layout(push_constant) uniform Push {
     uint n_split;
     uint min_chunk;
     float scale;
+    float softcap;     // 0: none
 } p;
 #include "split.glsl"
 
@@ -44,11 +48,12 @@ void main() {
 
     [[unroll]] for (uint i = 0; i < DL; i++) qv[i] = q4[h * D4 + lane + LP * i] * p.scale;
     float m = -1.0 / 0.0, l = 0.0;
+    if (SINKS != 0 && s == 0 && g == 0) { m = sinks[h]; l = 1.0; }
     vec4 acc[DL];
     [[unroll]] for (uint i = 0; i < DL; i++) acc[i] = vec4(0.0);
     for (uint kp = a + g; kp < b; kp += G) {
         const uint kb = (kp * p.n_head_kv + kvh) * D4 + lane;
-        const float d = qk_dot(kb);
+        const float d = soft_cap(qk_dot(kb), p.softcap);
         const float mn = max(m, d);
         const float c = exp(m - mn), e = exp(d - mn);
         l = l * c + e;

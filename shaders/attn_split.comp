@@ -8,6 +8,7 @@
 // PASS 1: the softmax over all splits (the max of their maxes, their sums rescaled to it),
 //   p = exp(score - max) / sum, and the split's sum of p * v into `part`.
 // GGML = 1 rounds q and p to f16 as ggml's CPU attention does (see attention.comp).
+// Options: scores soft-capped (softcap > 0), a sink logit per head (SINKS), as split.glsl says.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -17,6 +18,7 @@ layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4
 layout(constant_id = 2) const uint LP = 4;          // PASS 0: lanes per position (<= SG)
 layout(constant_id = 3) const uint GGML = 0;
 layout(constant_id = 4) const uint PASS = 0;
+layout(constant_id = 5) const uint SINKS = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -25,6 +27,7 @@ layout(std430, binding = 3) buffer S { float scores[]; };           // [n_head, 
 layout(std430, binding = 4) buffer T { vec2 stats[]; };             // [n_head, n_split] max, sum
 layout(std430, binding = 5) writeonly buffer P { vec4 part[]; };    // [n_head, n_split, HD]
 #include "step.glsl"
+layout(std430, binding = 7) readonly buffer Sk { float sinks[]; };  // [n_head] (SINKS)
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
@@ -33,6 +36,7 @@ layout(push_constant) uniform Push {
     uint n_split;
     uint min_chunk;
     float scale;
+    float softcap;     // 0: none
 } p;
 #include "split.glsl"
 
@@ -57,8 +61,10 @@ void main() {
             qv[i] = GGML != 0 ? vec4(f16vec4(x)) : x;
         }
         float m = -1.0 / 0.0, l = 0.0;
+        if (SINKS != 0 && s == 0 && g == 0) { m = sinks[h]; l = 1.0; }
         for (uint kp = a + g; kp < b; kp += G) {
-            const float sc = qk_dot((kp * p.n_head_kv + kvh) * D4 + lane) * p.scale;
+            const float sc = soft_cap(qk_dot((kp * p.n_head_kv + kvh) * D4 + lane) * p.scale,
+                                      p.softcap);
             if (lane == 0) scores[h * p.n_ctx + kp] = sc;
             const float mn = max(m, sc);
             l = l * exp(m - mn) + exp(sc - mn);

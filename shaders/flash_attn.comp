@@ -10,6 +10,7 @@
 // SKIP, fully masked tiles are not visited and fully visible ones read no mask; without it
 // every tile loads its mask, which gives the same bits (a masked tile changes nothing: its
 // scores are -inf, so the running max stays, the rescale is exp(0) = 1 and the terms are 0).
+// Options (include/attn.glsl): scores soft-capped (softcap > 0), a sink logit per head (SINKS).
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -23,6 +24,7 @@ layout(constant_id = 4) const uint LP = 4;          // lanes per row, a power of
 // first for each row's max and sum, the second rounding the probabilities to f16 before P.V.
 layout(constant_id = 5) const uint GGML = 0;
 layout(constant_id = 6) const uint SKIP = 1;        // use the tile classes
+layout(constant_id = 7) const uint SINKS = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_tokens, n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -31,13 +33,16 @@ layout(std430, binding = 3) writeonly buffer O { vec4 o4[]; };      // [n_tokens
 layout(std430, binding = 4) readonly buffer M { float16_t mask[]; }; // [rows, stride]
 layout(std430, binding = 5) readonly buffer C { uint cls[]; };      // [rows/BR, stride/BC]
 #include "step.glsl"
+layout(std430, binding = 7) readonly buffer Sk { float sinks[]; };  // [n_head] (SINKS)
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
     uint n_tokens;
     uint stride;       // mask columns
     float scale;
+    float softcap;     // 0: none
 } p;
+#include "attn.glsl"
 
 const uint D4 = HD / 4;
 const uint DL = D4 / LP;                            // vec4 per lane
@@ -63,7 +68,7 @@ void main() {
         const vec4 x = row < p.n_tokens ? q4[qb + LP * i] : vec4(0.0);
         qv[i] = GGML != 0 ? vec4(f16vec4(x)) : x;
     }
-    float m = NEG, l = 0.0;
+    float m = SINKS != 0 ? sinks[h] : NEG, l = SINKS != 0 ? 1.0 : 0.0;
     vec4 acc[DL];
     [[unroll]] for (uint i = 0; i < DL; i++) acc[i] = vec4(0.0);
 
@@ -94,7 +99,7 @@ void main() {
                 [[unroll]] for (uint i = 0; i < DL; i++)
                     d += dot(qv[i], vec4(ksh[c * D4 + lane + LP * i]));
                 [[unroll]] for (uint o = 1; o < LP; o *= 2) d += subgroupShuffleXor(d, o);
-                s[c] = d * p.scale;
+                s[c] = soft_cap(d * p.scale, p.softcap);
                 if (c_ != VISIBLE) s[c] += float(msh[r * BC + c]);
                 mx = max(mx, s[c]);
             }

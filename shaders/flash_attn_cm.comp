@@ -8,6 +8,7 @@
 // rows stay in registers, two lanes per row, and leave divided by the sum.
 // Token t sits at position step.pos0 + t and sees keys 0..pos, or only the last `window`
 // of them when window > 0, as attention.comp.
+// Options (include/attn.glsl): scores soft-capped (softcap > 0), a sink logit per head (SINKS).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 #extension GL_KHR_cooperative_matrix : require
@@ -18,19 +19,23 @@
 
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint HD = 64;         // head dim: 64 or 128
+layout(constant_id = 1) const uint SINKS = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_tokens, n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
 layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n_head_kv, HD]
 layout(std430, binding = 3) writeonly buffer O { vec4 o4[]; };      // [n_tokens, n_head, HD]
 #include "step.glsl"
+layout(std430, binding = 5) readonly buffer Sk { float sinks[]; };  // [n_head] (SINKS)
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
     uint n_tokens;
     uint window;       // 0: full causal attention
     float scale;
+    float softcap;     // 0: none
 } p;
+#include "attn.glsl"
 
 const uint BR = 64, BC = 32, D4 = HD / 4, DT = HD / 16;
 const uint KS = D4 + 2;                 // f16vec4s per staged K/V row (padded)
@@ -74,7 +79,7 @@ void main() {
     const uint t = row0 + sg * 16 + r, qp = pos0 + t;
     const bool live = t < p.n_tokens;
     const float NEG_INF = -1.0 / 0.0;
-    float m = NEG_INF, l = 0.0;
+    float m = SINKS != 0 ? sinks[h] : NEG_INF, l = SINKS != 0 ? 1.0 : 0.0;
     float o[DT][8];
     [[unroll]] for (uint dt = 0; dt < DT; dt++)
         [[unroll]] for (uint c = 0; c < 8; c++) o[dt][c] = 0.0;
@@ -114,7 +119,8 @@ void main() {
         [[unroll]] for (uint c = 0; c < 16; c++) {
             const uint kp = kb * BC + hh * 16 + c;
             const bool seen = live && kp <= qp && kp < n_kv && (p.window == 0 || kp + p.window > qp);
-            sv[c] = seen ? Sc[sbase + r * BC + hh * 16 + c] * p.scale : NEG_INF;
+            sv[c] = seen ? soft_cap(Sc[sbase + r * BC + hh * 16 + c] * p.scale, p.softcap)
+                         : NEG_INF;
             bmax = max(bmax, sv[c]);
         }
         bmax = max(bmax, subgroupShuffleXor(bmax, 1));

@@ -9,11 +9,12 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
-from . import gemma3, lfm2, llama, mistral3, phi3, qwen2, qwen3, qwen3moe
+from . import gemma2, gemma3, gpt_oss, lfm2, llama, mistral3, phi3, qwen2, qwen3, qwen3moe
 
 ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe,
-    "qwen2": qwen2, "qwen3": qwen3, "mistral3": mistral3, "phi3": phi3}
+    "qwen2": qwen2, "qwen3": qwen3, "mistral3": mistral3, "phi3": phi3, "gemma2": gemma2,
+    "gpt-oss": gpt_oss}
 
 
 def for_file(gguf: GGUFFile) -> ModuleType:

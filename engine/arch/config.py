@@ -47,6 +47,8 @@ class Config:
     ROPE_FREQS: ClassVar[bool] = False
     # the graph passes LongRoPE's short or long factors (phi3): it takes `longrope` scaling
     LONGROPE: ClassVar[bool] = False
+    # the key n_ff comes from (gpt-oss declares only its experts' length)
+    FF_KEY: ClassVar[str] = "feed_forward_length"
 
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Config":
@@ -78,7 +80,7 @@ class Config:
             # per-layer lists (hybrids) are read by the architecture's extra()
             n_head_kv=n_head_kv if isinstance(n_head_kv, (list, tuple)) else int(n_head_kv),
             head_dim=head_dim,
-            n_ff=int(g.require(f"{a}.feed_forward_length")),
+            n_ff=int(g.require(f"{a}.{cls.FF_KEY}")),
             n_vocab=cls.vocab_size(g),
             n_ctx_train=n_ctx_train,
             rope_base=rope_base,
@@ -114,6 +116,17 @@ class Config:
 
     def validate(self, path: str) -> None:
         check_hyperparameters(self, path, self.problems())
+
+
+def swa_layers(g: GGUFFile, n_layer: int, default_pattern: int = 2) -> tuple[bool, ...]:
+    """Which layers attend through a sliding window, as llama.cpp's set_swa_pattern reads
+    `attention.sliding_window_pattern`: a flag per layer, or n (every n-th layer global, the
+    others sliding; 0: all sliding)."""
+    pattern = g.get(f"{g.arch}.attention.sliding_window_pattern", default_pattern)
+    if isinstance(pattern, (list, tuple)):
+        return tuple(bool(p) for p in pattern[:n_layer])
+    n = int(pattern)
+    return tuple(n == 0 or i % n < n - 1 for i in range(n_layer))
 
 
 def rope_from_gguf(g: GGUFFile, base: float, n_dims: int, n_ctx_train: int,

@@ -43,9 +43,6 @@ class Config(config.Config):
     def is_local(self, layer: int) -> bool:
         return (layer + 1) % SWA_PATTERN != 0
 
-    def problems(self) -> list[str]:
-        return ["final logit softcapping"] if self.final_softcap else []
-
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         e, hd = self.n_embd, self.head_dim
         shapes = {"token_embd.weight": (e, self.n_vocab), "output_norm.weight": (e,)}
@@ -117,3 +114,5 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
         b.add(x, rs.xn, x, n * c.n_embd)
     b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
     b.matmul(w["token_embd.weight"], rs.xn, rs.logits, 1, x_row=n - 1)   # [1, n_vocab] tied
+    if c.final_softcap:
+        b.softcap(rs.logits, c.n_vocab, c.final_softcap)

@@ -170,9 +170,13 @@ class Builder:
         self._wrote(y)
 
     def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,
-                   n_expert: int, n_used: int, norm: bool = True) -> None:
-        """Softmax over n_expert logits per token; the n_used largest into ids and weights."""
-        self.g.op("moe_router", [logits, ids, weights], (n, 1, 1), spec=dict(NORM=int(norm)),
+                   n_expert: int, n_used: int, norm: bool = True,
+                   softmax_chosen: bool = False) -> None:
+        """Softmax over n_expert logits per token; the n_used largest into ids and weights.
+        softmax_chosen (gpt-oss): the n_used largest logits, weighted by the softmax over
+        them alone."""
+        self.g.op("moe_router", [logits, ids, weights], (n, 1, 1),
+                  spec=dict(NORM=int(norm), SOFTMAX_K=int(softmax_chosen)),
                   n_expert=n_expert, n_used=n_used)
         self._wrote(ids)
         self._wrote(weights)
@@ -215,47 +219,57 @@ class Builder:
 
     def attention(self, q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer, out: vk.Buffer,
                   n_head: int, n_head_kv: int, head_dim: int, n: int, scale: float,
-                  window: int = 0) -> None:
+                  window: int = 0, softcap: float = 0.0, sinks: Tensor | None = None) -> None:
         """out[n, n_head, head_dim] = softmax(q k^T * scale) v over the cache up to each
-        token's position (the last `window` positions only, when window > 0)."""
+        token's position (the last `window` positions only, when window > 0). Options, on
+        every path: softcap > 0 caps the scaled scores at softcap * tanh(s / softcap)
+        (gemma2); sinks [n_head] F32 join each head's softmax as one more logit (gpt-oss)."""
         p = self.paths(head_dim)
+        if sinks is not None and (sinks.wtype != "F32" or sinks.shape != (n_head,)):
+            raise ValueError(f"attention sinks must be F32 [{n_head}], got {sinks.wtype} "
+                             f"{list(sinks.shape)}")
+        # the sinks buffer, or (SINKS = 0) any buffer to fill the binding
+        sk = sinks.binding() if sinks is not None else q
+        opt = dict(softcap=float(softcap))
+        spec = dict(SINKS=int(sinks is not None))
         if n == 1:
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
-                                  scale, window)
+                                  scale, window, sk, opt, spec)
         elif p.prefill_attention == "flash_attn_cm":
-            self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step],
-                      (-(-n // 64), n_head, 1), spec=dict(HD=head_dim), n_head=n_head,
-                      n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
+            self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step, sk],
+                      (-(-n // 64), n_head, 1), spec=dict(HD=head_dim, **spec), n_head=n_head,
+                      n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale, **opt)
         elif p.prefill_attention == "flash_attn":
             self._flash_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
-                                  scale, window)
+                                  scale, window, sk, opt, spec)
         else:
             ggml = self.t.ggml_numerics
-            self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step], (n_head, n, 1),
-                      spec=dict(HD=head_dim, GGML=int(ggml)), n_head=n_head,
-                      n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale)
+            self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step, sk],
+                      (n_head, n, 1), spec=dict(HD=head_dim, GGML=int(ggml), **spec),
+                      n_head=n_head, n_head_kv=n_head_kv, n_tokens=n, window=window,
+                      scale=scale, **opt)
         self._wrote(out)
 
     def _split_attention(self, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, scale,
-                         window) -> None:
+                         window, sk, opt, spec) -> None:
         rs = self.rs
         splits = self.t.decode_splits(rs.n_ctx)
         if self.paths(head_dim).decode_attention == "attn_decode":   # one pass, f32 probs
             self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
-                                     rs.step], (splits, n_head, 1),
-                      spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim)),
+                                     rs.step, sk], (splits, n_head, 1),
+                      spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim), **spec),
                       n_head=n_head, n_head_kv=n_head_kv, window=window, n_split=splits,
-                      min_chunk=self.t.split_chunk, scale=scale)
+                      min_chunk=self.t.split_chunk, scale=scale, **opt)
             self.g.op("attn_merge", [rs.split_stats, rs.split_out, out], (n_head, 1, 1),
                       head_dim=head_dim, n_split=splits)
             return
-        bufs = [q, k_cache, v_cache, rs.scores, rs.split_stats, rs.split_out, rs.step]
+        bufs = [q, k_cache, v_cache, rs.scores, rs.split_stats, rs.split_out, rs.step, sk]
         for pass_ in (0, 1):
             self.g.op("attn_split", bufs, (splits, n_head, 1),
                       spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim),
-                                GGML=int(self.t.ggml_numerics), PASS=pass_),
+                                GGML=int(self.t.ggml_numerics), PASS=pass_, **spec),
                       n_head=n_head, n_head_kv=n_head_kv, n_ctx=rs.n_ctx, window=window,
-                      n_split=splits, min_chunk=self.t.split_chunk, scale=scale)
+                      n_split=splits, min_chunk=self.t.split_chunk, scale=scale, **opt)
         self.g.op("attn_combine", [rs.split_out, out], (n_head, 1, 1), head_dim=head_dim,
                   n_split=splits)
 
@@ -275,22 +289,39 @@ class Builder:
         return mask, tiles
 
     def _flash_attention(self, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
-                         scale, window) -> None:
+                         scale, window, sk, opt, spec) -> None:
         mask, tiles = self.attention_mask(n, window)
         rows, cols = self.rs.flash_block
         lanes = self.t.attn_lanes(head_dim)
-        self.g.op("flash_attn", [q, k_cache, v_cache, out, mask, tiles, self.rs.step],
+        self.g.op("flash_attn", [q, k_cache, v_cache, out, mask, tiles, self.rs.step, sk],
                   (-(-n // rows), n_head, 1),
                   spec=dict(WG=rows * lanes, HD=head_dim, BR=rows, BC=cols, LP=lanes,
-                            GGML=int(self.t.ggml_numerics), SKIP=int(self.t.flash_skip)),
+                            GGML=int(self.t.ggml_numerics), SKIP=int(self.t.flash_skip),
+                            **spec),
                   n_head=n_head, n_head_kv=n_head_kv, n_tokens=n,
-                  stride=-(-self.rs.n_ctx // cols) * cols, scale=scale)
+                  stride=-(-self.rs.n_ctx // cols) * cols, scale=scale, **opt)
 
     def silu_mul(self, gate: vk.Buffer, up: vk.Buffer, out: vk.Buffer, count: int,
-                 gelu: bool = False) -> None:
-        self.g.op("silu_mul", [gate, up, out], _groups_1d(count), spec=dict(GELU=int(gelu)),
-                  n=count)
+                 gelu: bool = False, clamped: bool = False) -> None:
+        """out = act(gate) * up: SiLU, GELU (gelu), or gpt-oss's clamped SwiGLU (clamped)."""
+        self.g.op("silu_mul", [gate, up, out], _groups_1d(count),
+                  spec=dict(GELU=int(gelu), CLAMPED=int(clamped)), n=count)
         self._wrote(out)
+
+    def add_id(self, x: vk.Buffer, bias: Tensor, ids: vk.Buffer, rows: int) -> None:
+        """x[r, :] += bias[:, ids[r]] in place for rows r: bias is [n_cols, n_ids] F32 (one row
+        per expert), ids one u32 per row (gpt-oss's expert biases: rows are (token, slot))."""
+        if bias.wtype != "F32" or len(bias.shape) != 2:
+            raise ValueError(f"add_id takes a 2-D F32 bias, got {bias.wtype} {list(bias.shape)}")
+        n_cols = bias.shape[0]
+        self.g.op("add_id", [x, bias.binding(), ids, x], _groups_1d(rows * n_cols),
+                  n_cols=n_cols, n=rows * n_cols)
+        self._wrote(x)
+
+    def softcap(self, x: vk.Buffer, count: int, cap: float) -> None:
+        """x = cap * tanh(x / cap) in place (gemma2's final logit soft-capping)."""
+        self.g.op("softcap", [x], _groups_1d(count), n=count, cap=float(cap))
+        self._wrote(x)
 
     def add(self, a: vk.Buffer, b: vk.Buffer, out: vk.Buffer, count: int) -> None:
         self.g.op("add", [a, b, out], _groups_1d(count), n=count, b_len=count)

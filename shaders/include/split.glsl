@@ -4,6 +4,10 @@
 // min_chunk, so short contexts use fewer splits (the rest get an empty range). The token
 // sits at position pos and sees keys 0..pos, or only the last `window` of them when
 // window > 0. Needs HD, LP and the K cache k4.
+// The attention options (include/attn.glsl): a split's kernel soft-caps each score, and split 0
+// starts its first position group's softmax from the head's sink, so that the splits' joined
+// max and sum hold it once.
+#include "attn.glsl"
 const uint D4 = HD / 4, DL = D4 / LP;
 
 // [a, b): the positions split s covers

@@ -713,8 +713,9 @@ def test_attention(dev, kc, hd, window):
     bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
     bo, st = buf(dev, nbytes=q.nbytes), step_buffer(dev, pos0)
     scale = hd ** -0.5
-    run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n_tok, 1), spec=dict(HD=hd),
-             n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window, scale=scale)
+    run_once(dev, kc, "attention", [bq, bk, bv, bo, st, bq], (n_head, n_tok, 1),
+             spec=dict(HD=hd), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window,
+             scale=scale, softcap=0.0)
     want = attention_ref(q, k, v, pos0, window, scale)
     assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-10
 
@@ -736,9 +737,9 @@ def test_flash_attention_on_matrix_units(dev, kc, hd, n_tok, pos0, window):
     bo = buf(dev, nbytes=q.nbytes)
     st = step_buffer(dev, pos0, pos0 + n_tok)
     scale = hd ** -0.5
-    run_once(dev, kc, "flash_attn_cm", [bq, bk, bv, bo, st], (-(-n_tok // 64), n_head, 1),
+    run_once(dev, kc, "flash_attn_cm", [bq, bk, bv, bo, st, bq], (-(-n_tok // 64), n_head, 1),
              spec=dict(HD=hd), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window,
-             scale=scale)
+             scale=scale, softcap=0.0)
     want = attention_ref(q.astype(np.float16).astype(np.float32), k, v, pos0, window, scale)
     assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-5
 
@@ -942,9 +943,9 @@ def test_attention_ggml_rounding(dev, kc):
     bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
     bo, st = buf(dev, nbytes=q.nbytes), step_buffer(dev, pos0)
     scale = hd ** -0.5
-    run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n_tok, 1),
+    run_once(dev, kc, "attention", [bq, bk, bv, bo, st, bq], (n_head, n_tok, 1),
              spec=dict(HD=hd, GGML=1), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok,
-             window=0, scale=scale)
+             window=0, scale=scale, softcap=0.0)
     want = attention_ggml_ref(q, k, v, pos0, 0, scale)
     assert np.abs(read(dev, bo).reshape(q.shape) - want).max() < 1e-5
 
@@ -1167,9 +1168,9 @@ def old_attention(dev, kc, q, k, v, pos0: int, window: int, ggml: int) -> np.nda
     n, n_head, hd = q.shape
     bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
     bo, st = buf(dev, nbytes=q.nbytes), step_buffer(dev, pos0)
-    run_once(dev, kc, "attention", [bq, bk, bv, bo, st], (n_head, n, 1),
+    run_once(dev, kc, "attention", [bq, bk, bv, bo, st, bq], (n_head, n, 1),
              spec=dict(HD=hd, GGML=ggml), n_head=n_head, n_head_kv=k.shape[1], n_tokens=n,
-             window=window, scale=hd ** -0.5)
+             window=window, scale=hd ** -0.5, softcap=0.0)
     out = read(dev, bo).reshape(q.shape)
     for b in (bq, bk, bv, bo, st):
         dev.allocator.free(b)
