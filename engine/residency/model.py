@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from typing import Callable
 
 import numpy as np
@@ -131,7 +131,8 @@ class Model:
                                                 # recurrent states belong to the end of them
         self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
         self.faults = 0                         # device faults this model was reset after
-        self._pass_times: deque[tuple[int, float]] = deque(maxlen=8)   # (tokens, seconds)
+        self._last_pass: tuple[int, float] | None = None   # (tokens, seconds) of the last
+                                                              # prefill pass
         if warm:
             try:
                 self.restore(progress)
@@ -491,7 +492,7 @@ class Model:
         t0 = time.perf_counter()
         graph.replay()
         if len(tokens) > 1:                     # what a prefill pass of this size costs
-            self._pass_times.append((len(tokens), time.perf_counter() - t0))
+            self._last_pass = (len(tokens), time.perf_counter() - t0)
         del self.cache_tokens[pos0:]
         self.cache_tokens.extend(tokens)
         if greedy:
@@ -519,19 +520,14 @@ class Model:
         passes) waits at most about that long on any device; a power of two, so that few
         graphs are recorded, up to `chunk`. The rest of a prompt that fits goes whole."""
         cap = self.chunk
-        times = self._pass_times
-        if not times:
+        if self._last_pass is None:
             n = PROBE_CHUNK
         else:
-            # t = a + b n over the recent passes (b alone from one pass size)
-            ns = np.array([p[0] for p in times], np.float64)
-            ts = np.array([p[1] for p in times], np.float64)
-            b = float(np.polyfit(ns, ts, 1)[0]) if len(set(ns)) > 1 else 0.0
-            if b <= 0:
-                b = float(ts.sum() / ns.sum())
-            a = max(0.0, float(ts.mean() - b * ns.mean()))
-            fit = (CHUNK_TARGET_S - a) / b if a < CHUNK_TARGET_S else CHUNK_TARGET_S / b
-            n = 1 << max(1, int(fit).bit_length() - 1) if fit >= 2 else 2
+            # the last pass's cost per token (its fixed cost included: an overestimate for
+            # a wider pass, so the next one stays under the target, and grows from there)
+            tokens, seconds = self._last_pass
+            fit = CHUNK_TARGET_S * tokens / max(seconds, 1e-9)
+            n = 1 << (int(fit).bit_length() - 1) if fit >= 2 else 2
         n = min(n, cap)
         if remaining <= n:
             return remaining

@@ -73,7 +73,8 @@ def run_bench(args) -> int:
 
         def run(model) -> tuple[list, list | None, int, dict]:   # one job: the arena cannot
             model.profile = bool(args.profile)                    # cut in
-            measure(model, prompt, min(args.n_gen, 4))              # warm-up: records graphs
+            for _ in range(2):         # warm-up: the pass sizes settle, their graphs recorded
+                measure(model, prompt, min(args.n_gen, 4))
             samples = [measure(model, prompt, args.n_gen) for _ in range(args.repeats)]
             profile = _profile_table(model, args.n_prompt) if args.profile else None
             size = sum(t.nbytes for t in model.gguf.tensors.values())

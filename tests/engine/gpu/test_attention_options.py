@@ -84,6 +84,7 @@ PATHS = [("attention", False), ("attention", True), ("flash_attn", False), ("fla
 
 def tuning_for(dev, path: str, ggml: bool) -> Tuning:
     t = Tuning.for_device(dev, "on" if path == "flash_attn" else "off")
+    t.coopmat = False                          # the plain paths, also where matrix units are
     t.ggml_numerics = ggml
     t.matvec = path == "attn_decode"           # decode: attn_decode with mul_mat_vec
     if path.startswith("attn_"):               # several splits, one holding no sink
