@@ -46,19 +46,24 @@ def case(request) -> sr.Case:
     return sr.load_case(request.param)
 
 
-@pytest.mark.parametrize("paths", ["plain", "flash", "gpu"])
+@pytest.mark.parametrize("paths", ["plain", "flash", "gpu", "device"])
 def test_follows_llamacpp(dev, kc, case, paths):
     """lavapipe's paths (per-token prefill attention, two-pass split decode attention,
-    llama.cpp's rounding); tiled (flash) prefill attention; and a discrete GPU's decode paths
-    without matrix units (mul_mat_vec, one-pass split attention, device numerics)."""
+    llama.cpp's rounding); tiled (flash) prefill attention; a discrete GPU's decode paths
+    without matrix units (mul_mat_vec, one-pass split attention, device numerics); and the
+    device's own choice (with matrix units: mul_mat_cm and flash_attn_cm)."""
     sr.check_file(case)
     m = Model(dev, kc, str(case.model_path), n_ctx=case.n_ctx, name=case.name,
               flash_attn="on" if paths == "flash" else "off")
-    if paths == "gpu":
-        m.tuning.matvec, m.tuning.ggml_numerics = True, False
+    if paths != "device":              # the same paths on every device
+        m.tuning.coopmat = False
+        m.tuning.matvec, m.tuning.ggml_numerics = (True, False) if paths == "gpu" \
+            else (False, True)
     try:
-        assert m.uses_flash_attn == (paths == "flash")
-        assert m.paths.decode_attention == ("attn_decode" if paths == "gpu" else "attn_split")
+        if paths != "device":
+            assert m.uses_flash_attn == (paths == "flash")
+            assert m.paths.decode_attention == ("attn_decode" if paths == "gpu"
+                                                else "attn_split")
         logits = teacher_forced(m, case)
     finally:
         m.close()

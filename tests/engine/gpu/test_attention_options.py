@@ -116,7 +116,9 @@ def test_attention_options(dev, kc, path, ggml, softcap, sinks, window):
     plain = attention_ref(q, k, v, pos0, window, hd ** -0.5)
     assert nmse(plain, want) > 1e-4             # the options change the output
     if ggml:    # p rounded to f16 on both sides: one score's last bit can move it one step
-        assert np.abs(got - want).max() < 2e-3 and nmse(got, want) < 1e-7
+        # (NVIDIA's exp and f16 conversions move more of them: as split attention's bound)
+        bound = 1e-7 if dev.info.kind == "cpu" else 5e-7
+        assert np.abs(got - want).max() < 2e-3 and nmse(got, want) < bound
     else:
         assert nmse(got, want) < 1e-10
 

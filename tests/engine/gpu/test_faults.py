@@ -266,7 +266,9 @@ def test_the_environment_variable_arms_faults_in_a_new_process():
         kc.close()
         dev.close()
     """)
-    env = {**os.environ, "HOTSEAT_FAULT": "submit:timeout:2", "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "HOTSEAT_FAULT": "submit:timeout:2",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                       os.environ.get("PYTHONPATH")]))}
     out = subprocess.run([sys.executable, "-c", script], env=env, cwd=ROOT, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr

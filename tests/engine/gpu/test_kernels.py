@@ -272,7 +272,8 @@ def test_matmul_of_row_slices(dev, kc, wtype, n_in, n):
     rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
                   n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
     for matvec in (False, True):
-        tuning = replace(Tuning.for_device(dev), matvec=matvec, ggml_numerics=False)
+        tuning = replace(Tuning.for_device(dev), matvec=matvec, ggml_numerics=False,
+                         coopmat=False)
         for t, (a, b) in [(whole, (0, 32)), (whole, (32, 48)), (whole, (5, 77)),
                           (parted, (20, 70)), (parted, (45, 96)), (parted, (3, 9))]:
             sl = t.row_slice(a, b)
@@ -835,6 +836,18 @@ def ggml_cpu_product(wtype: str, raw: np.ndarray, w: np.ndarray, x: np.ndarray) 
     return xq.astype(np.float64) @ w.T.astype(np.float64) + (s - exact) @ mins.T
 
 
+def act_step(x: np.ndarray, fmt: int) -> np.ndarray:
+    """[T, n] one rounding step of each activation in mul_mat_vec's ACT format (1 Q8_0, 2
+    Q8_1: blocks of 32; 3 Q8_K: of 256; 4 F16; 5 BF16, integer arithmetic: exact; 0 F32)."""
+    if fmt in (1, 2, 3):
+        block = 256 if fmt == 3 else 32
+        xb = np.abs(x).reshape(x.shape[0], -1, block).max(axis=-1, keepdims=True) / 127
+        return np.broadcast_to(xb, (x.shape[0], x.shape[1] // block, block)).reshape(x.shape)
+    if fmt == 4:
+        return np.abs(x) * 2.0 ** -10
+    return np.zeros_like(x)
+
+
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 def test_products_round_like_ggml_cpu(dev, kc, wtype):
     """With ggml_numerics, every product path (prefill mul_mat, one-token mul_mat_vec and
@@ -843,6 +856,7 @@ def test_products_round_like_ggml_cpu(dev, kc, wtype):
 
     from engine.gpu.graph import Graph
     from engine.gpu.builder import Builder
+    from engine.gpu.kernels import MATVEC_ACT
     from engine.gpu.paths import Tuning
     from engine.gpu.runstate import RunState
     from engine.gpu.tensors import Tensor
@@ -857,6 +871,12 @@ def test_products_round_like_ggml_cpu(dev, kc, wtype):
                   n_ff=n_in, n_vocab=n_out, n_ctx=16, max_tokens=8)
     bw, bx, by = buf(dev, raw), buf(dev, x), buf(dev, nbytes=4 * T * n_out)
     t = Tensor(wtype, (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    # lavapipe divides and converts as IEEE says: ggml's bits. Vulkan lets '/' be 2.5 ulp
+    # off and drivers convert to f16 their own way (NVIDIA's does): an activation may land
+    # one rounding step away, which moves a product by at most |w| times that step
+    bound = 1e-5 * np.abs(want).max() if dev.info.kind == "cpu" else \
+        (np.abs(w).astype(np.float64) @ act_step(x, MATVEC_ACT[wtype]).T).max() + \
+        1e-5 * np.abs(want).max()
     for matvec, n, x_row in ((False, T, 0), (True, 1, T - 1), (False, 1, T - 1)):
         g = Graph(dev, kc, "t")
         Builder(g, {}, rs, replace(base, matvec=matvec)).matmul(t, bx, by, n, x_row=x_row)
@@ -864,7 +884,7 @@ def test_products_round_like_ggml_cpu(dev, kc, wtype):
         got = read(dev, by)[: n * n_out].reshape(n, n_out)
         g.close()
         err = np.abs(got - want[x_row:x_row + n]).max()
-        assert err < 1e-5 * np.abs(want).max(), (matvec, n)
+        assert err < bound, (matvec, n, err, bound)
     rs.close()
     if wtype not in ("F32", "F16"):      # the rounding shows against the unrounded product
         assert np.abs(x @ w.T - want).max() > 10 * err
