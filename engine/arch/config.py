@@ -100,6 +100,23 @@ class Config:
         tokens = g.get("tokenizer.ggml.tokens")
         return len(tokens) if tokens else g.tensor("token_embd.weight").shape[1]
 
+    def io_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The embedding, the final norm and the output projection (unless tied), with
+        their ggml shapes (row length first)."""
+        shapes = {"token_embd.weight": (self.n_embd, self.n_vocab),
+                  "output_norm.weight": (self.n_embd,)}
+        if not self.tied_output:
+            shapes["output.weight"] = (self.n_embd, self.n_vocab)
+        return shapes
+
+    def attention_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """Layer `layer`'s input norm and Q, K, V and output projections."""
+        b, e, q, kv = f"blk.{layer}.", self.n_embd, self.n_head * self.head_dim, \
+            self.n_head_kv * self.head_dim
+        return {b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q),
+                b + "attn_k.weight": (e, kv), b + "attn_v.weight": (e, kv),
+                b + "attn_output.weight": (q, e)}
+
     @classmethod
     def extra(cls, g: GGUFFile, common: dict) -> dict:
         """The architecture's own fields (and overrides of the common ones)."""

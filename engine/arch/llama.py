@@ -55,17 +55,11 @@ class Config(config.Config):
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the forward pass reads, with its ggml shape (row length first)."""
         e, hd = self.n_embd, self.head_dim
-        shapes = {"token_embd.weight": (e, self.n_vocab), "output_norm.weight": (e,)}
-        if not self.tied_output:
-            shapes["output.weight"] = (e, self.n_vocab)
+        shapes = self.io_shapes()
         for i in range(self.n_layer):
             b = f"blk.{i}."
             shapes.update({
-                b + "attn_norm.weight": (e,),
-                b + "attn_q.weight": (e, self.n_head * hd),
-                b + "attn_k.weight": (e, self.n_head_kv * hd),
-                b + "attn_v.weight": (e, self.n_head_kv * hd),
-                b + "attn_output.weight": (self.n_head * hd, e),
+                **self.attention_shapes(i),
                 b + "ffn_norm.weight": (e,),
                 b + "ffn_gate.weight": (e, self.n_ff),
                 b + "ffn_up.weight": (e, self.n_ff),

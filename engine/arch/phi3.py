@@ -50,9 +50,7 @@ class Config(config.Config):
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the forward pass reads, with its ggml shape (row length first)."""
         e, hd = self.n_embd, self.head_dim
-        shapes = {"token_embd.weight": (e, self.n_vocab), "output_norm.weight": (e,)}
-        if not self.tied_output:
-            shapes["output.weight"] = (e, self.n_vocab)
+        shapes = self.io_shapes()
         for i in range(self.n_layer):
             b = f"blk.{i}."
             shapes.update({

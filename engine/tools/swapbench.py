@@ -56,7 +56,6 @@ def run_swap_bench(args) -> int:
     from ..api import Engine
     from ..args import arena_enabled
     from ..formats.bundled import resolve
-    from ..residency.model import Model
     from ..text.sampling import SamplingParams
 
     if getattr(args, "processes", 1) > 1:
