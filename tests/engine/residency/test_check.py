@@ -19,6 +19,7 @@ from engine.arch import ARCHITECTURES
 from engine.formats.gguf_file import ModelFileError
 from engine.residency.check import Target, check_file
 from shaders.registry import WEIGHT_TYPES
+from tests.helpers.tiny_gguf import add_spm_vocab
 
 SYNTH = Path(__file__).resolve().parents[2] / "data" / "synth"
 
@@ -45,13 +46,7 @@ def write_model(path, arch: str = "llama", matrix_type: str = "F16", drop: str =
     w.add_head_count(N_HEAD)
     w.add_head_count_kv(N_HEAD_KV)
     w.add_layer_norm_rms_eps(1e-5)
-    words = [f"\u2581w{i}" for i in range(N_VOCAB - 3 - 256)]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + words)
-    w.add_token_scores([-float(i) for i in range(N_VOCAB)])
-    w.add_token_types([3, 3, 3] + [6] * 256 + [1] * len(words))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_spm_vocab(w, N_VOCAB)
     written: dict[str, str] = {}
 
     def mat(name: str, rows: int, cols: int, type_name: str = matrix_type) -> None:

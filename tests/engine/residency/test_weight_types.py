@@ -12,6 +12,7 @@ import pytest
 from engine.formats.gguf_file import GGUFFile
 from engine.residency.model import Model
 from tests.engine.gpu.test_kernels import RANDOM_BLOCKS, quantized
+from tests.helpers.tiny_gguf import add_qwen3moe_keys, add_spm_vocab
 
 pytestmark = pytest.mark.gpu
 
@@ -30,23 +31,9 @@ def write_model(path: str, wtype: str, seed: int = 5) -> None:
     rng = np.random.default_rng(seed)
     qt = gguf.GGMLQuantizationType[wtype]
     w = gguf.GGUFWriter(path, "qwen3moe")
-    a = "qwen3moe"
-    for key, v in (("block_count", N_LAYER), ("context_length", 4096),
-                   ("embedding_length", N_EMBD), ("feed_forward_length", 4 * N_FF_EXP),
-                   ("expert_feed_forward_length", N_FF_EXP), ("expert_count", N_EXPERT),
-                   ("expert_used_count", N_USED), ("attention.head_count", N_HEAD),
-                   ("attention.head_count_kv", N_HEAD_KV), ("attention.key_length", HEAD_DIM),
-                   ("attention.value_length", HEAD_DIM), ("rope.dimension_count", HEAD_DIM)):
-        w.add_uint32(f"{a}.{key}", v)
-    w.add_float32(f"{a}.rope.freq_base", 1e6)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
-    words = [f"\u2581{chr(97 + i % 26)}{i}" for i in range(N_VOCAB - 3 - 256)]
-    w.add_tokenizer_model("llama")
-    w.add_token_list(["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + words)
-    w.add_token_scores([-float(i) for i in range(N_VOCAB)])
-    w.add_token_types([3, 3, 3] + [6] * 256 + [1] * len(words))
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
+    add_qwen3moe_keys(w, n_layer=N_LAYER, n_embd=N_EMBD, n_head=N_HEAD, n_head_kv=N_HEAD_KV,
+                      head_dim=HEAD_DIM, n_expert=N_EXPERT, n_used=N_USED, n_ff_exp=N_FF_EXP)
+    add_spm_vocab(w, N_VOCAB)
 
     def mat(name, *shape):
         """shape in numpy order, the row length last; weights of about 1 / sqrt(row length),
