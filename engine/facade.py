@@ -161,8 +161,9 @@ class EngineAPI(Protocol):
     # -- tools -------------------------------------------------------------------------------
     def device_job(self, fn: Callable[..., object], name: str | None = None,
                    why: str = "device work"):
-        """fn on the engine thread as one job; with a name, that model is made warm first
-        and fn(bench) gets a `ModelBench` of it. For benchmarks."""
+        """fn on the engine thread as one job, holding the GPU: with a name, that model is
+        made warm first and fn gets its Model; without, fn gets the Vulkan device. For
+        benchmarks."""
 
     def trim(self) -> int:
         """Give spare device blocks back to the driver; the bytes freed."""
