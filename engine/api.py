@@ -107,6 +107,7 @@ class Engine:
         self._listeners: list[Callable[[str, dict], None]] = []
         self._own_yield_until = 0.0          # a yield asked here, where there is no arena
         self._idle_s = 0.0
+        self._idle_by_name: dict[str, float] = {}   # a model's own idle time (0: never)
         self._idle_thread: threading.Thread | None = None
         self._closed = threading.Event()
         self.faults: list[dict] = []         # device faults recovered from (last 20)
@@ -270,6 +271,7 @@ class Engine:
             self._get(name).model.close()
             self.arbiter.unregister(name)
             del self.models[name]
+            self._idle_by_name.pop(name, None)
             self._drop_if_idle()
         self._on_thread(f"unload {name}", job)
 
@@ -357,37 +359,49 @@ class Engine:
     def set_full_release(self, full: bool) -> None:
         self.arbiter.full_release = bool(full)
 
-    def set_idle_evict(self, seconds: float) -> None:
+    def set_idle_evict(self, seconds: float, name: str | None = None) -> None:
         """Evict a warm, unpinned model no request has used for this long (0: never);
-        subscribers hear "idle_evicted"."""
+        subscribers hear "idle_evicted". With a name, that model's own idle time (0: never,
+        whatever the engine's is), until it is unloaded."""
         seconds = float(seconds)
         if not seconds >= 0:
             raise ValueError(f"idle eviction takes seconds >= 0, got {seconds}")
-        self._idle_s = seconds
+        if name is None:
+            self._idle_s = seconds
+        else:
+            self._get(name)
+            self._idle_by_name[name] = seconds
         if seconds and self._idle_thread is None:
             self._idle_thread = threading.Thread(target=self._idle_loop, daemon=True,
                                                  name="hotseat-idle")
             self._idle_thread.start()
 
+    def _idle_limits(self) -> dict[str, float]:
+        """Each loaded model's idle time now (0: never)."""
+        return {n: self._idle_by_name.get(n, self._idle_s) for n in list(self.models)}
+
     def _idle_loop(self) -> None:
-        while not self._closed.wait(min(5.0, max(0.2, self._idle_s / 4 or 5.0))):
-            if self._idle_s:
-                try:
-                    self.evict_idle()
-                except RuntimeError:           # closed meanwhile
-                    return
+        def poll() -> float:
+            shortest = min((s for s in self._idle_limits().values() if s), default=0.0)
+            return min(5.0, max(0.2, shortest / 4 or 5.0))
+        while not self._closed.wait(poll()):
+            try:
+                self.evict_idle()
+            except RuntimeError:           # closed meanwhile
+                return
 
     def evict_idle(self, now: float | None = None) -> list[str]:
         """Evict the models idle past the idle-eviction time now; their names."""
-        if not self._idle_s:
+        limits = self._idle_limits()
+        if not any(limits.values()):
             return []
         now = time.monotonic() if now is None else now
 
         def job():
             out = []
             for m in list(self.models.values()):
-                idle = now - m.last_used
-                if m.model.state == "warm" and not m.busy and idle >= self._idle_s \
+                idle, limit = now - m.last_used, limits.get(m.name, 0.0)
+                if limit and m.model.state == "warm" and not m.busy and idle >= limit \
                         and m.name not in self.arbiter.pinned:
                     self.arbiter.release(m.name)
                     out.append((m.name, idle))
@@ -411,6 +425,7 @@ class Engine:
         bookkeeping only, so it answers while a request runs."""
         pinned = set(self.arbiter.pinned)
         lost = self.lost is not None
+        now = time.monotonic()
         return [{"name": m.name, "path": m.model.path, "arch": m.model.gguf.arch,
                  "n_ctx": m.model.n_ctx, "state": "unusable" if lost else m.model.state,
                  "pinned": m.name in pinned,
@@ -424,7 +439,10 @@ class Engine:
                  "warm_bytes": m.model.warm_bytes(),
                  "cached_tokens": len(m.model.cache_tokens),
                  "faults": m.model.faults,
-                 "last_restore": m.last_restore}
+                 "last_restore": m.last_restore,
+                 # seconds since its last request or warm, and the idle time that evicts it
+                 "idle_s": now - m.last_used,
+                 "idle_evict_s": self._idle_by_name.get(m.name, self._idle_s)}
                 for m in list(self.models.values())]
 
     def vram(self) -> dict:

@@ -109,8 +109,9 @@ class EngineAPI(Protocol):
         """Whether releases for other models free everything (KV shadowed on the host) or
         only the weights."""
 
-    def set_idle_evict(self, seconds: float) -> None:
-        """Evict a warm, unpinned model unused for this long (0: never)."""
+    def set_idle_evict(self, seconds: float, name: str | None = None) -> None:
+        """Evict a warm, unpinned model unused for this long (0: never). With a name, that
+        model's own idle time, in place of the engine's, until it is unloaded."""
 
     def subscribe(self, fn: Callable[[str, dict], None]) -> None:
         """fn(event, info) for what the engine does by itself: "idle_evicted" ({"name",

@@ -16,9 +16,10 @@ Before any route, access.py refuses a Host the server does not answer to, a brow
 not allowed with --cors-origin (403) and a body that is not JSON (415), then checks the API
 key. Idle keep-alive connections close after KEEPALIVE_S.
 
-The routes live by API: openai.py (/v1), manage.py (/api), with access.py (Host, Origin,
-body type, the API key, CORS), errors.py, metrics.py and slots.py (a model's queue); this
-module holds what they share and imports them, never the other way round.
+The routes live by API: openai.py (/v1), manage.py (/api), ollama.py (Ollama's /api), with
+access.py (Host, Origin, body type, the API key, CORS), errors.py, metrics.py and slots.py (a
+model's queue); this module holds what they share and imports them, never the other way
+round.
 /health and /metrics never wait for the engine.
 
 aiohttp is imported inside the functions that use it: cli.py imports serve.py to build its
@@ -41,6 +42,8 @@ from .access import Access, WILDCARD_BINDS, allowed_host_names
 from .errors import ApiError, bad, device_fault, json_response, over_budget
 from .manage import ManagementRoutes
 from .metrics import CLIENT_GONE_STATUS, Metrics
+from .ollama import OllamaRoutes, error_body, is_ollama_path
+from .ollama import routes as ollama_routes
 from .openai import OpenAIRoutes
 from .slots import ModelSlot
 from .turns import ArenaRoutes
@@ -56,7 +59,7 @@ MAX_BODY = 4 << 20                       # bytes of request body; more is a 413
 KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
 
 
-class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
+class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, OllamaRoutes, Access):
     """The routes' handlers and what they share: the engine, the model queues, the metrics."""
 
     def __init__(self, engine: Engine, api_key: str | None = None,
@@ -95,6 +98,7 @@ class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
             ("POST", "/api/models/{name}/warm", self.api_warm),
             ("GET", "/api/vram", self.api_vram),
             ("GET", "/api/arena", self.api_arena),
+            *ollama_routes(self),
         ]
 
     def add_model(self, name: str, n_ctx: int | None = None) -> ModelSlot:
@@ -149,24 +153,27 @@ class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
             self._check_auth(request)
             return await handler(request)
         except ApiError as exc:
-            return json_response(exc.body(), exc.status, exc.headers)
+            return self._error(request, exc)
         except BudgetError as exc:             # the arbiter's refusal, wherever it came from
-            err = over_budget(exc)             # (a 503 when the GPU's turn did not come)
-            return json_response(err.body(), err.status, err.headers)
+            return self._error(request, over_budget(exc))  # (503: the GPU's turn did not come)
         except EngineFault as exc:             # evict, warm, load: the GPU failed
-            err = device_fault(exc)
-            return json_response(err.body(), err.status, err.headers)
+            return self._error(request, device_fault(exc))
         except web.HTTPException as exc:       # aiohttp's own 404, 405, 413
             code = {404: "not_found", 405: "method_not_allowed",
                     413: "request_too_large"}.get(exc.status)
             message = f"the request body is larger than {self.max_body} bytes" \
                 if exc.status == 413 else f"{exc.reason}: {request.method} {request.path}"
-            headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
-            return json_response(ApiError(exc.status, message, None, code).body(), exc.status,
-                                  headers)
+            err = ApiError(exc.status, message, None, code)
+            err.headers = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None
+            return self._error(request, err)
         except Exception as exc:
             log.exception("%s %s failed", request.method, request.path)
-            return json_response(ApiError(500, f"internal error: {exc}").body(), 500)
+            return self._error(request, ApiError(500, f"internal error: {exc}"))
+
+    def _error(self, request: web.Request, err: ApiError) -> web.Response:
+        """The error response, in Ollama's shape on its routes, else in OpenAI's."""
+        body = error_body(err) if is_ollama_path(request.path) else err.body()
+        return json_response(body, err.status, err.headers)
 
     # -- helpers ------------------------------------------------------------------------------
     async def _body(self, request: web.Request, empty: Any = None) -> Any:

@@ -86,6 +86,7 @@ class FakeEngine:
         self.full_release = full_release
         self.pinned: set[str] = set()
         self.idle_s = 0.0
+        self.idle_by_name: dict[str, float] = {}
         self.models: dict[str, FakeModel] = {}
         self.calls: list[tuple] = []
         self.waits: list[float | None] = []  # generate()'s wait, per call
@@ -184,6 +185,7 @@ class FakeEngine:
             self.calls.append(("unload", name))
             self._get(name)
             self.pinned.discard(name)
+            self.idle_by_name.pop(name, None)
             del self.models[name]
 
     def warm(self, name: str, wait: float | None = None) -> dict:
@@ -252,24 +254,30 @@ class FakeEngine:
             self.calls.append(("set_full_release", bool(full)))
             self.full_release = bool(full)
 
-    def set_idle_evict(self, seconds: float) -> None:
+    def set_idle_evict(self, seconds: float, name: str | None = None) -> None:
         """Only stored: the fake has no idle thread; evict_idle() does its work when asked."""
         seconds = float(seconds)
         if not seconds >= 0:
             raise ValueError(f"idle eviction takes seconds >= 0, got {seconds}")
-        self.idle_s = seconds
+        if name is None:
+            self.idle_s = seconds
+        else:
+            self._get(name)
+            self.idle_by_name[name] = seconds
 
     def evict_idle(self, now: float | None = None) -> list[str]:
-        """As Engine.evict_idle: evict the warm, unpinned, not busy models idle for idle_s;
-        subscribers hear "idle_evicted"."""
-        if not self.idle_s:
+        """As Engine.evict_idle: evict the warm, unpinned, not busy models idle for their
+        idle time (idle_by_name's, else idle_s); subscribers hear "idle_evicted"."""
+        limits = {n: self.idle_by_name.get(n, self.idle_s) for n in list(self.models)}
+        if not any(limits.values()):
             return []
         now = time.monotonic() if now is None else now
         done = []
         with self._device, self._lock:
             for m in list(self.models.values()):
                 idle = now - m.used_at
-                if m.state == "warm" and not m.busy and idle >= self.idle_s \
+                limit = limits.get(m.name, 0.0)
+                if limit and m.state == "warm" and not m.busy and idle >= limit \
                         and m.name not in self.pinned:
                     self._release(m, self.full_release)
                     done.append((m.name, idle))
@@ -379,7 +387,9 @@ class FakeEngine:
                      "host_shadow_bytes": MODEL_BYTES["weights"] if m.state == "cold" else 0,
                      "warm_bytes": self._warm_bytes(m), "cpu_moe": m.cpu_moe,
                      "host_weight_bytes": 0, "cached_tokens": m.cached_tokens,
-                     "file_type": self._file_types.get(m.path)}
+                     "file_type": self._file_types.get(m.path),
+                     "idle_s": time.monotonic() - m.used_at,
+                     "idle_evict_s": self.idle_by_name.get(m.name, self.idle_s)}
                     for m in self.models.values()]
 
     def vram(self) -> dict:

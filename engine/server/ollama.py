@@ -1,0 +1,895 @@
+"""Ollama's API under /api, on the same port as /v1, so that apps that speak only Ollama's
+API (Open WebUI, Continue, the `ollama` Python client...) can use Hotseat's models.
+
+    GET  /api/version /api/tags /api/ps         POST /api/show /api/chat /api/generate
+    POST /api/embed /api/embeddings             DELETE /api/delete (unloads)
+    POST /api/pull /api/push /api/create /api/copy, /api/blobs/...: 501, said why
+
+Hotseat's own management routes (/api/models, /api/vram, /api/arena; manage.py) live beside
+these without a clash, and keep OpenAI's error shape; these answer `{"error": "..."}` with
+the status Ollama gives (400 bad input, 404 unknown model, 501 not served here, ...).
+
+What maps to what:
+- Model names: a loaded model is listed as "NAME:latest"; a client's name matches a loaded
+  model exactly, without ":latest", case-insensitively, or when its words (split at ":",
+  "-", ".", "_") all appear among one model's, the first word first (words written
+  together count: "gemma3" finds gemma-3-270m): "smollm2" and "smollm2:135m" both find
+  "SmolLM2-135M-Instruct.Q4_1". A name that matches several is a 404 naming them.
+- Prompts: /api/chat formats the messages with the model's own chat template (the GGUF's
+  Jinja template, not Ollama's Go templates: `template` is refused), dropping the oldest
+  messages after the system ones when the conversation does not fit the context, as Ollama
+  does (`truncate: false` refuses instead). /api/generate formats `system` + `prompt` the
+  same way as one user turn, or sends the prompt as it is with `raw: true`. `context` (the
+  tokens a previous /api/generate returned) is put before the new prompt.
+- options: temperature, top_k, top_p, min_p, seed, num_predict (<= 0: until the context is
+  full), stop, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty. Absent
+  ones take Ollama's defaults (OLLAMA_SAMPLING). num_ctx can narrow the window of a request
+  but not widen the context the model was loaded with (--ctx): a larger one is capped, and
+  the window used is sent back in X-Hotseat-Num-Ctx. Options that set how Ollama loads a
+  model (num_gpu, num_thread, use_mmap...) and unknown ones are ignored, as Ollama ignores
+  unknown ones, and named in X-Hotseat-Ignored-Options; mirostat, typical_p and tfs_z other
+  than off are refused.
+- keep_alive (seconds as a number, or a duration such as "5m", "1h30m"): 0 makes the model
+  cold right after the answer (its weights leave VRAM; it stays loaded in host memory and
+  listed in /api/tags, and warms again at its next request); a duration becomes the model's
+  own idle time for Hotseat's idle eviction (the engine's set_idle_evict), from its last
+  request; a negative one (-1) means no idle eviction for it. The model is not pinned: as
+  in Ollama, another model that needs the room may still make it cold. Absent, the model
+  keeps what the last request set (nothing by default: `hotseat serve` has no idle
+  eviction). An empty prompt (or no messages) only loads the model (done_reason "load"),
+  or, with keep_alive 0, makes it cold ("unload").
+- Timings, in nanoseconds: total_duration from the request's arrival to the end,
+  load_duration the warming of a cold model, prompt_eval_count the prompt's tokens (cached
+  ones included) and prompt_eval_duration their prefill, eval_count the generated tokens and
+  eval_duration the decode steps (the first token comes out of the prefill).
+- /api/delete unloads the model (the GGUF file is never touched); POST /api/models loads it
+  again. /api/pull, /api/push, /api/create, /api/copy and blobs are 501: Hotseat serves the
+  GGUF files it is given and keeps no model store.
+- `format` ("json" or a JSON schema), /api/embed and /api/embeddings need the engine's
+  constrained decoding and embeddings: they answer 501 until the engine has them.
+- images, tools, think and logprobs are refused with a message saying so.
+
+Streaming is the default, as in Ollama: one JSON object per line (application/x-ndjson), the
+last with "done": true, the timings and done_reason; an error after the first line is sent
+as a last line `{"error": "..."}`.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import inspect
+import json
+import math
+import os
+import re
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from ..text.sampling import SamplingError, SamplingParams
+from .errors import ApiError, bad, boolean, integer, json_response, number, show
+from .metrics import CLIENT_GONE_STATUS
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+    from ..api import Completion
+    from .slots import ModelSlot
+
+OLLAMA_VERSION = "0.12.0"      # the Ollama release whose API these routes follow (clients
+                               # compare it to decide what they may send)
+NDJSON = "application/x-ndjson"
+# Ollama's defaults for what a request leaves out (its Modelfile documentation)
+OLLAMA_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0,
+                                 repeat_penalty=1.1, repeat_last_n=64)
+NUM_CTX_HEADER = "X-Hotseat-Num-Ctx"
+IGNORED_HEADER = "X-Hotseat-Ignored-Options"
+FOREVER = timedelta(days=365 * 200)   # expires_at of a model with no idle eviction
+# options that set how Ollama loads or runs a model, not what it samples: nothing to do here
+LOAD_OPTIONS = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
+                          "logits_all", "vocab_only", "use_mmap", "use_mlock",
+                          "embedding_only", "num_thread", "num_keep", "penalize_newline",
+                          "mirostat_tau", "mirostat_eta"})
+ROLES = ("system", "user", "assistant")
+NO_STORE = ("Hotseat serves the GGUF files it is given and keeps no model store: start it with "
+            "`hotseat serve -m FILE.gguf`, or load a file into a running server with POST "
+            "/api/models {\"path\": \"FILE.gguf\"}; GET /api/tags lists what is loaded")
+PATHS = frozenset({"/api/version", "/api/tags", "/api/ps", "/api/show", "/api/chat",
+                   "/api/generate", "/api/embed", "/api/embeddings", "/api/pull", "/api/push",
+                   "/api/create", "/api/copy", "/api/delete"})
+
+
+def is_ollama_path(path: str) -> bool:
+    """Whether a request's path is one of Ollama's routes, whose errors take its shape."""
+    return path in PATHS or path.startswith("/api/blobs/")
+
+
+def error_body(err: ApiError) -> dict:
+    """Ollama's error shape."""
+    return {"error": err.message}
+
+
+def not_in_build(what: str) -> ApiError:
+    return ApiError(501, f"{what} is not available in this build of Hotseat", None,
+                    "not_implemented")
+
+
+# -- names ---------------------------------------------------------------------------------
+
+def _words(name: str) -> list[str]:
+    return [w for w in re.split(r"[^0-9a-z]+", name.lower()) if w]
+
+
+def ollama_name(name: str) -> str:
+    """A loaded model's name as Ollama lists it: with a tag."""
+    return name if ":" in name else f"{name}:latest"
+
+
+def match_names(asked: str, loaded: Iterable[str]) -> list[str]:
+    """The loaded models a client's model name means (one, none, or several to choose from)."""
+    loaded = list(loaded)
+    if asked in loaded:
+        return [asked]
+    base = asked.rsplit("/", 1)[-1]              # "library/smollm2", "hf.co/user/x"
+    base = base[:-len(":latest")] if base.endswith(":latest") else base
+    exact = [n for n in loaded if n.lower() == base.lower()]
+    if exact:
+        return exact
+    words = _words(base)
+    if not words:
+        return []
+    return [n for n in loaded if _has_words(_words(n), words)]
+
+
+def _has_words(have: list[str], words: list[str]) -> bool:
+    """Whether each word is one of `have`'s or a run of them written together ("gemma3" in
+    gemma-3-270m), the first at the start."""
+    runs = {"".join(have[i:j]) for i in range(len(have))
+            for j in range(i + 1, min(i + 4, len(have) + 1))}
+    first = {"".join(have[:j]) for j in range(1, min(4, len(have) + 1))}
+    return words[0] in first and all(w in runs for w in words)
+
+
+# -- request values ------------------------------------------------------------------------
+
+_DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_keep_alive(v: Any) -> float | None:
+    """keep_alive in seconds: None when absent, 0 to go cold after the answer, math.inf for
+    no idle eviction (any negative value). A number is seconds; a string is a number or a
+    Go duration ("5m", "1h30m", "-1s")."""
+    if v is None or v == "":
+        return None
+    if isinstance(v, bool):
+        raise bad(f"keep_alive must be a number of seconds or a duration such as \"5m\", got "
+                  f"{show(v)}", "keep_alive", "invalid_type")
+    if isinstance(v, str):
+        text = v.strip()
+        try:
+            v = float(text)
+        except ValueError:
+            sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.lstrip("+"))
+            parts = _DURATION.findall(body)
+            if not body or "".join(a + u for a, u in parts) != body:
+                raise bad(f"keep_alive must be a number of seconds or a duration such as "
+                          f"\"5m\" or \"1h30m\", got {show(text)}", "keep_alive",
+                          "invalid_value") from None
+            v = sign * sum(float(a) * _UNIT_S[u] for a, u in parts)
+    if not isinstance(v, (int, float)) or math.isnan(v):
+        raise bad(f"keep_alive must be a number of seconds or a duration such as \"5m\", got "
+                  f"{show(v)}", "keep_alive", "invalid_type")
+    return math.inf if v < 0 else float(v)
+
+
+@dataclasses.dataclass
+class Options:
+    """A request's options, checked."""
+    sampling: SamplingParams
+    num_predict: int                      # <= 0: until the context is full
+    stop: list[str]
+    num_ctx: int | None
+    ignored: list[str]
+
+
+def parse_options(v: Any) -> Options:
+    if v is None:
+        v = {}
+    if not isinstance(v, dict):
+        raise bad("options must be an object", "options", "invalid_type")
+    o = {f"options.{k}": x for k, x in v.items()}   # error messages name options.KEY
+    d = OLLAMA_SAMPLING
+    for key, off in (("mirostat", 0), ("typical_p", 1.0), ("tfs_z", 1.0)):
+        if v.get(key) not in (None, off):
+            raise bad(f"options.{key} is not supported (only {off}, off)", f"options.{key}",
+                      "unsupported_parameter")
+    seed = integer(o, "options.seed", None)
+    try:
+        sampling = SamplingParams(
+            temperature=number(o, "options.temperature", d.temperature, 0.0),
+            top_k=integer(o, "options.top_k", d.top_k, lo=0),
+            top_p=number(o, "options.top_p", d.top_p, 0.0, 1.0, lo_open=True),
+            min_p=number(o, "options.min_p", d.min_p, 0.0, 1.0),
+            repeat_penalty=number(o, "options.repeat_penalty", d.repeat_penalty, 0.0,
+                                  lo_open=True),
+            repeat_last_n=integer(o, "options.repeat_last_n", d.repeat_last_n, lo=-1),
+            presence_penalty=number(o, "options.presence_penalty", 0.0),
+            frequency_penalty=number(o, "options.frequency_penalty", 0.0),
+            seed=None if seed is None or seed < 0 else seed % (1 << 64),   # -1: random
+        )
+    except SamplingError as exc:
+        raise bad(str(exc), f"options.{exc.param}", "invalid_value") from None
+    stop = v.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (not isinstance(stop, list)
+                             or not all(isinstance(s, str) for s in stop)):
+        raise bad("options.stop must be a list of strings", "options.stop", "invalid_type")
+    known = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
+             "presence_penalty", "frequency_penalty", "seed", "stop", "num_predict",
+             "num_ctx", "mirostat", "typical_p", "tfs_z"}
+    ignored = sorted(k for k in v if k not in known)     # LOAD_OPTIONS, and unknown ones
+    return Options(sampling, integer(o, "options.num_predict", -1),
+                   [s for s in stop or () if s], integer(o, "options.num_ctx", None, lo=1),
+                   ignored)
+
+
+def parse_format(v: Any) -> dict | None:
+    """format as a JSON schema: "json" asks for a JSON object, else a schema object."""
+    if v is None or v == "":
+        return None
+    if v == "json":
+        return {"type": "object"}
+    if isinstance(v, dict):
+        return v
+    raise bad(f'format must be "json" or a JSON schema object, got {show(v)}', "format",
+              "invalid_value")
+
+
+def parse_chat_messages(v: Any) -> list[dict]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise bad("messages must be a list", "messages", "invalid_type")
+    out = []
+    for i, m in enumerate(v):
+        p = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise bad(f"{p} must be an object", p, "invalid_type")
+        role = m.get("role")
+        if role == "tool" or m.get("tool_calls"):
+            raise bad(f"{p}: tool calls are not supported on /api/chat", p,
+                      "unsupported_parameter")
+        if role not in ROLES:
+            raise bad(f"{p}.role must be one of {', '.join(ROLES)}, got {show(role)}",
+                      f"{p}.role", "invalid_value")
+        if m.get("images"):
+            raise bad(f"{p}.images: images are not supported (Hotseat runs text models)",
+                      f"{p}.images", "unsupported_parameter")
+        content = m.get("content", "")
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            raise bad(f"{p}.content must be a string", f"{p}.content", "invalid_type")
+        out.append({"role": role, "content": content})
+    return out
+
+
+def _model_name(body: dict) -> str:
+    model = body.get("model", body.get("name"))     # older clients say "name"
+    if model is None or model == "":
+        raise bad("model is required", "model", "missing_required_parameter")
+    if not isinstance(model, str):
+        raise bad("model must be a string", "model", "invalid_type")
+    return model
+
+
+def _object(body: Any) -> dict:
+    if not isinstance(body, dict):
+        raise bad("the request body must be a JSON object", None, "invalid_type")
+    return body
+
+
+def _refuse_common(body: dict) -> None:
+    """What neither /api/chat nor /api/generate serves."""
+    if body.get("think") not in (None, False):
+        raise bad("think is not supported: the models Hotseat runs here do not think "
+                  "apart from their answer", "think", "unsupported_parameter")
+    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
+        raise bad("logprobs are not supported on Ollama's API in this build", "logprobs",
+                  "unsupported_parameter")
+    if body.get("images"):
+        raise bad("images are not supported (Hotseat runs text models)", "images",
+                  "unsupported_parameter")
+
+
+# -- what the engine gives -----------------------------------------------------------------
+
+def _accepts(fn: Callable, keyword: str) -> bool:
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def format_constraint(engine, name: str, schema: dict):
+    """The engine's token constraint for Ollama's `format` (a JSON schema; "json" is
+    {"type": "object"}), passed to generate as `constraint`. The engine's constrained
+    decoding is another part of the work: until generate takes a constraint, 501."""
+    if not _accepts(engine.generate, "constraint"):
+        raise not_in_build("format (structured output)")
+    raise not_in_build("format (structured output) on Ollama's API")
+
+
+def embed_token_lists(engine, name: str, inputs: list[list[int]]) -> list[list[float]]:
+    """One normalized embedding per input (token ids), from the engine's `embed`."""
+    return [[float(x) for x in vec] for vec in engine.embed(name, inputs)]
+
+
+def _ns(seconds: float) -> int:
+    return max(0, int(round(seconds * 1e9)))
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _file_time(path: str) -> str:
+    try:
+        t = os.stat(path).st_mtime
+    except OSError:
+        t = 0.0
+    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def _human_count(n: int) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.1f}{unit}" if v < 100 and unit in "TB" else f"{v:.0f}{unit}"
+    return str(n)
+
+
+def _quant_name(file_type: Any) -> str:
+    if file_type is None:
+        return "unknown"
+    try:
+        from gguf import LlamaFileType
+        name = LlamaFileType(int(file_type)).name
+    except (ImportError, ValueError):
+        return str(file_type)
+    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
+
+
+@dataclasses.dataclass
+class FileFacts:
+    """What /api/tags and /api/show tell of a GGUF file, read once."""
+    size: int
+    modified_at: str
+    digest: str
+    parameters: int
+    info: dict                            # the scalar metadata
+    template: str
+
+
+def read_facts(path: str, verbose: bool = False) -> tuple[FileFacts, dict]:
+    """The file's facts, and with verbose its array metadata too (the vocabulary...)."""
+    from ..formats.gguf_file import GGUFFile
+
+    st = os.stat(path)
+    with GGUFFile(path) as g:
+        params = sum(t.n_elements for t in g.tensors.values())
+        info = {k: v for k, v in g.metadata.items() if isinstance(v, (str, int, float, bool))}
+        arrays = {k: v for k, v in g.metadata.items() if k not in info} if verbose else {}
+        template = g.get("tokenizer.chat_template") or ""
+    # not the file's hash, which would read gigabytes: an id of its path, size and time
+    digest = hashlib.sha256(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
+                            .encode()).hexdigest()
+    info.setdefault("general.parameter_count", params)
+    return FileFacts(st.st_size, _file_time(path), digest, params, info,
+                     template if isinstance(template, str) else ""), arrays
+
+
+# -- routes --------------------------------------------------------------------------------
+
+class OllamaRoutes:
+    """Ollama's handlers (a mixin of Server: it uses the engine, the model slots, the
+    device's turn, the worker pool and OpenAIRoutes' generation)."""
+
+    _facts: dict
+
+    # -- names and facts ----------------------------------------------------------------------
+    def _ollama_slot(self, asked: str) -> ModelSlot:
+        hits = match_names(asked, self.models)
+        if len(hits) == 1:
+            return self.models[hits[0]]
+        if hits:
+            raise ApiError(404, f"model {asked!r} matches several loaded models: "
+                                f"{', '.join(map(ollama_name, hits))}; name one", "model",
+                           "model_not_found")
+        raise ApiError(404, f"model {asked!r} not found; loaded: "
+                            f"{', '.join(map(ollama_name, self.models)) or 'none'}. {NO_STORE}",
+                       "model", "model_not_found")
+
+    async def _file_facts(self, path: str) -> FileFacts:
+        cache = self.__dict__.setdefault("_facts", {})
+        try:
+            key = (path, os.stat(path).st_mtime_ns)
+        except OSError as exc:
+            raise ApiError(500, f"{path}: {exc.strerror or exc}") from None
+        if key not in cache:
+            cache[key] = (await self._run(read_facts, path))[0]
+        return cache[key]
+
+    async def _status_of(self, names: Iterable[str] | None = None) -> list[dict]:
+        wanted = set(self.models if names is None else names)
+        return [s for s in await self._run(self.engine.status) if s["name"] in wanted]
+
+    def _details(self, s: dict, facts: FileFacts) -> dict:
+        size_label = facts.info.get("general.size_label")
+        return {"parent_model": "", "format": "gguf", "family": s["arch"],
+                "families": [s["arch"]],
+                "parameter_size": size_label if isinstance(size_label, str) and size_label
+                else _human_count(facts.parameters),
+                "quantization_level": _quant_name(s.get("file_type"))}
+
+    # -- plain routes -------------------------------------------------------------------------
+    async def ollama_version(self, request: web.Request) -> web.Response:
+        return json_response({"version": OLLAMA_VERSION})
+
+    async def ollama_tags(self, request: web.Request) -> web.Response:
+        models = []
+        for s in await self._status_of():
+            facts = await self._file_facts(s["path"])
+            models.append({"name": ollama_name(s["name"]), "model": ollama_name(s["name"]),
+                           "modified_at": facts.modified_at, "size": facts.size,
+                           "digest": facts.digest, "details": self._details(s, facts)})
+        return json_response({"models": models})
+
+    async def ollama_ps(self, request: web.Request) -> web.Response:
+        """The warm models: those whose weights are in VRAM (a cold one is loaded in host
+        memory, but must be warmed before it answers)."""
+        models = []
+        now = datetime.now(timezone.utc)
+        for s in await self._status_of():
+            if s["state"] != "warm":
+                continue
+            facts = await self._file_facts(s["path"])
+            idle_evict = s.get("idle_evict_s") or 0.0
+            expires = now + (timedelta(seconds=max(0.0, idle_evict - s.get("idle_s", 0.0)))
+                             if idle_evict else FOREVER)
+            vram = sum(s["device_bytes"].values())
+            models.append({"name": ollama_name(s["name"]), "model": ollama_name(s["name"]),
+                           "size": vram + s.get("host_weight_bytes", 0),
+                           "digest": facts.digest, "details": self._details(s, facts),
+                           "expires_at": expires.isoformat().replace("+00:00", "Z"),
+                           "size_vram": vram, "context_length": s["n_ctx"]})
+        return json_response({"models": models})
+
+    async def ollama_show(self, request: web.Request) -> web.Response:
+        body = _object(await self._body(request))
+        slot = self._ollama_slot(_model_name(body))
+        verbose = boolean(body, "verbose", False)
+        (s,) = await self._status_of([slot.name])
+        facts = await self._file_facts(s["path"])
+        info = dict(facts.info)
+        if verbose:
+            info.update((await self._run(read_facts, s["path"], True))[1])
+        caps = ["completion"] + (["embedding"] if hasattr(self.engine, "embed") else [])
+        return json_response({
+            "modelfile": f"# Hotseat serves this GGUF file as it is\nFROM {s['path']}\n"
+                         f"PARAMETER num_ctx {s['n_ctx']}\n",
+            "parameters": f"num_ctx {s['n_ctx']}",
+            "template": facts.template,
+            "details": self._details(s, facts),
+            "model_info": info,
+            "capabilities": caps,
+            "modified_at": facts.modified_at})
+
+    async def ollama_no_store(self, request: web.Request) -> web.Response:
+        what = request.path.removeprefix("/api/").split("/")[0]
+        raise ApiError(501, f"/api/{what} has no meaning here: {NO_STORE}", None,
+                       "not_implemented")
+
+    async def ollama_delete(self, request: web.Request) -> web.Response:
+        """Unloads the model: it leaves /api/tags and frees its memory; the file stays."""
+        from aiohttp import web
+
+        body = _object(await self._body(request))
+        slot = self._ollama_slot(_model_name(body))
+        del self.models[slot.name]            # new requests get a 404 from here on
+        async with slot.lock:                 # requests already queued finish first
+            slot.closed = True
+            await self._run(self.engine.unload, slot.name)
+        return web.Response(status=200)
+
+    # -- generation ---------------------------------------------------------------------------
+    async def ollama_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._ollama_generate(request, chat=True)
+
+    async def ollama_generate(self, request: web.Request) -> web.StreamResponse:
+        return await self._ollama_generate(request, chat=False)
+
+    async def _ollama_generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        from .openai import GenRequest
+        from .turns import check_yield, parse_wait
+
+        t0 = time.perf_counter()
+        body = _object(await self._body(request))
+        asked = _model_name(body)
+        _refuse_common(body)
+        if chat:
+            if body.get("tools"):
+                raise bad("tools are not supported on /api/chat in this build", "tools",
+                          "unsupported_parameter")
+            messages = parse_chat_messages(body.get("messages"))
+            empty = not messages
+            truncate = boolean(body, "truncate", True)
+        else:
+            prompt = body.get("prompt") or ""
+            system = body.get("system") or ""
+            for key, v in (("prompt", prompt), ("system", system)):
+                if not isinstance(v, str):
+                    raise bad(f"{key} must be a string", key, "invalid_type")
+            raw = boolean(body, "raw", False)
+            if body.get("template"):
+                raise bad("template is not supported: Hotseat formats prompts with the model's "
+                          "own chat template (the GGUF's); send raw: true with a prompt you "
+                          "formatted yourself", "template", "unsupported_parameter")
+            if body.get("suffix"):
+                raise bad("suffix (fill-in-the-middle) is not supported", "suffix",
+                          "unsupported_parameter")
+            if raw and system:
+                raise bad("system has no effect with raw: true (raw sends the prompt as it "
+                          "is, without the template that holds the system prompt)", "system",
+                          "invalid_value")
+            context = body.get("context") or []
+            if not isinstance(context, list) or not all(
+                    isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                    for t in context):
+                raise bad("context must be a list of token ids", "context", "invalid_type")
+            empty = not prompt and not context
+        stream = boolean(body, "stream", True)
+        keep_alive = parse_keep_alive(body.get("keep_alive"))
+        opts = parse_options(body.get("options"))
+        schema = parse_format(body.get("format"))
+        wait = parse_wait(request)
+        slot = self._ollama_slot(asked)
+        check_yield(self.engine, wait)
+        if schema is not None:
+            format_constraint(self.engine, slot.name, schema)
+
+        if empty:                             # Ollama's load / unload request
+            return await self._load_or_unload(slot, asked, chat, keep_alive, wait)
+
+        window = slot.n_ctx if opts.num_ctx is None else min(opts.num_ctx, slot.n_ctx)
+        if chat:
+            ids = await self._chat_ids(slot, messages, window, truncate)
+        else:
+            ids = await self._generate_ids(slot, prompt, system, raw, context, window)
+        room = window - len(ids)
+        max_tokens = room if opts.num_predict <= 0 else min(opts.num_predict, room)
+        headers = {}
+        if opts.num_ctx is not None:
+            headers[NUM_CTX_HEADER] = str(window)
+        if opts.ignored:
+            headers[IGNORED_HEADER] = ", ".join(opts.ignored)
+        req = GenRequest(slot.name, None, None, max_tokens, opts.sampling, opts.stop, stream,
+                         False, [])
+        head = {"model": asked}
+
+        def piece_obj(text: str) -> dict:
+            return {**head, "created_at": _now(),
+                    **({"message": {"role": "assistant", "content": text}} if chat
+                       else {"response": text}), "done": False}
+
+        def final_obj(out: Completion, load_s: float, text: str) -> dict:
+            t = out.timings
+            obj = {**piece_obj(text), "done": True,
+                   "done_reason": "length" if out.finish_reason == "length" else "stop"}
+            if not chat and not raw:
+                obj["context"] = list(out.prompt_tokens) + list(out.tokens)
+            obj.update(total_duration=_ns(time.perf_counter() - t0), load_duration=_ns(load_s),
+                       prompt_eval_count=len(out.prompt_tokens),
+                       prompt_eval_duration=_ns(t.get("prefill_s", 0.0)),
+                       eval_count=len(out.tokens), eval_duration=_ns(t.get("decode_s", 0.0)))
+            return obj
+
+        slot.depth += 1
+        try:
+            async with slot.lock, self.turn:
+                if slot.closed:
+                    raise ApiError(404, f"model {asked!r} was unloaded", "model",
+                                   "model_not_found")
+                if _gone(request):
+                    return json_response({}, CLIENT_GONE_STATUS)
+                t_load = time.perf_counter()
+                await self._run(self.engine.warm, slot.name,
+                                **({} if wait is None else {"wait": wait}))
+                load_s = time.perf_counter() - t_load
+                if stream:
+                    return await self._ollama_stream(request, slot, req, ids, max_tokens,
+                                                      headers, piece_obj, final_obj, load_s,
+                                                      keep_alive)
+                out = await self._complete(request, slot, req, ids, max_tokens, None,
+                                           wait=wait)
+                if not (out.finish_reason == "cancelled" and _gone(request)):
+                    await self._keep_alive(slot, keep_alive, headers)
+        finally:
+            slot.depth -= 1
+        if out.finish_reason == "cancelled" and _gone(request):
+            return json_response({}, CLIENT_GONE_STATUS)
+        return json_response(final_obj(out, load_s, out.text), headers=headers)
+
+    async def _chat_ids(self, slot: ModelSlot, messages: list[dict], window: int,
+                        truncate: bool) -> list[int]:
+        """The conversation's tokens; the oldest messages after the system ones are dropped
+        (the last one never) until it fits the window with room for one token."""
+        def work() -> tuple[list[int], int]:
+            system = [m for m in messages if m["role"] == "system"]
+            rest = [m for m in messages if m["role"] != "system"]
+            ids = self.engine.prompt_tokens(slot.name, messages=messages)
+            dropped = 0
+            while truncate and len(ids) >= window and dropped < len(rest) - 1:
+                dropped += 1
+                ids = self.engine.prompt_tokens(slot.name, messages=system + rest[dropped:])
+            return ids, dropped
+        ids, _ = await self._tokens(slot, work, "messages")
+        if len(ids) >= window:
+            raise bad(f"the messages are {len(ids)} tokens; the context window of "
+                      f"{slot.name!r} holds {window}" +
+                      ("" if truncate else " (truncate is false)"), "messages",
+                      "context_length_exceeded")
+        return ids
+
+    async def _generate_ids(self, slot: ModelSlot, prompt: str, system: str, raw: bool,
+                            context: list[int], window: int) -> list[int]:
+        def work() -> tuple[list[int], None]:
+            tok = self.engine.tokenizer(slot.name)
+            if context and max(context) >= tok.n_vocab:
+                raise ValueError(f"token id {max(context)} is outside the vocabulary "
+                                 f"({tok.n_vocab})")
+            if raw:
+                ids = self.engine.prompt_tokens(slot.name, prompt=prompt) if prompt else []
+            else:
+                turn = ([{"role": "system", "content": system}] if system else []) + \
+                       [{"role": "user", "content": prompt}]
+                ids = self.engine.prompt_tokens(slot.name, messages=turn) if prompt else []
+            if context and ids and ids[0] == tok.bos_id:
+                ids = ids[1:]                 # the context already begins the sequence
+            return list(context) + list(ids), None
+        ids, _ = await self._tokens(slot, work, "prompt")
+        if not ids:
+            raise bad("the prompt is empty", "prompt", "invalid_value")
+        if len(ids) >= window:
+            raise bad(f"the prompt is {len(ids)} tokens; the context window of {slot.name!r} "
+                      f"holds {window}", "prompt", "context_length_exceeded")
+        return ids
+
+    async def _tokens(self, slot: ModelSlot, work: Callable, param: str):
+        try:
+            return await self._run(work)
+        except KeyError:
+            raise ApiError(404, f"model {slot.name!r} was unloaded", "model",
+                           "model_not_found") from None
+        except Exception as exc:              # a chat template refusing the conversation
+            if type(exc).__module__.startswith("jinja2") or isinstance(exc, ValueError):
+                raise bad(f"cannot format the {param}: {exc}", param) from None
+            raise
+
+    async def _keep_alive(self, slot: ModelSlot, keep_alive: float | None,
+                          headers: dict | None = None) -> None:
+        """Apply a request's keep_alive after its answer (in the model's queue)."""
+        from ..residency.arbiter import PinnedError
+
+        if keep_alive is None:
+            return
+        try:
+            if keep_alive == 0:
+                await self._run(self.engine.evict, slot.name)
+            else:
+                self.engine.set_idle_evict(0.0 if keep_alive == math.inf else keep_alive,
+                                           name=slot.name)
+        except PinnedError:                   # the user's pin wins over a client's keep_alive
+            if headers is not None:
+                headers["X-Hotseat-Keep-Alive"] = "pinned: the model stays warm"
+        except KeyError:                      # unloaded meanwhile
+            pass
+
+    async def _load_or_unload(self, slot: ModelSlot, asked: str, chat: bool,
+                              keep_alive: float | None, wait: float | None) -> web.Response:
+        """An empty prompt: warm the model (done_reason "load"), or with keep_alive 0 make it
+        cold ("unload"; a pinned model is a 409)."""
+        from ..residency.arbiter import PinnedError
+
+        t0 = time.perf_counter()
+        slot.depth += 1
+        try:
+            async with slot.lock, self.turn:
+                if slot.closed:
+                    raise ApiError(404, f"model {asked!r} was unloaded", "model",
+                                   "model_not_found")
+                if keep_alive == 0:
+                    try:
+                        await self._run(self.engine.evict, slot.name)
+                    except PinnedError as exc:
+                        raise ApiError(409, str(exc), "keep_alive", "model_pinned") from None
+                    reason = "unload"
+                else:
+                    await self._run(self.engine.warm, slot.name,
+                                    **({} if wait is None else {"wait": wait}))
+                    await self._keep_alive(slot, keep_alive)
+                    reason = "load"
+        finally:
+            slot.depth -= 1
+        out = {"model": asked, "created_at": _now(),
+               **({"message": {"role": "assistant", "content": ""}} if chat
+                  else {"response": ""}), "done": True, "done_reason": reason}
+        if reason == "load":
+            out["load_duration"] = out["total_duration"] = _ns(time.perf_counter() - t0)
+        return json_response(out)
+
+    async def _ollama_stream(self, request: web.Request, slot: ModelSlot, req, ids: list[int],
+                             max_tokens: int, headers: dict, piece_obj: Callable,
+                             final_obj: Callable, load_s: float,
+                             keep_alive: float | None) -> web.StreamResponse:
+        from aiohttp import web
+
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+        resp = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-cache",
+                                           **headers})
+        await resp.prepare(request)
+
+        async def send(obj: dict) -> None:
+            await resp.write((json.dumps(obj, ensure_ascii=False) + "\n").encode())
+
+        async def pump() -> None:
+            try:
+                while (piece := await pieces.get()) is not None:
+                    await send(piece_obj(piece))
+            except ConnectionError:
+                cancel.set()
+                raise
+
+        def on_text(piece: str) -> None:      # on the worker thread
+            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+
+        writer = asyncio.ensure_future(pump())
+        try:
+            try:
+                out = await self._complete(request, slot, req, ids, max_tokens, on_text, cancel)
+            finally:
+                pieces.put_nowait(None)
+            await writer
+            if out.finish_reason == "cancelled" and _gone(request):
+                self._left.add(id(request))
+                return resp
+            await self._keep_alive(slot, keep_alive)
+            await send(final_obj(out, load_s, ""))
+            await resp.write_eof()
+        except ApiError as exc:                # the headers are sent: report in the stream
+            try:
+                await writer
+                await send(error_body(exc))
+                await resp.write_eof()
+            except ConnectionError:
+                pass
+        except ConnectionError:
+            cancel.set()
+            self._left.add(id(request))
+        finally:
+            if not writer.done():
+                writer.cancel()
+        return resp
+
+    # -- embeddings ---------------------------------------------------------------------------
+    async def ollama_embed(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        body = _object(await self._body(request))
+        asked = _model_name(body)
+        inp = body.get("input", "")
+        texts = [inp] if isinstance(inp, str) else inp
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise bad("input must be a string or a list of strings", "input", "invalid_type")
+        texts = [t for t in texts if t] if isinstance(inp, str) else texts
+        truncate = boolean(body, "truncate", True)
+        dims = integer(body, "dimensions", None, lo=1)
+        parse_options(body.get("options"))
+        keep_alive = parse_keep_alive(body.get("keep_alive"))
+        slot = self._ollama_slot(asked)
+        vectors, n_tokens, load_s = await self._embed(request, slot, texts, truncate,
+                                                       keep_alive)
+        if dims is not None:
+            vectors = [_shorten(v, dims) for v in vectors]
+        return json_response({"model": asked, "embeddings": vectors,
+                              "total_duration": _ns(time.perf_counter() - t0),
+                              "load_duration": _ns(load_s), "prompt_eval_count": n_tokens})
+
+    async def ollama_embeddings(self, request: web.Request) -> web.Response:
+        """The older route: one prompt, "embedding" (normalized, unlike Ollama's)."""
+        body = _object(await self._body(request))
+        asked = _model_name(body)
+        prompt = body.get("prompt") or ""
+        if not isinstance(prompt, str):
+            raise bad("prompt must be a string", "prompt", "invalid_type")
+        parse_options(body.get("options"))
+        keep_alive = parse_keep_alive(body.get("keep_alive"))
+        slot = self._ollama_slot(asked)
+        vectors, _, _ = await self._embed(request, slot, [prompt] if prompt else [], True,
+                                          keep_alive)
+        return json_response({"embedding": vectors[0] if vectors else []})
+
+    async def _embed(self, request: web.Request, slot: ModelSlot, texts: list[str],
+                     truncate: bool, keep_alive: float | None
+                     ) -> tuple[list[list[float]], int, float]:
+        if not hasattr(self.engine, "embed"):
+            raise not_in_build("embeddings")
+
+        def tokens() -> list[list[int]]:
+            tok = self.engine.tokenizer(slot.name)
+            return [tok.encode(t, add_special=True, parse_special=False) for t in texts]
+        lists = (await self._tokens(slot, lambda: (tokens(), None), "input"))[0]
+        for i, ids in enumerate(lists):
+            if len(ids) > slot.n_ctx:
+                if not truncate:
+                    raise bad(f"input[{i}] is {len(ids)} tokens; the context of {slot.name!r} "
+                              f"holds {slot.n_ctx} (truncate is false)", "input",
+                              "context_length_exceeded")
+                lists[i] = ids[:slot.n_ctx]
+        slot.depth += 1
+        try:
+            async with slot.lock, self.turn:
+                if slot.closed:
+                    raise ApiError(404, f"model {slot.name!r} was unloaded", "model",
+                                   "model_not_found")
+                t = time.perf_counter()
+                await self._run(self.engine.warm, slot.name)
+                load_s = time.perf_counter() - t
+                vectors = await self._run(embed_token_lists, self.engine, slot.name, lists) \
+                    if lists else []
+                await self._keep_alive(slot, keep_alive)
+        finally:
+            slot.depth -= 1
+        return vectors, sum(map(len, lists)), load_s
+
+
+def _shorten(v: list[float], dims: int) -> list[float]:
+    """The first dims values, normalized again (Ollama's `dimensions`)."""
+    if dims > len(v):
+        raise bad(f"dimensions must be at most the model's {len(v)}, got {dims}",
+                  "dimensions", "invalid_value")
+    v = v[:dims]
+    norm = math.sqrt(sum(x * x for x in v)) or 1.0
+    return [x / norm for x in v]
+
+
+def _gone(request: web.Request) -> bool:
+    t = request.transport
+    return t is None or t.is_closing()
+
+
+def routes(server) -> list[tuple[str, str, Callable]]:
+    """Ollama's routes on a Server."""
+    s = server
+    return [
+        ("GET", "/api/version", s.ollama_version),
+        ("GET", "/api/tags", s.ollama_tags),
+        ("GET", "/api/ps", s.ollama_ps),
+        ("POST", "/api/show", s.ollama_show),
+        ("POST", "/api/chat", s.ollama_chat),
+        ("POST", "/api/generate", s.ollama_generate),
+        ("POST", "/api/embed", s.ollama_embed),
+        ("POST", "/api/embeddings", s.ollama_embeddings),
+        ("DELETE", "/api/delete", s.ollama_delete),
+        ("POST", "/api/pull", s.ollama_no_store),
+        ("POST", "/api/push", s.ollama_no_store),
+        ("POST", "/api/create", s.ollama_no_store),
+        ("POST", "/api/copy", s.ollama_no_store),
+        ("HEAD", "/api/blobs/{digest}", s.ollama_no_store),
+        ("POST", "/api/blobs/{digest}", s.ollama_no_store),
+    ]
