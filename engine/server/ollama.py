@@ -577,8 +577,9 @@ class OllamaRoutes:
             headers[NUM_CTX_HEADER] = str(window)
         if opts.ignored:
             headers[IGNORED_HEADER] = ", ".join(opts.ignored)
-        req = GenRequest(slot.name, None, None, max_tokens, opts.sampling, opts.stop, stream,
-                         False, [])
+        req = GenRequest(model=slot.name, messages=None, prompt=None, max_tokens=max_tokens,
+                         sampling=opts.sampling, stop=opts.stop, stream=stream,
+                         include_usage=False, logit_bias=[])
         head = {"model": asked}
 
         def piece_obj(text: str) -> dict:
