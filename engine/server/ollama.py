@@ -87,11 +87,6 @@ OLLAMA_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0
 NUM_CTX_HEADER = "X-Hotseat-Num-Ctx"
 IGNORED_HEADER = "X-Hotseat-Ignored-Options"
 FOREVER = timedelta(days=365 * 200)   # expires_at of a model with no idle eviction
-# options that set how Ollama loads or runs a model, not what it samples: nothing to do here
-LOAD_OPTIONS = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv",
-                          "logits_all", "vocab_only", "use_mmap", "use_mlock",
-                          "embedding_only", "num_thread", "num_keep", "penalize_newline",
-                          "mirostat_tau", "mirostat_eta"})
 ROLES = ("system", "user", "assistant")
 NO_STORE = ("Hotseat serves the GGUF files it is given and keeps no model store: start it with "
             "`hotseat serve -m FILE.gguf`, or load a file into a running server with POST "
@@ -231,7 +226,8 @@ def parse_options(v: Any) -> Options:
     known = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
              "presence_penalty", "frequency_penalty", "seed", "stop", "num_predict",
              "num_ctx", "mirostat", "typical_p", "tfs_z"}
-    ignored = sorted(k for k in v if k not in known)     # LOAD_OPTIONS, and unknown ones
+    # how Ollama loads a model (num_gpu, num_thread, use_mmap...), and unknown ones
+    ignored = sorted(k for k in v if k not in known)
     return Options(sampling, integer(o, "options.num_predict", -1),
                    [s for s in stop or () if s], integer(o, "options.num_ctx", None, lo=1),
                    ignored)

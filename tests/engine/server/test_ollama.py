@@ -4,6 +4,7 @@ against the same server's /v1 routes, whose own tests hold them to the engine. G
 slow on lavapipe, so every request generates a few tokens at most."""
 from __future__ import annotations
 
+import http.client
 import inspect
 import json
 import os
@@ -253,6 +254,39 @@ def test_num_ctx_narrows_and_truncates_the_chat(base):
     got, hdrs, _ = call(base, "POST", "/api/chat", wide)
     assert got == 200 and hdrs["X-Hotseat-Num-Ctx"] == str(N_CTX)
     assert hdrs["X-Hotseat-Ignored-Options"] == "num_gpu"
+
+
+def metric(base: str, line_start: str) -> float:
+    _, _, text = call(base, "GET", "/metrics", key=None)
+    for line in text.splitlines():
+        if line.startswith(line_start):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_a_client_that_leaves_cancels_the_stream(base, name):
+    cancelled = f'hotseat_generations_cancelled_total{{model="{name}"}}'
+    gone = 'hotseat_requests_total{endpoint="/api/chat",status="499"}'
+    before, before_gone = metric(base, cancelled), metric(base, gone)
+    port = int(base.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    body = {"model": "smollm2", "options": {"temperature": 0},   # until the context is full
+            "messages": [{"role": "user", "content": "Write a very long story about a cat."}]}
+    conn.request("POST", "/api/chat", json.dumps(body), {"Authorization": f"Bearer {KEY}",
+                                                         "Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 200
+    first = json.loads(resp.readline())
+    assert first["done"] is False and first["message"]["content"]
+    conn.sock.shutdown(2)
+    conn.close()
+    deadline = time.monotonic() + 240
+    while metric(base, cancelled) == before:
+        assert time.monotonic() < deadline, "the generation was not cancelled"
+        time.sleep(0.25)
+    while metric(base, gone) == before_gone:
+        assert time.monotonic() < deadline, "the stream that lost its client is not a 499"
+        time.sleep(0.1)
 
 
 # -- residency -------------------------------------------------------------------------------
