@@ -23,12 +23,12 @@ What maps to what:
   tokens a previous /api/generate returned) is put before the new prompt.
 - options: temperature, top_k, top_p, min_p, seed, num_predict (<= 0: until the context is
   full), stop, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty. Absent
-  ones take Ollama's defaults (OLLAMA_SAMPLING). num_ctx can narrow the window of a request
-  but not widen the context the model was loaded with (--ctx): a larger one is capped, and
-  the window used is sent back in X-Hotseat-Num-Ctx. Options that set how Ollama loads a
-  model (num_gpu, num_thread, use_mmap...) and unknown ones are ignored, as Ollama ignores
-  unknown ones, and named in X-Hotseat-Ignored-Options; mirostat, typical_p and tfs_z other
-  than off are refused.
+  ones take Ollama's defaults (ollama_values.OLLAMA_SAMPLING). num_ctx can narrow the
+  window of a request but not widen the context the model was loaded with (--ctx): a
+  larger one is capped, and the window used is sent back in X-Hotseat-Num-Ctx. Options
+  that set how Ollama loads a model (num_gpu, num_thread, use_mmap...) and unknown ones are
+  ignored, as Ollama ignores unknown ones, and named in X-Hotseat-Ignored-Options;
+  mirostat, typical_p and tfs_z other than off are refused.
 - keep_alive (seconds as a number, or a duration such as "5m", "1h30m"): 0 makes the model
   cold right after the answer (its weights leave VRAM; it stays loaded in host memory and
   listed in /api/tags, and warms again at its next request); a duration becomes the model's
@@ -56,21 +56,35 @@ as a last line `{"error": "..."}`.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import hashlib
 import inspect
 import json
 import math
 import os
-import re
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
-from ..text.sampling import SamplingError, SamplingParams
-from .errors import ApiError, bad, boolean, integer, json_response, number, show
+from .errors import ApiError, bad, boolean, integer, json_response
 from .metrics import CLIENT_GONE_STATUS
+from .ollama_values import (
+    FileFacts,
+    human_count,
+    json_object,
+    match_names,
+    model_name,
+    now_iso,
+    ns,
+    ollama_name,
+    parse_chat_messages,
+    parse_format,
+    parse_keep_alive,
+    parse_options,
+    quant_name,
+    read_facts,
+    refuse_unserved,
+    shorten,
+)
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -81,13 +95,9 @@ if TYPE_CHECKING:
 OLLAMA_VERSION = "0.12.0"      # the Ollama release whose API these routes follow (clients
                                # compare it to decide what they may send)
 NDJSON = "application/x-ndjson"
-# Ollama's defaults for what a request leaves out (its Modelfile documentation)
-OLLAMA_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0,
-                                 repeat_penalty=1.1, repeat_last_n=64)
 NUM_CTX_HEADER = "X-Hotseat-Num-Ctx"
 IGNORED_HEADER = "X-Hotseat-Ignored-Options"
 FOREVER = timedelta(days=365 * 200)   # expires_at of a model with no idle eviction
-ROLES = ("system", "user", "assistant")
 NO_STORE = ("Hotseat serves the GGUF files it is given and keeps no model store: start it with "
             "`hotseat serve -m FILE.gguf`, or load a file into a running server with POST "
             "/api/models {\"path\": \"FILE.gguf\"}; GET /api/tags lists what is loaded")
@@ -111,197 +121,6 @@ def not_in_build(what: str) -> ApiError:
                     "not_implemented")
 
 
-# -- names ---------------------------------------------------------------------------------
-
-def _words(name: str) -> list[str]:
-    return [w for w in re.split(r"[^0-9a-z]+", name.lower()) if w]
-
-
-def ollama_name(name: str) -> str:
-    """A loaded model's name as Ollama lists it: with a tag."""
-    return name if ":" in name else f"{name}:latest"
-
-
-def match_names(asked: str, loaded: Iterable[str]) -> list[str]:
-    """The loaded models a client's model name means (one, none, or several to choose from)."""
-    loaded = list(loaded)
-    if asked in loaded:
-        return [asked]
-    base = asked.rsplit("/", 1)[-1]              # "library/smollm2", "hf.co/user/x"
-    base = base[:-len(":latest")] if base.endswith(":latest") else base
-    exact = [n for n in loaded if n.lower() == base.lower()]
-    if exact:
-        return exact
-    words = _words(base)
-    if not words:
-        return []
-    return [n for n in loaded if _has_words(_words(n), words)]
-
-
-def _has_words(have: list[str], words: list[str]) -> bool:
-    """Whether each word is one of `have`'s or a run of them written together ("gemma3" in
-    gemma-3-270m), the first at the start."""
-    runs = {"".join(have[i:j]) for i in range(len(have))
-            for j in range(i + 1, min(i + 4, len(have) + 1))}
-    first = {"".join(have[:j]) for j in range(1, min(4, len(have) + 1))}
-    return words[0] in first and all(w in runs for w in words)
-
-
-# -- request values ------------------------------------------------------------------------
-
-_DURATION = re.compile(r"([0-9]*\.?[0-9]+)(ns|us|µs|ms|s|m|h)")
-_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-
-
-def parse_keep_alive(v: Any) -> float | None:
-    """keep_alive in seconds: None when absent, 0 to go cold after the answer, math.inf for
-    no idle eviction (any negative value). A number is seconds; a string is a number or a
-    Go duration ("5m", "1h30m", "-1s")."""
-    if v is None or v == "":
-        return None
-    if isinstance(v, bool):
-        raise bad(f"keep_alive must be a number of seconds or a duration such as \"5m\", got "
-                  f"{show(v)}", "keep_alive", "invalid_type")
-    if isinstance(v, str):
-        text = v.strip()
-        try:
-            v = float(text)
-        except ValueError:
-            sign, body = (-1.0, text[1:]) if text.startswith("-") else (1.0, text.lstrip("+"))
-            parts = _DURATION.findall(body)
-            if not body or "".join(a + u for a, u in parts) != body:
-                raise bad(f"keep_alive must be a number of seconds or a duration such as "
-                          f"\"5m\" or \"1h30m\", got {show(text)}", "keep_alive",
-                          "invalid_value") from None
-            v = sign * sum(float(a) * _UNIT_S[u] for a, u in parts)
-    if not isinstance(v, (int, float)) or math.isnan(v):
-        raise bad(f"keep_alive must be a number of seconds or a duration such as \"5m\", got "
-                  f"{show(v)}", "keep_alive", "invalid_type")
-    return math.inf if v < 0 else float(v)
-
-
-@dataclasses.dataclass
-class Options:
-    """A request's options, checked."""
-    sampling: SamplingParams
-    num_predict: int                      # <= 0: until the context is full
-    stop: list[str]
-    num_ctx: int | None
-    ignored: list[str]
-
-
-def parse_options(v: Any) -> Options:
-    if v is None:
-        v = {}
-    if not isinstance(v, dict):
-        raise bad("options must be an object", "options", "invalid_type")
-    o = {f"options.{k}": x for k, x in v.items()}   # error messages name options.KEY
-    d = OLLAMA_SAMPLING
-    for key, off in (("mirostat", 0), ("typical_p", 1.0), ("tfs_z", 1.0)):
-        if v.get(key) not in (None, off):
-            raise bad(f"options.{key} is not supported (only {off}, off)", f"options.{key}",
-                      "unsupported_parameter")
-    seed = integer(o, "options.seed", None)
-    try:
-        sampling = SamplingParams(
-            temperature=number(o, "options.temperature", d.temperature, 0.0),
-            top_k=integer(o, "options.top_k", d.top_k, lo=0),
-            top_p=number(o, "options.top_p", d.top_p, 0.0, 1.0, lo_open=True),
-            min_p=number(o, "options.min_p", d.min_p, 0.0, 1.0),
-            repeat_penalty=number(o, "options.repeat_penalty", d.repeat_penalty, 0.0,
-                                  lo_open=True),
-            repeat_last_n=integer(o, "options.repeat_last_n", d.repeat_last_n, lo=-1),
-            presence_penalty=number(o, "options.presence_penalty", 0.0),
-            frequency_penalty=number(o, "options.frequency_penalty", 0.0),
-            seed=None if seed is None or seed < 0 else seed % (1 << 64),   # -1: random
-        )
-    except SamplingError as exc:
-        raise bad(str(exc), f"options.{exc.param}", "invalid_value") from None
-    stop = v.get("stop")
-    if isinstance(stop, str):
-        stop = [stop]
-    if stop is not None and (not isinstance(stop, list)
-                             or not all(isinstance(s, str) for s in stop)):
-        raise bad("options.stop must be a list of strings", "options.stop", "invalid_type")
-    known = {"temperature", "top_k", "top_p", "min_p", "repeat_penalty", "repeat_last_n",
-             "presence_penalty", "frequency_penalty", "seed", "stop", "num_predict",
-             "num_ctx", "mirostat", "typical_p", "tfs_z"}
-    # how Ollama loads a model (num_gpu, num_thread, use_mmap...), and unknown ones
-    ignored = sorted(k for k in v if k not in known)
-    return Options(sampling, integer(o, "options.num_predict", -1),
-                   [s for s in stop or () if s], integer(o, "options.num_ctx", None, lo=1),
-                   ignored)
-
-
-def parse_format(v: Any) -> dict | None:
-    """format as a JSON schema: "json" asks for a JSON object, else a schema object."""
-    if v is None or v == "":
-        return None
-    if v == "json":
-        return {"type": "object"}
-    if isinstance(v, dict):
-        return v
-    raise bad(f'format must be "json" or a JSON schema object, got {show(v)}', "format",
-              "invalid_value")
-
-
-def parse_chat_messages(v: Any) -> list[dict]:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        raise bad("messages must be a list", "messages", "invalid_type")
-    out = []
-    for i, m in enumerate(v):
-        p = f"messages[{i}]"
-        if not isinstance(m, dict):
-            raise bad(f"{p} must be an object", p, "invalid_type")
-        role = m.get("role")
-        if role == "tool" or m.get("tool_calls"):
-            raise bad(f"{p}: tool calls are not supported on /api/chat", p,
-                      "unsupported_parameter")
-        if role not in ROLES:
-            raise bad(f"{p}.role must be one of {', '.join(ROLES)}, got {show(role)}",
-                      f"{p}.role", "invalid_value")
-        if m.get("images"):
-            raise bad(f"{p}.images: images are not supported (Hotseat runs text models)",
-                      f"{p}.images", "unsupported_parameter")
-        content = m.get("content", "")
-        if content is None:
-            content = ""
-        if not isinstance(content, str):
-            raise bad(f"{p}.content must be a string", f"{p}.content", "invalid_type")
-        out.append({"role": role, "content": content})
-    return out
-
-
-def _model_name(body: dict) -> str:
-    model = body.get("model", body.get("name"))     # older clients say "name"
-    if model is None or model == "":
-        raise bad("model is required", "model", "missing_required_parameter")
-    if not isinstance(model, str):
-        raise bad("model must be a string", "model", "invalid_type")
-    return model
-
-
-def _object(body: Any) -> dict:
-    if not isinstance(body, dict):
-        raise bad("the request body must be a JSON object", None, "invalid_type")
-    return body
-
-
-def _refuse_common(body: dict) -> None:
-    """What neither /api/chat nor /api/generate serves."""
-    if body.get("think") not in (None, False):
-        raise bad("think is not supported: the models Hotseat runs here do not think "
-                  "apart from their answer", "think", "unsupported_parameter")
-    if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
-        raise bad("logprobs are not supported on Ollama's API in this build", "logprobs",
-                  "unsupported_parameter")
-    if body.get("images"):
-        raise bad("images are not supported (Hotseat runs text models)", "images",
-                  "unsupported_parameter")
-
-
 # -- what the engine gives -----------------------------------------------------------------
 
 def _accepts(fn: Callable, keyword: str) -> bool:
@@ -323,70 +142,6 @@ def format_constraint(engine, name: str, schema: dict):
 def embed_token_lists(engine, name: str, inputs: list[list[int]]) -> list[list[float]]:
     """One normalized embedding per input (token ids), from the engine's `embed`."""
     return [[float(x) for x in vec] for vec in engine.embed(name, inputs)]
-
-
-def _ns(seconds: float) -> int:
-    return max(0, int(round(seconds * 1e9)))
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _file_time(path: str) -> str:
-    try:
-        t = os.stat(path).st_mtime
-    except OSError:
-        t = 0.0
-    return datetime.fromtimestamp(t, timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-def _human_count(n: int) -> str:
-    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.1f}{unit}" if v < 100 and unit in "TB" else f"{v:.0f}{unit}"
-    return str(n)
-
-
-def _quant_name(file_type: Any) -> str:
-    if file_type is None:
-        return "unknown"
-    try:
-        from gguf import LlamaFileType
-        name = LlamaFileType(int(file_type)).name
-    except (ImportError, ValueError):
-        return str(file_type)
-    return name.removeprefix("MOSTLY_").removeprefix("ALL_")
-
-
-@dataclasses.dataclass
-class FileFacts:
-    """What /api/tags and /api/show tell of a GGUF file, read once."""
-    size: int
-    modified_at: str
-    digest: str
-    parameters: int
-    info: dict                            # the scalar metadata
-    template: str
-
-
-def read_facts(path: str, verbose: bool = False) -> tuple[FileFacts, dict]:
-    """The file's facts, and with verbose its array metadata too (the vocabulary...)."""
-    from ..formats.gguf_file import GGUFFile
-
-    st = os.stat(path)
-    with GGUFFile(path) as g:
-        params = sum(t.n_elements for t in g.tensors.values())
-        info = {k: v for k, v in g.metadata.items() if isinstance(v, (str, int, float, bool))}
-        arrays = {k: v for k, v in g.metadata.items() if k not in info} if verbose else {}
-        template = g.get("tokenizer.chat_template") or ""
-    # not the file's hash, which would read gigabytes: an id of its path, size and time
-    digest = hashlib.sha256(f"{os.path.abspath(path)}\0{st.st_size}\0{st.st_mtime_ns}"
-                            .encode()).hexdigest()
-    info.setdefault("general.parameter_count", params)
-    return FileFacts(st.st_size, _file_time(path), digest, params, info,
-                     template if isinstance(template, str) else ""), arrays
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -429,8 +184,8 @@ class OllamaRoutes:
         return {"parent_model": "", "format": "gguf", "family": s["arch"],
                 "families": [s["arch"]],
                 "parameter_size": size_label if isinstance(size_label, str) and size_label
-                else _human_count(facts.parameters),
-                "quantization_level": _quant_name(s.get("file_type"))}
+                else human_count(facts.parameters),
+                "quantization_level": quant_name(s.get("file_type"))}
 
     # -- plain routes -------------------------------------------------------------------------
     async def ollama_version(self, request: web.Request) -> web.Response:
@@ -466,8 +221,8 @@ class OllamaRoutes:
         return json_response({"models": models})
 
     async def ollama_show(self, request: web.Request) -> web.Response:
-        body = _object(await self._body(request))
-        slot = self._ollama_slot(_model_name(body))
+        body = json_object(await self._body(request))
+        slot = self._ollama_slot(model_name(body))
         verbose = boolean(body, "verbose", False)
         (s,) = await self._status_of([slot.name])
         facts = await self._file_facts(s["path"])
@@ -494,8 +249,8 @@ class OllamaRoutes:
         """Unloads the model: it leaves /api/tags and frees its memory; the file stays."""
         from aiohttp import web
 
-        body = _object(await self._body(request))
-        slot = self._ollama_slot(_model_name(body))
+        body = json_object(await self._body(request))
+        slot = self._ollama_slot(model_name(body))
         del self.models[slot.name]            # new requests get a 404 from here on
         async with slot.lock:                 # requests already queued finish first
             slot.closed = True
@@ -514,9 +269,9 @@ class OllamaRoutes:
         from .turns import check_yield, parse_wait
 
         t0 = time.perf_counter()
-        body = _object(await self._body(request))
-        asked = _model_name(body)
-        _refuse_common(body)
+        body = json_object(await self._body(request))
+        asked = model_name(body)
+        refuse_unserved(body)
         if chat:
             if body.get("tools"):
                 raise bad("tools are not supported on /api/chat in this build", "tools",
@@ -579,7 +334,7 @@ class OllamaRoutes:
         head = {"model": asked}
 
         def piece_obj(text: str) -> dict:
-            return {**head, "created_at": _now(),
+            return {**head, "created_at": now_iso(),
                     **({"message": {"role": "assistant", "content": text}} if chat
                        else {"response": text}), "done": False}
 
@@ -589,10 +344,10 @@ class OllamaRoutes:
                    "done_reason": "length" if out.finish_reason == "length" else "stop"}
             if not chat and not raw:
                 obj["context"] = list(out.prompt_tokens) + list(out.tokens)
-            obj.update(total_duration=_ns(time.perf_counter() - t0), load_duration=_ns(load_s),
+            obj.update(total_duration=ns(time.perf_counter() - t0), load_duration=ns(load_s),
                        prompt_eval_count=len(out.prompt_tokens),
-                       prompt_eval_duration=_ns(t.get("prefill_s", 0.0)),
-                       eval_count=len(out.tokens), eval_duration=_ns(t.get("decode_s", 0.0)))
+                       prompt_eval_duration=ns(t.get("prefill_s", 0.0)),
+                       eval_count=len(out.tokens), eval_duration=ns(t.get("decode_s", 0.0)))
             return obj
 
         slot.depth += 1
@@ -722,11 +477,11 @@ class OllamaRoutes:
                     reason = "load"
         finally:
             slot.depth -= 1
-        out = {"model": asked, "created_at": _now(),
+        out = {"model": asked, "created_at": now_iso(),
                **({"message": {"role": "assistant", "content": ""}} if chat
                   else {"response": ""}), "done": True, "done_reason": reason}
         if reason == "load":
-            out["load_duration"] = out["total_duration"] = _ns(time.perf_counter() - t0)
+            out["load_duration"] = out["total_duration"] = ns(time.perf_counter() - t0)
         return json_response(out)
 
     async def _ollama_stream(self, request: web.Request, slot: ModelSlot, req, ids: list[int],
@@ -787,8 +542,8 @@ class OllamaRoutes:
     # -- embeddings ---------------------------------------------------------------------------
     async def ollama_embed(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
-        body = _object(await self._body(request))
-        asked = _model_name(body)
+        body = json_object(await self._body(request))
+        asked = model_name(body)
         inp = body.get("input", "")
         texts = [inp] if isinstance(inp, str) else inp
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -802,15 +557,15 @@ class OllamaRoutes:
         vectors, n_tokens, load_s = await self._embed(request, slot, texts, truncate,
                                                        keep_alive)
         if dims is not None:
-            vectors = [_shorten(v, dims) for v in vectors]
+            vectors = [shorten(v, dims) for v in vectors]
         return json_response({"model": asked, "embeddings": vectors,
-                              "total_duration": _ns(time.perf_counter() - t0),
-                              "load_duration": _ns(load_s), "prompt_eval_count": n_tokens})
+                              "total_duration": ns(time.perf_counter() - t0),
+                              "load_duration": ns(load_s), "prompt_eval_count": n_tokens})
 
     async def ollama_embeddings(self, request: web.Request) -> web.Response:
         """The older route: one prompt, "embedding" (normalized, unlike Ollama's)."""
-        body = _object(await self._body(request))
-        asked = _model_name(body)
+        body = json_object(await self._body(request))
+        asked = model_name(body)
         prompt = body.get("prompt") or ""
         if not isinstance(prompt, str):
             raise bad("prompt must be a string", "prompt", "invalid_type")
@@ -853,16 +608,6 @@ class OllamaRoutes:
         finally:
             slot.depth -= 1
         return vectors, sum(map(len, lists)), load_s
-
-
-def _shorten(v: list[float], dims: int) -> list[float]:
-    """The first dims values, normalized again (Ollama's `dimensions`)."""
-    if dims > len(v):
-        raise bad(f"dimensions must be at most the model's {len(v)}, got {dims}",
-                  "dimensions", "invalid_value")
-    v = v[:dims]
-    norm = math.sqrt(sum(x * x for x in v)) or 1.0
-    return [x / norm for x in v]
 
 
 def _gone(request: web.Request) -> bool:

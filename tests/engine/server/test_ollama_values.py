@@ -1,5 +1,5 @@
-"""Ollama's request values as engine/server/ollama.py reads them: model names, keep_alive,
-options. No device; the routes themselves are tested over HTTP in test_ollama.py."""
+"""Ollama's request values as engine/server/ollama_values.py reads them: model names,
+keep_alive, options. No device; the routes themselves are tested over HTTP in test_ollama.py."""
 from __future__ import annotations
 
 import math
@@ -7,9 +7,9 @@ import math
 import pytest
 
 from engine.server.errors import ApiError
-from engine.server.ollama import (
+from engine.server.ollama_values import (
     OLLAMA_SAMPLING,
-    _shorten,
+    shorten,
     match_names,
     ollama_name,
     parse_format,
@@ -108,9 +108,9 @@ def test_format():
 
 
 def test_dimensions_shorten_and_normalize():
-    v = _shorten([0.6, 0.0, 0.8, 0.0], 3)
+    v = shorten([0.6, 0.0, 0.8, 0.0], 3)
     assert v == pytest.approx([0.6, 0.0, 0.8])
-    v = _shorten([3.0, 4.0, 12.0], 2)
+    v = shorten([3.0, 4.0, 12.0], 2)
     assert v == pytest.approx([0.6, 0.8])
     with pytest.raises(ApiError):
-        _shorten([1.0], 2)
+        shorten([1.0], 2)
