@@ -58,6 +58,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import math
 import os
 import threading
@@ -91,6 +92,8 @@ if TYPE_CHECKING:
 
     from ..api import Completion
     from .slots import ModelSlot
+
+log = logging.getLogger("hotseat.serve")
 
 OLLAMA_VERSION = "0.12.0"      # the Ollama release whose API these routes follow (clients
                                # compare it to decide what they may send)
@@ -132,8 +135,9 @@ def _accepts(fn: Callable, keyword: str) -> bool:
 
 def format_constraint(engine, name: str, schema: dict):
     """The engine's token constraint for Ollama's `format` (a JSON schema; "json" is
-    {"type": "object"}), passed to generate as `constraint`. The engine's constrained
-    decoding is another part of the work: until generate takes a constraint, 501."""
+    {"type": "object"}), to pass to generate as `constraint`. A 501 while the engine's
+    generate takes no constraint; where it does, the constraint is built here from
+    engine/text/constrain.py, and until that is written here too, still a 501."""
     if not _accepts(engine.generate, "constraint"):
         raise not_in_build("format (structured output)")
     raise not_in_build("format (structured output) on Ollama's API")
@@ -450,6 +454,8 @@ class OllamaRoutes:
                 headers["X-Hotseat-Keep-Alive"] = "pinned: the model stays warm"
         except KeyError:                      # unloaded meanwhile
             pass
+        except Exception:                     # the answer stands; the next use retries
+            log.warning("keep_alive on %s failed", slot.name, exc_info=True)
 
     async def _load_or_unload(self, slot: ModelSlot, asked: str, chat: bool,
                               keep_alive: float | None, wait: float | None) -> web.Response:

@@ -331,6 +331,22 @@ def test_keep_alive_zero_after_an_answer(client):
     assert len(client.ps().models) == 1
 
 
+def test_a_pin_wins_over_keep_alive_zero(base, client, name):
+    assert call(base, "POST", f"/api/models/{name}/pin")[0] == 200
+    try:
+        got, _, text = call(base, "POST", "/api/generate", {"model": "smollm2",
+                                                            "keep_alive": 0})
+        assert "pinned" in ollama_error(got, 409, text)
+        got, hdrs, text = call(base, "POST", "/api/chat", {
+            "model": "smollm2", "messages": QUESTION, "keep_alive": 0, "stream": False,
+            "options": {"num_predict": 1}})
+        assert got == 200 and json.loads(text)["done"], text
+        assert hdrs["X-Hotseat-Keep-Alive"].startswith("pinned")
+        assert len(client.ps().models) == 1
+    finally:
+        assert call(base, "POST", f"/api/models/{name}/unpin")[0] == 200
+
+
 # -- what is not served ----------------------------------------------------------------------
 
 def test_pull_and_the_model_store_are_501(client, base):
