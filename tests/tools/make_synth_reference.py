@@ -51,6 +51,10 @@ CASES = {
     "llama-iq4_nl": ("llama-iq4_nl", 512),
     "llama-iq4_xs": ("llama-iq4_xs", 512),
     "llama-bf16": ("llama-bf16", 512),
+    "qwen3next-f16": ("qwen3next-f16", 512),
+    "qwen35-f16": ("qwen35-f16", 512),
+    "qwen35moe-f16": ("qwen35moe-f16", 512),
+    "qwen35-q8_0": ("qwen35-q8_0", 512),
 }
 
 
@@ -169,6 +173,8 @@ def description(stem: str) -> str:
     sys.path.insert(0, str(Path(__file__).parent))
     import make_synth_models as m
 
+    if stem == "qwen35-q8_0":
+        return " ".join(m.make_qwen35.__doc__.split()) + " Every matrix Q8_0 (llama.cpp's, pure)."
     if stem in m.QUANT_MODELS:
         return f"llama, every matrix (token embedding and output too) {m.QUANT_MODELS[stem][1]}"
     doc = " ".join(m.ARCH_MODELS.get(stem, m.make_gpt_oss).__doc__.split())
