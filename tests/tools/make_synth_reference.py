@@ -12,7 +12,8 @@ logits) decoded one at a time, the last one too, so every position of prompt + c
 has logits. Stored per case (.npz): prompt_ids, continuation_ids, and over all
 n_prompt + N_CONT positions the argmax id and the gap between the two best logits (argmax at
 position n_prompt - 1 + i is continuation_ids[i]); the full logits after the prompt and at
-the last position. index.json holds each case's file, its sha256, the context size, the
+the last position, and (cases made since the hybrid ones) logits_steps, the full logits
+after the prompt and after each continuation token [N_CONT + 1, n_vocab]. index.json holds each case's file, its sha256, the context size, the
 weight types, and the settings. Every tensor's gguf.quants.dequantize (what the tests use) is
 checked bit for bit against ggml's own to_float first.
 """
@@ -137,7 +138,8 @@ def run_case(path: Path, n_ctx: int) -> dict:
     return {"prompt_ids": np.array(prompt, np.int32), "continuation_ids": np.array(cont, np.int32),
             "argmax": logits.argmax(axis=1).astype(np.int32),
             "top2_gap": (top2[:, 1] - top2[:, 0]).astype(np.float32),
-            "logits_prompt_last": logits[len(prompt) - 1], "logits_last": logits[-1]}
+            "logits_prompt_last": logits[len(prompt) - 1], "logits_last": logits[-1],
+            "logits_steps": logits[len(prompt) - 1:]}
 
 
 def dequant_diff(path: Path) -> float:

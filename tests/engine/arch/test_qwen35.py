@@ -185,3 +185,40 @@ def test_a_short_layer_list_is_named(tmp_path):
 def test_an_old_fused_ssm_in_is_named(tmp_path):
     path = _write(tmp_path / "s.gguf", "qwen3next", tensors=("blk.0.ssm_in.weight",))
     assert "fused ssm_in" in _problem(path)
+
+
+# -- tests/tools/make_bench_model.py's hybrid shapes -------------------------------------------
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_bench_model_tiny_shapes_have_every_tensor(tmp_path, arch):
+    """The bench writer's tiny shapes (the real ones differ only in sizes): every tensor the
+    Config expects, of its shape, in Q4_K_M's types; hotseat check sizes the file."""
+    import pickle
+    import sys
+    from argparse import Namespace
+    from pathlib import Path
+
+    from engine.residency.check import check_file
+
+    root = Path(__file__).resolve().parents[3]
+    tok = root.parent / "shared" / "tools" / "smollm2_tokenizer.pkl"
+    if not tok.exists():
+        pytest.skip(f"{tok} missing")
+    sys.path.insert(0, str(root / "tests" / "tools"))
+    import make_bench_model as mb
+
+    out = tmp_path / f"{arch}.gguf"
+    with open(tok, "rb") as f:
+        mb.write_hybrid(Namespace(arch=arch, shape="tiny", ctx=4096, out=str(out)),
+                        pickle.load(f))
+    r = check_file(str(out), 4096)
+    assert r["problems"] == [f"architecture {arch} is read but not runnable yet (no GPU "
+                             f"forward)"]
+    assert set(r["weight_types"]) == {"Q4_K", "Q6_K", "F32"}
+    with GGUFFile(str(out)) as g:
+        assert set(g.tensors) == set(qwen35.Config.from_gguf(g).tensor_shapes())
+        assert g.tensors["token_embd.weight"].type_name == "Q4_K"
+        # the 4B ties its output to the embedding; the 35B-A3B has a Q6_K one
+        assert ("output.weight" in g.tensors) == (arch == "qwen35moe")
+        assert g.tensors["blk.0.attn_qkv.weight"].type_name == "Q6_K"      # use_more_bits
+        assert g.tensors["blk.1.attn_gate.weight"].type_name == "Q4_K"

@@ -41,7 +41,9 @@ def _check(case: sr.Case, rounds_activations: bool) -> None:
     figures = sr.compare(case, logits)
     print(f"{case.name}{' (rounded activations)' if rounds_activations else ''}: tie margin "
           f"{case.tie}, ties at {figures['ties']}, cosines {figures['cos_prompt_last']:.6f} "
-          f"{figures['cos_last']:.6f}, max |diff| {figures['max_diff']:.4f}")
+          f"{figures['cos_last']:.6f}, max |diff| {figures['max_diff']:.4f}"
+          + (f", every step's cosine >= {figures['cos_steps_min']:.6f}"
+             if "cos_steps_min" in figures else ""))
 
 
 def test_reference_matches_llamacpp(case):
