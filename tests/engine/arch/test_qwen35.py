@@ -220,5 +220,10 @@ def test_bench_model_tiny_shapes_have_every_tensor(tmp_path, arch):
         assert g.tensors["token_embd.weight"].type_name == "Q4_K"
         # the 4B ties its output to the embedding; the 35B-A3B has a Q6_K one
         assert ("output.weight" in g.tensors) == (arch == "qwen35moe")
-        assert g.tensors["blk.0.attn_qkv.weight"].type_name == "Q6_K"      # use_more_bits
-        assert g.tensors["blk.1.attn_gate.weight"].type_name == "Q4_K"
+        # llama.cpp's use_more_bits of 4 layers: 2 and 3 (attn_qkv or attn_v, ffn_down*)
+        types = {n: g.tensors[f"blk.{n}"].type_name for n in
+                 ("0.attn_qkv.weight", "2.attn_qkv.weight", "3.attn_v.weight",
+                  "1.attn_gate.weight", "3.attn_k.weight")}
+        assert types == {"0.attn_qkv.weight": "Q4_K", "2.attn_qkv.weight": "Q6_K",
+                         "3.attn_v.weight": "Q6_K", "1.attn_gate.weight": "Q4_K",
+                         "3.attn_k.weight": "Q4_K"}
