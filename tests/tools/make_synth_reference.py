@@ -13,8 +13,8 @@ has logits. Stored per case (.npz): prompt_ids, continuation_ids, and over all
 n_prompt + N_CONT positions the argmax id and the gap between the two best logits (argmax at
 position n_prompt - 1 + i is continuation_ids[i]); the full logits after the prompt and at
 the last position, and (cases made since the hybrid ones) logits_steps, the full logits
-after the prompt and after each continuation token [N_CONT + 1, n_vocab]. index.json holds each case's file, its sha256, the context size, the
-weight types, and the settings. Every tensor's gguf.quants.dequantize (what the tests use) is
+after the prompt and after each continuation token [N_CONT + 1, n_vocab]. index.json holds
+each case's file, its sha256, the context size, the weight types, and the settings. Every tensor's gguf.quants.dequantize (what the tests use) is
 checked bit for bit against ggml's own to_float first.
 """
 from __future__ import annotations
