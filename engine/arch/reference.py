@@ -34,7 +34,7 @@ from ..formats.gguf_file import GGUFFile, ModelFileError
 
 ARCHS = ("llama", "gemma3", "lfm2", "qwen3moe", "qwen2", "qwen3", "mistral3", "phi3", "gemma2",
          "gpt-oss")
-# gated delta-net hybrids: reference_hybrid.py (open_model returns its HybridModel)
+# gated delta-net hybrids: reference_hybrid.py (its open_model returns a HybridModel)
 HYBRID_ARCHS = ("qwen3next", "qwen35", "qwen35moe")
 # the architectures whose graph is llama's: norm, attention (biases, Q/K norms where the file
 # has them), norm, SwiGLU feed-forward
@@ -90,7 +90,7 @@ class Config:
         arch = g.arch
         if arch in HYBRID_ARCHS:
             raise ModelFileError(g.path, f"architecture {arch!r}: its reference is "
-                                         f"reference_hybrid.HybridModel (open_model picks it)")
+                                         f"reference_hybrid.HybridModel (its open_model picks it)")
         if arch not in ARCHS:
             raise ModelFileError(g.path, f"architecture {arch!r} has no reference forward pass")
         key = lambda k, *d: g.get(f"{arch}.{k}", *d) if d else g.require(f"{arch}.{k}")
@@ -828,12 +828,3 @@ class ReferenceModel:
             out[t] = acc
         return out
 
-
-def open_model(g: GGUFFile, n_ctx: int = 2048, quantize_activations: bool = False
-               ) -> ReferenceModel:
-    """The reference model of any architecture here: ReferenceModel, or for the gated
-    delta-net hybrids reference_hybrid.HybridModel (the same forward() and reset())."""
-    if g.arch in HYBRID_ARCHS:
-        from .reference_hybrid import HybridModel
-        return HybridModel(g, n_ctx, quantize_activations)
-    return ReferenceModel(g, n_ctx, quantize_activations)

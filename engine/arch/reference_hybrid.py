@@ -13,7 +13,7 @@ delta-net states are carried from one forward() to the next, so a prompt split o
 calls gives the logits of one call; snapshot() / restore() copy the whole sequence state
 (KV cache included), as a release and restore in the middle of a generation would.
 
-    m = reference.open_model(GGUFFile(path), n_ctx=512)    # a HybridModel for these archs
+    m = open_model(GGUFFile(path), n_ctx=512)    # HybridModel here, else ReferenceModel
     logits = m.forward(prompt_ids, 0)                        # [n_prompt, n_vocab]
     logits = m.forward([next_id], len(prompt_ids))           # one more token
 """
@@ -27,9 +27,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
-from .reference import Linear, ReferenceModel, rms_norm, rope, silu
+from .reference import HYBRID_ARCHS, Linear, ReferenceModel, rms_norm, rope, silu
 
-ARCHS = ("qwen3next", "qwen35", "qwen35moe")
+ARCHS = HYBRID_ARCHS
 
 
 @dataclass(frozen=True)
@@ -329,3 +329,11 @@ class HybridModel(ReferenceModel):
         gate = _sigmoid(h @ L.ffn_gate_inp_shexp)[:, None]                  # [T, 1]
         return out + shared * gate
 
+
+def open_model(g: GGUFFile, n_ctx: int = 2048, quantize_activations: bool = False
+               ) -> ReferenceModel:
+    """The reference model of any architecture: HybridModel for the gated delta-net hybrids,
+    reference.ReferenceModel for the others (the same forward() and reset())."""
+    if g.arch in ARCHS:
+        return HybridModel(g, n_ctx, quantize_activations)
+    return ReferenceModel(g, n_ctx, quantize_activations)
