@@ -78,6 +78,9 @@ class Config(config.Config):
     n_ff_shexp: int = 0            # shared expert's length (MoE)
     legacy_ssm_in: bool = False    # an old qwen3next file with fused ssm_in (not read)
     fused_gate_up_exps: bool = False   # ffn_gate_up_exps instead of gate and up (not read)
+    # the shared expert's gate as converted from HF's Linear(n_embd, 1): ggml [n_embd, 1]
+    # (llama.cpp takes it as its [n_embd]); False: stored 1-D
+    shexp_gate_2d: bool = False
 
     DEFAULTS = {"context_length": 262144, "rope.freq_base": 10000000.0,
                 "attention.layer_norm_rms_epsilon": None}
@@ -132,7 +135,9 @@ class Config(config.Config):
             n_v_heads=ssm["time_step_rank"], rope_sections=sections,
             legacy_ssm_in=first is not None and f"blk.{first}.attn_qkv.weight" not in g.tensors
             and f"blk.{first}.ssm_in.weight" in g.tensors,
-            fused_gate_up_exps="blk.0.ffn_gate_up_exps.weight" in g.tensors, **moe)
+            fused_gate_up_exps="blk.0.ffn_gate_up_exps.weight" in g.tensors,
+            shexp_gate_2d=len(getattr(g.tensors.get("blk.0.ffn_gate_inp_shexp.weight"),
+                                      "shape", ())) == 2, **moe)
 
     # -- derived sizes ----------------------------------------------------------------------
     @property
@@ -245,7 +250,7 @@ class Config(config.Config):
             b + "ffn_gate_exps.weight": (e, f, x),
             b + "ffn_up_exps.weight": (e, f, x),
             b + "ffn_down_exps.weight": (f, e, x),
-            b + "ffn_gate_inp_shexp.weight": (e,),
+            b + "ffn_gate_inp_shexp.weight": (e, 1) if self.shexp_gate_2d else (e,),
             b + "ffn_gate_shexp.weight": (e, fs),
             b + "ffn_up_shexp.weight": (e, fs),
             b + "ffn_down_shexp.weight": (fs, e),

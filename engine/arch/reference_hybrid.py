@@ -198,7 +198,8 @@ class HybridModel(ReferenceModel):
                 for n in ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
                           "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp"):
                     setattr(L, n, opt(p + n + ".weight"))
-                L.ffn_gate_inp_shexp = vec(p + "ffn_gate_inp_shexp.weight")     # [n_embd]
+                # [n_embd] (ggml [n_embd] or, as converted from a Linear, [n_embd, 1])
+                L.ffn_gate_inp_shexp = vec(p + "ffn_gate_inp_shexp.weight").reshape(-1)
             else:
                 L.ffn_gate, L.ffn_up = lin(p + "ffn_gate.weight"), lin(p + "ffn_up.weight")
                 L.ffn_down = lin(p + "ffn_down.weight")

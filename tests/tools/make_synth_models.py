@@ -439,15 +439,16 @@ def hybrid_delta_net(w, r: Rand, il: int, fused_ba: bool) -> None:
 HYB_EXPERTS, HYB_USED, HYB_FF_EXP, HYB_FF_SHEXP = 4, 2, 64, 64
 
 
-def hybrid_moe(w, r: Rand, il: int) -> None:
+def hybrid_moe(w, r: Rand, il: int, gate_2d: bool = False) -> None:
     """Softmax router over 4 experts (2 used), SwiGLU experts, a shared expert behind a
-    sigmoid gate."""
+    sigmoid gate (gate_2d: stored [1, n_embd], as converted from HF's Linear(n_embd, 1))."""
     p, e, x, f, fs = f"blk.{il}.", HYB_EMBD, HYB_EXPERTS, HYB_FF_EXP, HYB_FF_SHEXP
     w.add_tensor(p + "ffn_gate_inp.weight", r.mat(x, e, scale=4.0).astype(np.float32))
     w.add_tensor(p + "ffn_gate_exps.weight", r.mat(x, f, e))
     w.add_tensor(p + "ffn_up_exps.weight", r.mat(x, f, e))
     w.add_tensor(p + "ffn_down_exps.weight", r.mat(x, e, f))
-    w.add_tensor(p + "ffn_gate_inp_shexp.weight", r.vec(e, 1.0 / np.sqrt(e)))
+    gate = r.vec(e, 1.0 / np.sqrt(e))
+    w.add_tensor(p + "ffn_gate_inp_shexp.weight", gate.reshape(1, e) if gate_2d else gate)
     w.add_tensor(p + "ffn_gate_shexp.weight", r.mat(fs, e))
     w.add_tensor(p + "ffn_up_shexp.weight", r.mat(fs, e))
     w.add_tensor(p + "ffn_down_shexp.weight", r.mat(e, fs))
@@ -463,7 +464,8 @@ def hybrid_dense_ffn(w, r: Rand, il: int, n_ff: int) -> None:
 def make_qwen3next(path: Path, vocab: dict) -> None:
     """Gated delta-net layers 0 and 2, full attention with an output gate on 1 and 3
     (full_attention_interval 2); value heads repeat key heads grouped (h // 2); fused ssm_ba;
-    NeoX rope on 16 of 64 dims; 4 experts (2 used) and a gated shared expert; untied."""
+    NeoX rope on 16 of 64 dims; 4 experts (2 used) and a gated shared expert whose gate is
+    stored 2-D [n_embd, 1] as conversions write it; untied."""
     r = Rand(path.stem)
     w = hybrid_writer(path, "qwen3next", vocab, r, n_layer=HYB_LAYERS, n_ff=0)
     w.add_full_attention_interval(2)
@@ -479,7 +481,7 @@ def make_qwen3next(path: Path, vocab: dict) -> None:
         else:
             hybrid_attention(w, r, il)
         w.add_tensor(p + "post_attention_norm.weight", r.norm(HYB_EMBD))
-        hybrid_moe(w, r, il)
+        hybrid_moe(w, r, il, gate_2d=True)
     finish(w)
 
 

@@ -46,6 +46,9 @@ def test_qwen3next():
     assert (c.head_dim, c.rope_dims, c.rope_sections) == (64, 16, ())
     assert c.rope_positions() == (True,) * 8
     assert qwen35.expert_tensors(c, 0) == [f"blk.0.{n}.weight" for n in qwen35.EXPERT_TENSORS]
+    # the shared expert's gate as conversions store it, [n_embd, 1]; 1-D in qwen35moe-f16
+    assert c.shexp_gate_2d and c.tensor_shapes()["blk.0.ffn_gate_inp_shexp.weight"] == (128, 1)
+    assert not _config("qwen35moe-f16").shexp_gate_2d
 
 
 def test_qwen35_dense_with_an_mtp_block():
