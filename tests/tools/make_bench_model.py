@@ -153,7 +153,7 @@ def hybrid_tensors(arch: str, h: dict):
                     (b + "ffn_gate_exps.weight", T.Q4_K, (x, f, e), "q"),
                     (b + "ffn_up_exps.weight", T.Q4_K, (x, f, e), "q"),
                     (b + "ffn_down_exps.weight", big, (x, e, f), "q"),
-                    (b + "ffn_gate_inp_shexp.weight", T.F32, (e,), 0.0),
+                    (b + "ffn_gate_inp_shexp.weight", T.F32, (1, e), 0.0),   # as converted
                     (b + "ffn_gate_shexp.weight", T.Q4_K, (fs, e), "q"),
                     (b + "ffn_up_shexp.weight", T.Q4_K, (fs, e), "q"),
                     (b + "ffn_down_shexp.weight", big, (e, fs), "q")]
