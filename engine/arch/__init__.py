@@ -9,17 +9,24 @@ from __future__ import annotations
 from types import ModuleType
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
-from . import gemma2, gemma3, gpt_oss, lfm2, llama, mistral3, phi3, qwen2, qwen3, qwen3moe
+from . import gemma2, gemma3, gpt_oss, lfm2, llama, mistral3, phi3, qwen2, qwen3, qwen3moe, qwen35
 
 ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe,
     "qwen2": qwen2, "qwen3": qwen3, "mistral3": mistral3, "phi3": phi3, "gemma2": gemma2,
     "gpt-oss": gpt_oss}
 
+# Architectures whose Config and tensors are read (`hotseat check` describes and sizes them)
+# but that have no GPU forward yet, so no load runs them.
+DESCRIBED: dict[str, ModuleType] = {"qwen3next": qwen35, "qwen35": qwen35, "qwen35moe": qwen35}
+
 
 def for_file(gguf: GGUFFile) -> ModuleType:
     """The architecture module of a GGUF file; a ModelFileError when it is not one of ours."""
     arch = gguf.arch
+    if arch in DESCRIBED:
+        raise ModelFileError(gguf.path, f"architecture {arch!r} is read but not runnable yet "
+                                        f"(no GPU forward)", "architecture")
     if arch not in ARCHITECTURES:
         raise ModelFileError(gguf.path, f"unsupported architecture {arch!r} (supported: "
                                         f"{', '.join(ARCHITECTURES)})", "architecture")

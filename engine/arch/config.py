@@ -80,7 +80,7 @@ class Config:
             # per-layer lists (hybrids) are read by the architecture's extra()
             n_head_kv=n_head_kv if isinstance(n_head_kv, (list, tuple)) else int(n_head_kv),
             head_dim=head_dim,
-            n_ff=int(g.require(f"{a}.{cls.FF_KEY}")),
+            n_ff=int(g.require(f"{a}.{cls.ff_key(g)}")),
             n_vocab=cls.vocab_size(g),
             n_ctx_train=n_ctx_train,
             rope_base=rope_base,
@@ -90,6 +90,11 @@ class Config:
             rope=rope_from_gguf(g, rope_base, rope_dims, n_ctx_train,
                                 "rope_freqs.weight" if cls.ROPE_FREQS else None),
         )
+
+    @classmethod
+    def ff_key(cls, g: GGUFFile) -> str:
+        """The key n_ff is read from (one Config may serve dense and MoE architectures)."""
+        return cls.FF_KEY
 
     @staticmethod
     def vocab_size(g: GGUFFile) -> int:

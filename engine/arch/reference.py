@@ -34,6 +34,8 @@ from ..formats.gguf_file import GGUFFile, ModelFileError
 
 ARCHS = ("llama", "gemma3", "lfm2", "qwen3moe", "qwen2", "qwen3", "mistral3", "phi3", "gemma2",
          "gpt-oss")
+# gated delta-net hybrids: reference_hybrid.py (its open_model returns a HybridModel)
+HYBRID_ARCHS = ("qwen3next", "qwen35", "qwen35moe")
 # the architectures whose graph is llama's: norm, attention (biases, Q/K norms where the file
 # has them), norm, SwiGLU feed-forward
 LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral3")
@@ -86,6 +88,9 @@ class Config:
     @classmethod
     def from_gguf(cls, g: GGUFFile) -> "Config":
         arch = g.arch
+        if arch in HYBRID_ARCHS:
+            raise ModelFileError(g.path, f"architecture {arch!r}: its reference is "
+                                         f"reference_hybrid.HybridModel (its open_model picks it)")
         if arch not in ARCHS:
             raise ModelFileError(g.path, f"architecture {arch!r} has no reference forward pass")
         key = lambda k, *d: g.get(f"{arch}.{k}", *d) if d else g.require(f"{arch}.{k}")
@@ -822,3 +827,4 @@ class ReferenceModel:
                 acc = y if acc is None else acc + y             # summed in slot order
             out[t] = acc
         return out
+

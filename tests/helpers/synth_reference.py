@@ -16,7 +16,8 @@ the prompt in one batch, then one token per decode.
 The checks: at every position of prompt + continuation (teacher-forced: the continuation is
 llama.cpp's greedy one), the same argmax as llama.cpp, except where llama.cpp's two best
 logits are within a tie margin of each other; and cosine similarity >= MIN_COS of the whole
-logit vector after the prompt and at the last position.
+logit vector after the prompt and at the last position (and after every continuation token,
+where the case stores those logits).
 
 The margin: TIE for float weights (F16, BF16, F32), QUANT_TIE where some weight is quantized.
 llama.cpp multiplies quantized weights by activations rounded to 8-bit blocks (Q8_0, Q8_1,
@@ -56,6 +57,9 @@ class Case:
     top2_gap: np.ndarray            # [n_tokens] its best logit minus its second best
     logits_prompt_last: np.ndarray  # [n_vocab] after the prompt
     logits_last: np.ndarray         # [n_vocab] at the last position
+    # [n_continuation + 1, n_vocab] after the prompt and after each continuation token (the
+    # cases made since the hybrid ones); None in older files
+    logits_steps: np.ndarray | None = None
 
     @property
     def quantized(self) -> bool:
@@ -97,7 +101,8 @@ def _case(entry: dict) -> Case:
                     weight_types=entry["weight_types"], prompt_ids=z["prompt_ids"].tolist(),
                     continuation_ids=z["continuation_ids"].tolist(), argmax=z["argmax"],
                     top2_gap=z["top2_gap"], logits_prompt_last=z["logits_prompt_last"],
-                    logits_last=z["logits_last"])
+                    logits_last=z["logits_last"],
+                    logits_steps=z["logits_steps"] if "logits_steps" in z.files else None)
 
 
 def check_file(case: Case) -> None:
@@ -145,6 +150,11 @@ def compare(case: Case, logits: np.ndarray, tie: float | None = None) -> dict:
     assert not wrong, (f"{case.name}: argmax differs from llama.cpp's at positions {wrong} "
                        f"(ours {ours[wrong].tolist()}, llama.cpp's {case.argmax[wrong].tolist()}"
                        f", its top-2 gaps {case.top2_gap[wrong].round(3).tolist()})")
-    for key in ("cos_prompt_last", "cos_last"):
+    keys = ["cos_prompt_last", "cos_last"]
+    if case.logits_steps is not None:       # every step of the continuation, where stored
+        steps = logits[len(case.prompt_ids) - 1:]
+        figures["cos_steps_min"] = min(cosine(a, b) for a, b in zip(steps, case.logits_steps))
+        keys.append("cos_steps_min")
+    for key in keys:
         assert figures[key] >= MIN_COS, f"{case.name}: {key} {figures[key]:.6f} < {MIN_COS}"
     return figures

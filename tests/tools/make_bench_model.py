@@ -13,6 +13,14 @@ vocabulary, so the output projection has the real size. Types follow llama.cpp's
 Q4_K, with Q6_K for the output and for attn_v and ffn_down in the layers llama.cpp gives
 more bits (the first and last eighth and every third between). Blocks are random with
 small fixed scales, zero-mean on average, so activations stay finite.
+
+The hybrid gated delta-net shapes (--arch qwen35 --shape 4b, --arch qwen35moe --shape
+35b-a3b; `tiny` of each for a quick check) are written tensor by tensor, never more than one
+in memory, with Q4_K_M's types as llama.cpp's quantizer picks them for Qwen3.5 (its
+tests/snapshots/qwen3.5-397b-a17b.schema and qwen3.6-27b.schema): Q4_K, Q6_K for the output
+and, in the use_more_bits layers, for attn_qkv (delta-net layers) or attn_v (attention
+layers) and for ffn_down, ffn_down_exps and ffn_down_shexp; F32 for norms, routers, the conv
+taps, ssm_a and ssm_dt. The shapes are Qwen3.5's published configs (HYBRID_SHAPES).
 """
 from __future__ import annotations
 
@@ -30,6 +38,27 @@ SHAPES = {   # arch, shape: n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, 
     ("qwen3", "tiny"): (256, 2, 4, 2, 64, 512, 49152),
 }
 BLOCK = {T.Q4_K: (144, 256), T.Q6_K: (210, 256), T.Q8_0: (34, 32)}
+
+# Qwen3.5's text configs (HF config.json, text_config): hidden_size, num_hidden_layers,
+# attention heads / KV heads of head_dim 256 on every 4th layer (full_attention_interval 4),
+# linear attention of 16 key heads and 32 value heads of 128 with a 4-tap conv,
+# partial_rotary_factor 0.25 (64 rope dims), mrope_section [11, 11, 10], rope_theta 1e7,
+# vocab 248320; the 4B a dense SwiGLU of 9216 with tied embeddings, the 35B-A3B 256 experts
+# (8 used) of 512 and a shared expert of 512, untied.
+HYBRID_SHAPES = {
+    ("qwen35", "4b"): dict(n_embd=2560, n_layer=32, n_head=16, n_head_kv=4, n_ff=9216,
+                           tied=True),
+    ("qwen35moe", "35b-a3b"): dict(n_embd=2048, n_layer=40, n_head=16, n_head_kv=2,
+                                   n_expert=256, n_expert_used=8, n_ff_exp=512,
+                                   n_ff_shexp=512, tied=False),
+    ("qwen35", "tiny"): dict(n_embd=256, n_layer=4, n_head=2, n_head_kv=1, n_ff=512,
+                             n_vocab=49152, tied=True, k_heads=2, v_heads=4),
+    ("qwen35moe", "tiny"): dict(n_embd=256, n_layer=4, n_head=2, n_head_kv=1, n_expert=8,
+                                n_expert_used=2, n_ff_exp=256, n_ff_shexp=256, tied=False,
+                                n_vocab=49152, k_heads=2, v_heads=4),
+}
+HYBRID_DEFAULTS = dict(head_dim=256, k_heads=16, v_heads=32, d_state=128, conv=4, n_rot=64,
+                       sections=[11, 11, 10, 0], interval=4, n_vocab=248320, ctx=262144)
 
 
 def rand_blocks(rng, qtype, rows: int, cols: int) -> np.ndarray:
@@ -55,17 +84,169 @@ def more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+def padded_vocab(kv: dict, n_vocab: int) -> tuple[list, list, int]:
+    """The tokenizer's tokens and types padded with unreachable tokens up to n_vocab."""
+    tokens = list(kv["tokenizer.ggml.tokens"][2])
+    types = list(kv.get("tokenizer.ggml.token_type", (None, None, [1] * len(tokens)))[2])
+    pad = n_vocab - len(tokens)
+    if pad < 0:
+        raise SystemExit(f"the tokenizer has {len(tokens)} tokens, more than the shape's "
+                         f"{n_vocab}")
+    return tokens + [f"<|unused_{i}|>" for i in range(pad)], types + [4] * pad, pad
+
+
+def add_vocab_keys(w, kv: dict, n_vocab: int) -> None:
+    tokens, types, pad = padded_vocab(kv, n_vocab)
+    for k, (t, sub, val) in kv.items():
+        if k == "tokenizer.ggml.tokens":
+            w.add_array(k, tokens)
+        elif k == "tokenizer.ggml.token_type":
+            w.add_array(k, types)
+        elif k == "tokenizer.ggml.scores":
+            w.add_array(k, list(val) + [0.0] * pad)
+        elif t == gguf.GGUFValueType.ARRAY:
+            w.add_array(k, val)
+        elif t == gguf.GGUFValueType.STRING:
+            w.add_string(k, val)
+        else:
+            w.add_key_value(k, val, t)
+
+
+def hybrid_tensors(arch: str, h: dict):
+    """(name, ggml type, numpy shape, fill) of every tensor, in file order; fill is "q"
+    (random blocks), "ones", or a constant for F32 vectors."""
+    e, L, hd = h["n_embd"], h["n_layer"], h["head_dim"]
+    hk, hv, d = h["k_heads"], h["v_heads"], h["d_state"]
+    channels, d_inner = 2 * hk * d + hv * d, hv * d
+    out = [("token_embd.weight", T.Q4_K, (h["n_vocab"], e), "q"),
+           ("output_norm.weight", T.F32, (e,), "ones")]
+    if not h["tied"]:
+        out.append(("output.weight", T.Q6_K, (h["n_vocab"], e), "q"))
+    for i in range(L):
+        b, big = f"blk.{i}.", T.Q6_K if more_bits(i, L) else T.Q4_K
+        out += [(b + "attn_norm.weight", T.F32, (e,), "ones"),
+                (b + "post_attention_norm.weight", T.F32, (e,), "ones")]
+        if (i + 1) % h["interval"]:           # gated delta-net
+            out += [(b + "attn_qkv.weight", big, (channels, e), "q"),
+                    (b + "attn_gate.weight", T.Q4_K, (d_inner, e), "q"),
+                    (b + "ssm_conv1d.weight", T.F32, (channels, h["conv"]), 0.25),
+                    (b + "ssm_dt.bias", T.F32, (hv,), -2.0),
+                    (b + "ssm_a", T.F32, (hv,), -1.0),
+                    (b + "ssm_beta.weight", T.Q4_K, (hv, e), "q"),
+                    (b + "ssm_alpha.weight", T.Q4_K, (hv, e), "q"),
+                    (b + "ssm_norm.weight", T.F32, (d,), "ones"),
+                    (b + "ssm_out.weight", T.Q4_K, (e, d_inner), "q")]
+        else:                                 # full attention, q and its gate per head
+            out += [(b + "attn_q.weight", T.Q4_K, (2 * h["n_head"] * hd, e), "q"),
+                    (b + "attn_k.weight", T.Q4_K, (h["n_head_kv"] * hd, e), "q"),
+                    (b + "attn_v.weight", big, (h["n_head_kv"] * hd, e), "q"),
+                    (b + "attn_q_norm.weight", T.F32, (hd,), "ones"),
+                    (b + "attn_k_norm.weight", T.F32, (hd,), "ones"),
+                    (b + "attn_output.weight", T.Q4_K, (e, h["n_head"] * hd), "q")]
+        if arch == "qwen35":
+            out += [(b + "ffn_gate.weight", T.Q4_K, (h["n_ff"], e), "q"),
+                    (b + "ffn_up.weight", T.Q4_K, (h["n_ff"], e), "q"),
+                    (b + "ffn_down.weight", big, (e, h["n_ff"]), "q")]
+        else:
+            x, f, fs = h["n_expert"], h["n_ff_exp"], h["n_ff_shexp"]
+            out += [(b + "ffn_gate_inp.weight", T.F32, (x, e), 0.0),
+                    (b + "ffn_gate_exps.weight", T.Q4_K, (x, f, e), "q"),
+                    (b + "ffn_up_exps.weight", T.Q4_K, (x, f, e), "q"),
+                    (b + "ffn_down_exps.weight", big, (x, e, f), "q"),
+                    (b + "ffn_gate_inp_shexp.weight", T.F32, (1, e), 0.0),   # as converted
+                    (b + "ffn_gate_shexp.weight", T.Q4_K, (fs, e), "q"),
+                    (b + "ffn_up_shexp.weight", T.Q4_K, (fs, e), "q"),
+                    (b + "ffn_down_shexp.weight", big, (e, fs), "q")]
+    return out
+
+
+def tensor_bytes(qtype, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The byte shape of a quantized tensor of numpy shape `shape`."""
+    nb, ne = BLOCK[qtype]
+    if shape[-1] % ne:
+        raise ValueError(f"{shape[-1]} columns are not whole {qtype.name} blocks")
+    return (*shape[:-1], shape[-1] // ne * nb)
+
+
+def write_hybrid(a, kv: dict) -> int:
+    """A qwen35 / qwen35moe file, streamed: tensor infos first, then each tensor's data."""
+    h = {**HYBRID_DEFAULTS, **HYBRID_SHAPES[a.arch, a.shape]}
+    ctx = a.ctx or h["ctx"]
+    w = gguf.GGUFWriter(a.out, a.arch)
+    w.add_name(f"synthetic-{a.arch}-{a.shape}-q4_k_m")
+    w.add_file_type(15)                      # MOSTLY_Q4_K_M
+    w.add_context_length(ctx)
+    w.add_embedding_length(h["n_embd"])
+    w.add_block_count(h["n_layer"])
+    if a.arch == "qwen35":
+        w.add_feed_forward_length(h["n_ff"])
+    else:
+        w.add_expert_count(h["n_expert"])
+        w.add_expert_used_count(h["n_expert_used"])
+        w.add_expert_feed_forward_length(h["n_ff_exp"])
+        w.add_expert_shared_feed_forward_length(h["n_ff_shexp"])
+    w.add_head_count(h["n_head"])
+    w.add_head_count_kv(h["n_head_kv"])
+    w.add_key_length(h["head_dim"])
+    w.add_value_length(h["head_dim"])
+    w.add_rope_dimension_count(h["n_rot"])
+    w.add_rope_dimension_sections(h["sections"])
+    w.add_rope_freq_base(1e7)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_full_attention_interval(h["interval"])
+    w.add_ssm_conv_kernel(h["conv"])
+    w.add_ssm_state_size(h["d_state"])
+    w.add_ssm_group_count(h["k_heads"])
+    w.add_ssm_time_step_rank(h["v_heads"])
+    w.add_ssm_inner_size(h["v_heads"] * h["d_state"])
+    add_vocab_keys(w, kv, h["n_vocab"])
+    tensors = hybrid_tensors(a.arch, h)
+    for name, qtype, shape, fill in tensors:
+        if qtype == T.F32:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        else:
+            byte_shape = tensor_bytes(qtype, shape)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                              raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(0)
+    for name, qtype, shape, fill in tensors:
+        if qtype == T.F32:
+            data = np.ones(shape, np.float32) if fill == "ones" else \
+                np.full(shape, fill, np.float32)
+            if name.endswith("ffn_gate_inp.weight"):     # routing that varies by token
+                data = (0.02 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            rows = int(np.prod(shape[:-1]))
+            data = rand_blocks(rng, qtype, rows, shape[-1]).reshape(tensor_bytes(qtype, shape))
+        w.write_tensor_data(data)
+    w.close()
+    return sum(4 * int(np.prod(s)) if q == T.F32 else int(np.prod(tensor_bytes(q, s)))
+               for _, q, s, _ in tensors)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--arch", default="qwen3", choices=sorted({a for a, _ in SHAPES}))
+    ap.add_argument("--arch", default="qwen3",
+                    choices=sorted({a for a, _ in SHAPES} | {a for a, _ in HYBRID_SHAPES}))
     ap.add_argument("--shape", default="8b")
     ap.add_argument("--tokenizer", required=True, help="pickled tokenizer.* keys")
-    ap.add_argument("--ctx", type=int, default=40960)
+    ap.add_argument("--ctx", type=int, default=0, help="context_length (default: the "
+                                                       "model's, 40960 for qwen3)")
     ap.add_argument("out")
     a = ap.parse_args()
+    if (a.arch, a.shape) in HYBRID_SHAPES:
+        with open(a.tokenizer, "rb") as f:
+            kv = pickle.load(f)
+        n = write_hybrid(a, kv)
+        print(f"wrote {a.out} ({n / 1e9:.2f} GB of tensors)")
+        return 0
+    a.ctx = a.ctx or 40960
     if (a.arch, a.shape) not in SHAPES:
         ap.error(f"no shape {a.shape} for {a.arch}: "
-                 f"{', '.join(s for r, s in SHAPES if r == a.arch)}")
+                 f"{', '.join(s for r, s in [*SHAPES, *HYBRID_SHAPES] if r == a.arch)}")
     e, n_layer, n_head, n_kv, hd, n_ff, n_vocab = SHAPES[a.arch, a.shape]
     with open(a.tokenizer, "rb") as f:
         kv = pickle.load(f)

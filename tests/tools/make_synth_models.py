@@ -8,14 +8,15 @@ stored files):
     /work/llamacpp-venv/bin/python tests/tools/make_synth_models.py
     /work/llamacpp-venv/bin/python tests/tools/make_synth_reference.py
 
-Every model has 2 layers, n_embd 256 and a 400-token byte-level BPE vocabulary cut down from
-SmolLM2's (the 17 special tokens, the 256 byte tokens, the first merges). Weights are
+Every model has 2 layers, n_embd 256 (the hybrid delta-net ones 4 layers of 128, see
+hybrid_writer) and a 400-token byte-level BPE vocabulary cut down from SmolLM2's (the 17
+special tokens, the 256 byte tokens, the first merges). Weights are
 zero-mean normal with std 1/sqrt(fan_in) (norm weights around 1, biases small), seeded by the
 file name, so the files come out the same on every run. The architecture files keep their
 matrices in F16 and each one exercises its architecture's particular parts (see MODELS);
 the weight-type files are one llama model quantized with `pure` (every matrix, token
-embedding and output included, in the one type), and gpt-oss's experts in MXFP4 (its other
-tensors F16, as in gpt-oss-f16).
+embedding and output included, in the one type), gpt-oss's experts in MXFP4 (its other
+tensors F16, as in gpt-oss-f16), and qwen35-f16's numbers with every matrix in Q8_0.
 """
 from __future__ import annotations
 
@@ -358,6 +359,186 @@ def make_llama_f32(path: Path, vocab: dict) -> None:
     finish(w)
 
 
+# -- the hybrid gated delta-net files (qwen3next, qwen35, qwen35moe) ---------------------------
+# n_embd 128 keeps them small: 4 layers mixing gated delta-net and full attention.
+HYB_EMBD = 128
+HYB_LAYERS = 4
+HYB_K_HEADS, HYB_V_HEADS, HYB_STATE = 2, 4, 32     # value heads twice the key heads
+HYB_CONV = 4
+HYB_HEAD, HYB_HEAD_KV, HYB_HEAD_DIM, HYB_ROT = 2, 1, 64, 16     # partial rope: 1/4 of a head
+
+
+def hybrid_writer(path: Path, arch: str, vocab: dict, r: Rand, *, n_layer: int, n_ff: int,
+                  f32: bool = False):
+    """The keys the three architectures share: attention of 2 heads of 64 (1 KV head) with a
+    16-dim rope, delta-net of 2 key heads and 4 value heads of 32, a 4-tap conv."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"synthetic {path.stem}")
+    w.add_context_length(4096)
+    w.add_embedding_length(HYB_EMBD)
+    w.add_block_count(n_layer)
+    if n_ff:
+        w.add_feed_forward_length(n_ff)
+    w.add_head_count(HYB_HEAD)
+    w.add_head_count_kv(HYB_HEAD_KV)
+    w.add_key_length(HYB_HEAD_DIM)
+    w.add_value_length(HYB_HEAD_DIM)
+    w.add_rope_dimension_count(HYB_ROT)
+    w.add_rope_freq_base(1e7)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_vocab_size(N_VOCAB)
+    w.add_ssm_conv_kernel(HYB_CONV)
+    w.add_ssm_state_size(HYB_STATE)
+    w.add_ssm_group_count(HYB_K_HEADS)
+    w.add_ssm_time_step_rank(HYB_V_HEADS)
+    w.add_ssm_inner_size(HYB_STATE * HYB_V_HEADS)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if f32 else gguf.LlamaFileType.MOSTLY_F16)
+    add_vocab(w, vocab)
+    emb = 0.5 * r.rng.standard_normal((N_VOCAB, HYB_EMBD), dtype=np.float32)
+    w.add_tensor("token_embd.weight", emb.astype(r.dtype))
+    w.add_tensor("output_norm.weight", r.norm(HYB_EMBD))
+    w.add_tensor("output.weight", r.mat(N_VOCAB, HYB_EMBD, scale=3.0))
+    return w
+
+
+def hybrid_attention(w, r: Rand, il: int) -> None:
+    """Full attention: attn_q holds per head q then its output gate; Q/K norms."""
+    p, e, hd = f"blk.{il}.", HYB_EMBD, HYB_HEAD_DIM
+    w.add_tensor(p + "attn_q.weight", r.mat(2 * HYB_HEAD * hd, e))
+    w.add_tensor(p + "attn_k.weight", r.mat(HYB_HEAD_KV * hd, e))
+    w.add_tensor(p + "attn_v.weight", r.mat(HYB_HEAD_KV * hd, e))
+    w.add_tensor(p + "attn_q_norm.weight", r.norm(hd))
+    w.add_tensor(p + "attn_k_norm.weight", r.norm(hd))
+    w.add_tensor(p + "attn_output.weight", r.mat(e, HYB_HEAD * hd))
+
+
+def hybrid_delta_net(w, r: Rand, il: int, fused_ba: bool) -> None:
+    """Gated delta-net: qkv for the conv, z, the conv taps (F32), dt bias and A = -exp(A_log)
+    per value head (decays exp(g) of ~0.6 to ~0.95 a token), beta and alpha (fused ssm_ba per
+    key head in qwen3next), the gated norm and out."""
+    p, e = f"blk.{il}.", HYB_EMBD
+    hv, d_inner = HYB_V_HEADS, HYB_STATE * HYB_V_HEADS
+    channels = 2 * HYB_K_HEADS * HYB_STATE + d_inner
+    w.add_tensor(p + "attn_qkv.weight", r.mat(channels, e))
+    w.add_tensor(p + "attn_gate.weight", r.mat(d_inner, e))
+    w.add_tensor(p + "ssm_conv1d.weight",
+                 (0.5 * r.rng.standard_normal((channels, HYB_CONV))).astype(np.float32))
+    w.add_tensor(p + "ssm_dt.bias", (-2.0 + 0.5 * r.rng.standard_normal(hv)).astype(np.float32))
+    w.add_tensor(p + "ssm_a", -r.rng.uniform(0.5, 4.0, hv).astype(np.float32))
+    if fused_ba:
+        w.add_tensor(p + "ssm_ba.weight", r.mat(2 * hv, e))
+    else:
+        w.add_tensor(p + "ssm_beta.weight", r.mat(hv, e))
+        w.add_tensor(p + "ssm_alpha.weight", r.mat(hv, e, scale=0.5))
+    w.add_tensor(p + "ssm_norm.weight", r.norm(HYB_STATE))
+    w.add_tensor(p + "ssm_out.weight", r.mat(e, d_inner))
+
+
+HYB_EXPERTS, HYB_USED, HYB_FF_EXP, HYB_FF_SHEXP = 4, 2, 64, 64
+
+
+def hybrid_moe(w, r: Rand, il: int, gate_2d: bool = False) -> None:
+    """Softmax router over 4 experts (2 used), SwiGLU experts, a shared expert behind a
+    sigmoid gate (gate_2d: stored [1, n_embd], as converted from HF's Linear(n_embd, 1))."""
+    p, e, x, f, fs = f"blk.{il}.", HYB_EMBD, HYB_EXPERTS, HYB_FF_EXP, HYB_FF_SHEXP
+    w.add_tensor(p + "ffn_gate_inp.weight", r.mat(x, e, scale=4.0).astype(np.float32))
+    w.add_tensor(p + "ffn_gate_exps.weight", r.mat(x, f, e))
+    w.add_tensor(p + "ffn_up_exps.weight", r.mat(x, f, e))
+    w.add_tensor(p + "ffn_down_exps.weight", r.mat(x, e, f))
+    gate = r.vec(e, 1.0 / np.sqrt(e))
+    w.add_tensor(p + "ffn_gate_inp_shexp.weight", gate.reshape(1, e) if gate_2d else gate)
+    w.add_tensor(p + "ffn_gate_shexp.weight", r.mat(fs, e))
+    w.add_tensor(p + "ffn_up_shexp.weight", r.mat(fs, e))
+    w.add_tensor(p + "ffn_down_shexp.weight", r.mat(e, fs))
+
+
+def hybrid_dense_ffn(w, r: Rand, il: int, n_ff: int) -> None:
+    p = f"blk.{il}."
+    w.add_tensor(p + "ffn_gate.weight", r.mat(n_ff, HYB_EMBD))
+    w.add_tensor(p + "ffn_up.weight", r.mat(n_ff, HYB_EMBD))
+    w.add_tensor(p + "ffn_down.weight", r.mat(HYB_EMBD, n_ff))
+
+
+def make_qwen3next(path: Path, vocab: dict) -> None:
+    """Gated delta-net layers 0 and 2, full attention with an output gate on 1 and 3
+    (full_attention_interval 2); value heads repeat key heads grouped (h // 2); fused ssm_ba;
+    NeoX rope on 16 of 64 dims; 4 experts (2 used) and a gated shared expert whose gate is
+    stored 2-D [n_embd, 1] as conversions write it; untied."""
+    r = Rand(path.stem)
+    w = hybrid_writer(path, "qwen3next", vocab, r, n_layer=HYB_LAYERS, n_ff=0)
+    w.add_full_attention_interval(2)
+    w.add_expert_count(HYB_EXPERTS)
+    w.add_expert_used_count(HYB_USED)
+    w.add_expert_feed_forward_length(HYB_FF_EXP)
+    w.add_expert_shared_feed_forward_length(HYB_FF_SHEXP)
+    for il in range(HYB_LAYERS):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", r.norm(HYB_EMBD))
+        if il % 2 == 0:
+            hybrid_delta_net(w, r, il, fused_ba=True)
+        else:
+            hybrid_attention(w, r, il)
+        w.add_tensor(p + "post_attention_norm.weight", r.norm(HYB_EMBD))
+        hybrid_moe(w, r, il, gate_2d=True)
+    finish(w)
+
+
+HYB_SECTIONS = [3, 3, 2, 0]      # Qwen3.5's [11, 11, 10, 0] for 8 rotated pairs
+
+
+def make_qwen35(path: Path, vocab: dict, f32: bool = False) -> None:
+    """Gated delta-net layers 0 to 2, full attention on 3 (full_attention_interval 4); value
+    heads tile key heads (h % 2); separate ssm_beta and ssm_alpha; IMROPE sections
+    [3, 3, 2, 0] over 16 of 64 dims; dense SwiGLU; one MTP block after the trunk
+    (nextn_predict_layers 1, not run); untied."""
+    r = Rand("qwen35", f32)
+    n_ff = 192
+    w = hybrid_writer(path, "qwen35", vocab, r, n_layer=HYB_LAYERS + 1, n_ff=n_ff, f32=f32)
+    w.add_full_attention_interval(4)
+    w.add_rope_dimension_sections(HYB_SECTIONS)
+    w.add_nextn_predict_layers(1)
+    for il in range(HYB_LAYERS + 1):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", r.norm(HYB_EMBD))
+        if il < 3:
+            hybrid_delta_net(w, r, il, fused_ba=False)
+        else:
+            hybrid_attention(w, r, il)
+        w.add_tensor(p + "post_attention_norm.weight", r.norm(HYB_EMBD))
+        hybrid_dense_ffn(w, r, il, n_ff)
+    p = f"blk.{HYB_LAYERS}.nextn."      # the MTP block's own tensors
+    w.add_tensor(p + "eh_proj.weight", r.mat(HYB_EMBD, 2 * HYB_EMBD))
+    w.add_tensor(p + "enorm.weight", r.norm(HYB_EMBD))
+    w.add_tensor(p + "hnorm.weight", r.norm(HYB_EMBD))
+    finish(w)
+
+
+def make_qwen35moe(path: Path, vocab: dict) -> None:
+    """Layer kinds from attention.recurrent_layers [delta, attention, delta, delta]; value
+    heads tile key heads; IMROPE; 4 experts (2 used) and a gated shared expert; untied."""
+    r = Rand(path.stem)
+    w = hybrid_writer(path, "qwen35moe", vocab, r, n_layer=HYB_LAYERS, n_ff=0)
+    recurrent = [True, False, True, True]
+    w.add_array("qwen35moe.attention.recurrent_layers", recurrent)
+    w.add_rope_dimension_sections(HYB_SECTIONS)
+    w.add_expert_count(HYB_EXPERTS)
+    w.add_expert_used_count(HYB_USED)
+    w.add_expert_feed_forward_length(HYB_FF_EXP)
+    w.add_expert_shared_feed_forward_length(HYB_FF_SHEXP)
+    for il in range(HYB_LAYERS):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", r.norm(HYB_EMBD))
+        if recurrent[il]:
+            hybrid_delta_net(w, r, il, fused_ba=False)
+        else:
+            hybrid_attention(w, r, il)
+        w.add_tensor(p + "post_attention_norm.weight", r.norm(HYB_EMBD))
+        hybrid_moe(w, r, il)
+    finish(w)
+
+
 ARCH_MODELS = {
     "qwen2-yarn-f16": make_qwen2,
     "qwen3-linear-f16": make_qwen3,
@@ -365,6 +546,9 @@ ARCH_MODELS = {
     "gemma2-swa-f16": make_gemma2,
     "gpt-oss-f16": make_gpt_oss,
     "mistral3-yarn-f16": make_mistral3,
+    "qwen3next-f16": make_qwen3next,
+    "qwen35-f16": make_qwen35,
+    "qwen35moe-f16": make_qwen35moe,
 }
 
 # file stem -> (llama_ftype, the one ggml type every quantized tensor gets)
@@ -377,6 +561,7 @@ QUANT_MODELS = {
     "llama-bf16": (32, "BF16"),          # LLAMA_FTYPE_MOSTLY_BF16
 }
 MXFP4_FTYPE = 38                         # LLAMA_FTYPE_MOSTLY_MXFP4_MOE: experts MXFP4, rest Q8_0
+Q8_0_FTYPE = 7                           # LLAMA_FTYPE_MOSTLY_Q8_0
 
 
 def quantize(src: Path, dst: Path, ftype: int, qtype: str | None) -> None:
@@ -439,6 +624,11 @@ def main() -> None:
                        for t in gguf.GGUFReader(str(q)).tensors if "_exps.weight" in t.name}
             assert {t for _, t in experts.values()} == {int(gguf.GGMLQuantizationType.MXFP4)}
             make_gpt_oss(args.out / "gpt-oss-mxfp4.gguf", vocab, experts=experts)
+        if want("qwen35-q8_0"):
+            # qwen35-f16's numbers in F32, every matrix then Q8_0 by llama.cpp (pure)
+            src = Path(tmp) / "qwen35-f32.gguf"
+            make_qwen35(src, vocab, f32=True)
+            quantize(src, args.out / "qwen35-q8_0.gguf", Q8_0_FTYPE, "Q8_0")
     total = 0
     for p in sorted(args.out.glob("*.gguf")):
         total += p.stat().st_size

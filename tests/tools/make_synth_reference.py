@@ -12,8 +12,9 @@ logits) decoded one at a time, the last one too, so every position of prompt + c
 has logits. Stored per case (.npz): prompt_ids, continuation_ids, and over all
 n_prompt + N_CONT positions the argmax id and the gap between the two best logits (argmax at
 position n_prompt - 1 + i is continuation_ids[i]); the full logits after the prompt and at
-the last position. index.json holds each case's file, its sha256, the context size, the
-weight types, and the settings. Every tensor's gguf.quants.dequantize (what the tests use) is
+the last position, and (cases made since the hybrid ones) logits_steps, the full logits
+after the prompt and after each continuation token [N_CONT + 1, n_vocab]. index.json holds
+each case's file, its sha256, the context size, the weight types, and the settings. Every tensor's gguf.quants.dequantize (what the tests use) is
 checked bit for bit against ggml's own to_float first.
 """
 from __future__ import annotations
@@ -51,6 +52,10 @@ CASES = {
     "llama-iq4_nl": ("llama-iq4_nl", 512),
     "llama-iq4_xs": ("llama-iq4_xs", 512),
     "llama-bf16": ("llama-bf16", 512),
+    "qwen3next-f16": ("qwen3next-f16", 512),
+    "qwen35-f16": ("qwen35-f16", 512),
+    "qwen35moe-f16": ("qwen35moe-f16", 512),
+    "qwen35-q8_0": ("qwen35-q8_0", 512),
 }
 
 
@@ -133,7 +138,8 @@ def run_case(path: Path, n_ctx: int) -> dict:
     return {"prompt_ids": np.array(prompt, np.int32), "continuation_ids": np.array(cont, np.int32),
             "argmax": logits.argmax(axis=1).astype(np.int32),
             "top2_gap": (top2[:, 1] - top2[:, 0]).astype(np.float32),
-            "logits_prompt_last": logits[len(prompt) - 1], "logits_last": logits[-1]}
+            "logits_prompt_last": logits[len(prompt) - 1], "logits_last": logits[-1],
+            "logits_steps": logits[len(prompt) - 1:]}
 
 
 def dequant_diff(path: Path) -> float:
@@ -169,6 +175,8 @@ def description(stem: str) -> str:
     sys.path.insert(0, str(Path(__file__).parent))
     import make_synth_models as m
 
+    if stem == "qwen35-q8_0":
+        return " ".join(m.make_qwen35.__doc__.split()) + " Every matrix Q8_0 (llama.cpp's, pure)."
     if stem in m.QUANT_MODELS:
         return f"llama, every matrix (token embedding and output too) {m.QUANT_MODELS[stem][1]}"
     doc = " ".join(m.ARCH_MODELS.get(stem, m.make_gpt_oss).__doc__.split())

@@ -84,6 +84,18 @@ def test_a_file_that_wont_run_lists_every_problem(tmp_path):
     assert out["unsupported_types"] == {"IQ1_S": n}
 
 
+def test_a_described_architecture_is_sized_with_its_recurrent_states():
+    """qwen35moe has a Config but no GPU forward: it won't run, and the report says what its
+    weights, KV cache and recurrent states take (compute not known)."""
+    path = ROOT / "tests" / "data" / "synth" / "qwen35moe-f16.gguf"
+    r = hotseat(str(path), "--no-device", "--ctx", "4096")
+    assert r.returncode == 2, r.stderr
+    v = check_file(str(path), 4096)["vram"]
+    kib = v["recurrent_bytes"] / 1024
+    assert f", recurrent states {kib:.1f} KiB, compute not known" in r.stdout
+    assert "  - architecture qwen35moe is read but not runnable yet (no GPU forward)" in r.stdout
+
+
 def test_garbage_and_truncated_files_exit_2_with_one_line(tmp_path, smollm2_path):
     junk = tmp_path / "junk.gguf"
     junk.write_bytes(b"\x00" * 4096)

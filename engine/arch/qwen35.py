@@ -1,0 +1,335 @@
+"""The hybrid gated delta-net architectures qwen3next (Qwen3-Next), qwen35 (Qwen3.5 dense) and
+qwen35moe (Qwen3.5 MoE), as llama.cpp defines them in GGUF (src/models/qwen3next.cpp,
+qwen35.cpp, qwen35moe.cpp, delta-net-base.cpp).
+
+Layers are of two kinds. Most are gated delta-net layers (linear attention with a recurrent
+state); every `full_attention_interval`-th one (or those `attention.recurrent_layers` marks
+false) is full attention. Every layer is
+
+    x = x + mixer(rms_norm(x, attn_norm))
+    x = x + ffn(rms_norm(x, post_attention_norm))
+
+and the model ends in rms_norm(output_norm) and the output projection. The GGUF norm weights
+are plain multipliers (the converter already added Qwen's 1 to its zero-centred weights; the
+delta-net's ssm_norm is stored as is).
+
+Gated delta-net (per token t; H_k = ssm.group_count key heads, H_v = ssm.time_step_rank value
+heads, d = ssm.state_size = head_k_dim = head_v_dim, d_inner = ssm.inner_size = H_v * d):
+    qkv = attn_qkv @ x                 [2 H_k d + H_v d]  (the conv channels: q | k | v)
+    z = attn_gate @ x                  [H_v d]
+    qkv = silu(causal depthwise conv of ssm.conv_kernel taps over (conv state, qkv))
+    q, k = l2-normalised per head: x / sqrt(sum(x^2) + rms_eps)
+    beta = sigmoid(b)    g = softplus(a + ssm_dt.bias) * ssm_a      (ssm_a = -exp(A_log))
+        qwen35*: b = ssm_beta @ x, a = ssm_alpha @ x                [H_v] each
+        qwen3next: ssm_ba @ x, per key head [b (H_v/H_k values), a (H_v/H_k values)]
+    per value head h, reading key head kh(h), state S [d_k x d_v] (float32):
+        S = exp(g) S;  delta = beta (v - S^T k);  S = S + k delta^T;  o = S^T q / sqrt(d)
+        kh(h) = h // (H_v / H_k) in qwen3next (grouped), h % H_k in qwen35* (tiled: the
+        converter reorders the value heads so that ggml's broadcast applies)
+    o = rms_norm(o per head, ssm_norm) * silu(z);   out = ssm_out @ o
+The conv state is the last ssm.conv_kernel - 1 qkv inputs of each channel.
+
+Full attention: attn_q gives per head [q (head_dim) | gate (head_dim)]; q and k get per-head
+RMS norms (attn_q_norm, attn_k_norm), a partial NeoX rope over rope.dimension_count dims
+(qwen35*: ggml's interleaved multi-section rope with rope.dimension_sections; text
+positions make it the NeoX rope, see rope_positions), attention at 1/sqrt(head_dim), the
+output multiplied by sigmoid(gate), then attn_output.
+
+FFN: qwen35 a SwiGLU (ffn_gate, ffn_up, ffn_down). qwen3next and qwen35moe: softmax router
+over `expert_count` experts, top `expert_used_count`, weights renormalised to sum 1, SwiGLU
+experts (ffn_{gate,up,down}_exps), plus a shared SwiGLU expert (ffn_{gate,up,down}_shexp)
+scaled by sigmoid(ffn_gate_inp_shexp . x).
+
+`nextn_predict_layers` multi-token-prediction blocks follow the trunk in block_count; they
+are not run (llama.cpp runs them only as a draft head), so n_layer excludes them.
+
+The GPU forward is not written yet: `forward` below says what it has to do, and the
+architecture is only described (engine/arch DESCRIBED: `hotseat check` sizes it), not run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
+
+from ..formats.gguf_file import GGUFFile, ModelFileError
+from . import config
+from ..gpu.rope import Rope
+
+ARCHS = ("qwen3next", "qwen35", "qwen35moe")
+MOE_ARCHS = ("qwen3next", "qwen35moe")
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # placement order
+
+
+@dataclass(frozen=True)
+class Config(config.Config):
+    arch: str
+    n_layer_nextn: int             # MTP blocks after the trunk (not run)
+    kv_layers: tuple[int, ...]     # full-attention layers
+    delta_layers: tuple[int, ...]  # gated delta-net layers
+    conv_kernel: int               # ssm.conv_kernel: taps of the causal conv
+    ssm_d_inner: int               # ssm.inner_size: H_v * head_v_dim
+    ssm_d_state: int               # ssm.state_size: head_k_dim (= head_v_dim)
+    n_k_heads: int                 # ssm.group_count
+    n_v_heads: int                 # ssm.time_step_rank
+    rope_sections: tuple[int, ...]  # qwen35*: rope.dimension_sections (4); qwen3next: ()
+    n_expert: int = 0              # 0: dense SwiGLU (qwen35); n_ff is then its length
+    n_expert_used: int = 0
+    n_ff_shexp: int = 0            # shared expert's length (MoE)
+    legacy_ssm_in: bool = False    # an old qwen3next file with fused ssm_in (not read)
+    fused_gate_up_exps: bool = False   # ffn_gate_up_exps instead of gate and up (not read)
+    # the shared expert's gate as converted from HF's Linear(n_embd, 1): ggml [n_embd, 1]
+    # (llama.cpp takes it as its [n_embd]); False: stored 1-D
+    shexp_gate_2d: bool = False
+
+    DEFAULTS = {"context_length": 262144, "rope.freq_base": 10000000.0,
+                "attention.layer_norm_rms_epsilon": None}
+
+    @classmethod
+    def ff_key(cls, g: GGUFFile) -> str:
+        # MoE files may have no feed_forward_length (llama.cpp reads it as optional)
+        return "feed_forward_length" if g.arch == "qwen35" else "expert_feed_forward_length"
+
+    @classmethod
+    def extra(cls, g: GGUFFile, common: dict) -> dict:
+        a = g.arch
+        if a not in ARCHS:
+            raise ModelFileError(g.path, f"architecture {a!r} is not one of {', '.join(ARCHS)}",
+                                 "architecture")
+        n_all = common["n_layer"]
+        nextn = int(g.get(f"{a}.nextn_predict_layers", 0) or 0)
+        n_layer = n_all - nextn
+        recurrent = g.get(f"{a}.attention.recurrent_layers")
+        if recurrent is not None:
+            if not isinstance(recurrent, (list, tuple)) or len(recurrent) < n_layer:
+                raise ModelFileError(g.path, f"{a}.attention.recurrent_layers must list "
+                                             f"{n_all} layers", "corrupt")
+            delta = tuple(i for i in range(n_layer) if recurrent[i])
+        else:
+            interval = int(g.get(f"{a}.full_attention_interval", 4))
+            if interval <= 0:
+                raise ModelFileError(g.path, f"{a}.full_attention_interval {interval}",
+                                     "corrupt")
+            delta = tuple(i for i in range(n_layer) if (i + 1) % interval != 0)
+        ssm = {k: int(g.require(f"{a}.ssm.{k}"))
+               for k in ("conv_kernel", "inner_size", "state_size", "time_step_rank",
+                         "group_count")}
+        sections: tuple[int, ...] = ()
+        if a != "qwen3next":
+            s = g.require(f"{a}.rope.dimension_sections")
+            sections = tuple(int(v) for v in (s if isinstance(s, (list, tuple)) else [s]))
+            sections = (sections + (0, 0, 0, 0))[:4]
+        moe = {}
+        if a in MOE_ARCHS:
+            n_used = int(g.require(f"{a}.expert_used_count"))
+            moe = dict(n_expert=int(g.require(f"{a}.expert_count")), n_expert_used=n_used,
+                       # llama.cpp: without it, feed_forward_length
+                       n_ff_shexp=int(g.get(f"{a}.expert_shared_feed_forward_length",
+                                            g.get(f"{a}.feed_forward_length", 0)) or 0))
+        first = delta[0] if delta else None
+        return dict(
+            arch=a, n_layer=n_layer, n_layer_nextn=nextn,
+            kv_layers=tuple(i for i in range(n_layer) if i not in delta), delta_layers=delta,
+            conv_kernel=ssm["conv_kernel"], ssm_d_inner=ssm["inner_size"],
+            ssm_d_state=ssm["state_size"], n_k_heads=ssm["group_count"],
+            n_v_heads=ssm["time_step_rank"], rope_sections=sections,
+            legacy_ssm_in=first is not None and f"blk.{first}.attn_qkv.weight" not in g.tensors
+            and f"blk.{first}.ssm_in.weight" in g.tensors,
+            fused_gate_up_exps="blk.0.ffn_gate_up_exps.weight" in g.tensors,
+            shexp_gate_2d=len(getattr(g.tensors.get("blk.0.ffn_gate_inp_shexp.weight"),
+                                      "shape", ())) == 2, **moe)
+
+    # -- derived sizes ----------------------------------------------------------------------
+    @property
+    def head_v_dim(self) -> int:
+        return self.ssm_d_inner // max(self.n_v_heads, 1)
+
+    @property
+    def key_dim(self) -> int:
+        """q and k channels of the conv: H_k * head_k_dim each."""
+        return self.n_k_heads * self.ssm_d_state
+
+    @property
+    def conv_channels(self) -> int:
+        """The qkv channels the conv runs over: q | k | v."""
+        return 2 * self.key_dim + self.ssm_d_inner
+
+    @property
+    def moe(self) -> bool:
+        return self.n_expert > 0
+
+    @property
+    def grouped_v_heads(self) -> bool:
+        """Value head h reads key head h // (H_v / H_k) (qwen3next), else h % H_k."""
+        return self.arch == "qwen3next"
+
+    def k_head(self, v_head: int) -> int:
+        """The key (and query) head value head v_head reads."""
+        if self.grouped_v_heads:
+            return v_head // (self.n_v_heads // self.n_k_heads)
+        return v_head % self.n_k_heads
+
+    def layer_kinds(self) -> tuple[str, ...]:
+        """"attention" or "delta" for each trunk layer."""
+        return tuple("delta" if i in self.delta_layers else "attention"
+                     for i in range(self.n_layer))
+
+    def rope_positions(self) -> tuple[bool, ...]:
+        """For each rotated pair i < rope_dims / 2, whether it turns by the token's position
+        (True) or stays put (False). ggml's interleaved multi-section rope (qwen35*) gives
+        pair i section (i % sum(sections)) and rotates it by the text position in sections
+        t, h, w, by the extra position (0 for text) otherwise; with Qwen3.5's sections
+        [11, 11, 10, 0] every pair turns, as in a NeoX rope."""
+        n = self.rope_dims // 2
+        if not self.rope_sections:
+            return (True,) * n
+        t, h, w, _ = self.rope_sections
+        total = max(sum(self.rope_sections), 1)
+        out = []
+        for i in range(n):
+            s = i % total
+            out.append((s % 3 == 1 and s < 3 * h) or (s % 3 == 2 and s < 3 * w)
+                       or (s % 3 == 0 and s < 3 * t))
+        return tuple(out)
+
+    def conv_state_bytes(self) -> int:
+        """One delta-net layer's conv state: conv_kernel - 1 inputs of every channel, f32."""
+        return 4 * (self.conv_kernel - 1) * self.conv_channels
+
+    def delta_state_bytes(self) -> int:
+        """One delta-net layer's recurrent state: a head_k_dim x head_v_dim matrix per value
+        head, f32 (llama.cpp's n_embd_s: ssm_d_state * ssm_d_inner)."""
+        return 4 * self.ssm_d_state * self.ssm_d_inner
+
+    def recurrent_bytes(self) -> int:
+        """Every delta-net layer's conv and recurrent state, for one sequence."""
+        return len(self.delta_layers) * (self.conv_state_bytes() + self.delta_state_bytes())
+
+    def kv_bytes(self, n_ctx: int) -> int:
+        """K and V of the attention layers at f16 for n_ctx positions."""
+        return 2 * 2 * n_ctx * self.n_head_kv * self.head_dim * len(self.kv_layers)
+
+    # -- tensors ----------------------------------------------------------------------------
+    def attention_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """A full-attention layer: Q and its gate in one projection, Q/K norms."""
+        b, e, hd = f"blk.{layer}.", self.n_embd, self.head_dim
+        shapes = super().attention_shapes(layer)
+        shapes[b + "attn_q.weight"] = (e, 2 * self.n_head * hd)      # per head: q | gate
+        shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
+        return shapes
+
+    def delta_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """A gated delta-net layer (its input norm included)."""
+        b, e, hv = f"blk.{layer}.", self.n_embd, self.n_v_heads
+        shapes = {
+            b + "attn_norm.weight": (e,),
+            b + "attn_qkv.weight": (e, self.conv_channels),
+            b + "attn_gate.weight": (e, self.ssm_d_inner),
+            b + "ssm_conv1d.weight": (self.conv_kernel, self.conv_channels),
+            b + "ssm_dt.bias": (hv,),
+            b + "ssm_a": (hv,),
+            b + "ssm_norm.weight": (self.head_v_dim,),
+            b + "ssm_out.weight": (self.ssm_d_inner, e),
+        }
+        if self.arch == "qwen3next":
+            shapes[b + "ssm_ba.weight"] = (e, 2 * hv)
+        else:
+            shapes.update({b + "ssm_beta.weight": (e, hv), b + "ssm_alpha.weight": (e, hv)})
+        return shapes
+
+    def ffn_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        b, e, f = f"blk.{layer}.", self.n_embd, self.n_ff
+        shapes = {b + "post_attention_norm.weight": (e,)}
+        if not self.moe:
+            shapes.update({b + "ffn_gate.weight": (e, f), b + "ffn_up.weight": (e, f),
+                           b + "ffn_down.weight": (f, e)})
+            return shapes
+        x, fs = self.n_expert, self.n_ff_shexp
+        shapes.update({
+            b + "ffn_gate_inp.weight": (e, x),
+            b + "ffn_gate_exps.weight": (e, f, x),
+            b + "ffn_up_exps.weight": (e, f, x),
+            b + "ffn_down_exps.weight": (f, e, x),
+            b + "ffn_gate_inp_shexp.weight": (e, 1) if self.shexp_gate_2d else (e,),
+            b + "ffn_gate_shexp.weight": (e, fs),
+            b + "ffn_up_shexp.weight": (e, fs),
+            b + "ffn_down_shexp.weight": (fs, e),
+        })
+        return shapes
+
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every tensor the forward pass reads, with its ggml shape (row length first)."""
+        shapes = self.io_shapes()
+        for i in range(self.n_layer):
+            shapes.update(self.delta_shapes(i) if i in self.delta_layers
+                          else self.attention_shapes(i))
+            shapes.update(self.ffn_shapes(i))
+        return shapes
+
+    def tensor_types(self) -> dict[str, tuple[str, ...]]:
+        """Tensors that only some weight types can hold: the conv taps and the per-head
+        vectors are read as f32."""
+        out = {}
+        for i in self.delta_layers:
+            for n in ("ssm_conv1d.weight", "ssm_dt.bias", "ssm_a"):
+                out[f"blk.{i}.{n}"] = ("F32",)
+        return out
+
+    def problems(self) -> list[str]:
+        extra = []
+        if self.legacy_ssm_in:
+            extra.append("delta-net layers with a fused ssm_in (an old qwen3next conversion: "
+                         "convert again for attn_qkv and attn_gate)")
+        if self.fused_gate_up_exps:
+            extra.append("fused ffn_gate_up_exps (separate ffn_gate_exps and ffn_up_exps "
+                         "are read)")
+        if self.n_layer <= 0:
+            extra.append(f"nextn_predict_layers {self.n_layer_nextn} leaves no trunk layers")
+        if self.n_v_heads <= 0 or self.n_k_heads <= 0 or self.n_v_heads % self.n_k_heads:
+            extra.append(f"ssm.time_step_rank {self.n_v_heads} (value heads) is not a "
+                         f"multiple of ssm.group_count {self.n_k_heads} (key heads)")
+        elif self.ssm_d_inner % self.n_v_heads or self.head_v_dim != self.ssm_d_state:
+            extra.append(f"ssm.inner_size {self.ssm_d_inner} is not ssm.time_step_rank "
+                         f"{self.n_v_heads} heads of ssm.state_size {self.ssm_d_state}")
+        if not 0 < self.ssm_d_state <= 512:
+            extra.append(f"ssm.state_size {self.ssm_d_state}")
+        if not 2 <= self.conv_kernel <= 16:
+            extra.append(f"ssm.conv_kernel {self.conv_kernel}")
+        if self.rope_dims <= 0 or self.rope_dims % 2 or self.rope_dims > self.head_dim:
+            extra.append(f"rope.dimension_count {self.rope_dims} (head dim {self.head_dim})")
+        if self.arch != "qwen3next" and (len(self.rope_sections) != 4
+                                         or not any(self.rope_sections[:3])):
+            extra.append(f"rope.dimension_sections {list(self.rope_sections)}")
+        if self.moe:
+            if not 0 < self.n_expert <= MOE_MAX_EXPERT:
+                extra.append(f"expert_count {self.n_expert}")
+            if not 0 < self.n_expert_used <= min(self.n_expert, MOE_MAX_USED):
+                extra.append(f"expert_used_count {self.n_expert_used}")
+            if self.n_ff_shexp <= 0 or self.n_ff_shexp % 32:
+                extra.append(f"expert_shared_feed_forward_length {self.n_ff_shexp}")
+        return extra
+
+
+def expert_tensors(c: Config, layer: int) -> list[str]:
+    """The expert tensors of one layer, in the order a fractional cpu_moe places them."""
+    return [f"blk.{layer}.{n}.weight" for n in EXPERT_TENSORS] if c.moe else []
+
+
+def attn_windows(c: Config) -> tuple[int, ...]:
+    """The sliding windows of the attention layers (0: full causal); one mask each."""
+    return (0,)
+
+
+def rope_tables(c: Config) -> tuple[Rope, ...]:
+    """Every rope the layers use; the partial rope turns the first rope_dims of a head."""
+    return (c.rope,)
+
+
+def forward(b, c: Config, rs, n: int) -> None:
+    """The GPU forward, not written yet (engine/arch/reference_hybrid.py is the numpy one it
+    is to match, tests/data/synth/qwen3*.npz llama.cpp's logits). Per layer, as in the
+    module docstring: the attention layers as qwen3moe's plus the gate from attn_q's second
+    half of each head and the partial rope; the delta-net layers need their conv state
+    (conv_kernel - 1 rows of conv_channels) and recurrent state (n_v_heads matrices of
+    ssm_d_state x head_v_dim, f32) in the RunState, carried from call to call like lfm2's."""
+    raise NotImplementedError(f"{c.arch} has no GPU forward yet")
