@@ -185,6 +185,28 @@ class RunState:
         out.update((f"delta.{i}", b) for i, b in sorted(self.delta_state.items()))
         return out
 
+    def capture_recurrent(self) -> dict[str, np.ndarray]:
+        """A host copy of every recurrent state, by recurrent_states()' keys (one submit)."""
+        states = self.recurrent_states()
+        if not states:
+            return {}
+        return dict(zip(states, vk.download_many(self.dev, [(b, b.nbytes)
+                                                            for b in states.values()])))
+
+    def restore_recurrent(self, copies: dict[str, np.ndarray]) -> int:
+        """Write capture_recurrent()'s copies back; bytes moved."""
+        states = self.recurrent_states()
+        if set(states) != set(copies):
+            raise RuntimeError(f"recurrent states {sorted(copies)} do not fit this run state's "
+                               f"{sorted(states)}")
+        if not states:
+            return 0
+        with vk.Uploader(self.dev, staging_bytes=max(4096, sum(
+                c.nbytes for c in copies.values()))) as up:
+            for key, buf in states.items():
+                up.write(buf, copies[key])
+            return up.bytes
+
     def set_step(self, token_ids, pos0: int) -> None:
         ids = np.asarray(token_ids, np.uint32)
         self.ids.write(ids)

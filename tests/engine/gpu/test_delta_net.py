@@ -322,3 +322,83 @@ def test_norm_gated(dev, kc, d, rows):
     finally:
         for b in (bx, bz, tw.arenas[0]):
             dev.allocator.free(b)
+
+
+# -- the recurrent states in the run state ---------------------------------------------------
+
+HYBRID = dict(n_layer=4, n_embd=64, n_head=2, q_dim=64, kv_dim=32, n_ff=96, n_vocab=50,
+              n_ctx=32, max_tokens=20, kv_layers=[3], delta_layers=(0, 1, 2),
+              delta_conv_dim=DeltaHeads(4, 2, 16, True).conv_dim, delta_width=4, delta_heads=4,
+              delta_head_dim=16)
+
+
+
+def test_run_state_sizes_its_delta_layers(dev):
+    """bytes_for (what the arbiter grants) is what the constructor allocates; the states are
+    the "recurrent" bytes, conv [conv_dim, width - 1] and delta [n_head, d, d] per layer."""
+    rs = RunState(dev, "t", **HYBRID)
+    try:
+        bufs = rs.buffers()
+        assert sum(b.nbytes for b in bufs) == RunState.bytes_for(**HYBRID)
+        recurrent = sum(b.nbytes for b in bufs if b.kind == "recurrent")
+        per_layer = 4 * (HYBRID["delta_conv_dim"] * 3 + 4 * 16 * 16)
+        assert recurrent == RunState.recurrent_bytes(**HYBRID) == 3 * per_layer
+        assert list(rs.recurrent_states()) == ["conv.0", "conv.1", "conv.2", "delta.0",
+                                               "delta.1", "delta.2"]
+        assert set(rs.k_cache) == {3}
+    finally:
+        rs.close()
+
+
+def test_recurrent_states_survive_capture_and_restore(dev):
+    """What a release copies out and a restore writes back into a fresh run state comes back
+    bit for bit, conv and delta states alike; reset_recurrent zeroes them all."""
+    rng = np.random.default_rng(8)
+    rs = RunState(dev, "t", **HYBRID)
+    try:
+        written = {}
+        for key, b in rs.recurrent_states().items():
+            written[key] = rng.integers(0, 256, b.nbytes, dtype=np.uint8)
+            vk.upload(dev, b, written[key])
+        copies = rs.capture_recurrent()
+    finally:
+        rs.close()
+    assert set(copies) == set(written)
+    fresh = RunState(dev, "t", **HYBRID)
+    try:
+        assert fresh.restore_recurrent(copies) == sum(c.nbytes for c in written.values())
+        for key, b in fresh.recurrent_states().items():
+            assert np.array_equal(vk.download(dev, b).view(np.uint8), written[key]), key
+        fresh.reset_recurrent()
+        for b in fresh.recurrent_states().values():
+            assert not vk.download(dev, b).view(np.uint8).any()
+        with pytest.raises(RuntimeError, match="do not fit"):
+            fresh.restore_recurrent({k: v for k, v in copies.items() if k != "delta.2"})
+    finally:
+        fresh.close()
+
+
+def test_decode_resumes_from_restored_states(dev, kc):
+    """A delta layer's state captured mid-sequence and written into a fresh run state goes on
+    as if never released."""
+    heads = DeltaHeads(4, 2, 16, True)
+    rng = np.random.default_rng(9)
+    first, second = layer_inputs(rng, heads, 30), layer_inputs(rng, heads, 1)
+    dt_bias, ssm_a = first[2], first[3]
+    outs = []
+    for release in (False, True):
+        layer = Layer(dev, kc, heads, dt_bias, ssm_a, 30, tuning_for(dev), False)
+        try:
+            layer.run(first[0], first[1])
+            if release:
+                copies = layer.rs.capture_recurrent()
+                layer.rs.close()
+                layer.rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64,
+                                    kv_dim=64, n_ff=64, n_vocab=64, n_ctx=16, max_tokens=30,
+                                    delta_layers=(0,), delta_conv_dim=heads.conv_dim,
+                                    delta_width=4, delta_heads=4, delta_head_dim=16)
+                layer.rs.restore_recurrent(copies)
+            outs.append((layer.run(second[0], second[1]), layer.state))
+        finally:
+            layer.close()
+    assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
