@@ -180,7 +180,8 @@ KERNELS: dict[str, KernelSpec] = {
     "delta_chunk": KernelSpec("delta_chunk.comp", 4, DELTA_HEADS + (
                                   ("n_tokens", U), ("qkv_stride", U), ("k_offset", U),
                                   ("v_offset", U), ("scale", F)),
-                              (("WG", 0), ("C", 1), ("HD", 2), ("JB", 3)), writes=(2, 3)),
+                              (("WG", 0), ("C", 1), ("HD", 2), ("JB", 3), ("TT", 4)),
+                              writes=(2, 3)),
     "norm_gated": KernelSpec("norm_gated.comp", 4, (("n_cols", U), ("n_rows", U), ("eps", F)),
                              (("WG", 0),), writes=(3,)),
 }

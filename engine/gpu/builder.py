@@ -443,8 +443,9 @@ class Builder:
                       spec=dict(WG=lanes * cols, L=lanes, HD=hd), v_offset=heads.v_offset,
                       **common, **gate_push)
         else:
-            c, jb = self.t.delta_chunk, min(DELTA_COLUMNS, hd)
-            if hd % jb or not 0 < c <= DELTA_PREP_WG:
+            # value columns per workgroup: its shared state slice, k and q tiles fit 32 KiB
+            c, jb = self.t.delta_chunk, min(DELTA_COLUMNS if hd <= 128 else 8, hd)
+            if hd % jb or not 0 < c <= DELTA_PREP_WG or c % DELTA_TILE:
                 raise ValueError(f"delta net: head dim {hd}, chunk {c}")
             scratch = self.rs.delta_scratch
             need = delta_scratch_floats(heads.n_head, n, c)
@@ -455,7 +456,7 @@ class Builder:
                       (heads.n_head, -(-n // c), 1),
                       spec=dict(WG=DELTA_PREP_WG, C=c, HD=hd, DT=16), **common, **gate_push)
             self.g.op("delta_chunk", [qkv, scratch, state, out], (heads.n_head, hd // jb, 1),
-                      spec=dict(WG=DELTA_CHUNK_WG, C=c, HD=hd, JB=jb),
+                      spec=dict(WG=DELTA_CHUNK_WG, C=c, HD=hd, JB=jb, TT=DELTA_TILE),
                       v_offset=heads.v_offset, **common)
         self._wrote(state)
         self._wrote(out)
@@ -473,7 +474,8 @@ class Builder:
 DELTA_CONV_WG = 64          # delta_conv's lanes: heads of up to 4 x 64 channels
 DELTA_PREP_WG = 256         # delta_chunk_prep's lanes: at least a chunk's tokens
 DELTA_CHUNK_WG = 128        # delta_chunk's lanes
-DELTA_COLUMNS = 16          # delta_chunk's value columns per workgroup
+DELTA_COLUMNS = 16          # delta_chunk's value columns per workgroup (8 past 128 dims)
+DELTA_TILE = 8              # delta_chunk's tokens per shared tile of k and q
 
 
 @dataclass(frozen=True)
