@@ -237,9 +237,9 @@ def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tu
                    flash_block: tuple[int, int] | None = None) -> dict:
     """RunState's sizes for a model config. Hybrid configs name their attention layers
     (`kv_layers`) and their short-convolution layers (`conv_layers`, of `d_conv` inputs);
-    with experts, c.n_ff is one expert's. Gated delta-net configs give their layers and
-    sizes by a method `delta_state_sizes()`: a dict of RunState's delta_* arguments."""
-    delta = c.delta_state_sizes() if hasattr(c, "delta_state_sizes") else {}
+    with experts, c.n_ff is one expert's. Gated delta-net configs name their `delta_layers`
+    (see delta_run_state_args)."""
+    delta = delta_run_state_args(c)
     return dict(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head,
                 q_dim=c.n_head * c.head_dim, kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff,
                 n_vocab=c.n_vocab, n_ctx=n_ctx, max_tokens=max_tokens, rope=rope,
@@ -248,6 +248,19 @@ def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tu
                 n_expert=getattr(c, "n_expert", 0),
                 n_expert_used=getattr(c, "n_expert_used", 0), windows=windows,
                 flash_block=flash_block, **delta)
+
+
+def delta_run_state_args(c) -> dict:
+    """RunState's delta_* arguments for a config with gated delta-net layers: from its
+    `delta_state_sizes()` where it has one, else from engine/arch/qwen35.py's names
+    (delta_layers, conv_channels, conv_kernel, n_v_heads, ssm_d_state)."""
+    if hasattr(c, "delta_state_sizes"):
+        return c.delta_state_sizes()
+    if not getattr(c, "delta_layers", ()):
+        return {}
+    return dict(delta_layers=tuple(c.delta_layers), delta_conv_dim=c.conv_channels,
+                delta_width=c.conv_kernel, delta_heads=c.n_v_heads,
+                delta_head_dim=c.ssm_d_state)
 
 
 def _mask_shape(max_tokens: int, n_ctx: int, block: tuple[int, int]) -> tuple[int, int]:

@@ -402,3 +402,79 @@ def test_decode_resumes_from_restored_states(dev, kc):
         finally:
             layer.close()
     assert np.array_equal(outs[0][0], outs[1][0]) and np.array_equal(outs[0][1], outs[1][1])
+
+
+def test_run_state_args_of_a_hybrid_config():
+    """A config with qwen35.py's names sizes the run state's delta layers."""
+    from types import SimpleNamespace
+
+    from engine.gpu.runstate import run_state_args
+
+    c = SimpleNamespace(n_layer=4, n_embd=64, n_head=2, head_dim=32, n_head_kv=1, n_ff=96,
+                        n_vocab=50, kv_layers=(3,), delta_layers=(0, 1, 2), conv_kernel=4,
+                        conv_channels=128, n_v_heads=4, n_k_heads=2, ssm_d_state=16)
+    args = run_state_args(c, n_ctx=32, max_tokens=8)
+    assert (args["delta_layers"], args["delta_conv_dim"], args["delta_width"],
+            args["delta_heads"], args["delta_head_dim"]) == ((0, 1, 2), 128, 4, 4, 16)
+    assert RunState.recurrent_bytes(**args) == 3 * 4 * (128 * 3 + 4 * 16 * 16)
+
+
+# -- a whole delta-net layer between its projections -----------------------------------------
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35"])
+def test_delta_layer_between_projections(dev, kc, arch):
+    """conv -> delta rule -> gated norm on the run state's buffers, as a forward chains them
+    (qwen3next: grouped heads, one fused beta|alpha projection; qwen35: tiled heads, two),
+    a chunked prefill then a decode step, against numpy."""
+    heads = DeltaHeads(4, 2, 16, arch == "qwen35")
+    fused = arch == "qwen3next"
+    H, d, ch, width = heads.n_head, heads.head_dim, heads.conv_dim, 4
+    rng = np.random.default_rng(10)
+    w_conv = (rng.standard_normal((ch, width)) * 0.5).astype(np.float32)
+    w_norm = rng.standard_normal(d).astype(np.float32)
+    dt_bias = rng.standard_normal(H).astype(np.float32)
+    ssm_a = -np.exp(rng.standard_normal(H)).astype(np.float32)
+    layer = Layer(dev, kc, heads, dt_bias, ssm_a, 40, tuning_for(dev, 16), fused)
+    rs = layer.rs
+    tw, tn = f32_tensor(dev, w_conv), f32_tensor(dev, w_norm)
+    conv_state, state = np.zeros((ch, width - 1)), np.zeros((H, d, d))
+    try:
+        for n in (37, 1):
+            x = rng.standard_normal((n, ch)).astype(np.float32)
+            z = rng.standard_normal((n, H * d)).astype(np.float32)
+            b = rng.standard_normal((n, H)).astype(np.float32)
+            a = rng.standard_normal((n, H)).astype(np.float32)
+            vk.upload(dev, rs.dn_qkv, x)
+            vk.upload(dev, rs.dn_z, z)
+            if fused:
+                r = H // heads.n_head_k
+                vk.upload(dev, rs.dn_ba, np.concatenate(
+                    [b.reshape(n, -1, r), a.reshape(n, -1, r)], -1).reshape(n, -1))
+                gates = DeltaGates.fused(rs.dn_ba, heads)
+            else:
+                vk.upload(dev, rs.dn_ba, b)
+                vk.upload(dev, rs.dn_alpha, a)
+                gates = DeltaGates.separate(rs.dn_ba, rs.dn_alpha, heads)
+            g = Graph(dev, kc, "t")
+            bld = Builder(g, {}, rs, layer.tuning)
+            bld.delta_conv(rs.dn_qkv, tw, rs.conv_state[0], rs.dn_conv, n, heads, EPS)
+            bld.delta_net(rs.dn_conv, gates, layer.dt, layer.a, rs.delta_state[0], rs.dn_out,
+                          n, heads)
+            bld.norm_gated(rs.dn_out, tn, rs.dn_z, rs.dn_out, n * H, EPS)
+            g.replay()
+            g.close()
+
+            qkv, conv_state = conv_ref(x, w_conv, conv_state, heads)
+            beta, gate = gates_ref(b, a, dt_bias, ssm_a)
+            o, state = delta_ref(qkv, beta, gate, state, heads)
+            o = o.reshape(n * H, d)
+            zz = z.reshape(n * H, d).astype(np.float64)
+            want = o / np.sqrt((o ** 2).mean(-1, keepdims=True) + EPS) * w_norm \
+                * zz / (1 + np.exp(-zz))
+            got = read(dev, rs.dn_out)[:n * H * d].reshape(n * H, d)
+            assert nmse(got, want) < 1e-10
+            assert nmse(layer.state, state) < 1e-10
+    finally:
+        layer.close()
+        for t in (tw, tn):
+            dev.allocator.free(t.arenas[0])
