@@ -10,8 +10,8 @@
 // x [n_tokens, n_channels] (the qkv projection), w [n_channels, width] f32, state
 // [n_channels, width - 1], out [n_tokens, n_channels]. One workgroup per (head of head_dim
 // channels, TB tokens); TB >= width - 1, so only the first token block reads the state, and
-// its lanes write the new state of their own channels once their reads are done. ggml's L2 norm here is
-// rms_norm(eps / n) / sqrt(n), i.e. y / sqrt(sum y^2 + eps).
+// its lanes write the new state of their own channels once their reads are done. ggml's L2
+// norm here is rms_norm(eps / n) / sqrt(n), i.e. y / sqrt(sum y^2 + eps).
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 layout(local_size_x_id = 0) in;

@@ -418,9 +418,10 @@ class Builder:
         """The gated delta rule over n tokens: out[n, n_head, head_dim] from qkv[n, conv_dim]
         (delta_conv's output: q | k | v), the gates' raw projections and the layer's ssm_dt
         bias and ssm_a (F32 [n_head]); state [n_head, head_dim (v), head_dim (k)] f32 read
-        and written in place. One token, or chunked=False: token by token (delta_net);
-        else by chunks of Tuning.delta_chunk tokens (delta_chunk_prep, delta_chunk, with
-        rs.delta_scratch), equal within f32 rounding."""
+        and written in place. Token by token (delta_net) for one token, where
+        Tuning.delta_chunk is 0, or chunked=False; else by chunks of Tuning.delta_chunk
+        tokens (delta_chunk_prep, delta_chunk, with rs.delta_scratch), equal within f32
+        rounding."""
         hd = heads.head_dim
         for t in (dt_bias, ssm_a):
             if t.wtype != "F32" or t.shape != (heads.n_head,):

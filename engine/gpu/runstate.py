@@ -8,7 +8,7 @@ from . import vk
 from .paths import MAX_SPLITS
 from .rope import Rope, rope_table
 
-DELTA_CHUNK = 64        # the longest chunk the delta rule's scratch is sized for (Tuning.delta_chunk)
+DELTA_CHUNK = 64    # the longest chunk (Tuning.delta_chunk) the delta rule's scratch is sized for
 
 
 def delta_scratch_floats(n_head: int, n_tokens: int, chunk: int) -> int:
