@@ -63,6 +63,9 @@ class KernelSpec:
 
 
 U, F = "u32", "f32"
+# the delta-rule kernels' heads (include/delta.glsl) and where their gate inputs sit
+DELTA_HEADS = (("n_head", U), ("n_head_k", U), ("tiled", U))
+DELTA_GATES = (("gate_stride", U), ("gate_group", U), ("beta_offset", U), ("alpha_offset", U))
 KERNELS: dict[str, KernelSpec] = {
     "mul_mat": KernelSpec(
         "mul_mat.comp", 3,
@@ -159,6 +162,28 @@ KERNELS: dict[str, KernelSpec] = {
                          (("TILED", 0), ("TSRC", 1)), writes=(2,)),
     "ssm_conv": KernelSpec("ssm_conv.comp", 3, (("n_channels", U), ("n_tokens", U), ("width", U)),
                            writes=(2,)),
+    # gated delta-net layers (qwen3next, qwen35): the short convolution with silu, q/k L2 norms
+    # and its state; the delta rule per token (delta_net) or per chunk (delta_chunk_prep, then
+    # delta_chunk); the gated RMS norm of its output
+    "delta_conv": KernelSpec("delta_conv.comp", 4,
+                             (("n_channels", U), ("n_tokens", U), ("width", U), ("head_dim", U),
+                              ("n_norm", U), ("eps", F)),
+                             (("WG", 0), ("TB", 1)), writes=(2, 3)),
+    "delta_net": KernelSpec("delta_net.comp", 7, DELTA_HEADS + (
+                                ("n_tokens", U), ("qkv_stride", U), ("k_offset", U),
+                                ("v_offset", U)) + DELTA_GATES + (("scale", F),),
+                            (("WG", 0), ("L", 1), ("HD", 2)), writes=(5, 6)),
+    "delta_chunk_prep": KernelSpec("delta_chunk_prep.comp", 6, DELTA_HEADS + (
+                                       ("n_tokens", U), ("qkv_stride", U), ("k_offset", U))
+                                   + DELTA_GATES + (("scale", F),),
+                                   (("WG", 0), ("C", 1), ("HD", 2), ("DT", 3)), writes=(5,)),
+    "delta_chunk": KernelSpec("delta_chunk.comp", 4, DELTA_HEADS + (
+                                  ("n_tokens", U), ("qkv_stride", U), ("k_offset", U),
+                                  ("v_offset", U), ("scale", F)),
+                              (("WG", 0), ("C", 1), ("HD", 2), ("JB", 3), ("TT", 4)),
+                              writes=(2, 3)),
+    "norm_gated": KernelSpec("norm_gated.comp", 4, (("n_cols", U), ("n_rows", U), ("eps", F)),
+                             (("WG", 0),), writes=(3,)),
 }
 
 

@@ -6,12 +6,15 @@ of tensor operations. Which kernel an op takes comes from the model's `Paths` ta
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 from . import vk
 from .graph import Graph
 from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_K, MATVEC_ACT, MATVEC_CHUNK
 from .paths import Paths, Tuning
 from .rope import Rope
-from .runstate import RunState
+from .runstate import RunState, delta_scratch_floats
 from .tensors import Tensor, View
 
 
@@ -388,6 +391,149 @@ class Builder:
         self.g.op("ssm_conv", [x, w.binding(), out], (-(-n_channels // 64), n, 1),
                   n_channels=n_channels, n_tokens=n, width=width)
         self._wrote(out)
+
+    # -- gated delta-net layers (qwen3next, qwen35, qwen35moe) ----------------------------------
+
+    def delta_conv(self, x: vk.Buffer, w: Tensor, state: vk.Buffer, out: vk.Buffer, n: int,
+                   heads: "DeltaHeads", eps: float) -> None:
+        """out[n, conv_dim] = silu(causal conv of x[n, conv_dim] after the conv state), with the
+        q and k heads (the first 2 n_head_k head_dim channels) L2-normed: x / sqrt(sum x^2 +
+        eps). w [conv_dim, width] F32 (GGUF ssm_conv1d, ggml shape (width, conv_dim)); state
+        [conv_dim, width - 1] moves on by n inputs in place. conv_dim = heads.conv_dim."""
+        width, n_channels = w.shape
+        hd = heads.head_dim
+        if w.wtype != "F32" or n_channels != heads.conv_dim or hd > 4 * DELTA_CONV_WG:
+            raise ValueError(f"delta conv: kernel {w.wtype} {list(w.shape)} for "
+                             f"{heads.conv_dim} channels of heads of {hd}")
+        tb = max(16, width - 1)         # the first token block alone reads the state
+        self.g.op("delta_conv", [x, w.binding(), state, out], (n_channels // hd, -(-n // tb), 1),
+                  spec=dict(WG=DELTA_CONV_WG, TB=tb), n_channels=n_channels, n_tokens=n,
+                  width=width, head_dim=hd, n_norm=2 * heads.n_head_k * hd, eps=eps)
+        self._wrote(state)
+        self._wrote(out)
+
+    def delta_net(self, qkv: vk.Buffer, gates: "DeltaGates", dt_bias: Tensor, ssm_a: Tensor,
+                  state: vk.Buffer, out: vk.Buffer, n: int, heads: "DeltaHeads",
+                  chunked: bool | None = None) -> None:
+        """The gated delta rule over n tokens: out[n, n_head, head_dim] from qkv[n, conv_dim]
+        (delta_conv's output: q | k | v), the gates' raw projections and the layer's ssm_dt
+        bias and ssm_a (F32 [n_head]); state [n_head, head_dim (v), head_dim (k)] f32 read
+        and written in place. Token by token (delta_net) for one token, where
+        Tuning.delta_chunk is 0, or chunked=False; else by chunks of Tuning.delta_chunk
+        tokens (delta_chunk_prep, delta_chunk, with rs.delta_scratch), equal within f32
+        rounding."""
+        hd = heads.head_dim
+        for t in (dt_bias, ssm_a):
+            if t.wtype != "F32" or t.shape != (heads.n_head,):
+                raise ValueError(f"delta net: gate tensor {t.wtype} {list(t.shape)}, expected "
+                                 f"F32 [{heads.n_head}]")
+        if chunked is None:
+            chunked = n > 1 and self.t.delta_chunk > 0
+        common = dict(n_head=heads.n_head, n_head_k=heads.n_head_k, tiled=int(heads.tiled),
+                      n_tokens=n, qkv_stride=heads.conv_dim, k_offset=heads.k_offset,
+                      scale=1.0 / math.sqrt(hd))
+        gate_push = dict(gate_stride=gates.stride, gate_group=gates.group,
+                         beta_offset=gates.beta_offset, alpha_offset=gates.alpha_offset)
+        gate_bufs = [gates.beta, gates.alpha, dt_bias.binding(), ssm_a.binding()]
+        if not chunked:
+            lanes = min(self.t.subgroup, hd)
+            cols = max(1, min(hd, 128 // lanes))
+            if hd % lanes or hd % cols:
+                raise ValueError(f"delta net: head dim {hd} for {lanes} lanes per column")
+            self.g.op("delta_net", [qkv, *gate_bufs, state, out], (heads.n_head, hd // cols, 1),
+                      spec=dict(WG=lanes * cols, L=lanes, HD=hd), v_offset=heads.v_offset,
+                      **common, **gate_push)
+        else:
+            # value columns per workgroup: its shared state slice, k and q tiles fit 32 KiB
+            c, jb = self.t.delta_chunk, min(DELTA_COLUMNS if hd <= 128 else 8, hd)
+            if hd % jb or not 0 < c <= DELTA_PREP_WG or c % DELTA_TILE:
+                raise ValueError(f"delta net: head dim {hd}, chunk {c}")
+            scratch = self.rs.delta_scratch
+            need = delta_scratch_floats(heads.n_head, n, c)
+            if 4 * need > scratch.nbytes:
+                raise ValueError(f"delta net: {n} tokens need {4 * need} scratch bytes, "
+                                 f"the run state has {scratch.nbytes}")
+            self.g.op("delta_chunk_prep", [qkv, *gate_bufs, scratch],
+                      (heads.n_head, -(-n // c), 1),
+                      spec=dict(WG=DELTA_PREP_WG, C=c, HD=hd, DT=16), **common, **gate_push)
+            self.g.op("delta_chunk", [qkv, scratch, state, out], (heads.n_head, hd // jb, 1),
+                      spec=dict(WG=DELTA_CHUNK_WG, C=c, HD=hd, JB=jb, TT=DELTA_TILE),
+                      v_offset=heads.v_offset, **common)
+        self._wrote(state)
+        self._wrote(out)
+
+    def norm_gated(self, x: vk.Buffer, w: Tensor, z: vk.Buffer, out: vk.Buffer, rows: int,
+                   eps: float) -> None:
+        """out[r] = rms_norm(x[r]) * w * silu(z[r]) for rows of len(w) (a delta-net layer's
+        output: rows are (token, v head), w its ssm_norm)."""
+        self.g.op("norm_gated", [x, w.binding(), z, out], _groups_1d(rows, 1),
+                  spec=dict(WG=self.t.norm_wg if w.shape[0] >= self.t.norm_wg
+                            else self.t.subgroup), n_cols=w.shape[0], n_rows=rows, eps=eps)
+        self._wrote(out)
+
+
+DELTA_CONV_WG = 64          # delta_conv's lanes: heads of up to 4 x 64 channels
+DELTA_PREP_WG = 256         # delta_chunk_prep's lanes: at least a chunk's tokens
+DELTA_CHUNK_WG = 128        # delta_chunk's lanes
+DELTA_COLUMNS = 16          # delta_chunk's value columns per workgroup (8 past 128 dims)
+DELTA_TILE = 8              # delta_chunk's tokens per shared tile of k and q
+
+
+@dataclass(frozen=True)
+class DeltaHeads:
+    """A gated delta-net layer's heads: n_head value heads of head_dim reading n_head_k key
+    heads (GGUF ssm.time_step_rank, ssm.group_count, ssm.state_size). Value head h reads key
+    head h % n_head_k where tiled (qwen35, qwen35moe: llama.cpp repeats the k heads whole),
+    else h // (n_head // n_head_k) (qwen3next: each k head repeated in place). The conv
+    channels, and delta_conv's output rows, are q [n_head_k, head_dim] | k [n_head_k,
+    head_dim] | v [n_head, head_dim]."""
+    n_head: int
+    n_head_k: int
+    head_dim: int
+    tiled: bool
+
+    def __post_init__(self):
+        if self.n_head_k <= 0 or self.n_head % self.n_head_k:
+            raise ValueError(f"delta net: {self.n_head} value heads over {self.n_head_k} "
+                             "key heads")
+
+    @property
+    def k_offset(self) -> int:
+        return self.n_head_k * self.head_dim
+
+    @property
+    def v_offset(self) -> int:
+        return 2 * self.n_head_k * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return (2 * self.n_head_k + self.n_head) * self.head_dim
+
+
+@dataclass(frozen=True)
+class DeltaGates:
+    """Where the delta rule's raw gate projections sit: per token, `stride` floats; value head
+    h's beta input at beta_offset + (h // r) * group + h % r (r = n_head // n_head_k), its
+    alpha input likewise from alpha_offset. beta and alpha may be one buffer."""
+    beta: vk.Buffer
+    alpha: vk.Buffer
+    stride: int
+    group: int
+    beta_offset: int = 0
+    alpha_offset: int = 0
+
+    @classmethod
+    def separate(cls, beta: vk.Buffer, alpha: vk.Buffer, heads: DeltaHeads) -> "DeltaGates":
+        """qwen35: ssm_beta and ssm_alpha projected apart, each [n, n_head]."""
+        r = heads.n_head // heads.n_head_k
+        return cls(beta, alpha, heads.n_head, r)
+
+    @classmethod
+    def fused(cls, ba: vk.Buffer, heads: DeltaHeads) -> "DeltaGates":
+        """qwen3next: ssm_beta_alpha's one projection [n, 2 n_head], per key head its r betas
+        then its r alphas."""
+        r = heads.n_head // heads.n_head_k
+        return cls(ba, ba, 2 * heads.n_head, 2 * r, 0, r)
 
 
 def moe_tile_slots(n: int, n_used: int, n_expert: int, nt_max: int) -> int:

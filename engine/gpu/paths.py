@@ -68,6 +68,9 @@ class Tuning:
     split_chunk: int = 32        # ... and the fewest positions a split takes
     moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
                                  # else one per token and slot (mul_mat_id, as decode)
+    delta_chunk: int = 64        # gated delta rule: tokens per chunk of its prefill path
+                                 # (delta_chunk_prep + delta_chunk); 0: token by token
+                                 # (delta_net), as decode
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
@@ -85,8 +88,11 @@ class Tuning:
                       # follow ggml's CPU rounding anyway: decode does not either
                       ggml_numerics=not coopmat)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
+            # the chunked delta rule's many barriers cost lavapipe more than they save: 8 heads
+            # of 128, 256 tokens took 2.2 s chunked against 0.35 s token by token
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
-                       split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup, **common)
+                       split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup,
+                       delta_chunk=0, **common)
         return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
 
     @property
@@ -145,7 +151,8 @@ class Tuning:
             else "attn_split",
             prefill_attention=prefill_attn,
             moe_prefill="mul_mat_moe" if self.moe_grouped else "mul_mat_id",
-            numerics="ggml" if self.ggml_numerics else "device")
+            numerics="ggml" if self.ggml_numerics else "device",
+            prefill_delta="delta_chunk" if self.delta_chunk else "delta_net")
 
 
 @dataclass(frozen=True)
@@ -159,6 +166,8 @@ class Paths:
     prefill_attention: str   # flash_attn_cm | flash_attn (tiled) | attention (per token)
     moe_prefill: str         # mul_mat_moe (grouped by expert) | mul_mat_id (per token)
     numerics: str            # ggml (llama.cpp's CPU rounding) | device
+    prefill_delta: str = "delta_chunk"   # delta_chunk (chunks of Tuning.delta_chunk
+                                         # tokens) | delta_net (token by token, as decode)
 
     def as_dict(self) -> dict:
         return asdict(self)

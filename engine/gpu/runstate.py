@@ -8,6 +8,14 @@ from . import vk
 from .paths import MAX_SPLITS
 from .rope import Rope, rope_table
 
+DELTA_CHUNK = 64    # the longest chunk (Tuning.delta_chunk) the delta rule's scratch is sized for
+
+
+def delta_scratch_floats(n_head: int, n_tokens: int, chunk: int) -> int:
+    """delta_chunk_prep's scratch for n_tokens: per value head and chunk T, M [chunk, chunk]
+    and the gates G, beta [chunk]."""
+    return n_head * -(-n_tokens // chunk) * (2 * chunk * chunk + 2 * chunk)
+
 
 class RunState:
     """Activations for up to `max_tokens` tokens per pass, and an f16 KV cache of n_ctx.
@@ -18,6 +26,12 @@ class RunState:
     Attention scratch: per-split scores, maxima and outputs of decode attention, and with
     `flash_block` = (rows, cols) one prefill mask and tile classes per sliding window in
     `windows` (0: full causal), for flash attention.
+
+    Gated delta-net layers (`delta_layers`: qwen3next, qwen35): per layer a conv state
+    [delta_conv_dim, delta_width - 1] (in `conv_state`, beside lfm2's) and a delta-rule state
+    [delta_heads, delta_head_dim, delta_head_dim] (`delta_state`); activations for them, and
+    the chunked delta rule's scratch. Both states are "recurrent" device bytes; residency
+    captures them through `recurrent_states()`.
     """
 
     def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, n_head: int,
@@ -26,7 +40,9 @@ class RunState:
                  rope: tuple[Rope, ...] = (),
                  conv_layers: tuple[int, ...] = (), d_conv: int = 0, n_expert: int = 0,
                  n_expert_used: int = 0, windows: tuple[int, ...] = (0,),
-                 flash_block: tuple[int, int] | None = None):
+                 flash_block: tuple[int, int] | None = None,
+                 delta_layers: tuple[int, ...] = (), delta_conv_dim: int = 0,
+                 delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
@@ -45,7 +61,8 @@ class RunState:
         self.gate = act("gate", S * n_ff)            # [T, n_ff] or [T, n_expert_used, n_ff]
         self.up = act("up", S * n_ff)
         self.logits = act("logits", n_vocab)         # [1, n_vocab] last token only
-        k_max = max(n_embd, q_dim, n_ff)
+        d_inner = delta_heads * delta_head_dim          # a delta-net layer's value dims
+        k_max = max(n_embd, q_dim, n_ff, d_inner)
         self.xq = act("xq", S * k_max)               # [S, k_max] rounded activations
         if n_expert:
             self.router = act("router", T * n_expert)               # [T, n_expert] logits
@@ -77,6 +94,23 @@ class RunState:
         # short-convolution layers: per channel the last d_conv inputs (ggml's conv state)
         self.conv_state = {i: alloc(4 * d_conv * n_embd, f"{label}/conv_state.{i}", "recurrent")
                            for i in conv_layers}         # [n_embd, d_conv] f32
+        # gated delta-net layers: the conv state [conv_dim, width - 1] and the delta-rule state
+        # [n_head, head_dim (v), head_dim (k)] (include/delta.glsl's layout), both f32
+        d_state = delta_heads * delta_head_dim * delta_head_dim
+        for i in delta_layers:
+            self.conv_state[i] = alloc(4 * delta_conv_dim * (delta_width - 1),
+                                       f"{label}/conv_state.{i}", "recurrent")
+        self.delta_state = {i: alloc(4 * d_state, f"{label}/delta_state.{i}", "recurrent")
+                            for i in delta_layers}
+        if delta_layers:
+            self.dn_qkv = act("dn_qkv", T * delta_conv_dim)      # [T, conv_dim] q | k | v
+            self.dn_conv = act("dn_conv", T * delta_conv_dim)    # [T, conv_dim] conv, normed
+            self.dn_z = act("dn_z", T * d_inner)                 # [T, n_head * head_dim] gate z
+            self.dn_ba = act("dn_ba", T * 2 * delta_heads)       # [T, 2 n_head] beta (| alpha)
+            self.dn_alpha = act("dn_alpha", T * delta_heads)     # [T, n_head] alpha (qwen35)
+            self.dn_out = act("dn_out", T * d_inner)             # [T, n_head, head_dim]
+            self.delta_scratch = act("delta_scratch",
+                                     delta_scratch_floats(delta_heads, T, DELTA_CHUNK))
         if conv_layers:
             self.bcx = act("bcx", T * 3 * n_embd)        # [T, 3 * n_embd] B | C | x
             self.bx = act("bx", T * n_embd)              # [T, n_embd] B * x
@@ -102,11 +136,14 @@ class RunState:
                   rope: tuple[Rope, ...] = (), conv_layers: tuple[int, ...] = (),
                   d_conv: int = 0, n_expert: int = 0, n_expert_used: int = 0,
                   windows: tuple[int, ...] = (0,),
-                  flash_block: tuple[int, int] | None = None) -> int:
+                  flash_block: tuple[int, int] | None = None,
+                  delta_layers: tuple[int, ...] = (), delta_conv_dim: int = 0,
+                  delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0) -> int:
         """What the constructor allocates, without allocating (for the arbiter)."""
         T = max_tokens
         S = T * max(n_expert_used, 1)
-        k_max = max(n_embd, q_dim, n_ff)
+        d_inner = delta_heads * delta_head_dim
+        k_max = max(n_embd, q_dim, n_ff, d_inner)
         floats = T * (2 * n_embd + 2 * q_dim + 2 * kv_dim) + 2 * S * n_ff + n_vocab
         floats += S * k_max + sum(n_ctx * r.n_dims for r in rope)
         if n_expert:
@@ -115,6 +152,13 @@ class RunState:
         if conv_layers:
             floats += len(conv_layers) * d_conv * n_embd + T * 5 * n_embd
             floats += n_embd * (d_conv + T)
+        if delta_layers:
+            floats += RunState.recurrent_bytes(
+                conv_layers=(), d_conv=0, n_embd=0, delta_layers=delta_layers,
+                delta_conv_dim=delta_conv_dim, delta_width=delta_width,
+                delta_heads=delta_heads, delta_head_dim=delta_head_dim) // 4
+            floats += T * (2 * delta_conv_dim + 2 * d_inner + 3 * delta_heads)
+            floats += delta_scratch_floats(delta_heads, T, DELTA_CHUNK)
         floats += n_head * n_ctx + 2 * n_head * MAX_SPLITS + MAX_SPLITS * q_dim
         mask = 0
         if flash_block:
@@ -124,24 +168,64 @@ class RunState:
         layers = n_layer if kv_layers is None else len(kv_layers)
         return 4 * floats + mask + host + 2 * 2 * n_ctx * kv_dim * layers
 
+    @staticmethod
+    def recurrent_bytes(*, conv_layers: tuple[int, ...] = (), d_conv: int = 0, n_embd: int = 0,
+                        delta_layers: tuple[int, ...] = (), delta_conv_dim: int = 0,
+                        delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0,
+                        **_) -> int:
+        """Bytes of the recurrent states (what a release copies to the host), from the
+        constructor's arguments."""
+        per_delta = delta_conv_dim * (delta_width - 1) + delta_heads * delta_head_dim ** 2
+        return 4 * (len(conv_layers) * d_conv * n_embd + len(delta_layers) * per_delta)
+
+    def recurrent_states(self) -> dict[str, vk.Buffer]:
+        """Every recurrent state by a stable key ("conv.3", "delta.3"): read-write buffers
+        that residency copies out on release and back on restore."""
+        out = {f"conv.{i}": b for i, b in sorted(self.conv_state.items())}
+        out.update((f"delta.{i}", b) for i, b in sorted(self.delta_state.items()))
+        return out
+
+    def capture_recurrent(self) -> dict[str, np.ndarray]:
+        """A host copy of every recurrent state, by recurrent_states()' keys (one submit)."""
+        states = self.recurrent_states()
+        if not states:
+            return {}
+        return dict(zip(states, vk.download_many(self.dev, [(b, b.nbytes)
+                                                            for b in states.values()])))
+
+    def restore_recurrent(self, copies: dict[str, np.ndarray]) -> int:
+        """Write capture_recurrent()'s copies back; bytes moved."""
+        states = self.recurrent_states()
+        if set(states) != set(copies):
+            raise RuntimeError(f"recurrent states {sorted(copies)} do not fit this run state's "
+                               f"{sorted(states)}")
+        if not states:
+            return 0
+        with vk.Uploader(self.dev, staging_bytes=max(4096, sum(
+                c.nbytes for c in copies.values()))) as up:
+            for key, buf in states.items():
+                up.write(buf, copies[key])
+            return up.bytes
+
     def set_step(self, token_ids, pos0: int) -> None:
         ids = np.asarray(token_ids, np.uint32)
         self.ids.write(ids)
         self.step.write(np.array([pos0, pos0 + len(ids), 0, 0], np.uint32))
 
     def reset_recurrent(self) -> None:
-        """Zero every conv state: a sequence starting at position 0 has no past inputs."""
-        if not self.conv_state:
+        """Zero every recurrent state: a sequence starting at position 0 has no past."""
+        states = list(self.recurrent_states().values())
+        if not states:
             return
-        zeros = np.zeros(next(iter(self.conv_state.values())).nbytes, np.uint8)
-        with vk.Uploader(self.dev, staging_bytes=max(4096, zeros.nbytes)) as up:
-            for buf in self.conv_state.values():
-                up.write(buf, zeros)
+        with vk.Uploader(self.dev, staging_bytes=max(4096, max(b.nbytes for b in states))) as up:
+            for buf in states:
+                up.write(buf, np.zeros(buf.nbytes, np.uint8))
 
     def buffers(self) -> list[vk.Buffer]:
         return [b for b in vars(self).values() if isinstance(b, vk.Buffer)] + \
             list(self.k_cache.values()) + list(self.v_cache.values()) + \
-            list(self.conv_state.values()) + list(self.rope_tables.values()) + \
+            list(self.conv_state.values()) + list(self.delta_state.values()) + \
+            list(self.rope_tables.values()) + \
             [b for pair in self.masks.values() for b in pair]
 
     def close(self) -> None:
@@ -153,7 +237,9 @@ def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tu
                    flash_block: tuple[int, int] | None = None) -> dict:
     """RunState's sizes for a model config. Hybrid configs name their attention layers
     (`kv_layers`) and their short-convolution layers (`conv_layers`, of `d_conv` inputs);
-    with experts, c.n_ff is one expert's."""
+    with experts, c.n_ff is one expert's. Gated delta-net configs name their `delta_layers`
+    (see delta_run_state_args)."""
+    delta = delta_run_state_args(c)
     return dict(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head,
                 q_dim=c.n_head * c.head_dim, kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff,
                 n_vocab=c.n_vocab, n_ctx=n_ctx, max_tokens=max_tokens, rope=rope,
@@ -161,7 +247,20 @@ def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tu
                 conv_layers=getattr(c, "conv_layers", ()), d_conv=getattr(c, "d_conv", 0),
                 n_expert=getattr(c, "n_expert", 0),
                 n_expert_used=getattr(c, "n_expert_used", 0), windows=windows,
-                flash_block=flash_block)
+                flash_block=flash_block, **delta)
+
+
+def delta_run_state_args(c) -> dict:
+    """RunState's delta_* arguments for a config with gated delta-net layers: from its
+    `delta_state_sizes()` where it has one, else from engine/arch/qwen35.py's names
+    (delta_layers, conv_channels, conv_kernel, n_v_heads, ssm_d_state)."""
+    if hasattr(c, "delta_state_sizes"):
+        return c.delta_state_sizes()
+    if not getattr(c, "delta_layers", ()):
+        return {}
+    return dict(delta_layers=tuple(c.delta_layers), delta_conv_dim=c.conv_channels,
+                delta_width=c.conv_kernel, delta_heads=c.n_v_heads,
+                delta_head_dim=c.ssm_d_state)
 
 
 def _mask_shape(max_tokens: int, n_ctx: int, block: tuple[int, int]) -> tuple[int, int]:

@@ -202,7 +202,7 @@ def _sizes(g: GGUFFile, module, cfg, n_ctx: int, target: Target) -> tuple[dict, 
     state = RunState.bytes_for(**args)
     layers = args["n_layer"] if args["kv_layers"] is None else len(args["kv_layers"])
     kv = 2 * (2 * n_ctx * args["kv_dim"]) * layers          # K and V, f16
-    recurrent = 4 * args["d_conv"] * args["n_embd"] * len(args["conv_layers"])
+    recurrent = RunState.recurrent_bytes(**args)
     vram = {"weights_bytes": weights, "kv_bytes": kv, "compute_bytes": state - kv,
             "total_bytes": weights + state}
     # cold: the weights' host copy; a full eviction adds the used KV (at most a full

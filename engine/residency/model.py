@@ -89,7 +89,6 @@ class Model:
         self.arch = architectures.for_file(self.gguf)
         self.config = self.arch.Config.from_gguf(self.gguf)
         self.config.validate(path)
-        self.recurrent = bool(getattr(self.config, "conv_layers", ()))
         _check_tensors(self.gguf, self.config)
         if not 16 <= n_ctx <= 1 << 20:
             raise ValueError(f"context size {n_ctx} out of range")
@@ -97,6 +96,9 @@ class Model:
         self.config = self.config.at_context(n_ctx)      # phi3's LongRoPE: by context size
         self.name = name or path.rsplit("/", 1)[-1]
         self.tuning = Tuning.for_device(dev, flash_attn or default_flash_attn())
+        # recurrent layers (lfm2's short convolutions, gated delta nets): states that a run
+        # carries forward and cannot rewind
+        self.recurrent = RunState.recurrent_bytes(**self._run_state_args()) > 0
         self.profile = False                    # record graphs with per-op timestamps
         try:
             # read by the GPU from host memory
@@ -122,9 +124,10 @@ class Model:
         self.rs: RunState | None = None        # activations and KV cache while resident
         # while fully evicted: (host-visible buffer or None, used bytes per layer, layer keys)
         self.kv_shadow: tuple[vk.Buffer | None, int, list[str]] | None = None
-        # the conv states of recurrent layers, captured at every release (they are
-        # read-write, so the device copy is not a cache of anything) and written back on restore
-        self.recurrent_shadow: dict[int, np.ndarray] | None = None
+        # the recurrent states (RunState.recurrent_states: conv and delta-rule states by key),
+        # captured at every release (they are read-write, so the device copy is not a cache
+        # of anything) and written back on restore
+        self.recurrent_shadow: dict[str, np.ndarray] | None = None
         self._decode: dict[bool, Graph] = {}
         self._prefill: OrderedDict[int, Graph] = OrderedDict()
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
@@ -203,11 +206,7 @@ class Model:
             if self.kv_shadow is not None:
                 moved += self._restore_kv()
         if self.recurrent_shadow is not None:
-            with vk.Uploader(self.dev, staging_bytes=max(4096, sum(
-                    c.nbytes for c in self.recurrent_shadow.values()))) as up:
-                for layer, buf in self.rs.conv_state.items():
-                    up.write(buf, self.recurrent_shadow[layer])
-                moved += up.bytes
+            moved += self.rs.restore_recurrent(self.recurrent_shadow)
             self.recurrent_shadow = None
         t2 = time.perf_counter()
         self.last_transfer = {"op": "restore", "seconds": t2 - t0, "bytes": moved,
@@ -232,12 +231,10 @@ class Model:
         t0 = time.perf_counter()
         moved = 0
         self._drop_graphs()
-        if self.rs is not None and self.rs.conv_state:
-            layers = list(self.rs.conv_state)
-            copies = vk.download_many(self.dev, [(self.rs.conv_state[i],
-                                                  self.rs.conv_state[i].nbytes) for i in layers])
-            self.recurrent_shadow = dict(zip(layers, copies))
-            moved += sum(c.nbytes for c in copies)
+        copies = self.rs.capture_recurrent() if self.rs is not None else {}
+        if copies:
+            self.recurrent_shadow = copies
+            moved += sum(c.nbytes for c in copies.values())
         for b in self.arenas:
             self.dev.allocator.free(b)
         self.arenas.clear()                     # the same list: the Tensors refer to it
@@ -322,11 +319,11 @@ class Model:
 
         h = hashlib.sha256()
         if self.recurrent_shadow is not None:
-            for layer in sorted(self.recurrent_shadow):
-                h.update(self.recurrent_shadow[layer].tobytes())
-        elif self.rs is not None and self.rs.conv_state:
-            layers = sorted(self.rs.conv_state)
-            bufs = [(self.rs.conv_state[i], self.rs.conv_state[i].nbytes) for i in layers]
+            for key in sorted(self.recurrent_shadow):
+                h.update(self.recurrent_shadow[key].tobytes())
+        elif self.rs is not None and self.rs.recurrent_states():
+            states = self.rs.recurrent_states()
+            bufs = [(states[key], states[key].nbytes) for key in sorted(states)]
             for c in vk.download_many(self.dev, bufs):
                 h.update(c.tobytes())
         return h.hexdigest()
