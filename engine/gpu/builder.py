@@ -341,6 +341,13 @@ class Builder:
         self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
                   x_offset=0)
 
+    def logprobs(self, x: vk.Buffer, out: vk.Buffer, count: int, k: int,
+                 out_offset: int = 0) -> None:
+        """out[out_offset:] = lse, the k best of x[:count] as log-probabilities, their ids
+        (shaders/logprobs.comp)."""
+        self.g.op("logprobs", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
+                  x_offset=0, k=k, o_offset=out_offset)
+
     def mul(self, a: View, b: View, out: vk.Buffer) -> None:
         """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous."""
         (n_cols, n_rows, _), (a0, a_stride, _), (b0, b_stride, _) = a.ne, a.strides, b.strides

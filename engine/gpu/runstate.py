@@ -8,6 +8,10 @@ from . import vk
 from .paths import MAX_SPLITS
 from .rope import Rope, rope_table
 
+TOP_LOGPROBS = 20                      # the most alternatives per token (OpenAI's limit;
+                                       # shaders/logprobs.comp's TOP_MAX)
+LOGPROB_WORDS = 1 + 2 * TOP_LOGPROBS   # what the logprobs pass writes: lse, values, ids
+
 
 class RunState:
     """Activations for up to `max_tokens` tokens per pass, and an f16 KV cache of n_ctx.
@@ -68,7 +72,9 @@ class RunState:
         self.rope_tables: dict[Rope, vk.Buffer] = {}
         self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
         self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
-        self.result = alloc(4 * n_vocab, f"{label}/result", "compute", host=True)
+        # the argmax or the logits, then the logprobs pass's words (lse, top values, top ids)
+        self.result = alloc(4 * (n_vocab + LOGPROB_WORDS), f"{label}/result", "compute",
+                            host=True)
         layers = kv_layers if kv_layers is not None else list(range(n_layer))
         self.k_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/k_cache.{i}", "kv")
                         for i in layers}             # [n_ctx, n_head_kv, head_dim] f16
@@ -120,7 +126,7 @@ class RunState:
         if flash_block:
             rows, cols = _mask_shape(T, n_ctx, flash_block)
             mask = len(windows) * (2 * rows * cols + 4 * _tiles(rows, cols, flash_block))
-        host = 4 * T + 16 + 4 * n_vocab
+        host = 4 * T + 16 + 4 * (n_vocab + LOGPROB_WORDS)
         layers = n_layer if kv_layers is None else len(kv_layers)
         return 4 * floats + mask + host + 2 * 2 * n_ctx * kv_dim * layers
 
