@@ -420,3 +420,28 @@ def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:
     if groups <= 65535:
         return (groups, 1, 1)
     return (65535, -(-groups // 65535), 1)
+
+
+class HiddenBuilder(Builder):
+    """A Builder whose forward pass ends in the final-normed hidden states of all its n
+    tokens (in rs.xn) instead of the last token's logits: what llama.cpp's embeddings are
+    made of. Every architecture ends the same way (the output norm of the last row alone,
+    then the head's product into rs.logits, maybe soft-capped there): that norm is taken
+    over every row, and what writes the logits is left out."""
+
+    def __init__(self, *args, n_tokens: int, **kw):
+        super().__init__(*args, **kw)
+        self.n_tokens = n_tokens
+
+    def rms_norm(self, x, w, out, n, eps, row_offset=0) -> None:
+        if n == 1 and row_offset == self.n_tokens - 1:     # the output norm
+            n, row_offset = self.n_tokens, 0
+        super().rms_norm(x, w, out, n, eps, row_offset)
+
+    def matmul(self, w, x, y, n, accumulate=False, x_row=0) -> None:
+        if y is not self.rs.logits:
+            super().matmul(w, x, y, n, accumulate, x_row)
+
+    def softcap(self, x, count, cap) -> None:
+        if x is not self.rs.logits:
+            super().softcap(x, count, cap)

@@ -21,7 +21,7 @@ from shaders.registry import WEIGHT_TYPES
 from .. import arch as architectures
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu import vk
-from ..gpu.builder import Builder
+from ..gpu.builder import Builder, HiddenBuilder
 from ..gpu.graph import Graph
 from ..gpu.kernels import KernelCache
 from ..gpu.paths import Paths, Tuning, flash_attn_mode
@@ -127,6 +127,8 @@ class Model:
         self.recurrent_shadow: dict[int, np.ndarray] | None = None
         self._decode: dict[bool, Graph] = {}
         self._prefill: OrderedDict[int, Graph] = OrderedDict()
+        self._hidden: dict[int, Graph] = {}    # hidden-state passes (embeddings), per length
+        self._hidden_out: vk.Buffer | None = None   # what they read back: [chunk, n_embd]
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
         self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
@@ -341,9 +343,13 @@ class Model:
         return self.weight_bytes + kv + rec
 
     def _drop_graphs(self) -> None:
-        for g in list(self._decode.values()) + list(self._prefill.values()):
+        for g in list(self._decode.values()) + list(self._prefill.values()) + \
+                list(self._hidden.values()):
             g.close()
-        self._decode, self._prefill = {}, OrderedDict()
+        self._decode, self._prefill, self._hidden = {}, OrderedDict(), {}
+        if self._hidden_out is not None:       # the hidden graphs' read-back buffer
+            self.dev.allocator.free(self._hidden_out)
+            self._hidden_out = None
 
     # -- weights ----------------------------------------------------------------------------
     write_in_place = True          # on unified memory; tests turn it off to take the
@@ -534,6 +540,49 @@ class Model:
             out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs and last)
             s += n
         return out
+
+    def hidden(self, tokens: list[int], between: Callable[[], None] | None = None) -> np.ndarray:
+        """The final-normed hidden states [len(tokens), n_embd] of tokens run as a sequence
+        of their own, from position 0 (embeddings are pooled from them). They go through the
+        KV cache like a prompt, so the prompt cache then holds these tokens; chunks as in
+        eval(), between() between them."""
+        if self.state != "warm":
+            raise RuntimeError(f"{self.name} is cold: restore it before running it")
+        if len(tokens) > self.n_ctx:
+            raise ContextFull(f"{len(tokens)} tokens exceed the context of {self.n_ctx}")
+        e = self.config.n_embd
+        out = np.empty((len(tokens), e), np.float32)
+        s = 0
+        while s < len(tokens):
+            if s and between is not None:
+                between()          # may release and restore the model: graphs recorded anew
+            if self._hidden_out is None:
+                self._hidden_out = self.dev.allocator.alloc(4 * self.rs.max_tokens * e,
+                                                            f"{self.name}/hidden", "compute",
+                                                            host=True)
+            n = self.next_chunk(len(tokens) - s)
+            if s == 0:
+                self.rs.reset_recurrent()
+            self.rs.set_step(tokens[s:s + n], s)
+            graph = self._hidden.get(n)
+            if graph is None:
+                graph = self._hidden[n] = self._record_hidden(n)
+            t0 = time.perf_counter()
+            graph.replay()
+            if n > 1:
+                self._last_pass = (n, time.perf_counter() - t0)
+            del self.cache_tokens[s:]
+            self.cache_tokens.extend(tokens[s:s + n])
+            out[s:s + n] = self._hidden_out.read(np.float32, n * e).reshape(n, e)
+            s += n
+        return out
+
+    def _record_hidden(self, n: int) -> Graph:
+        g = Graph(self.dev, self.kernels, f"{self.name}/hidden{n}", profile=self.profile)
+        b = HiddenBuilder(g, self.weights, self.rs, self.tuning, self.paths, n_tokens=n)
+        self.arch.forward(b, self.config, self.rs, n)
+        g.copy(self.rs.xn, 0, self._hidden_out, 0, 4 * n * self.config.n_embd)
+        return g.finish()
 
     def next_chunk(self, remaining: int) -> int:
         """Tokens for the next prefill pass: as many as fit CHUNK_TARGET_S at this model's
