@@ -71,7 +71,8 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     history = list(prompt)
     t0 = time.perf_counter()
     want = logprobs is not None
-    out = model.eval(prompt[reuse:], reuse, greedy, between_chunks, logprobs=want)
+    out = model.eval(prompt[reuse:], reuse, greedy, between_chunks,
+                     **({"logprobs": True} if want else {}))
     t.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     pos = len(prompt)
@@ -86,7 +87,8 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
         history.append(tok)
         if tok in stop_ids or i == max_new - 1 or pos >= model.n_ctx:
             break
-        out = model.run([tok], pos, greedy, want)
+        out = model.run([tok], pos, greedy, logprobs=True) if want else \
+            model.run([tok], pos, greedy)
         pos += 1
         t.decode_s = time.perf_counter() - t0
 

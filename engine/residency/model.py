@@ -536,8 +536,10 @@ class Model:
             if s and between is not None:
                 between()
             n = self.next_chunk(len(tokens) - s)
-            last = s + n == len(tokens)
-            out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs and last)
+            if logprobs and s + n == len(tokens):      # the last pass's logits only
+                out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs=True)
+            else:
+                out = self.run(tokens[s:s + n], pos0 + s, greedy)
             s += n
         return out
 
