@@ -49,20 +49,25 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
 
 
+def f32_hidden(model: Model, ids: list[int]) -> np.ndarray:
+    """model.hidden(ids) with f32 products (the matrix units' f16 ones are checked apart)."""
+    t = model.tuning
+    saved = (t.ggml_numerics, t.coopmat)
+    t.ggml_numerics = t.coopmat = False
+    model._drop_graphs()
+    try:
+        return model.hidden(ids).astype(np.float64)
+    finally:
+        t.ggml_numerics, t.coopmat = saved
+        model._drop_graphs()
+
+
 def test_hidden_states_match_the_reference(smollm2, tokenizer, smollm2_path):
     """In plain f32 on both sides (as test_model.py's logits test: with llama.cpp's activation
     rounding the two part ways chaotically), every token's hidden state, and the pooled
     vectors."""
     ids = tokenizer.encode(TEXTS[0])
-    t = smollm2.tuning
-    saved = (t.ggml_numerics, t.coopmat)
-    t.ggml_numerics = t.coopmat = False    # f32 products (the matrix units' f16 checked apart)
-    smollm2._drop_graphs()
-    try:
-        got = smollm2.hidden(ids).astype(np.float64)
-    finally:
-        t.ggml_numerics, t.coopmat = saved
-        smollm2._drop_graphs()
+    got = f32_hidden(smollm2, ids)
     want = reference_hidden(smollm2_path, ids)
     assert got.shape == want.shape == (len(ids), smollm2.config.n_embd)
     assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-5
@@ -72,6 +77,19 @@ def test_hidden_states_match_the_reference(smollm2, tokenizer, smollm2_path):
         e = embed.pool(got, how)
         assert abs(np.linalg.norm(e) - 1) < 1e-5
         assert np.abs(e - v).max() < 1e-3, how
+
+
+def test_gemma3_hidden_states_match_the_reference(dev, kc, gemma3_path):
+    """Gemma 3: its own norms, sliding-window layers and tied head (left out here)."""
+    m = Model(dev, kc, gemma3_path, n_ctx=64)
+    try:
+        ids = Tokenizer.from_gguf(m.gguf).encode(TEXTS[1])
+        got = f32_hidden(m, ids)
+    finally:
+        m.close()
+    want = reference_hidden(gemma3_path, ids)
+    assert got.shape == want.shape
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-5
 
 
 def test_a_batch_equals_its_inputs_one_by_one(smollm2, tokenizer):
