@@ -432,15 +432,28 @@ class HiddenBuilder(Builder):
     def __init__(self, *args, n_tokens: int, **kw):
         super().__init__(*args, **kw)
         self.n_tokens = n_tokens
+        self._last_norm: tuple | None = None    # (out buffer, rows) of the latest norm
+        self.heads = 0                          # head products left out
 
     def rms_norm(self, x, w, out, n, eps, row_offset=0) -> None:
         if n == 1 and row_offset == self.n_tokens - 1:     # the output norm
             n, row_offset = self.n_tokens, 0
         super().rms_norm(x, w, out, n, eps, row_offset)
+        self._last_norm = (out, n)
 
     def matmul(self, w, x, y, n, accumulate=False, x_row=0) -> None:
         if y is not self.rs.logits:
             super().matmul(w, x, y, n, accumulate, x_row)
+            return
+        if self._last_norm != (self.rs.xn, self.n_tokens) or x is not self.rs.xn:
+            raise RuntimeError("hidden states: the head's input is not the output norm of "
+                               "every row in rs.xn")
+        self.heads += 1
+
+    def check(self) -> None:
+        """Raise unless the forward pass ended as every architecture does (see above)."""
+        if self.heads != 1:
+            raise RuntimeError(f"hidden states: {self.heads} head products, expected one")
 
     def softcap(self, x, count, cap) -> None:
         if x is not self.rs.logits:

@@ -583,6 +583,11 @@ class Model:
         g = Graph(self.dev, self.kernels, f"{self.name}/hidden{n}", profile=self.profile)
         b = HiddenBuilder(g, self.weights, self.rs, self.tuning, self.paths, n_tokens=n)
         self.arch.forward(b, self.config, self.rs, n)
+        try:
+            b.check()
+        except RuntimeError:
+            g.close()
+            raise
         g.copy(self.rs.xn, 0, self._hidden_out, 0, 4 * n * self.config.n_embd)
         return g.finish()
 

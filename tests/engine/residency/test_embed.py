@@ -3,6 +3,8 @@
 cache after an embedding."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -90,6 +92,38 @@ def test_gemma3_hidden_states_match_the_reference(dev, kc, gemma3_path):
     want = reference_hidden(gemma3_path, ids)
     assert got.shape == want.shape
     assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-5
+
+
+SYNTH = Path(__file__).resolve().parents[2] / "data" / "synth"
+SYNTH_FILES = ["llama-bf16", "gemma2-swa-f16", "gpt-oss-f16", "phi3-longrope-f16",
+               "qwen2-yarn-f16", "qwen3-linear-f16", "mistral3-yarn-f16"]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, str]:
+    """The hybrid and mixture-of-experts architectures' small random files."""
+    from tests.engine.arch.test_lfm2 import write_lfm2
+    from tests.engine.arch.test_qwen3moe import write_qwen3moe
+
+    d = tmp_path_factory.mktemp("embed")
+    write_qwen3moe(str(d / "qwen3moe.gguf"))
+    return {"lfm2": write_lfm2(str(d / "lfm2.gguf")), "qwen3moe": str(d / "qwen3moe.gguf")}
+
+
+@pytest.mark.parametrize("case", SYNTH_FILES + ["lfm2", "qwen3moe"])
+def test_every_architecture_gives_the_references_hidden_states(dev, kc, written, case):
+    """Every architecture ends its forward pass as HiddenBuilder expects (it checks), and
+    its hidden states are the reference's."""
+    path = written.get(case) or str(SYNTH / f"{case}.gguf")
+    m = Model(dev, kc, path, n_ctx=64)
+    try:
+        ids = [(7 * i + 3) % min(m.config.n_vocab, 200) for i in range(9)]
+        got = f32_hidden(m, ids)
+    finally:
+        m.close()
+    want = reference_hidden(path, ids)
+    assert got.shape == want.shape
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-5     # measured: 3e-8..1.5e-7
 
 
 def test_a_batch_equals_its_inputs_one_by_one(smollm2, tokenizer):
