@@ -144,6 +144,14 @@ def test_completions_logprobs_legacy_shape(client, name, base):
                 tokens += ch["logprobs"]["tokens"]
                 offsets += ch["logprobs"]["text_offset"]
     assert tokens == lp.tokens and offsets == lp.text_offset
+    # a stop string's own tokens get no entry (llama-server drops them too)
+    stop = lp.tokens[2]
+    assert stop and stop not in "".join(lp.tokens[:2])
+    cut = client.completions.create(model=name, prompt=PROMPT, temperature=0, max_tokens=4,
+                                    logprobs=3, stop=[stop])
+    assert cut.choices[0].text == "".join(lp.tokens[:2])
+    assert cut.choices[0].logprobs.tokens == lp.tokens[:2]
+    assert cut.choices[0].logprobs.token_logprobs == lp.token_logprobs[:2]
 
 
 @pytest.mark.parametrize("body,param", [
