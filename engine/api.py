@@ -26,6 +26,11 @@ user's evict, a change of kernels, the arena, idle eviction.
 Across processes (`Engine(arena=True)` joins the user's arena, `Engine(arena=Arena(dir))` a
 given one): engine/residency/turns.py holds the policy, `arena_status()` says where the
 engine stands.
+
+Why this module is long: it is the facade's one implementation, a method for each entry of
+`EngineAPI`, each a short job handed to the engine thread; the work itself lives in
+residency/, gpu/ and text/. Split by topic, a reader would lose the one place that shows
+every way in.
 """
 from __future__ import annotations
 
@@ -35,11 +40,13 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .facade import Completion, EngineFault, ModelExists
+from .facade import Completion, Embeddings, EngineFault, ModelExists, TokenLogprob
 from .formats.gguf_file import ModelFileError
 from .gpu import vk
 from .gpu.kernels import KernelCache
 from .gpu.paths import flash_attn_mode
+from .gpu.runstate import TOP_LOGPROBS
+from .residency import embed as embedding
 from .residency import loop
 from .residency.arbiter import Arbiter, PinnedError
 from .residency.arena import Arena
@@ -531,10 +538,15 @@ class Engine:
                  max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] = (), on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None) -> Completion:
+                 wait: float | None = None, logprobs: int | None = None) -> Completion:
         """One request, run on the engine thread as one job; on_text is called there.
         wait: with an arena, the most seconds to wait for the GPU (another process's turn,
-        a yield) before ArenaBusy; None waits as long as it takes."""
+        a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20
+        alternatives per token (the facade's generate says how they come)."""
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= TOP_LOGPROBS):
+            raise ValueError(f"logprobs must be an integer from 0 to {TOP_LOGPROBS}, "
+                             f"got {logprobs!r}")
         m = self._get(name)
         prompt_ids = tokens if tokens is not None else self.prompt_tokens(name, prompt, messages)
         if not prompt_ids:
@@ -556,9 +568,11 @@ class Engine:
             if turns is not None:
                 turns.running += 1
             sampler = None if params.plain_greedy else Sampler(params)   # afresh on a retry
+            entries.clear()
             try:
                 return loop.request(m.model, m.tokenizer, prompt_ids, max_tokens, sampler,
-                                    stop, on_text, cancel, turn)
+                                    stop, on_text, cancel, turn,
+                                    None if logprobs is None else entries)
             except Cancelled:          # the client left during the prompt or a wait for the GPU
                 return [], "", "cancelled", Timings()
             finally:
@@ -566,10 +580,17 @@ class Engine:
                     turns.running -= 1
                 m.last_used = time.monotonic()
         emitted = []
+        entries: list = []
+
+        def entry(e: tuple) -> TokenLogprob:
+            return TokenLogprob(e[0], e[1], e[2][:logprobs])
         if on_text is not None:
-            def on_text(piece: str, _to=on_text) -> None:
+            def on_text(piece: str, *got, _to=on_text) -> None:
                 emitted.append(True)
-                _to(piece)
+                if got:
+                    _to(piece, [entry(e) for e in got[0]])
+                else:
+                    _to(piece)
         m.busy += 1
         try:
             for attempt in range(2):
@@ -589,7 +610,68 @@ class Engine:
             m.busy -= 1
         t = timings.as_dict()
         t["total_s"] = time.perf_counter() - t0
-        return Completion(list(prompt_ids), out, text, finish, t)
+        return Completion(list(prompt_ids), out, text, finish, t,
+                          None if logprobs is None else [entry(e) for e in entries])
+
+    def embed(self, name: str | None, inputs: list, pooling: str | None = None,
+              cancel: threading.Event | None = None,
+              wait: float | None = None) -> Embeddings:
+        """Embeddings of texts (tokenized with the model's special tokens, as a prompt) or
+        token-id lists, one after the other on the engine thread as one job
+        (engine/residency/embed.py)."""
+        m = self._get(name)
+        if not isinstance(inputs, list) or not inputs:
+            raise ValueError("inputs must be a non-empty list")
+        if pooling is not None and pooling not in embedding.POOLINGS:
+            raise ValueError(f"pooling must be one of {', '.join(embedding.POOLINGS)}, "
+                             f"got {pooling!r}")
+        how = pooling or embedding.declared_pooling(m.model) or "mean"
+        seqs = [m.tokenizer.encode(x, add_special=True, parse_special=True)
+                if isinstance(x, str) else list(x) for x in inputs]
+        n_ctx = m.model.n_ctx
+        for i, ids in enumerate(seqs):
+            if not ids:
+                raise ValueError(f"input {i} is empty")
+            if len(ids) > n_ctx:
+                raise ValueError(f"input {i} has {len(ids)} tokens; the context of {m.name} "
+                                 f"holds {n_ctx}")
+            if min(ids) < 0 or max(ids) >= m.tokenizer.n_vocab:
+                raise ValueError(f"input {i}: token ids must be in 0..{m.tokenizer.n_vocab - 1}")
+        turns = self.turns
+        cancel = cancel if cancel is not None else threading.Event()
+
+        def job():
+            if m.name not in self.models:
+                raise KeyError(f"no model named {m.name!r} is loaded")
+            self._warm(m)
+
+            def point() -> None:
+                if cancel.is_set():
+                    raise Cancelled()
+                if turns is not None:
+                    turns.turn(m.name, cancel)
+            if turns is not None:
+                turns.running += 1
+            try:
+                point()
+                return embedding.embed(m.model, seqs, how, point)
+            finally:
+                if turns is not None:
+                    turns.running -= 1
+                m.last_used = time.monotonic()
+        m.busy += 1
+        try:
+            for attempt in range(2):
+                try:
+                    vectors = self._job(f"embed {m.name}", job, wait=wait)
+                    break
+                except EngineFault as exc:       # reset from the host copies: once more
+                    if exc.lost or attempt:
+                        raise
+        finally:
+            m.busy -= 1
+        return Embeddings([v.tolist() for v in vectors], sum(len(s) for s in seqs), how,
+                          m.model.config.n_embd)
 
     def close(self) -> None:
         self._closed.set()

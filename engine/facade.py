@@ -35,16 +35,41 @@ class EngineFault(RuntimeError):
 
 
 @dataclass
+class TokenLogprob:
+    """A generated token's log-probability: the log-softmax of the model's own logits (before
+    penalties, bias and temperature, as llama-server reports them), with the best
+    alternatives, best first."""
+    id: int
+    logprob: float
+    top: list[tuple[int, float]]         # (id, logprob), as many as asked for
+
+
+@dataclass
 class Completion:
     prompt_tokens: list[int]
     tokens: list[int]
     text: str
     finish_reason: str                   # "stop" (end of generation or stop string) | "length"
     timings: dict = field(default_factory=dict)  # | "cancelled"
+    # with generate(logprobs=k): one entry per token of `tokens` up to a stop string
+    logprobs: list[TokenLogprob] | None = None
 
     def as_dict(self) -> dict:
-        return {"prompt_tokens": self.prompt_tokens, "tokens": self.tokens, "text": self.text,
-                "finish_reason": self.finish_reason, "timings": self.timings}
+        out = {"prompt_tokens": self.prompt_tokens, "tokens": self.tokens, "text": self.text,
+               "finish_reason": self.finish_reason, "timings": self.timings}
+        if self.logprobs is not None:
+            out["logprobs"] = [{"id": e.id, "logprob": e.logprob, "top": e.top}
+                               for e in self.logprobs]
+        return out
+
+
+@dataclass
+class Embeddings:
+    """embed()'s answer: one L2-normalized vector per input, in order."""
+    vectors: list[list[float]]
+    prompt_tokens: int                   # the inputs' tokens, all together
+    pooling: str                         # "mean", "cls" or "last"
+    dim: int
 
 
 def error_code(exc: BaseException) -> str:
@@ -131,9 +156,21 @@ class EngineAPI(Protocol):
                  max_tokens: int = 128, sampling=None, stop: list[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None) -> Completion:
+                 wait: float | None = None, logprobs: int | None = None) -> Completion:
         """One request. wait: the most seconds to wait for the GPU (another process's turn,
-        a yield) before ArenaBusy; None waits as long as it takes."""
+        a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20, the
+        alternatives to give with each token's log-probability (Completion.logprobs); with
+        it, on_text is called as on_text(piece, [TokenLogprob]) with the tokens since the
+        last piece."""
+
+    def embed(self, name: str | None, inputs: list, pooling: str | None = None,
+              cancel: threading.Event | None = None,
+              wait: float | None = None) -> Embeddings:
+        """Embeddings of texts or token-id lists: the model's final-normed hidden states,
+        pooled ("mean", "cls", "last"; None: the model's declared pooling, else mean) and
+        L2-normalized. Runs through the model's KV cache: its prompt cache then holds the
+        last input instead of what it held. cancel set: stops between passes (Cancelled);
+        wait as for generate."""
 
     # -- status ------------------------------------------------------------------------------
     def status(self) -> list[dict]:

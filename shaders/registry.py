@@ -149,6 +149,9 @@ KERNELS: dict[str, KernelSpec] = {
     "softcap": KernelSpec("softcap.comp", 1, (("n", U), ("cap", F)), writes=(0,)),
     "argmax": KernelSpec("argmax.comp", 2, (("n", U), ("x_offset", U)), (("WG", 0),),
                          writes=(1,)),
+    # log-sum-exp and the k best of one logits row (k <= 20: logprobs.comp's TOP_MAX)
+    "logprobs": KernelSpec("logprobs.comp", 2, (("n", U), ("x_offset", U), ("k", U),
+                                                ("o_offset", U)), (("WG", 0),), writes=(1,)),
     "mul": KernelSpec("mul.comp", 3,
                       (("n_cols", U), ("n_rows", U), ("a_offset", U), ("a_stride", U),
                        ("b_offset", U), ("b_stride", U)), writes=(2,)),

@@ -58,19 +58,20 @@ class ObservedEngine:
                  max_tokens: int = 128, sampling=None, stop: list[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None) -> Completion:
+                 wait: float | None = None, logprobs: int | None = None) -> Completion:
         b = self._bridge
         op = b.activity.begin(name or "?", "generate", "endpoint")
         b.activity.start(op)
 
-        def counted(text: str) -> None:
+        def counted(text: str, *entries) -> None:      # entries: with logprobs
             b.activity.tick(op)
             if on_text is not None:
-                on_text(text)
+                on_text(text, *entries)
         try:
             out = self._engine.generate(name, prompt=prompt, messages=messages, tokens=tokens,
                                         max_tokens=max_tokens, sampling=sampling, stop=stop,
-                                        on_text=counted, cancel=cancel, wait=wait)
+                                        on_text=counted, cancel=cancel, wait=wait,
+                                        logprobs=logprobs)
         finally:
             b.activity.end(op)
         b.log(f"Endpoint: {len(out.tokens)} tokens from {name}{rate_text(out.timings)}")

@@ -344,6 +344,13 @@ class Builder:
         self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
                   x_offset=0)
 
+    def logprobs(self, x: vk.Buffer, out: vk.Buffer, count: int, k: int,
+                 out_offset: int = 0) -> None:
+        """out[out_offset:] = lse, the k best of x[:count] as log-probabilities, their ids
+        (shaders/logprobs.comp)."""
+        self.g.op("logprobs", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
+                  x_offset=0, k=k, o_offset=out_offset)
+
     def mul(self, a: View, b: View, out: vk.Buffer) -> None:
         """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous."""
         (n_cols, n_rows, _), (a0, a_stride, _), (b0, b_stride, _) = a.ne, a.strides, b.strides
@@ -559,3 +566,41 @@ def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:
     if groups <= 65535:
         return (groups, 1, 1)
     return (65535, -(-groups // 65535), 1)
+
+
+class HiddenBuilder(Builder):
+    """A Builder whose forward pass ends in the final-normed hidden states of all its n
+    tokens (in rs.xn) instead of the last token's logits: what llama.cpp's embeddings are
+    made of. Every architecture ends the same way (the output norm of the last row alone,
+    then the head's product into rs.logits, maybe soft-capped there): that norm is taken
+    over every row, and what writes the logits is left out."""
+
+    def __init__(self, *args, n_tokens: int, **kw):
+        super().__init__(*args, **kw)
+        self.n_tokens = n_tokens
+        self._last_norm: tuple | None = None    # (out buffer, rows) of the latest norm
+        self.heads = 0                          # head products left out
+
+    def rms_norm(self, x, w, out, n, eps, row_offset=0) -> None:
+        if n == 1 and row_offset == self.n_tokens - 1:     # the output norm
+            n, row_offset = self.n_tokens, 0
+        super().rms_norm(x, w, out, n, eps, row_offset)
+        self._last_norm = (out, n)
+
+    def matmul(self, w, x, y, n, accumulate=False, x_row=0) -> None:
+        if y is not self.rs.logits:
+            super().matmul(w, x, y, n, accumulate, x_row)
+            return
+        if self._last_norm != (self.rs.xn, self.n_tokens) or x is not self.rs.xn:
+            raise RuntimeError("hidden states: the head's input is not the output norm of "
+                               "every row in rs.xn")
+        self.heads += 1
+
+    def check(self) -> None:
+        """Raise unless the forward pass ended as every architecture does (see above)."""
+        if self.heads != 1:
+            raise RuntimeError(f"hidden states: {self.heads} head products, expected one")
+
+    def softcap(self, x, count, cap) -> None:
+        if x is not self.rs.logits:
+            super().softcap(x, count, cap)

@@ -9,12 +9,16 @@ from .paths import MAX_SPLITS
 from .rope import Rope, rope_table
 
 DELTA_CHUNK = 64    # the longest chunk (Tuning.delta_chunk) the delta rule's scratch is sized for
+TOP_LOGPROBS = 20                      # the most alternatives per token (OpenAI's limit;
+                                       # shaders/logprobs.comp's TOP_MAX)
+LOGPROB_WORDS = 1 + 2 * TOP_LOGPROBS   # what the logprobs pass writes: lse, values, ids
 
 
 def delta_scratch_floats(n_head: int, n_tokens: int, chunk: int) -> int:
     """delta_chunk_prep's scratch for n_tokens: per value head and chunk T, M [chunk, chunk]
     and the gates G, beta [chunk]."""
     return n_head * -(-n_tokens // chunk) * (2 * chunk * chunk + 2 * chunk)
+
 
 
 class RunState:
@@ -85,7 +89,9 @@ class RunState:
         self.rope_tables: dict[Rope, vk.Buffer] = {}
         self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
         self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
-        self.result = alloc(4 * n_vocab, f"{label}/result", "compute", host=True)
+        # the argmax or the logits, then the logprobs pass's words (lse, top values, top ids)
+        self.result = alloc(4 * (n_vocab + LOGPROB_WORDS), f"{label}/result", "compute",
+                            host=True)
         layers = kv_layers if kv_layers is not None else list(range(n_layer))
         self.k_cache = {i: alloc(2 * n_ctx * kv_dim, f"{label}/k_cache.{i}", "kv")
                         for i in layers}             # [n_ctx, n_head_kv, head_dim] f16
@@ -164,7 +170,7 @@ class RunState:
         if flash_block:
             rows, cols = _mask_shape(T, n_ctx, flash_block)
             mask = len(windows) * (2 * rows * cols + 4 * _tiles(rows, cols, flash_block))
-        host = 4 * T + 16 + 4 * n_vocab
+        host = 4 * T + 16 + 4 * (n_vocab + LOGPROB_WORDS)
         layers = n_layer if kv_layers is None else len(kv_layers)
         return 4 * floats + mask + host + 2 * 2 * n_ctx * kv_dim * layers
 

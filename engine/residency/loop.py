@@ -6,6 +6,7 @@ points between prefill chunks and decoded tokens.
 """
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from dataclasses import dataclass
@@ -44,9 +45,12 @@ class Timings:
 
 def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | None = None,
              stop_ids: set[int] = frozenset(), timings: Timings | None = None,
-             between_chunks: Callable[[], None] | None = None) -> Iterator[int]:
+             between_chunks: Callable[[], None] | None = None,
+             logprobs: list | None = None) -> Iterator[int]:
     """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
-    between_chunks: eval()'s `between`, for the prompt.
+    between_chunks: eval()'s `between`, for the prompt. logprobs: a list that gets, before
+    each token is yielded, (id, its log-probability, [(id, log-probability)] of the
+    TOP_LOGPROBS best): the log-softmax of the model's own logits, before sampling.
 
     The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
     token is recomputed, for its logits). Recurrent states belong to the end of the cache,
@@ -66,29 +70,67 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     t.prompt_tokens, t.cached_tokens = len(prompt), reuse
     history = list(prompt)
     t0 = time.perf_counter()
-    out = model.eval(prompt[reuse:], reuse, greedy, between_chunks)
+    want = logprobs is not None
+    out = model.eval(prompt[reuse:], reuse, greedy, between_chunks,
+                     **({"logprobs": True} if want else {}))
     t.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     pos = len(prompt)
     for i in range(max_new):
+        if want:
+            out, top = out
         tok = out if greedy else sample(out, history)
+        if want:
+            logprobs.append(_token_logprob(tok, out, top))
         t.generated += 1
         yield tok
         history.append(tok)
         if tok in stop_ids or i == max_new - 1 or pos >= model.n_ctx:
             break
-        out = model.run([tok], pos, greedy)
+        out = model.run([tok], pos, greedy, logprobs=True) if want else \
+            model.run([tok], pos, greedy)
         pos += 1
         t.decode_s = time.perf_counter() - t0
 
 
+def _token_logprob(tok: int, out, top) -> tuple[int, float, list[tuple[int, float]]]:
+    """A token's entry from the device's logprobs pass: its own log-probability from the
+    top list (greedy: it is the first), else from the logits read back for sampling."""
+    lse, lp, ids = top
+    ids, lp = ids.tolist(), lp.tolist()
+    if tok in ids:
+        chosen = lp[ids.index(tok)]
+    else:
+        chosen = float(out[tok]) - lse
+    return tok, chosen, list(zip(ids, lp))
+
+
 def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_tokens: int,
             sampler, stop, on_text, cancel: threading.Event,
-            turn: Callable[[], None] | None = None):
+            turn: Callable[[], None] | None = None, logprobs: list | None = None):
     """One request's text: (tokens, text, finish reason, timings). turn() is the arena's
     safe point, between prefill chunks and after every token. A client gone (cancel set)
-    stops a long prompt between its chunks too (Cancelled), not after all of it."""
+    stops a long prompt between its chunks too (Cancelled), not after all of it.
+
+    logprobs: a list that gets generate()'s entry of each token kept (those whose text
+    starts before a stop string are kept, as llama-server drops a stop string's tokens);
+    on_text is then called as on_text(piece, entries), with the entries of the tokens
+    generated since the last piece."""
     timings = Timings()
+    entries: list | None = [] if logprobs is not None else None
+    starts: list[int] = []             # where each token's text starts (for the stop cut)
+    sent = 0                           # entries given to on_text so far
+
+    def emit(piece: str, end: int | None = None) -> None:
+        """on_text(piece), with the entries of the tokens whose text starts before `end`
+        (the text sent with this piece; None: all the rest)."""
+        nonlocal sent
+        if entries is None:
+            on_text(piece)
+            return
+        upto = len(entries) if end is None else bisect.bisect_left(starts, end)
+        on_text(piece, entries[sent:upto])
+        sent = max(sent, upto)
 
     def prompt_point() -> None:
         if cancel.is_set():
@@ -100,23 +142,26 @@ def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_token
     decoder = StreamDecoder(tokenizer)
     text, finish = "", "length"
     hold = max((len(s) for s in stop), default=0)    # text held back to catch stop strings
+    cut = None
     emitted = 0
     if max_tokens > 0:
         gen = generate(model, prompt_ids, max_tokens,
                        None if sampler is None else sampler.sample,
-                       tokenizer.eog_ids, timings, between_chunks=prompt_point)
+                       tokenizer.eog_ids, timings, between_chunks=prompt_point,
+                       logprobs=entries)
         for tok in gen:
             if tok in tokenizer.eog_ids:
                 finish = "stop"
                 break
             out.append(tok)
+            starts.append(len(text))
             text += decoder.push(tok)
             cut = _find_stop(text, stop)
             if cut is not None:
                 text, finish = text[:cut], "stop"
                 break
             if on_text and len(text) - hold > emitted:
-                on_text(text[emitted:len(text) - hold])
+                emit(text[emitted:len(text) - hold], len(text) - hold)
                 emitted = len(text) - hold
             if cancel.is_set():
                 finish = "cancelled"
@@ -126,8 +171,13 @@ def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_token
         gen.close()
     if finish == "length":
         text += decoder.flush()
-    if on_text and len(text) > emitted:
-        on_text(text[emitted:])
+    if entries is not None:
+        # one entry per token kept: none for the end-of-generation token, nor for a stop
+        # string's own tokens (whose text starts at or after the cut)
+        del entries[len(out) if cut is None else bisect.bisect_left(starts, cut):]
+        logprobs.extend(entries)
+    if on_text and (len(text) > emitted or (entries is not None and sent < len(entries))):
+        emit(text[emitted:])
     return out, text, finish, timings
 
 

@@ -21,11 +21,11 @@ from shaders.registry import WEIGHT_TYPES
 from .. import arch as architectures
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu import vk
-from ..gpu.builder import Builder
+from ..gpu.builder import Builder, HiddenBuilder
 from ..gpu.graph import Graph
 from ..gpu.kernels import KernelCache
 from ..gpu.paths import Paths, Tuning, flash_attn_mode
-from ..gpu.runstate import RunState, run_state_args
+from ..gpu.runstate import LOGPROB_WORDS, TOP_LOGPROBS, RunState, run_state_args
 from ..gpu.tensors import Tensor
 from . import placement
 from .placement import PlacementError  # noqa: F401  (raised by Model())
@@ -130,6 +130,8 @@ class Model:
         self.recurrent_shadow: dict[str, np.ndarray] | None = None
         self._decode: dict[bool, Graph] = {}
         self._prefill: OrderedDict[int, Graph] = OrderedDict()
+        self._hidden: dict[int, Graph] = {}    # hidden-state passes (embeddings), per length
+        self._hidden_out: vk.Buffer | None = None   # what they read back: [chunk, n_embd]
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
         self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
@@ -338,9 +340,13 @@ class Model:
         return self.weight_bytes + kv + rec
 
     def _drop_graphs(self) -> None:
-        for g in list(self._decode.values()) + list(self._prefill.values()):
+        for g in list(self._decode.values()) + list(self._prefill.values()) + \
+                list(self._hidden.values()):
             g.close()
-        self._decode, self._prefill = {}, OrderedDict()
+        self._decode, self._prefill, self._hidden = {}, OrderedDict(), {}
+        if self._hidden_out is not None:       # the hidden graphs' read-back buffer
+            self.dev.allocator.free(self._hidden_out)
+            self._hidden_out = None
 
     # -- weights ----------------------------------------------------------------------------
     write_in_place = True          # on unified memory; tests turn it off to take the
@@ -447,32 +453,40 @@ class Model:
         return self.pinned.nbytes if self.pinned is not None else 0
 
     # -- graphs -----------------------------------------------------------------------------
-    def _record(self, n: int, greedy: bool) -> Graph:
+    def _record(self, n: int, greedy: bool, logprobs: bool = False) -> Graph:
         g = Graph(self.dev, self.kernels, f"{self.name}/n{n}", profile=self.profile)
         b = Builder(g, self.weights, self.rs, self.tuning, self.paths)
         self.arch.forward(b, self.config, self.rs, n)
+        n_vocab = self.config.n_vocab
         if greedy:
-            b.argmax(self.rs.logits, self.rs.result, self.config.n_vocab)
+            b.argmax(self.rs.logits, self.rs.result, n_vocab)
         else:
-            g.copy(self.rs.logits, 0, self.rs.result, 0, 4 * self.config.n_vocab)
+            g.copy(self.rs.logits, 0, self.rs.result, 0, 4 * n_vocab)
+        if logprobs:               # after the argmax's word, or after the logits
+            b.logprobs(self.rs.logits, self.rs.result, n_vocab, TOP_LOGPROBS,
+                       1 if greedy else n_vocab)
         return g.finish()
 
-    def _graph(self, n: int, greedy: bool) -> Graph:
+    def _graph(self, n: int, greedy: bool, logprobs: bool = False) -> Graph:
         if n == 1:
-            if greedy not in self._decode:
-                self._decode[greedy] = self._record(1, greedy)
-            return self._decode[greedy]
-        key = (n, greedy)
+            key1 = (greedy, logprobs)
+            if key1 not in self._decode:
+                self._decode[key1] = self._record(1, greedy, logprobs)
+            return self._decode[key1]
+        key = (n, greedy, logprobs)
         if key in self._prefill:
             self._prefill.move_to_end(key)
             return self._prefill[key]
-        g = self._record(n, greedy)
+        g = self._record(n, greedy, logprobs)
         self._prefill[key] = g
         if len(self._prefill) > PREFILL_GRAPHS_KEPT:
             self._prefill.popitem(last=False)[1].close()
         return g
 
-    def run(self, tokens: list[int], pos0: int, greedy: bool) -> int | np.ndarray:
+    def run(self, tokens: list[int], pos0: int, greedy: bool, logprobs: bool = False):
+        """The next-token argmax (greedy) or logits after tokens at positions pos0..; with
+        logprobs, (that, (lse, top log-probabilities, their ids)): the log-softmax of the
+        logits, computed on the device (the TOP_LOGPROBS best, best first)."""
         if self.state != "warm":
             raise RuntimeError(f"{self.name} is cold: restore it before running it")
         if pos0 + len(tokens) > self.n_ctx:
@@ -485,31 +499,94 @@ class Model:
                 raise ValueError(f"{self.name}: the recurrent state is at position "
                                  f"{len(self.cache_tokens)}, not {pos0}")
         self.rs.set_step(tokens, pos0)
-        graph = self._graph(len(tokens), greedy)
+        graph = self._graph(len(tokens), greedy, logprobs)
         t0 = time.perf_counter()
         graph.replay()
         if len(tokens) > 1:                     # what a prefill pass of this size costs
             self._last_pass = (len(tokens), time.perf_counter() - t0)
         del self.cache_tokens[pos0:]
         self.cache_tokens.extend(tokens)
+        n_vocab = self.config.n_vocab
         if greedy:
-            return int(self.rs.result.read(np.uint32, 1)[0])
-        return self.rs.result.read(np.float32, self.config.n_vocab)
+            words = self.rs.result.read(np.uint32, 1 + (LOGPROB_WORDS if logprobs else 0))
+            out = int(words[0])
+            words = words[1:]
+        else:
+            words = self.rs.result.read(np.uint32, n_vocab + (LOGPROB_WORDS if logprobs else 0))
+            out = words[:n_vocab].view(np.float32).copy()
+            words = words[n_vocab:]
+        if not logprobs:
+            return out
+        k = TOP_LOGPROBS
+        return out, (float(words[:1].view(np.float32)[0]), words[1:1 + k].view(np.float32),
+                     words[1 + k:1 + 2 * k].copy())
 
     def eval(self, tokens: list[int], pos0: int, greedy: bool = True,
-             between: Callable[[], None] | None = None) -> int | np.ndarray:
-        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits.
-        between() runs between two chunks: a safe point, where the model may be released
-        and restored (the cache then holds every chunk so far)."""
+             between: Callable[[], None] | None = None, logprobs: bool = False):
+        """Run tokens at positions pos0..; the next-token argmax (greedy) or logits (with
+        logprobs, as run() gives them). between() runs between two chunks: a safe point,
+        where the model may be released and restored (the cache then holds every chunk so
+        far)."""
         out = None
         s = 0
         while s < len(tokens):
             if s and between is not None:
                 between()
             n = self.next_chunk(len(tokens) - s)
-            out = self.run(tokens[s:s + n], pos0 + s, greedy)
+            if logprobs and s + n == len(tokens):      # the last pass's logits only
+                out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs=True)
+            else:
+                out = self.run(tokens[s:s + n], pos0 + s, greedy)
             s += n
         return out
+
+    def hidden(self, tokens: list[int], between: Callable[[], None] | None = None) -> np.ndarray:
+        """The final-normed hidden states [len(tokens), n_embd] of tokens run as a sequence
+        of their own, from position 0 (embeddings are pooled from them). They go through the
+        KV cache like a prompt, so the prompt cache then holds these tokens; chunks as in
+        eval(), between() between them."""
+        if self.state != "warm":
+            raise RuntimeError(f"{self.name} is cold: restore it before running it")
+        if len(tokens) > self.n_ctx:
+            raise ContextFull(f"{len(tokens)} tokens exceed the context of {self.n_ctx}")
+        e = self.config.n_embd
+        out = np.empty((len(tokens), e), np.float32)
+        s = 0
+        while s < len(tokens):
+            if s and between is not None:
+                between()          # may release and restore the model: graphs recorded anew
+            if self._hidden_out is None:
+                self._hidden_out = self.dev.allocator.alloc(4 * self.rs.max_tokens * e,
+                                                            f"{self.name}/hidden", "compute",
+                                                            host=True)
+            n = self.next_chunk(len(tokens) - s)
+            if s == 0:
+                self.rs.reset_recurrent()
+            self.rs.set_step(tokens[s:s + n], s)
+            graph = self._hidden.get(n)
+            if graph is None:
+                graph = self._hidden[n] = self._record_hidden(n)
+            t0 = time.perf_counter()
+            graph.replay()
+            if n > 1:
+                self._last_pass = (n, time.perf_counter() - t0)
+            del self.cache_tokens[s:]
+            self.cache_tokens.extend(tokens[s:s + n])
+            out[s:s + n] = self._hidden_out.read(np.float32, n * e).reshape(n, e)
+            s += n
+        return out
+
+    def _record_hidden(self, n: int) -> Graph:
+        g = Graph(self.dev, self.kernels, f"{self.name}/hidden{n}", profile=self.profile)
+        b = HiddenBuilder(g, self.weights, self.rs, self.tuning, self.paths, n_tokens=n)
+        self.arch.forward(b, self.config, self.rs, n)
+        try:
+            b.check()
+        except RuntimeError:
+            g.close()
+            raise
+        g.copy(self.rs.xn, 0, self._hidden_out, 0, 4 * n * self.config.n_embd)
+        return g.finish()
 
     def next_chunk(self, remaining: int) -> int:
         """Tokens for the next prefill pass: as many as fit CHUNK_TARGET_S at this model's

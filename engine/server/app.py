@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..facade import EngineFault
 from ..residency.arbiter import BudgetError
 from .access import Access, WILDCARD_BINDS, allowed_host_names
+from .embeddings import EmbeddingRoutes
 from .errors import ApiError, bad, device_fault, json_response, over_budget
 from .manage import ManagementRoutes
 from .metrics import CLIENT_GONE_STATUS, Metrics
@@ -59,7 +60,8 @@ MAX_BODY = 4 << 20                       # bytes of request body; more is a 413
 KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
 
 
-class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, OllamaRoutes, Access):
+class Server(OpenAIRoutes, EmbeddingRoutes, ManagementRoutes, ArenaRoutes, OllamaRoutes,
+             Access):
     """The routes' handlers and what they share: the engine, the model queues, the metrics."""
 
     def __init__(self, engine: Engine, api_key: str | None = None,
@@ -89,6 +91,7 @@ class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, OllamaRoutes, Access):
             ("GET", "/v1/models/{name}", self.v1_model),
             ("POST", "/v1/chat/completions", self.chat_completions),
             ("POST", "/v1/completions", self.completions),
+            ("POST", "/v1/embeddings", self.embeddings),
             ("GET", "/api/models", self.api_models),
             ("POST", "/api/models", self.api_load),
             ("DELETE", "/api/models/{name}", self.api_unload),

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..facade import EngineFault
 from ..residency.arbiter import BudgetError
 from ..text.sampling import BAN, SamplingError, SamplingParams
+from . import logprobs
 from .errors import (
     ApiError,
     bad,
@@ -165,6 +166,7 @@ class GenRequest:
     include_usage: bool
     logit_bias: list[tuple[int | str, float]]   # token id or text (tokenized), bias or BAN
     max_tokens_param: str = "max_tokens"  # or max_completion_tokens: the name the client used
+    logprobs: int | None = None           # alternatives per token (logprobs.py); None: none
 
 
 def parse_request(body: Any, chat: bool) -> GenRequest:
@@ -182,11 +184,9 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
     best_of = integer(body, "best_of", 1)
     if best_of != 1:
         raise bad("only best_of=1 is supported", "best_of", "invalid_value")
-    for key in ("logprobs", "echo"):
-        if body.get(key) not in (None, False, 0):
-            raise bad(f"{key} is not supported", key, "unsupported_parameter")
-    if body.get("top_logprobs") not in (None, 0):
-        raise bad("top_logprobs is not supported", "top_logprobs", "unsupported_parameter")
+    if body.get("echo") not in (None, False, 0):
+        raise bad("echo is not supported", "echo", "unsupported_parameter")
+    n_logprobs = logprobs.parse(body, chat)
     if body.get("tools"):
         raise bad("tools are not supported", "tools", "unsupported_parameter")
     fmt = body.get("response_format")
@@ -228,7 +228,8 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
                   "stream_options", "invalid_value")
     include_usage = boolean(opts or {}, "include_usage", False)
     return GenRequest(model or "", messages, prompt, max_tokens, sampling,
-                      parse_stop(body.get("stop")), stream, include_usage, logit_bias, key)
+                      parse_stop(body.get("stop")), stream, include_usage, logit_bias, key,
+                      logprobs=n_logprobs)
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -355,12 +356,14 @@ class OpenAIRoutes:
         if out.finish_reason == "cancelled" and _gone(request):
             return json_response({}, CLIENT_GONE_STATUS)        # left during its prompt or its answer
         text = out.text
+        lp = None if req.logprobs is None else \
+            logprobs.Formatter(self.engine.tokenizer(slot.name)).format(out.logprobs, chat)
         if chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": None, "finish_reason": FINISH[out.finish_reason]}
+                      "logprobs": lp, "finish_reason": FINISH[out.finish_reason]}
             obj = "chat.completion"
         else:
-            choice = {"index": 0, "text": text, "logprobs": None,
+            choice = {"index": 0, "text": text, "logprobs": lp,
                       "finish_reason": FINISH[out.finish_reason]}
             obj = "text_completion"
         return json_response({**meta, "object": obj, "choices": [choice],
@@ -378,7 +381,8 @@ class OpenAIRoutes:
         fut = asyncio.ensure_future(self._run(
             self.engine.generate, slot.name, tokens=ids, max_tokens=max_tokens,
             sampling=req.sampling, stop=req.stop, on_text=on_text, cancel=cancel,
-            **({} if wait is None else {"wait": wait})))
+            **({} if wait is None else {"wait": wait}),
+            **({} if req.logprobs is None else {"logprobs": req.logprobs})))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=POLL_S)
@@ -420,14 +424,18 @@ class OpenAIRoutes:
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
         extra = {"usage": None} if req.include_usage else {}
+        lp = None if req.logprobs is None else \
+            logprobs.Formatter(self.engine.tokenizer(slot.name))
 
-        def chunk(delta: str | None, finish: str | None, first: bool = False) -> dict:
+        def chunk(delta: str | None, finish: str | None, first: bool = False,
+                  entries=None) -> dict:
+            lps = None if entries is None else lp.format(entries, chat)
             if chat:
                 d = {"role": "assistant", "content": ""} if first else \
                     {} if delta is None else {"content": delta}
-                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
+                choice = {"index": 0, "delta": d, "logprobs": lps, "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": delta or "", "logprobs": None,
+                choice = {"index": 0, "text": delta or "", "logprobs": lps,
                           "finish_reason": finish}
             return {**meta, "object": obj, "choices": [choice], **extra}
 
@@ -439,13 +447,13 @@ class OpenAIRoutes:
             """Write text pieces as they come, up to the None left after the generation."""
             try:
                 while (piece := await pieces.get()) is not None:
-                    await send(chunk(piece, None))
+                    await send(chunk(piece[0], None, entries=piece[1]))
             except ConnectionError:            # the client went away: stop generating
                 cancel.set()
                 raise
 
-        def on_text(piece: str) -> None:      # on the worker thread
-            loop.call_soon_threadsafe(pieces.put_nowait, piece)
+        def on_text(piece: str, entries=None) -> None:     # on the worker thread; entries
+            loop.call_soon_threadsafe(pieces.put_nowait, (piece, entries))   # with logprobs
 
         writer = None
         try:

@@ -23,6 +23,7 @@ arbiter's settings and pins), `idle_s` (set_idle_evict's), `flash_attn`, `calls`
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -30,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine.facade import ModelExists
+from engine.facade import Embeddings, ModelExists, TokenLogprob
 from engine.formats.gguf_file import GGUFFile, ModelFileError
 from engine.residency.arbiter import BudgetError, PinnedError
 
@@ -47,6 +48,15 @@ class FakeCompletion:
     def __init__(self, prompt_tokens: list[int], text: str):
         self.prompt_tokens, self.tokens, self.text = prompt_tokens, [1] * len(text.split()), text
         self.finish_reason, self.timings = "length", {}
+        self.logprobs = None
+
+
+FAKE_EMBD = 8           # the fake's embedding size
+
+
+def fake_logprob(k: int) -> TokenLogprob:
+    """Each " ok" token's entry: id 1 at log(1/2), then ids 2.. at log(1/4), log(1/8)..."""
+    return TokenLogprob(1, -math.log(2), [(i + 1, -(i + 1) * math.log(2)) for i in range(k)])
 
 
 class FakeTokenizer:
@@ -59,6 +69,9 @@ class FakeTokenizer:
 
     def decode(self, ids: list[int], special: bool = False) -> str:
         return " ".join(f"w{i}" for i in ids)
+
+    def piece(self, token: int, special: bool = True) -> bytes:
+        return f" w{token}".encode()
 
 
 class FakeModel:
@@ -345,10 +358,10 @@ class FakeEngine:
                  max_tokens: int = 128, sampling=None, stop: list[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None) -> FakeCompletion:
+                 wait: float | None = None, logprobs: int | None = None) -> FakeCompletion:
         """Make the model warm and answer " ok" max_tokens times, one piece per token
         (token_delay_s apart), stopping early when cancel is set; `waits` records each
-        call's wait."""
+        call's wait. With logprobs, each token's entry is fake_logprob(logprobs)."""
         with self._lock:
             m = self._get(name)
             m.busy += 1
@@ -368,7 +381,10 @@ class FakeEngine:
                         time.sleep(self.token_delay_s)
                     pieces.append(" ok")
                     if on_text is not None:
-                        on_text(" ok")
+                        if logprobs is None:
+                            on_text(" ok")
+                        else:
+                            on_text(" ok", [fake_logprob(logprobs)])
                 with self._lock:
                     m.cached_tokens = len(pieces) + 1
                     self._touch(m)
@@ -376,7 +392,31 @@ class FakeEngine:
             m.busy -= 1
         out = FakeCompletion(list(tokens or [1]), "".join(pieces))
         out.finish_reason = finish
+        if logprobs is not None:
+            out.logprobs = [fake_logprob(logprobs) for _ in pieces]
         return out
+
+    def embed(self, name: str | None, inputs: list, pooling: str | None = None,
+              cancel: threading.Event | None = None,
+              wait: float | None = None) -> Embeddings:
+        """Unit vectors of FAKE_EMBD drawn from each input's text (the same input, the same
+        vector); one token per word, or the ids given."""
+        with self._lock:
+            m = self._get(name)
+        with self._device:
+            with self._lock:
+                self.calls.append(("embed", name))
+                self.waits.append(wait)
+                self._warm(m)
+                self._touch(m)
+        vectors, n = [], 0
+        for x in inputs:
+            ids = FakeTokenizer().encode(x) if isinstance(x, str) else list(x)
+            n += len(ids)
+            seed = sum((i + 1) * (t + 7) for i, t in enumerate(ids)) + len(str(x))
+            v = np.random.default_rng(seed).standard_normal(FAKE_EMBD)
+            vectors.append((v / np.linalg.norm(v)).tolist())
+        return Embeddings(vectors, n, pooling or "mean", FAKE_EMBD)
 
     # -- status -----------------------------------------------------------------------------
     def status(self) -> list[dict]:

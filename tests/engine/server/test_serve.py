@@ -324,7 +324,7 @@ BAD = [
      "invalid_value"),
     (CHAT, chat_body(stream_options={}, stream=False), 400, "stream_options", "invalid_value"),
     (CHAT, chat_body(frequency_penalty=9), 400, "frequency_penalty", "invalid_value"),
-    (CHAT, chat_body(logprobs=True), 400, "logprobs", "unsupported_parameter"),
+    (CHAT, chat_body(logprobs=True, top_logprobs=21), 400, "top_logprobs", "invalid_value"),
     (CHAT, chat_body(model=5), 400, "model", "invalid_type"),
     (CHAT, chat_body(model="no-such-model"), 404, "model", "model_not_found"),
     (CHAT, {"messages": [{"role": "user", "content": "hello " * 600}]}, 400, "messages",

@@ -1,0 +1,160 @@
+"""Embeddings: the GPU's final-normed hidden states against the numpy reference forward
+(engine/arch/reference.py), pooling, a batch against its inputs one by one, and the prompt
+cache after an embedding."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.arch.reference import ReferenceModel
+from engine.formats.gguf_file import GGUFFile
+from engine.residency import embed
+from engine.residency.loop import generate
+from engine.residency.model import Model
+from engine.text.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.gpu
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",
+         "The quick brown fox jumps over the lazy dog."]
+
+
+@pytest.fixture(scope="module")
+def smollm2(dev, kc, smollm2_path):
+    m = Model(dev, kc, smollm2_path, n_ctx=256)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2):
+    return Tokenizer.from_gguf(smollm2.gguf)
+
+
+def reference_hidden(path: str, ids: list[int]) -> np.ndarray:
+    """The reference forward's input to the output head: the final-normed hidden states."""
+    with GGUFFile(path) as g:
+        ref = ReferenceModel(g, n_ctx=64)
+        seen = []
+
+        def head(x, *a, **k):
+            seen.append(np.array(x, np.float64))
+            return np.zeros((x.shape[0], 1), np.float32)
+        ref.weights.output = head
+        ref.forward(ids, 0)
+    return seen[0]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.sum(a * b, -1) / (np.linalg.norm(a, axis=-1) * np.linalg.norm(b, axis=-1))
+
+
+def f32_hidden(model: Model, ids: list[int]) -> np.ndarray:
+    """model.hidden(ids) with f32 products (the matrix units' f16 ones are checked apart)."""
+    t = model.tuning
+    saved = (t.ggml_numerics, t.coopmat)
+    t.ggml_numerics = t.coopmat = False
+    model._drop_graphs()
+    try:
+        return model.hidden(ids).astype(np.float64)
+    finally:
+        t.ggml_numerics, t.coopmat = saved
+        model._drop_graphs()
+
+
+def test_hidden_states_match_the_reference(smollm2, tokenizer, smollm2_path):
+    """In plain f32 on both sides (as test_model.py's logits test: with llama.cpp's activation
+    rounding the two part ways chaotically), every token's hidden state, and the pooled
+    vectors."""
+    ids = tokenizer.encode(TEXTS[0])
+    got = f32_hidden(smollm2, ids)
+    want = reference_hidden(smollm2_path, ids)
+    assert got.shape == want.shape == (len(ids), smollm2.config.n_embd)
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-5
+    for how, rows in (("mean", want), ("cls", want[:1]), ("last", want[-1:])):
+        v = rows.mean(axis=0)
+        v /= np.linalg.norm(v)
+        e = embed.pool(got, how)
+        assert abs(np.linalg.norm(e) - 1) < 1e-5
+        assert np.abs(e - v).max() < 1e-3, how
+
+
+def test_gemma3_hidden_states_match_the_reference(dev, kc, gemma3_path):
+    """Gemma 3: its own norms, sliding-window layers and tied head (left out here)."""
+    m = Model(dev, kc, gemma3_path, n_ctx=64)
+    try:
+        ids = Tokenizer.from_gguf(m.gguf).encode(TEXTS[1])
+        got = f32_hidden(m, ids)
+    finally:
+        m.close()
+    want = reference_hidden(gemma3_path, ids)
+    assert got.shape == want.shape
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-5
+
+
+SYNTH = Path(__file__).resolve().parents[2] / "data" / "synth"
+SYNTH_FILES = ["llama-bf16", "gemma2-swa-f16", "gpt-oss-f16", "phi3-longrope-f16",
+               "qwen2-yarn-f16", "qwen3-linear-f16", "mistral3-yarn-f16"]
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory) -> dict[str, str]:
+    """The hybrid and mixture-of-experts architectures' small random files."""
+    from tests.engine.arch.test_lfm2 import write_lfm2
+    from tests.engine.arch.test_qwen3moe import write_qwen3moe
+
+    d = tmp_path_factory.mktemp("embed")
+    write_qwen3moe(str(d / "qwen3moe.gguf"))
+    return {"lfm2": write_lfm2(str(d / "lfm2.gguf")), "qwen3moe": str(d / "qwen3moe.gguf")}
+
+
+@pytest.mark.parametrize("case", SYNTH_FILES + ["lfm2", "qwen3moe"])
+def test_every_architecture_gives_the_references_hidden_states(dev, kc, written, case):
+    """Every architecture ends its forward pass as HiddenBuilder expects (it checks), and
+    its hidden states are the reference's."""
+    path = written.get(case) or str(SYNTH / f"{case}.gguf")
+    m = Model(dev, kc, path, n_ctx=64)
+    try:
+        ids = [(7 * i + 3) % min(m.config.n_vocab, 200) for i in range(9)]
+        got = f32_hidden(m, ids)
+    finally:
+        m.close()
+    want = reference_hidden(path, ids)
+    assert got.shape == want.shape
+    assert np.sum((got - want) ** 2) / np.sum(want ** 2) < 1e-5     # measured: 3e-8..1.5e-7
+
+
+def test_a_batch_equals_its_inputs_one_by_one(smollm2, tokenizer):
+    seqs = [tokenizer.encode(t) for t in TEXTS]
+    batch = embed.embed(smollm2, seqs, "mean")
+    alone = [embed.embed(smollm2, [s], "mean")[0] for s in reversed(seqs)][::-1]
+    for a, b in zip(batch, alone):
+        assert np.allclose(a, b, atol=1e-6)
+    assert np.array_equal(batch[0], batch[2])            # identical texts, identical vectors
+    assert float(np.dot(batch[0], batch[1])) < 0.999
+
+
+def test_an_embedding_leaves_a_correct_prompt_cache(smollm2, tokenizer):
+    """The embedding's pass writes KV from position 0: the prompt cache must then say so,
+    and a generation after it gives what it gives from an empty cache."""
+    prompt = tokenizer.encode("Once upon a time")
+    smollm2.cache_tokens = []
+    fresh = list(generate(smollm2, prompt, 6))
+    embed.embed(smollm2, [tokenizer.encode(TEXTS[1])], "last")
+    assert smollm2.cache_tokens == tokenizer.encode(TEXTS[1])
+    assert list(generate(smollm2, prompt, 6)) == fresh
+    # and with the cache holding the prompt's own prefix (a reuse through the embedding's KV)
+    embed.embed(smollm2, [prompt[:3]], "mean")
+    assert list(generate(smollm2, prompt, 6)) == fresh
+
+
+def test_long_inputs_run_in_chunks(smollm2, tokenizer):
+    """An input longer than a prefill pass is the same whether run in one pass or several."""
+    ids = (tokenizer.encode(" ".join(TEXTS)) * 6)[:150]
+    smollm2._last_pass = None                  # the first pass is a probe of 4 tokens
+    chunked = smollm2.hidden(ids)
+    assert np.allclose(chunked[:4], smollm2.hidden(ids[:4]), atol=1e-4)
+    whole = smollm2.hidden(ids)
+    assert cosines(chunked.astype(np.float64), whole.astype(np.float64)).min() > 0.9999
