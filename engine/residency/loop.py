@@ -84,7 +84,7 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
 
 def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_tokens: int,
             sampler, stop, on_text, cancel: threading.Event,
-            turn: Callable[[], None] | None = None):
+            turn: Callable[[], None] | None = None, preserved: frozenset[int] = frozenset()):
     """One request's text: (tokens, text, finish reason, timings). turn() is the arena's
     safe point, between prefill chunks and after every token. A client gone (cancel set)
     stops a long prompt between its chunks too (Cancelled), not after all of it."""
@@ -97,7 +97,7 @@ def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_token
             turn()
 
     out: list[int] = []
-    decoder = StreamDecoder(tokenizer)
+    decoder = StreamDecoder(tokenizer, preserved or False)   # preserved: markers kept
     text, finish = "", "length"
     hold = max((len(s) for s in stop), default=0)    # text held back to catch stop strings
     emitted = 0
