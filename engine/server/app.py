@@ -42,6 +42,7 @@ from .errors import ApiError, bad, device_fault, json_response, over_budget
 from .manage import ManagementRoutes
 from .metrics import CLIENT_GONE_STATUS, Metrics
 from .openai import OpenAIRoutes
+from .responses import ResponsesRoutes
 from .slots import ModelSlot
 from .turns import ArenaRoutes
 
@@ -56,7 +57,7 @@ MAX_BODY = 4 << 20                       # bytes of request body; more is a 413
 KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
 
 
-class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
+class Server(OpenAIRoutes, ResponsesRoutes, ManagementRoutes, ArenaRoutes, Access):
     """The routes' handlers and what they share: the engine, the model queues, the metrics."""
 
     def __init__(self, engine: Engine, api_key: str | None = None,
@@ -86,6 +87,7 @@ class Server(OpenAIRoutes, ManagementRoutes, ArenaRoutes, Access):
             ("GET", "/v1/models/{name}", self.v1_model),
             ("POST", "/v1/chat/completions", self.chat_completions),
             ("POST", "/v1/completions", self.completions),
+            ("POST", "/v1/responses", self.responses),
             ("GET", "/api/models", self.api_models),
             ("POST", "/api/models", self.api_load),
             ("DELETE", "/api/models/{name}", self.api_unload),
