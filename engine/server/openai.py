@@ -85,7 +85,7 @@ def parse_messages(v: Any) -> list[dict]:
         if role not in CHAT_ROLES:
             raise bad(f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, "
                        f"got {show(role)}", f"messages[{i}].role", "invalid_value")
-        if role == "tool" or (role == "assistant" and m.get("tool_calls") is not None):
+        if role == "tool" or (role == "assistant" and m.get("tool_calls")):
             msg = tool_message(m, i, role)      # chat_tools.py: calls and their results
             content = m.get("content")
             msg["content"] = None if content is None and role == "assistant" else \
