@@ -167,10 +167,15 @@ class ToolRequest:
         if self.parses:
             self.preserved = tuple(i for i in (_marker_id(tok, m) for m in self.family.markers)
                                    if i is not None)
-        if self.parses and self.choice == "required":
+        if self.parses and (self.choice == "required" or generic):
+            # a call is due: decoding keeps to the call grammar (the generic format's
+            # answers are always JSON, a call or a reply, as llama.cpp constrains them)
             tools = [t for t in self.tools if self.named in (None, t["function"]["name"])]
-            self.grammar = self.family.grammar(tools, self.parallel and self.named is None,
-                                               lambda m: _marker_id(tok, m))
+            parallel = self.parallel and self.named is None
+            token_of = lambda m: _marker_id(tok, m)      # noqa: E731
+            self.grammar = self.family.grammar(tools, parallel, token_of) \
+                if self.choice == "required" else \
+                self.family.grammar(tools, parallel, token_of, required=False)
             self.constraint = tool_constraint(tok, self.grammar)
         return ids
 

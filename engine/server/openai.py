@@ -396,7 +396,9 @@ class OpenAIRoutes:
             self.engine.generate, slot.name, tokens=ids, max_tokens=max_tokens,
             sampling=req.sampling, stop=req.stop, on_text=on_text, cancel=cancel,
             **({} if wait is None else {"wait": wait}),
-            **({"preserved_tokens": req.tools.preserved} if req.tools is not None else {})))
+            **({"preserved_tokens": req.tools.preserved} if req.tools is not None else {}),
+            **({"constraint": req.tools.constraint}       # a call is due: its grammar
+               if req.tools is not None and req.tools.constraint is not None else {})))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=POLL_S)

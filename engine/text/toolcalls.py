@@ -608,6 +608,16 @@ class Gemma4(Family):
         return "".join(rules)
 
 
+def _partial_string(s: str) -> str:
+    """The text of a JSON string whose closing quote is still to come, up to its last whole
+    character (an escape cut in the middle waits)."""
+    for cut in range(len(s), max(len(s) - 6, -1), -1):
+        got = _load('"' + s[:cut] + '"')
+        if isinstance(got, str):
+            return got
+    return ""
+
+
 class Generic(Family):
     """llama.cpp's generic format for templates without tool support (its
     common_chat_params_init_generic and common_chat_parse_generic)."""
@@ -627,7 +637,10 @@ class Generic(Family):
             return Parsed(text if partial else body)
         end = json_end(body, 0)
         if end is None:
-            return Parsed("") if partial else Parsed(text.strip())
+            if not partial:
+                return Parsed(text.strip())
+            m = re.match(r'\{\s*"response"\s*:\s*"', body)   # the answer, as it is written
+            return Parsed("" if m is None else _partial_string(body[m.end():]))
         obj = _load(body[:end])
         if isinstance(obj, dict):
             if isinstance(obj.get("tool_calls"), list):
@@ -680,9 +693,11 @@ class Generic(Family):
                                  "properties": {"response": {"type": "string"}},
                                  "required": ["response"]}]}
 
-    def grammar(self, tools, parallel, token_of):
+    def grammar(self, tools, parallel, token_of, required: bool = True):
+        """With required=False, a reply ({"response": ...}) is allowed too: llama.cpp
+        constrains the generic format's answers always, not only where a call is due."""
         return "start: answer\nanswer: %json " + \
-            json.dumps(self.schema(tools, parallel, True), ensure_ascii=False) + "\n"
+            json.dumps(self.schema(tools, parallel, required), ensure_ascii=False) + "\n"
 
 
 # -- choosing the family -------------------------------------------------------------------
@@ -807,17 +822,12 @@ def prepare_messages(messages: list[dict], tools: list[dict] | None, caps: dict[
 # -- constrained decoding ----------------------------------------------------------------------
 
 def tool_constraint(tokenizer, grammar: str):
-    """The decoding constraint of a call grammar, or None where constrained decoding is not
-    available (engine/text/constrain.py absent or refusing it). The one place where the
-    tool-call grammar meets the decoder."""
+    """THE TOOL-CALL GRAMMAR MEETS THE DECODER HERE: what generate(constraint=...) takes for
+    a call grammar (engine/text/constrain.py's Grammar, which binds itself to the tokenizer
+    when the generation starts), or None where constrained decoding is not available. The
+    grammar's control-token markers are `<[id]>` references of `tokenizer`'s ids."""
     try:
-        from . import constrain                  # noqa: F401  (the grammar engine's module)
+        from .constrain import Grammar           # the structured-output module
     except ImportError:
         return None
-    make = getattr(constrain, "from_lark", None) or getattr(constrain, "lark", None)
-    if make is None:
-        return None
-    try:
-        return make(tokenizer, grammar)
-    except Exception:
-        return None
+    return Grammar.lark(grammar, param="tool_choice")

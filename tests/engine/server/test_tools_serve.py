@@ -249,8 +249,9 @@ def tool_ref(real):
     eng, _ = real
     req = parse_request({"messages": ASK, "tools": [WEATHER]}, chat=True)
     ids = req.tools.prompt(eng, "smol", req.messages)
+    constraint = {} if req.tools.constraint is None else {"constraint": req.tools.constraint}
     out = eng.generate("smol", tokens=ids, max_tokens=N, sampling=GREEDY,
-                       preserved_tokens=req.tools.preserved)
+                       preserved_tokens=req.tools.preserved, **constraint)
     return req.tools, ids, out
 
 

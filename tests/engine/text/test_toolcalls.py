@@ -391,3 +391,17 @@ def test_grammar_accepts_calls_the_parser_reads(family, one, many, wrong):
                                                 ("search", NESTED)]
     named = family.grammar([SEARCH], False, token_of)        # tool_choice names one
     assert not accepts(named, one, markers)
+
+
+def test_generic_streams_the_response_string():
+    text = '{"response": "Caf\\u00e9 \\"Le Nord\\" is open."}'
+    content, args = streamed(Generic(), text, step=1)
+    assert content == 'Café "Le Nord" is open.' and args == []
+    assert Generic().parse(text).content == content
+
+
+def test_generic_grammar_without_a_required_call_allows_a_reply():
+    g = Generic().grammar([WEATHER], False, token_of, required=False)
+    assert accepts(g, '{"response": "Hello"}', ())
+    assert accepts(g, '{"tool_call": {"name": "get_weather", "arguments": {"city": "X"}}}', ())
+    assert not accepts(g, "Hello", ())
