@@ -207,12 +207,32 @@ class _JsonCallsFamily(Family):
         return ToolCall(name, args, done=False)
 
 
+def _think(text: str, partial: bool) -> tuple[str, str]:
+    """Qwen 3's <think>...</think> ahead of the answer: (reasoning, the rest), as llama.cpp
+    gives it (reasoning_content). The opening tag may sit in the prompt already."""
+    s = text.lstrip()
+    if partial and "<think>".startswith(s):
+        return "", ""                               # may open a thought: wait
+    start = s.startswith("<think>")
+    close = s.find("</think>")
+    if close < 0:
+        if start and partial:                       # still thinking
+            body = s[len("<think>"):]
+            return body[:len(body) - _held(body, ("</think>",))], ""
+        return "", text
+    if not start and "<think>" in s[:close]:
+        return "", text
+    body = s[len("<think>") if start else 0:close]
+    return body.strip(), s[close + len("</think>"):].lstrip()
+
+
 class Hermes(_JsonCallsFamily):
     name = "hermes"
     start, end = "<tool_call>", "</tool_call>"
     markers = ("<tool_call>", "</tool_call>")
 
     def parse(self, text: str, partial: bool = False) -> Parsed:
+        reasoning, text = _think(text, partial)
         content, calls, pos = [], [], 0
         while True:
             i = text.find(self.start, pos)
@@ -240,7 +260,8 @@ class Hermes(_JsonCallsFamily):
                 continue
             calls.append(got[0])
             pos = after
-        return Parsed("".join(content).strip() if not partial else "".join(content), calls)
+        return Parsed("".join(content).strip() if not partial else "".join(content), calls,
+                      reasoning)
 
     def grammar(self, tools, parallel, token_of):
         rules = [_calls_rule(len(tools), parallel, '"\\n"')]
@@ -637,10 +658,11 @@ class Generic(Family):
             return Parsed(text if partial else body)
         end = json_end(body, 0)
         if end is None:
-            if not partial:
-                return Parsed(text.strip())
-            m = re.match(r'\{\s*"response"\s*:\s*"', body)   # the answer, as it is written
-            return Parsed("" if m is None else _partial_string(body[m.end():]))
+            # a reply as far as it is written (cut by max_tokens, when the text is whole)
+            m = re.match(r'\{\s*"response"\s*:\s*"', body)
+            if m is not None:
+                return Parsed(_partial_string(body[m.end():]))
+            return Parsed("") if partial else Parsed(text.strip())
         obj = _load(body[:end])
         if isinstance(obj, dict):
             if isinstance(obj.get("tool_calls"), list):

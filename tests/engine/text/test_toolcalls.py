@@ -398,6 +398,7 @@ def test_generic_streams_the_response_string():
     content, args = streamed(Generic(), text, step=1)
     assert content == 'Café "Le Nord" is open.' and args == []
     assert Generic().parse(text).content == content
+    assert Generic().parse(text[:20]).content == "Caf"        # cut by max_tokens
 
 
 def test_generic_grammar_without_a_required_call_allows_a_reply():
@@ -405,3 +406,14 @@ def test_generic_grammar_without_a_required_call_allows_a_reply():
     assert accepts(g, '{"response": "Hello"}', ())
     assert accepts(g, '{"tool_call": {"name": "get_weather", "arguments": {"city": "X"}}}', ())
     assert not accepts(g, "Hello", ())
+
+
+def test_qwen3_thinking_is_reasoning():
+    text = ('<think>\nThe user wants the weather; call the tool.\n</think>\n\n<tool_call>\n'
+            '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>')
+    p = Hermes().parse(text)
+    assert p.reasoning == "The user wants the weather; call the tool."
+    assert p.content == "" and calls_of(p) == [("get_weather", {"city": "Paris"})]
+    content, args = streamed(Hermes(), text)
+    assert content == "" and [json.loads(a) for a in args] == [{"city": "Paris"}]
+    assert Hermes().parse("I think <think> is a tag.").content == "I think <think> is a tag."
