@@ -533,12 +533,16 @@ class Engine:
             return m.chat.tokenize(m.tokenizer, messages)
         return m.tokenizer.encode(prompt or "", add_special=True, parse_special=False)
 
+    def chat_template(self, name: str | None = None) -> ChatTemplate:
+        return self._get(name).chat
+
     def generate(self, name: str | None = None, prompt: str | None = None,
                  messages: list[dict] | None = None, tokens: list[int] | None = None,
                  max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] = (), on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None, logprobs: int | None = None) -> Completion:
+                 wait: float | None = None, logprobs: int | None = None,
+                 preserved_tokens=()) -> Completion:
         """One request, run on the engine thread as one job; on_text is called there.
         wait: with an arena, the most seconds to wait for the GPU (another process's turn,
         a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20
@@ -572,7 +576,8 @@ class Engine:
             try:
                 return loop.request(m.model, m.tokenizer, prompt_ids, max_tokens, sampler,
                                     stop, on_text, cancel, turn,
-                                    None if logprobs is None else entries)
+                                    None if logprobs is None else entries,
+                                    frozenset(preserved_tokens))
             except Cancelled:          # the client left during the prompt or a wait for the GPU
                 return [], "", "cancelled", Timings()
             finally:

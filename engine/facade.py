@@ -151,17 +151,23 @@ class EngineAPI(Protocol):
                       messages: list[dict] | None = None) -> list[int]:
         """The token ids a prompt or a chat becomes for this model."""
 
+    def chat_template(self, name: str | None = None):
+        """The model's ChatTemplate (engine/text/chat.py): tool calling reads its source
+        and renders tools with it."""
+
     def generate(self, name: str | None = None, prompt: str | None = None,
                  messages: list[dict] | None = None, tokens: list[int] | None = None,
                  max_tokens: int = 128, sampling=None, stop: list[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None, logprobs: int | None = None) -> Completion:
+                 wait: float | None = None, logprobs: int | None = None,
+                 preserved_tokens=()) -> Completion:
         """One request. wait: the most seconds to wait for the GPU (another process's turn,
         a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20, the
         alternatives to give with each token's log-probability (Completion.logprobs); with
         it, on_text is called as on_text(piece, [TokenLogprob]) with the tokens since the
-        last piece."""
+        last piece. preserved_tokens: control token ids whose text is kept in the output
+        (tool-call markers such as [TOOL_CALLS])."""
 
     def embed(self, name: str | None, inputs: list, pooling: str | None = None,
               cancel: threading.Event | None = None,

@@ -107,7 +107,8 @@ def _token_logprob(tok: int, out, top) -> tuple[int, float, list[tuple[int, floa
 
 def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_tokens: int,
             sampler, stop, on_text, cancel: threading.Event,
-            turn: Callable[[], None] | None = None, logprobs: list | None = None):
+            turn: Callable[[], None] | None = None, logprobs: list | None = None,
+            preserved: frozenset[int] = frozenset()):
     """One request's text: (tokens, text, finish reason, timings). turn() is the arena's
     safe point, between prefill chunks and after every token. A client gone (cancel set)
     stops a long prompt between its chunks too (Cancelled), not after all of it.
@@ -139,7 +140,7 @@ def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_token
             turn()
 
     out: list[int] = []
-    decoder = StreamDecoder(tokenizer)
+    decoder = StreamDecoder(tokenizer, preserved or False)   # preserved: markers kept
     text, finish = "", "length"
     hold = max((len(s) for s in stop), default=0)    # text held back to catch stop strings
     cut = None

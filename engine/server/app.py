@@ -46,6 +46,7 @@ from .metrics import CLIENT_GONE_STATUS, Metrics
 from .ollama import OllamaRoutes, error_body, is_ollama_path
 from .ollama import routes as ollama_routes
 from .openai import OpenAIRoutes
+from .responses import ResponsesRoutes
 from .slots import ModelSlot
 from .turns import ArenaRoutes
 
@@ -60,8 +61,8 @@ MAX_BODY = 4 << 20                       # bytes of request body; more is a 413
 KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
 
 
-class Server(OpenAIRoutes, EmbeddingRoutes, ManagementRoutes, ArenaRoutes, OllamaRoutes,
-             Access):
+class Server(OpenAIRoutes, ResponsesRoutes, EmbeddingRoutes, ManagementRoutes, ArenaRoutes,
+             OllamaRoutes, Access):
     """The routes' handlers and what they share: the engine, the model queues, the metrics."""
 
     def __init__(self, engine: Engine, api_key: str | None = None,
@@ -92,6 +93,7 @@ class Server(OpenAIRoutes, EmbeddingRoutes, ManagementRoutes, ArenaRoutes, Ollam
             ("POST", "/v1/chat/completions", self.chat_completions),
             ("POST", "/v1/completions", self.completions),
             ("POST", "/v1/embeddings", self.embeddings),
+            ("POST", "/v1/responses", self.responses),
             ("GET", "/api/models", self.api_models),
             ("POST", "/api/models", self.api_load),
             ("DELETE", "/api/models/{name}", self.api_unload),

@@ -33,6 +33,7 @@ from .errors import (
     over_budget,
     show,
 )
+from .chat_tools import ToolRequest, ToolStream, parse_tools, tool_message
 from .metrics import CLIENT_GONE_STATUS
 
 if TYPE_CHECKING:
@@ -47,7 +48,7 @@ MAX_STOP = 16                            # stop strings per request
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16      # OpenAI's default for /v1/completions
 POLL_S = 0.25                            # how often a waiting request checks its client
 CHAT_ROLES = {"system": "system", "developer": "system", "user": "user",
-              "assistant": "assistant"}
+              "assistant": "assistant", "tool": "tool"}
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 MAX_TOKENS_HEADER = "X-Hotseat-Max-Tokens"   # set when the client gave no max_tokens and
                                              # the context's room limits the completion
@@ -85,9 +86,13 @@ def parse_messages(v: Any) -> list[dict]:
         if role not in CHAT_ROLES:
             raise bad(f"messages[{i}].role must be one of {', '.join(sorted(CHAT_ROLES))}, "
                        f"got {show(role)}", f"messages[{i}].role", "invalid_value")
-        if m.get("tool_calls"):
-            raise bad("tool calls are not supported", f"messages[{i}].tool_calls",
-                       "unsupported_parameter")
+        if role == "tool" or (role == "assistant" and m.get("tool_calls")):
+            msg = tool_message(m, i, role)      # chat_tools.py: calls and their results
+            content = m.get("content")
+            msg["content"] = None if content is None and role == "assistant" else \
+                _text_content(content, i)
+            out.append(msg)
+            continue
         out.append({"role": CHAT_ROLES[role], "content": _text_content(m.get("content"), i)})
     return out
 
@@ -167,6 +172,7 @@ class GenRequest:
     logit_bias: list[tuple[int | str, float]]   # token id or text (tokenized), bias or BAN
     max_tokens_param: str = "max_tokens"  # or max_completion_tokens: the name the client used
     logprobs: int | None = None           # alternatives per token (logprobs.py); None: none
+    tools: ToolRequest | None = None      # tools, tool_choice, tool messages (chat_tools.py)
 
 
 def parse_request(body: Any, chat: bool) -> GenRequest:
@@ -187,8 +193,13 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
     if body.get("echo") not in (None, False, 0):
         raise bad("echo is not supported", "echo", "unsupported_parameter")
     n_logprobs = logprobs.parse(body, chat)
-    if body.get("tools"):
-        raise bad("tools are not supported", "tools", "unsupported_parameter")
+    tools = None
+    if chat:
+        tools = parse_tools(body, has_tool_messages=any(
+            m["role"] == "tool" or m.get("tool_calls") for m in messages))
+    elif body.get("tools"):
+        raise bad("tools are only taken by /v1/chat/completions", "tools",
+                  "unsupported_parameter")
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
         raise bad('only response_format {"type": "text"} is supported', "response_format",
@@ -229,8 +240,7 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
     include_usage = boolean(opts or {}, "include_usage", False)
     return GenRequest(model or "", messages, prompt, max_tokens, sampling,
                       parse_stop(body.get("stop")), stream, include_usage, logit_bias, key,
-                      logprobs=n_logprobs)
-
+                      logprobs=n_logprobs, tools=tools)
 
 # -- routes --------------------------------------------------------------------------------
 
@@ -267,8 +277,10 @@ class OpenAIRoutes:
                            "prompt", "invalid_value")
         else:
             try:
-                ids = await self._run(self.engine.prompt_tokens, slot.name, prompt=req.prompt,
-                                      messages=req.messages)
+                ids = await self._run(req.tools.prompt, self.engine, slot.name, req.messages) \
+                    if req.tools is not None else \
+                    await self._run(self.engine.prompt_tokens, slot.name, prompt=req.prompt,
+                                    messages=req.messages)
             except KeyError:
                 raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
                                "model_not_found") from None
@@ -359,8 +371,11 @@ class OpenAIRoutes:
         lp = None if req.logprobs is None else \
             logprobs.Formatter(self.engine.tokenizer(slot.name)).format(out.logprobs, chat)
         if chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "logprobs": lp, "finish_reason": FINISH[out.finish_reason]}
+            message, called = {"role": "assistant", "content": text}, False
+            if req.tools is not None:
+                message, called = req.tools.message(text)
+            choice = {"index": 0, "message": message, "logprobs": lp,
+                      "finish_reason": "tool_calls" if called else FINISH[out.finish_reason]}
             obj = "chat.completion"
         else:
             choice = {"index": 0, "text": text, "logprobs": lp,
@@ -382,7 +397,10 @@ class OpenAIRoutes:
             self.engine.generate, slot.name, tokens=ids, max_tokens=max_tokens,
             sampling=req.sampling, stop=req.stop, on_text=on_text, cancel=cancel,
             **({} if wait is None else {"wait": wait}),
-            **({} if req.logprobs is None else {"logprobs": req.logprobs})))
+            **({} if req.logprobs is None else {"logprobs": req.logprobs}),
+            **({"preserved_tokens": req.tools.preserved} if req.tools is not None else {}),
+            **({"constraint": req.tools.constraint}       # a call is due: its grammar
+               if req.tools is not None and req.tools.constraint is not None else {})))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=POLL_S)
@@ -426,13 +444,17 @@ class OpenAIRoutes:
         extra = {"usage": None} if req.include_usage else {}
         lp = None if req.logprobs is None else \
             logprobs.Formatter(self.engine.tokenizer(slot.name))
+        held: list = []                  # logprob entries of text a tool stream holds back
 
-        def chunk(delta: str | None, finish: str | None, first: bool = False,
+        tool_stream = ToolStream(req.tools) if chat and req.tools is not None else None
+
+        def chunk(delta: str | dict | None, finish: str | None, first: bool = False,
                   entries=None) -> dict:
-            lps = None if entries is None else lp.format(entries, chat)
+            lps = None if not entries else lp.format(entries, chat)
             if chat:
                 d = {"role": "assistant", "content": ""} if first else \
-                    {} if delta is None else {"content": delta}
+                    {} if delta is None else delta if isinstance(delta, dict) else \
+                    {"content": delta}
                 choice = {"index": 0, "delta": d, "logprobs": lps, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": delta or "", "logprobs": lps,
@@ -447,7 +469,14 @@ class OpenAIRoutes:
             """Write text pieces as they come, up to the None left after the generation."""
             try:
                 while (piece := await pieces.get()) is not None:
-                    await send(chunk(piece[0], None, entries=piece[1]))
+                    text, entries = piece
+                    if tool_stream is None:
+                        await send(chunk(text, None, entries=entries))
+                        continue
+                    held.extend(entries or ())      # given with the next delta sent
+                    for delta in tool_stream.feed(text):    # text held while it may be a call
+                        await send(chunk(delta, None, entries=held[:]))
+                        held.clear()
             except ConnectionError:            # the client went away: stop generating
                 cancel.set()
                 raise
@@ -469,7 +498,13 @@ class OpenAIRoutes:
             if out.finish_reason == "cancelled" and _gone(request):
                 self._left.add(id(request))    # nobody to send the end to
                 return resp
-            await send(chunk(None, FINISH[out.finish_reason]))
+            finish = FINISH[out.finish_reason]
+            if tool_stream is not None:
+                deltas, called = tool_stream.finish()
+                for delta in deltas:
+                    await send(chunk(delta, None))
+                finish = "tool_calls" if called else finish
+            await send(chunk(None, finish))
             if req.include_usage:
                 await send({**meta, "object": obj, "choices": [], "usage": _usage(out)})
             await send("[DONE]")

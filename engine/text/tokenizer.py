@@ -924,14 +924,16 @@ class StreamDecoder:
     clean-up pass), as llama-server streams them.
     """
 
-    def __init__(self, tokenizer: Tokenizer, special: bool = False):
+    def __init__(self, tokenizer: Tokenizer, special: bool | frozenset[int] = False):
+        # special: every control token's text kept, or only those of the given ids
         self.tokenizer = tokenizer
         self.special = special
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
         self._first = True
 
     def push(self, token: int) -> str:
-        data = self.tokenizer.piece(token, self.special)
+        special = self.special if isinstance(self.special, bool) else token in self.special
+        data = self.tokenizer.piece(token, special)
         if self._first:                 # as decode(): SentencePiece's leading space goes
             self._first = False
             if self.tokenizer.add_space_prefix and data[:1] == b" ":

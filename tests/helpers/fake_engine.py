@@ -353,12 +353,19 @@ class FakeEngine:
         text = prompt if messages is None else " ".join(m.get("content", "") for m in messages)
         return [1] * max(1, len((text or "").split()))
 
+    def chat_template(self, name: str | None = None):
+        from engine.text.chat import ChatTemplate
+
+        self._get(name)
+        return ChatTemplate(builtin="chatml")
+
     def generate(self, name: str | None = None, prompt: str | None = None,
                  messages: list[dict] | None = None, tokens: list[int] | None = None,
                  max_tokens: int = 128, sampling=None, stop: list[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None, logprobs: int | None = None) -> FakeCompletion:
+                 wait: float | None = None, logprobs: int | None = None,
+                 preserved_tokens=()) -> FakeCompletion:
         """Make the model warm and answer " ok" max_tokens times, one piece per token
         (token_delay_s apart), stopping early when cancel is set; `waits` records each
         call's wait. With logprobs, each token's entry is fake_logprob(logprobs)."""

@@ -1,0 +1,329 @@
+"""Tool calling and /v1/responses over HTTP with the official openai client.
+
+Two servers: one over an engine that answers a scripted text (a model that calls tools, in
+the generic format a template without tools gets), which shows the calls' shape whole and
+streamed; and one over the real engine and SmolLM2, whose answers must be the engine's own
+for the prompt the tools make (SmolLM2 rarely calls a tool: where it does, the call parses).
+Generation is slow on lavapipe: the real-model tests ask for a few tokens each."""
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+
+from engine.server.app import make_app
+from engine.server.chat_tools import parse_tools
+from engine.server.openai import parse_request
+from engine.text.sampling import SamplingParams
+from tests.engine.server.test_serve import ServerThread, assert_error, request
+from tests.helpers.fake_engine import FakeCompletion, FakeEngine, FakeTokenizer
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+TIME = {"type": "function", "function": {
+    "name": "get_time", "description": "The time in a time zone",
+    "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris and the time in Tokyo?"}]
+TWO_CALLS = ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}, '
+             '"id": "call_w1"}, {"name": "get_time", "arguments": {"zone": "Asia/Tokyo"}, '
+             '"id": "call_t2"}]}')
+
+
+class ScriptTokenizer(FakeTokenizer):
+    add_bos = add_eos = False
+
+
+class ScriptedEngine(FakeEngine):
+    """Answers `script`, four characters a piece, and keeps the prompts it was given."""
+
+    script = ""
+
+    def tokenizer(self, name=None):
+        self._get(name)
+        return ScriptTokenizer()
+
+    def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
+                 sampling=None, stop=(), on_text=None, cancel=None, wait=None,
+                 preserved_tokens=()):
+        self.calls.append(("generate", name))
+        text = self.script
+        for i in range(0, len(text), 4):
+            if on_text is not None:
+                on_text(text[i:i + 4])
+        out = FakeCompletion(list(tokens or [1]), text)
+        out.finish_reason = "stop"
+        return out
+
+
+@pytest.fixture(scope="module")
+def scripted(smollm2_path):
+    eng = ScriptedEngine()
+    eng.load(smollm2_path, name="m")
+    srv = ServerThread([make_app(eng, ["m"])])
+    yield eng, f"http://127.0.0.1:{srv.ports[0]}"
+    srv.close()
+
+
+@pytest.fixture
+def fake(scripted):
+    eng, base = scripted
+    return eng, openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=60)
+
+
+def test_calls_come_back_as_tool_calls(fake):
+    eng, client = fake
+    eng.script = TWO_CALLS
+    r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME])
+    c = r.choices[0]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    calls = c.message.tool_calls
+    assert [(t.id, t.type, t.function.name, json.loads(t.function.arguments)) for t in calls] \
+        == [("call_w1", "function", "get_weather", {"city": "Paris"}),
+            ("call_t2", "function", "get_time", {"zone": "Asia/Tokyo"})]
+    # parallel_tool_calls=false keeps one
+    r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME],
+                                       parallel_tool_calls=False, tool_choice="required")
+    assert [t.function.name for t in r.choices[0].message.tool_calls] == ["get_weather"]
+    # tool_choice none: the text is content, nothing is parsed
+    r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER],
+                                       tool_choice="none")
+    assert r.choices[0].message.content == TWO_CALLS and not r.choices[0].message.tool_calls
+    assert r.choices[0].finish_reason == "stop"
+
+
+def test_streamed_calls_have_openai_chunk_shape(fake):
+    eng, client = fake
+    eng.script = TWO_CALLS
+    chunks = list(client.chat.completions.create(model="m", messages=ASK,
+                                                 tools=[WEATHER, TIME], stream=True))
+    calls: dict[int, dict] = {}
+    for ch in chunks[:-1]:
+        for d in ch.choices[0].delta.tool_calls or []:
+            if d.id is not None:                      # the first delta of a call
+                assert d.index not in calls and d.type == "function" and d.function.name
+                calls[d.index] = {"id": d.id, "name": d.function.name, "args": ""}
+            calls[d.index]["args"] += d.function.arguments or ""
+        assert ch.choices[0].finish_reason is None
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert [(c["name"], json.loads(c["args"])) for c in calls.values()] == \
+        [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "Asia/Tokyo"})]
+    assert not any(ch.choices[0].delta.content for ch in chunks)   # the JSON is not content
+
+
+def test_plain_answers_stream_as_content(fake):
+    eng, client = fake
+    eng.script = '{"response": "It is sunny in Paris."}'
+    r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+    assert r.choices[0].message.content == "It is sunny in Paris."
+    assert r.choices[0].finish_reason == "stop" and not r.choices[0].message.tool_calls
+    eng.script = "No JSON here, just text."
+    chunks = list(client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER],
+                                                 stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == eng.script
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_tool_results_go_back_in(fake):
+    eng, client = fake
+    eng.script = '{"response": "18 C"}'
+    msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_w1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_w1", "content": "18 C, clear"}]
+    r = client.chat.completions.create(model="m", messages=msgs, tools=[WEATHER])
+    assert r.choices[0].message.content == "18 C"
+    # without tools, a conversation with tool messages is still taken
+    r = client.chat.completions.create(model="m", messages=msgs)
+    assert r.choices[0].message.content == eng.script
+
+
+def test_responses_function_calls_and_events(fake):
+    eng, client = fake
+    eng.script = TWO_CALLS
+    flat = [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]
+    r = client.responses.create(model="m", input="weather?", tools=flat)
+    assert r.status == "completed" and r.object == "response"
+    assert [(o.type, o.name, o.call_id, json.loads(o.arguments)) for o in r.output] == [
+        ("function_call", "get_weather", "call_w1", {"city": "Paris"}),
+        ("function_call", "get_time", "call_t2", {"zone": "Asia/Tokyo"})]
+    events = list(client.responses.create(model="m", input="weather?", tools=flat,
+                                          stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == "response.completed"
+    assert kinds.count("response.output_item.added") == 2
+    assert kinds.count("response.function_call_arguments.done") == 2
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    args = {}
+    for e in events:
+        if e.type == "response.function_call_arguments.delta":
+            args[e.output_index] = args.get(e.output_index, "") + e.delta
+    assert [json.loads(a) for a in args.values()] == [{"city": "Paris"},
+                                                      {"zone": "Asia/Tokyo"}]
+    final = events[-1].response
+    assert [o.arguments for o in final.output] == list(args.values())
+    # a function_call and its output given back as input
+    eng.script = '{"response": "18 C in Paris"}'
+    r = client.responses.create(model="m", tools=flat, input=[
+        {"role": "user", "content": "weather?"},
+        {"type": "function_call", "call_id": "call_w1", "name": "get_weather",
+         "arguments": '{"city": "Paris"}'},
+        {"type": "function_call_output", "call_id": "call_w1", "output": "18 C"}])
+    assert r.output_text == "18 C in Paris"
+
+
+BAD_CHAT = [
+    ({"tools": {"type": "function"}}, "tools"),
+    ({"tools": [{"type": "retrieval"}]}, "tools[0].type"),
+    ({"tools": [{"type": "function", "function": {"name": "has space"}}]},
+     "tools[0].function.name"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function",
+                                          "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": [WEATHER], "parallel_tool_calls": "yes"}, "parallel_tool_calls"),
+    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].tool_call_id"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": 3}]}]},
+     "messages[0].tool_calls[0]"),
+]
+
+
+@pytest.mark.parametrize("extra,param", BAD_CHAT)
+def test_bad_tools_are_400s_naming_the_parameter(scripted, extra, param):
+    _, base = scripted
+    got, _, body = request(base, "POST", "/v1/chat/completions",
+                           {"model": "m", "messages": ASK, **extra}, key=None)
+    assert_error(400, got, body, param)
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"input": "hi", "store": True}, "store"),
+    ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({}, "input"),
+    ({"input": [{"type": "image_generation_call"}]}, "input[0].type"),
+    ({"input": "hi", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"input": "hi", "instructions": 5}, "instructions"),
+])
+def test_bad_responses_are_400s(scripted, body, param):
+    _, base = scripted
+    got, _, out = request(base, "POST", "/v1/responses", {"model": "m", **body}, key=None)
+    assert_error(400, got, out, param)
+
+
+def test_tools_only_on_chat(scripted):
+    _, base = scripted
+    got, _, body = request(base, "POST", "/v1/completions",
+                           {"model": "m", "prompt": "x", "tools": [WEATHER]}, key=None)
+    assert_error(400, got, body, "tools")
+
+
+# -- the real engine and SmolLM2 ------------------------------------------------------------
+
+GREEDY = SamplingParams(temperature=0.0)
+N = 6                      # tokens per generation
+
+
+@pytest.fixture(scope="module")
+def real(smollm2_path):
+    from engine.api import Engine
+
+    eng = Engine(n_ctx=1024)
+    eng.load(smollm2_path, name="smol")
+    srv = ServerThread([make_app(eng, ["smol"])])
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{srv.ports[0]}/v1", api_key="x",
+                           max_retries=0, timeout=600)
+    yield eng, client
+    srv.close()
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def tool_ref(real):
+    """The engine's own greedy answer to the prompt that ASK with tools makes."""
+    eng, _ = real
+    req = parse_request({"messages": ASK, "tools": [WEATHER]}, chat=True)
+    ids = req.tools.prompt(eng, "smol", req.messages)
+    constraint = {} if req.tools.constraint is None else {"constraint": req.tools.constraint}
+    out = eng.generate("smol", tokens=ids, max_tokens=N, sampling=GREEDY,
+                       preserved_tokens=req.tools.preserved, **constraint)
+    return req.tools, ids, out
+
+
+@pytest.mark.gpu
+def test_real_chat_with_tools_is_the_engines_answer(real, tool_ref):
+    eng, client = real
+    tools, ids, out = tool_ref
+    text = eng.tokenizer("smol").decode(ids, special=True)
+    assert "get_weather" in text and "Respond in JSON format" in text   # tools in the prompt
+    r = client.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER],
+                                       temperature=0, max_tokens=N)
+    want, called = tools.message(out.text)
+    got = r.choices[0].message
+    assert r.usage.prompt_tokens == len(ids)
+    assert got.content == want["content"]
+    assert r.choices[0].finish_reason == ("tool_calls" if called else out.finish_reason)
+    for t in got.tool_calls or []:
+        assert t.function.name == "get_weather" and isinstance(
+            json.loads(t.function.arguments), dict)
+    # streamed: the same answer, in pieces
+    chunks = list(client.chat.completions.create(model="smol", messages=ASK, tools=[WEATHER],
+                                                 temperature=0, max_tokens=N, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == (got.content or "")
+    assert chunks[-1].choices[0].finish_reason == r.choices[0].finish_reason
+
+
+@pytest.mark.gpu
+def test_real_tool_round_trip_renders_and_answers(real):
+    eng, client = real
+    msgs = ASK + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_w1", "type": "function",
+         "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_w1", "content": "18 C, clear"}]
+    req = parse_request({"messages": msgs, "tools": [WEATHER]}, chat=True)
+    text = eng.tokenizer("smol").decode(req.tools.prompt(eng, "smol", req.messages),
+                                        special=True)
+    assert '"tool_response"' in text and "18 C, clear" in text and '"city": "Paris"' in text
+    r = client.chat.completions.create(model="smol", messages=msgs, tools=[WEATHER],
+                                       temperature=0, max_tokens=2)
+    assert r.choices[0].message.role == "assistant" and r.usage.completion_tokens <= 2
+
+
+@pytest.mark.gpu
+def test_real_responses_text_and_events(real):
+    eng, client = real
+    instr = "Answer in one short sentence."
+    ref = eng.generate("smol", messages=[{"role": "system", "content": instr}] + ASK,
+                       max_tokens=N, sampling=GREEDY)
+    r = client.responses.create(model="smol", instructions=instr, input=ASK[0]["content"],
+                                temperature=0, max_output_tokens=N)
+    assert r.output_text == ref.text and r.instructions == instr
+    assert r.usage.input_tokens == len(ref.prompt_tokens)
+    assert r.usage.output_tokens == len(ref.tokens)
+    assert r.status == ("incomplete" if ref.finish_reason == "length" else "completed")
+    events = list(client.responses.create(model="smol", instructions=instr,
+                                          input=ASK[0]["content"], temperature=0,
+                                          max_output_tokens=N, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress",
+                         "response.output_item.added", "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                          "response.output_item.done",
+                          "response.incomplete" if ref.finish_reason == "length"
+                          else "response.completed"]
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == ref.text == events[-1].response.output[0].content[0].text
+
+
+def test_parse_tools_flat_and_nested_agree():
+    nested = parse_tools({"tools": [WEATHER], "tool_choice": {
+        "type": "function", "function": {"name": "get_weather"}}})
+    flat = parse_tools({"tools": [{"type": "function", **WEATHER["function"]}],
+                        "tool_choice": {"type": "function", "name": "get_weather"}}, flat=True)
+    assert nested.tools == flat.tools and nested.named == flat.named == "get_weather"
+    assert nested.choice == flat.choice == "required"
