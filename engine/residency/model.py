@@ -34,6 +34,10 @@ PREFILL_CHUNK = 256           # most prompt tokens a prefill pass takes (where n
 CHUNK_TARGET_S = 0.5          # a prefill pass (one submit) takes about this long at most
 PROBE_CHUNK = 4               # the first pass of a model whose speed is not known yet
 PREFILL_GRAPHS_KEPT = 8
+# a recurrent model's prompt cache keeps a checkpoint of its states this many tokens before
+# the end of each prompt (llama.cpp's server does: a new request whose prompt only shares the
+# start of the last one, or repeats it, resumes from there; see loop.generate)
+CHECKPOINT_BACK = 4
 
 
 def default_flash_attn() -> str:
@@ -132,6 +136,9 @@ class Model:
         self._prefill: OrderedDict[int, Graph] = OrderedDict()
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
+        # recurrent models: (tokens, host copy of the states after them), an earlier point
+        # of cache_tokens that a prompt may resume from (save_checkpoint)
+        self.checkpoint: tuple[list[int], dict[str, np.ndarray]] | None = None
         self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
         self.faults = 0                         # device faults this model was reset after
         self._last_pass: tuple[int, float] | None = None   # (tokens, seconds) of the last
@@ -296,6 +303,32 @@ class Model:
         out = [(f"k{i}", b) for i, b in self.rs.k_cache.items()]
         return out + [(f"v{i}", b) for i, b in self.rs.v_cache.items()]
 
+    # -- recurrent checkpoints (the prompt cache of recurrent models) -------------------------
+    def save_checkpoint(self) -> None:
+        """Keep a host copy of the recurrent states, which belong to the end of cache_tokens
+        (one download), replacing the last one."""
+        self.checkpoint = (list(self.cache_tokens), self.rs.capture_recurrent())
+
+    def checkpoint_for(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` the checkpoint lets a run skip: its length where the prompt and
+        the KV cache both still start with its tokens and a token of the prompt is left to
+        run (for the logits); else 0."""
+        if self.checkpoint is None:
+            return 0
+        tokens = self.checkpoint[0]
+        n = len(tokens)
+        if not 0 < n < len(prompt) or prompt[:n] != tokens or self.cache_tokens[:n] != tokens:
+            return 0
+        return n
+
+    def resume_checkpoint(self) -> int:
+        """Put the checkpoint's states back and cut the cache to its tokens (the KV past them
+        is simply overwritten); the position the run continues from."""
+        tokens, states = self.checkpoint
+        self.rs.restore_recurrent(states)
+        del self.cache_tokens[len(tokens):]
+        return len(tokens)
+
     def kv_checksum(self) -> str:
         """Digest of the used KV cache, from the device or from the host shadow."""
         import hashlib
@@ -335,6 +368,8 @@ class Model:
         kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
         rec = sum(c.nbytes for c in self.recurrent_shadow.values()) \
             if self.recurrent_shadow else 0
+        if self.checkpoint is not None:
+            rec += sum(c.nbytes for c in self.checkpoint[1].values())
         return self.weight_bytes + kv + rec
 
     def _drop_graphs(self) -> None:
@@ -556,6 +591,7 @@ class Model:
             self.dev.allocator.free(self.kv_shadow[0])
         self.kv_shadow = None
         self.recurrent_shadow = None
+        self.checkpoint = None
         self.gguf.close()
 
 

@@ -160,3 +160,57 @@ def test_release_restore_midway_keeps_states_bit_for_bit(dev, kc, case, full):
     assert (seen["kv_after"], seen["rec_after"]) == (seen["kv"], seen["rec"])
     assert np.array_equal(cycled, plain)
     sr.compare(c, cycled)
+
+
+# -- the prompt cache: the states at the end of the cache, or at the checkpoint -----------------
+
+def recording_argmax(seen: list):
+    def sample(logits, history):
+        seen.append(np.array(logits))
+        return int(np.argmax(logits))
+    return sample
+
+
+@pytest.mark.parametrize("name", ["qwen35-f16", "qwen3next-f16"])
+def test_prompt_cache_reuses_what_the_states_allow(dev, kc, monkeypatch, name):
+    """Requests on one model: a repeated prompt resumes from the checkpoint CHECKPOINT_BACK
+    tokens before its end; one extending the whole cache from the states at its end; one
+    that repeats the prompt with another ending from the checkpoint; one that leaves the
+    prompt before the checkpoint from nothing. cached_tokens says which, and every answer
+    (its logits bit for bit) is the one of a fresh model given the same prompt."""
+    from engine.residency import model as model_mod
+    from engine.residency.loop import Timings, generate
+
+    monkeypatch.setattr(model_mod, "PREFILL_CHUNK", 8)    # the same passes in every run
+    case = sr.load_case(name)
+    p, back = case.prompt_ids, model_mod.CHECKPOINT_BACK
+    m = load(dev, kc, case)
+    runs = []
+    try:
+        def ask(prompt):
+            seen, t = [], Timings()
+            toks = list(generate(m, prompt, 6, sample=recording_argmax(seen), timings=t))
+            runs.append((prompt, toks, seen))
+            return toks, t.cached_tokens
+
+        first, cached = ask(p)
+        assert cached == 0
+        assert ask(p) == (first, len(p) - back)                  # the checkpoint
+        _, cached = ask(p + first + [11, 19])
+        assert cached == len(p) + len(first) - 1                 # the states at the end
+        _, cached = ask(p + [7, 8, 9])
+        assert cached == len(p) - back                           # the first checkpoint still
+        _, cached = ask(p[:30] + [1, 2, 3])
+        assert cached == 0                                       # before the checkpoint
+        _, cached = ask(p[:30] + [1, 2, 3])
+        assert cached == 30 + 3 - back                           # the new checkpoint
+    finally:
+        m.close()
+    for prompt, toks, seen in runs:
+        fresh = load(dev, kc, case)
+        try:
+            want = []
+            assert list(generate(fresh, prompt, 6, sample=recording_argmax(want))) == toks
+        finally:
+            fresh.close()
+        assert all(np.array_equal(a, b) for a, b in zip(seen, want))
