@@ -60,6 +60,19 @@ def case(request) -> sr.Case:
     return sr.load_case(request.param)
 
 
+def test_warm_bytes_are_what_a_load_allocates(dev, kc, case):
+    """The arbiter's estimate (weights and RunState.bytes_for, the q-gate and shared-expert
+    buffers included) is what the load holds; the recurrent bytes are the config's."""
+    m = load(dev, kc, case)
+    try:
+        held = m.device_bytes()
+        assert m.warm_bytes() == sum(held.values())
+        assert held["recurrent"] == m.config.recurrent_bytes() > 0
+        assert held["kv"] == m.config.kv_bytes(case.n_ctx)
+    finally:
+        m.close()
+
+
 @pytest.mark.parametrize("paths", ["plain", "flash", "gpu", "device"])
 def test_follows_llamacpp(dev, kc, case, paths):
     """lavapipe's paths (per-token prefill attention, two-pass split decode attention,
