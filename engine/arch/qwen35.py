@@ -308,6 +308,11 @@ class Config(config.Config):
         if self.arch != "qwen3next" and (len(self.rope_sections) != 4
                                          or not any(self.rope_sections[:3])):
             extra.append(f"rope.dimension_sections {list(self.rope_sections)}")
+        elif not all(self.rope_positions()):
+            # the GPU forward turns every pair (a NeoX rope), as text positions do where
+            # every pair falls in the t, h or w sections
+            extra.append(f"rope.dimension_sections {list(self.rope_sections)} leave some "
+                         f"rotated pairs unturned (not read)")
         if self.moe:
             if not 0 < self.n_expert <= MOE_MAX_EXPERT:
                 extra.append(f"expert_count {self.n_expert}")

@@ -90,6 +90,9 @@ def test_rope_pairs_on_the_extra_position():
     c = _config("qwen35-f16")
     odd = qwen35.Config(**{**c.__dict__, "rope_sections": (3, 3, 1, 1)})
     assert odd.rope_positions() == (True,) * 5 + (False,) + (True,) * 2
+    # the GPU forward turns every pair: such a file is refused, Qwen3.5's layout is not
+    assert any("leave some rotated pairs unturned" in p for p in odd.problems())
+    assert c.problems() == []
 
 
 # -- keys missing or wrong ---------------------------------------------------------------------
