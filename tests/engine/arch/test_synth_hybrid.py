@@ -167,12 +167,11 @@ def test_release_restore_midway_keeps_states_bit_for_bit(dev, kc, case, full):
         cycled = teacher_forced(m, case, between=cycle)
     finally:
         m.close()
-    c = sr.load_case(case.name)
     n_delta = sum(1 for k in seen["keys"] if k.startswith("delta."))
     assert n_delta > 0 and len(seen["keys"]) == 2 * n_delta   # a conv and a delta state each
     assert (seen["kv_after"], seen["rec_after"]) == (seen["kv"], seen["rec"])
     assert np.array_equal(cycled, plain)
-    sr.compare(c, cycled)
+    sr.compare(case, cycled)
 
 
 # -- the prompt cache: the states at the end of the cache, or at the checkpoint -----------------
