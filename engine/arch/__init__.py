@@ -14,11 +14,11 @@ from . import gemma2, gemma3, gpt_oss, lfm2, llama, mistral3, phi3, qwen2, qwen3
 ARCHITECTURES: dict[str, ModuleType] = {
     "llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe,
     "qwen2": qwen2, "qwen3": qwen3, "mistral3": mistral3, "phi3": phi3, "gemma2": gemma2,
-    "gpt-oss": gpt_oss}
+    "gpt-oss": gpt_oss, "qwen3next": qwen35, "qwen35": qwen35, "qwen35moe": qwen35}
 
 # Architectures whose Config and tensors are read (`hotseat check` describes and sizes them)
 # but that have no GPU forward yet, so no load runs them.
-DESCRIBED: dict[str, ModuleType] = {"qwen3next": qwen35, "qwen35": qwen35, "qwen35moe": qwen35}
+DESCRIBED: dict[str, ModuleType] = {}
 
 
 def for_file(gguf: GGUFFile) -> ModuleType:

@@ -43,18 +43,25 @@ scaled by sigmoid(ffn_gate_inp_shexp . x).
 `nextn_predict_layers` multi-token-prediction blocks follow the trunk in block_count; they
 are not run (llama.cpp runs them only as a draft head), so n_layer excludes them.
 
-The GPU forward is not written yet: `forward` below says what it has to do, and the
-architecture is only described (engine/arch DESCRIBED: `hotseat check` sizes it), not run.
+On the GPU a delta-net layer is its projections, then three ops of engine/gpu/builder.py:
+delta_conv (conv, silu, the q/k norms, the conv state moved on), delta_net (the gates and
+the recurrence, token by token or by chunks) and norm_gated; both states live in the
+RunState (conv_state, delta_state: "recurrent" bytes that residency captures on release).
+The attention gate and the shared expert's are `mul` with a sigmoid.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from . import config
+from ..gpu.builder import Builder, DeltaGates, DeltaHeads
 from ..gpu.rope import Rope
+from ..gpu.runstate import RunState
+from ..gpu.tensors import View
 
 ARCHS = ("qwen3next", "qwen35", "qwen35moe")
 MOE_ARCHS = ("qwen3next", "qwen35moe")
@@ -82,6 +89,7 @@ class Config(config.Config):
     # (llama.cpp takes it as its [n_embd]); False: stored 1-D
     shexp_gate_2d: bool = False
 
+    q_gate: ClassVar[bool] = True  # attn_q gives per head q | gate (RunState.qg)
     DEFAULTS = {"context_length": 262144, "rope.freq_base": 10000000.0,
                 "attention.layer_norm_rms_epsilon": None}
 
@@ -300,6 +308,11 @@ class Config(config.Config):
         if self.arch != "qwen3next" and (len(self.rope_sections) != 4
                                          or not any(self.rope_sections[:3])):
             extra.append(f"rope.dimension_sections {list(self.rope_sections)}")
+        elif not all(self.rope_positions()):
+            # the GPU forward turns every pair (a NeoX rope), as text positions do where
+            # every pair falls in the t, h or w sections
+            extra.append(f"rope.dimension_sections {list(self.rope_sections)} leave some "
+                         f"rotated pairs unturned (not read)")
         if self.moe:
             if not 0 < self.n_expert <= MOE_MAX_EXPERT:
                 extra.append(f"expert_count {self.n_expert}")
@@ -325,11 +338,90 @@ def rope_tables(c: Config) -> tuple[Rope, ...]:
     return (c.rope,)
 
 
-def forward(b, c: Config, rs, n: int) -> None:
-    """The GPU forward, not written yet (engine/arch/reference_hybrid.py is the numpy one it
-    is to match, tests/data/synth/qwen3*.npz llama.cpp's logits). Per layer, as in the
-    module docstring: the attention layers as qwen3moe's plus the gate from attn_q's second
-    half of each head and the partial rope; the delta-net layers need their conv state
-    (conv_kernel - 1 rows of conv_channels) and recurrent state (n_v_heads matrices of
-    ssm_d_state x head_v_dim, f32) in the RunState, carried from call to call like lfm2's."""
-    raise NotImplementedError(f"{c.arch} has no GPU forward yet")
+def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
+    """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits;
+    the delta-net layers' conv and recurrent states move on by n tokens."""
+    w = b.weights
+    x = rs.x                                                   # [n, n_embd] residual stream
+    heads = DeltaHeads(c.n_v_heads, c.n_k_heads, c.ssm_d_state, tiled=not c.grouped_v_heads)
+    b.get_rows(w["token_embd.weight"], rs.ids, x, n)
+    for i in range(c.n_layer):
+        p = f"blk.{i}."
+        b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
+        if i in c.delta_layers:
+            delta_net(b, c, rs, n, p, heads)
+        else:
+            gated_attention(b, c, rs, n, i)
+        b.rms_norm(x, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
+        if c.moe:
+            moe(b, c, rs, n, p)
+        else:
+            b.matmul(w[p + "ffn_gate.weight"], rs.xn, rs.gate, n)  # [n, n_ff]
+            b.matmul(w[p + "ffn_up.weight"], rs.xn, rs.up, n)      # [n, n_ff]
+            b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff)
+            b.matmul(w[p + "ffn_down.weight"], rs.gate, x, n, accumulate=True)
+    # only the last token's logits are needed
+    b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
+    head = w["token_embd.weight" if c.tied_output else "output.weight"]
+    b.matmul(head, rs.xn, rs.logits, 1, x_row=n - 1)           # [1, n_vocab]
+
+
+def delta_net(b: Builder, c: Config, rs: RunState, n: int, p: str, heads: DeltaHeads) -> None:
+    """x += one gated delta-net layer of rs.xn."""
+    w = b.weights
+    b.matmul(w[p + "attn_qkv.weight"], rs.xn, rs.dn_qkv, n)    # [n, conv_channels] q | k | v
+    b.matmul(w[p + "attn_gate.weight"], rs.xn, rs.dn_z, n)     # [n, d_inner] z
+    if c.arch == "qwen3next":
+        b.matmul(w[p + "ssm_ba.weight"], rs.xn, rs.dn_ba, n)   # [n, 2 H_v] per k head b | a
+        gates = DeltaGates.fused(rs.dn_ba, heads)
+    else:
+        b.matmul(w[p + "ssm_beta.weight"], rs.xn, rs.dn_ba, n)     # [n, H_v]
+        b.matmul(w[p + "ssm_alpha.weight"], rs.xn, rs.dn_alpha, n)  # [n, H_v]
+        gates = DeltaGates.separate(rs.dn_ba, rs.dn_alpha, heads)
+    layer = int(p.split(".")[1])
+    b.delta_conv(rs.dn_qkv, w[p + "ssm_conv1d.weight"], rs.conv_state[layer], rs.dn_conv, n,
+                 heads, c.rms_eps)                             # [n, conv_channels]
+    b.delta_net(rs.dn_conv, gates, w[p + "ssm_dt.bias"], w[p + "ssm_a"],
+                rs.delta_state[layer], rs.dn_out, n, heads)    # [n, H_v, d]
+    b.norm_gated(rs.dn_out, w[p + "ssm_norm.weight"], rs.dn_z, rs.dn_out, n * c.n_v_heads,
+                 c.rms_eps)
+    b.matmul(w[p + "ssm_out.weight"], rs.dn_out, rs.x, n, accumulate=True)
+
+
+def gated_attention(b: Builder, c: Config, rs: RunState, n: int, i: int) -> None:
+    """x += one full-attention layer of rs.xn: Q/K norms, partial NeoX rope, sigmoid gate."""
+    w, p, hd, rows = b.weights, f"blk.{i}.", c.head_dim, n * c.n_head
+    b.matmul(w[p + "attn_q.weight"], rs.xn, rs.qg, n)         # [n, n_head, q | gate]
+    b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)          # [n, n_head_kv, head_dim]
+    b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)          # [n, n_head_kv, head_dim]
+    b.cpy(View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows)), View(rs.q, (hd, rows, 1)))
+    b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, rows, c.rms_eps)
+    b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
+    b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv, hd, n,
+               c.rope, neox=True)                              # the first rope_dims dims
+    b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv, hd, n,
+                scale=hd ** -0.5)                              # [n, n_head * head_dim]
+    b.mul(View(rs.att, (hd, rows, 1)), View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows),
+                                            hd), rs.att, sigmoid=True)   # * sigmoid(gate)
+    b.matmul(w[p + "attn_output.weight"], rs.att, rs.x, n, accumulate=True)
+
+
+def moe(b: Builder, c: Config, rs: RunState, n: int, p: str) -> None:
+    """x += the routed experts (qwen3moe's) and the shared expert of rs.xn."""
+    w, k, fs = b.weights, c.n_expert_used, c.n_ff_shexp
+    b.matmul(w[p + "ffn_gate_inp.weight"], rs.xn, rs.router, n)   # [n, n_expert]
+    b.moe_router(rs.router, rs.expert_ids, rs.expert_w, n, c.n_expert, k)  # [n, k] each
+    b.matmul_id(w[p + "ffn_gate_exps.weight"], rs.xn, rs.expert_ids, rs.gate, n, k)
+    b.matmul_id(w[p + "ffn_up_exps.weight"], rs.xn, rs.expert_ids, rs.up, n, k)
+    b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff)        # [n, k, n_ff]
+    b.matmul_id(w[p + "ffn_down_exps.weight"], rs.gate, rs.expert_ids, rs.moe_out, n, k,
+                per_slot=True)                                 # [n, k, n_embd]
+    b.moe_combine(rs.moe_out, rs.expert_w, rs.x, n, c.n_embd, k)
+    # the shared expert, scaled by sigmoid(its gate) before the (linear) down projection
+    b.matmul(w[p + "ffn_gate_inp_shexp.weight"], rs.xn, rs.sh_w, n)  # [n, 1]
+    b.matmul(w[p + "ffn_gate_shexp.weight"], rs.xn, rs.sh_gate, n)   # [n, n_ff_shexp]
+    b.matmul(w[p + "ffn_up_shexp.weight"], rs.xn, rs.sh_up, n)
+    b.silu_mul(rs.sh_gate, rs.sh_up, rs.sh_gate, n * fs)
+    b.mul(View(rs.sh_gate, (fs, n, 1)), View(rs.sh_w, (fs, n, 1), (0, 1, n)), rs.sh_gate,
+          sigmoid=True)
+    b.matmul(w[p + "ffn_down_shexp.weight"], rs.sh_gate, rs.x, n, accumulate=True)

@@ -351,12 +351,15 @@ class Builder:
         self.g.op("logprobs", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
                   x_offset=0, k=k, o_offset=out_offset)
 
-    def mul(self, a: View, b: View, out: vk.Buffer) -> None:
-        """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous."""
+    def mul(self, a: View, b: View, out: vk.Buffer, sigmoid: bool = False) -> None:
+        """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous. b may hold one
+        value per row (its dim-0 stride 0), for every i; sigmoid: times sigmoid(b) instead
+        (a gate)."""
         (n_cols, n_rows, _), (a0, a_stride, _), (b0, b_stride, _) = a.ne, a.strides, b.strides
-        if a0 != 1 or b0 != 1 or b.ne[:2] != a.ne[:2]:
+        if a0 != 1 or b0 not in (0, 1) or b.ne[:2] != a.ne[:2]:
             raise ValueError("mul takes two row views of one shape")
-        self.g.op("mul", [a.buf, b.buf, out], (-(-n_cols // 64), n_rows, 1), n_cols=n_cols,
+        self.g.op("mul", [a.buf, b.buf, out], (-(-n_cols // 64), n_rows, 1),
+                  spec=dict(SIGMOID=int(sigmoid), BCAST=int(b0 == 0)), n_cols=n_cols,
                   n_rows=n_rows, a_offset=a.offset, a_stride=a_stride, b_offset=b.offset,
                   b_stride=b_stride)
         self._wrote(out)

@@ -36,6 +36,10 @@ class RunState:
     [delta_heads, delta_head_dim, delta_head_dim] (`delta_state`); activations for them, and
     the chunked delta rule's scratch. Both states are "recurrent" device bytes; residency
     captures them through `recurrent_states()`.
+
+    `q_gate`: the q projection gives per head [q | gate] (qwen3next, qwen35: `qg`, twice q).
+    `n_ff_shexp`: a shared expert of that length beside the routed ones (`sh_gate`, `sh_up`,
+    and its gate's logit per token `sh_w`).
     """
 
     def __init__(self, dev: vk.Device, label: str, *, n_layer: int, n_embd: int, n_head: int,
@@ -46,7 +50,8 @@ class RunState:
                  n_expert_used: int = 0, windows: tuple[int, ...] = (0,),
                  flash_block: tuple[int, int] | None = None,
                  delta_layers: tuple[int, ...] = (), delta_conv_dim: int = 0,
-                 delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0):
+                 delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0,
+                 q_gate: bool = False, n_ff_shexp: int = 0):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
@@ -122,6 +127,12 @@ class RunState:
             self.bx = act("bx", T * n_embd)              # [T, n_embd] B * x
             self.conv_x = act("conv_x", n_embd * (d_conv + T))   # [n_embd, d_conv + T]
             self.conv = act("conv", T * n_embd)          # [T, n_embd] conv output, then C * it
+        if q_gate:
+            self.qg = act("qg", T * 2 * q_dim)           # [T, n_head, 2 * head_dim] q | gate
+        if n_ff_shexp:
+            self.sh_gate = act("sh_gate", T * n_ff_shexp)    # [T, n_ff_shexp]
+            self.sh_up = act("sh_up", T * n_ff_shexp)
+            self.sh_w = act("sh_w", T)                       # [T] the shared expert's gate
         for r in rope:
             self.rope_table(r)
 
@@ -144,7 +155,8 @@ class RunState:
                   windows: tuple[int, ...] = (0,),
                   flash_block: tuple[int, int] | None = None,
                   delta_layers: tuple[int, ...] = (), delta_conv_dim: int = 0,
-                  delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0) -> int:
+                  delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0,
+                  q_gate: bool = False, n_ff_shexp: int = 0) -> int:
         """What the constructor allocates, without allocating (for the arbiter)."""
         T = max_tokens
         S = T * max(n_expert_used, 1)
@@ -166,6 +178,7 @@ class RunState:
             floats += T * (2 * delta_conv_dim + 2 * d_inner + 3 * delta_heads)
             floats += delta_scratch_floats(delta_heads, T, DELTA_CHUNK)
         floats += n_head * n_ctx + 2 * n_head * MAX_SPLITS + MAX_SPLITS * q_dim
+        floats += T * 2 * q_dim * int(q_gate) + (T * (2 * n_ff_shexp + 1) if n_ff_shexp else 0)
         mask = 0
         if flash_block:
             rows, cols = _mask_shape(T, n_ctx, flash_block)
@@ -253,7 +266,8 @@ def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tu
                 conv_layers=getattr(c, "conv_layers", ()), d_conv=getattr(c, "d_conv", 0),
                 n_expert=getattr(c, "n_expert", 0),
                 n_expert_used=getattr(c, "n_expert_used", 0), windows=windows,
-                flash_block=flash_block, **delta)
+                flash_block=flash_block, q_gate=bool(getattr(c, "q_gate", False)),
+                n_ff_shexp=getattr(c, "n_ff_shexp", 0), **delta)
 
 
 def delta_run_state_args(c) -> dict:

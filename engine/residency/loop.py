@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator
 
 from ..text.tokenizer import StreamDecoder, Tokenizer
-from .model import Model
+from .model import CHECKPOINT_BACK, Model
 
 
 class Cancelled(Exception):
@@ -54,7 +54,11 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
 
     The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
     token is recomputed, for its logits). Recurrent states belong to the end of the cache,
-    so with them the cache is reused only when all of it is a prefix of prompt[:-1].
+    so with them the cache is reused only when all of it is a prefix of prompt[:-1], or up
+    to the model's checkpoint: as llama.cpp's server does, the states are also kept
+    CHECKPOINT_BACK tokens before the end of each prompt (the run stops there for one host
+    copy of them), where a repeated prompt, or one whose end was templated differently, can
+    resume. timings.cached_tokens is what was reused.
     """
     if not prompt:
         raise ValueError("empty prompt")
@@ -65,12 +69,23 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
         if a != b:
             break
         reuse += 1
-    if model.recurrent and reuse < len(model.cache_tokens):
-        reuse = 0
+    mark = 0
+    if model.recurrent:
+        if reuse < len(model.cache_tokens):
+            reuse = model.checkpoint_for(prompt)
+            if reuse:
+                model.resume_checkpoint()
+        mark = len(prompt) - CHECKPOINT_BACK
     t.prompt_tokens, t.cached_tokens = len(prompt), reuse
     history = list(prompt)
-    t0 = time.perf_counter()
     want = logprobs is not None
+    t0 = time.perf_counter()
+    if mark > reuse:
+        model.eval(prompt[reuse:mark], reuse, greedy, between_chunks)
+        model.save_checkpoint()
+        if between_chunks is not None:
+            between_chunks()
+        reuse = mark
     out = model.eval(prompt[reuse:], reuse, greedy, between_chunks,
                      **({"logprobs": True} if want else {}))
     t.prefill_s = time.perf_counter() - t0

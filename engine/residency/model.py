@@ -34,6 +34,10 @@ PREFILL_CHUNK = 256           # most prompt tokens a prefill pass takes (where n
 CHUNK_TARGET_S = 0.5          # a prefill pass (one submit) takes about this long at most
 PROBE_CHUNK = 4               # the first pass of a model whose speed is not known yet
 PREFILL_GRAPHS_KEPT = 8
+# a recurrent model's prompt cache keeps a checkpoint of its states this many tokens before
+# the end of each prompt (llama.cpp's server does: a new request whose prompt only shares the
+# start of the last one, or repeats it, resumes from there; see loop.generate)
+CHECKPOINT_BACK = 4
 
 
 def default_flash_attn() -> str:
@@ -134,6 +138,9 @@ class Model:
         self._hidden_out: vk.Buffer | None = None   # what they read back: [chunk, n_embd]
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
+        # recurrent models: (tokens, host copy of the states after them), an earlier point
+        # of cache_tokens that a prompt may resume from (save_checkpoint)
+        self.checkpoint: tuple[list[int], dict[str, np.ndarray]] | None = None
         self.last_transfer = {"op": None, "seconds": 0.0, "bytes": 0}
         self.faults = 0                         # device faults this model was reset after
         self._last_pass: tuple[int, float] | None = None   # (tokens, seconds) of the last
@@ -298,6 +305,32 @@ class Model:
         out = [(f"k{i}", b) for i, b in self.rs.k_cache.items()]
         return out + [(f"v{i}", b) for i, b in self.rs.v_cache.items()]
 
+    # -- recurrent checkpoints (the prompt cache of recurrent models) -------------------------
+    def save_checkpoint(self) -> None:
+        """Keep a host copy of the recurrent states, which belong to the end of cache_tokens
+        (one download), replacing the last one."""
+        self.checkpoint = (list(self.cache_tokens), self.rs.capture_recurrent())
+
+    def checkpoint_for(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` the checkpoint lets a run skip: its length where the prompt and
+        the KV cache both still start with its tokens and a token of the prompt is left to
+        run (for the logits); else 0."""
+        if self.checkpoint is None:
+            return 0
+        tokens = self.checkpoint[0]
+        n = len(tokens)
+        if not 0 < n < len(prompt) or prompt[:n] != tokens or self.cache_tokens[:n] != tokens:
+            return 0
+        return n
+
+    def resume_checkpoint(self) -> int:
+        """Put the checkpoint's states back and cut the cache to its tokens (the KV past them
+        is simply overwritten); the position the run continues from."""
+        tokens, states = self.checkpoint
+        self.rs.restore_recurrent(states)
+        del self.cache_tokens[len(tokens):]
+        return len(tokens)
+
     def kv_checksum(self) -> str:
         """Digest of the used KV cache, from the device or from the host shadow."""
         import hashlib
@@ -337,6 +370,8 @@ class Model:
         kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
         rec = sum(c.nbytes for c in self.recurrent_shadow.values()) \
             if self.recurrent_shadow else 0
+        if self.checkpoint is not None:
+            rec += sum(c.nbytes for c in self.checkpoint[1].values())
         return self.weight_bytes + kv + rec
 
     def _drop_graphs(self) -> None:
@@ -383,7 +418,11 @@ class Model:
                 progress(done, total)
         if not direct:
             if self._sources is None:
-                self._sources = self._plan_sources(progress, done, total)
+                self._sources, self.pinned, shadows = placement.copy_sources(
+                    self.dev, self.gguf, self._layout, self.name,
+                    self.pin_host and bool(self.dev.host_import_align)
+                    and self.dev.imports_file_pages, progress, done, total)
+                self.shadow.extend(shadows)
             t0 = time.perf_counter()
             with self.dev.one_shot() as cmd:
                 for a, by_src in enumerate(self._sources):
@@ -403,50 +442,6 @@ class Model:
         return total
 
     pin_host = True                # import the file's pages where the driver allows
-
-    def _plan_sources(self, progress, done: int, total: int):
-        """Per arena, [(source buffer, [(src offset, dst offset, bytes)])]: the imported
-        file pages for every tensor they cover, else a host-visible shadow filled now."""
-        placements, sizes, _ = self._layout
-        imp = None
-        if self.pin_host and self.dev.host_import_align and self.dev.imports_file_pages:
-            imp = vk.HostImport(self.dev, self.gguf.mapped, f"{self.name}/file")
-            if not imp.chunks:
-                imp.close()
-                imp = None
-        self.pinned = imp
-        plan: list[dict] = [{} for _ in sizes]          # arena -> {source: regions}
-        missing: list[list] = [[] for _ in sizes]
-        for n, first, count, a, off, nbytes, src, host in placements:
-            if host:
-                continue
-            t = self.gguf.tensor(n)
-            spans = imp.spans(t.offset + src, nbytes) if imp is not None else None
-            if spans is None:                      # not imported (or straddles a refused
-                missing[a].append((n, off, nbytes, src))   # chunk): from the shadow
-                continue
-            dst = off
-            for buf, src_off, k in spans:          # a tensor across two chunks: two copies
-                plan[a].setdefault(id(buf), (buf, []))[1].append((src_off, dst, k))
-                dst += k
-        done += total - done - sum(p[2] for m in missing for p in m)
-        for a, parts in enumerate(missing):
-            if not parts:
-                continue
-            size = sum(-(-p[2] // 16) * 16 for p in parts)
-            shadow = self.dev.allocator.alloc(size, f"{self.name}/shadow.{a}", "shadow",
-                                              host=True)
-            self.shadow.append(shadow)
-            regions, pos = [], 0
-            for n, off, nbytes, src in parts:
-                shadow.view[pos:pos + nbytes] = self.gguf.tensor(n).data[src:src + nbytes]
-                regions.append((pos, off, nbytes))
-                pos += -(-nbytes // 16) * 16
-                done += nbytes
-                if progress:
-                    progress(done, total)
-            plan[a][id(shadow)] = (shadow, regions)
-        return [list(p.values()) for p in plan]
 
     def pinned_bytes(self) -> int:
         """Host bytes imported for the device to copy from (the GGUF file's own pages)."""
@@ -633,6 +628,7 @@ class Model:
             self.dev.allocator.free(self.kv_shadow[0])
         self.kv_shadow = None
         self.recurrent_shadow = None
+        self.checkpoint = None
         self.gguf.close()
 
 

@@ -11,6 +11,7 @@ import math
 from typing import Callable, NamedTuple
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
+from ..gpu import vk
 
 ARENA_BYTES = 1 << 30          # weights are packed into buffers of at most this size
 
@@ -102,3 +103,50 @@ def plan_layout(g: GGUFFile, names, on_host: frozenset[str], align: int, limit: 
                                    first * row_bytes, host))
             arenas[-1] += padded
     return Layout(parts, sizes[False], sizes[True])
+
+
+def copy_sources(dev, g: GGUFFile, layout: Layout, name: str, import_pages: bool,
+                 progress, done: int, total: int):
+    """Where each weight arena's copies read from, on devices that copy (not unified
+    memory): (per arena [(source buffer, [(src offset, dst offset, bytes)])], the file's
+    pages imported where `import_pages` and the driver allow (a vk.HostImport, or None),
+    [host-visible shadows filled now for every tensor the import does not cover])."""
+    placements, sizes, _ = layout
+    imp = None
+    if import_pages:
+        imp = vk.HostImport(dev, g.mapped, f"{name}/file")
+        if not imp.chunks:
+            imp.close()
+            imp = None
+    plan: list[dict] = [{} for _ in sizes]          # arena -> {source: regions}
+    missing: list[list] = [[] for _ in sizes]
+    for n, first, count, a, off, nbytes, src, host in placements:
+        if host:
+            continue
+        t = g.tensor(n)
+        spans = imp.spans(t.offset + src, nbytes) if imp is not None else None
+        if spans is None:                      # not imported (or straddles a refused
+            missing[a].append((n, off, nbytes, src))   # chunk): from the shadow
+            continue
+        dst = off
+        for buf, src_off, k in spans:          # a tensor across two chunks: two copies
+            plan[a].setdefault(id(buf), (buf, []))[1].append((src_off, dst, k))
+            dst += k
+    done += total - done - sum(p[2] for m in missing for p in m)
+    shadows = []
+    for a, parts in enumerate(missing):
+        if not parts:
+            continue
+        size = sum(-(-p[2] // 16) * 16 for p in parts)
+        shadow = dev.allocator.alloc(size, f"{name}/shadow.{a}", "shadow", host=True)
+        shadows.append(shadow)
+        regions, pos = [], 0
+        for n, off, nbytes, src in parts:
+            shadow.view[pos:pos + nbytes] = g.tensor(n).data[src:src + nbytes]
+            regions.append((pos, off, nbytes))
+            pos += -(-nbytes // 16) * 16
+            done += nbytes
+            if progress:
+                progress(done, total)
+        plan[a][id(shadow)] = (shadow, regions)
+    return [list(p.values()) for p in plan], imp, shadows

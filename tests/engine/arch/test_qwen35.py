@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.arch import DESCRIBED, for_file, qwen35
+from engine.arch import ARCHITECTURES, DESCRIBED, for_file, qwen35
 from engine.formats.gguf_file import GGUFFile, ModelFileError
 from tests.helpers import synth_reference as sr
 
@@ -77,17 +77,22 @@ def test_state_sizes():
     assert c.kv_bytes(1000) == 2 * 2 * 1000 * 1 * 64 * 1
 
 
-def test_described_not_runnable():
-    with GGUFFile(sr.DATA / "qwen35-f16.gguf") as g:
-        assert DESCRIBED["qwen35"] is qwen35
-        with pytest.raises(ModelFileError, match="not runnable yet"):
-            for_file(g)
+def test_registered_runnable():
+    """All three names load through engine/arch as this module (the GPU forward is
+    tests/engine/arch/test_synth_hybrid.py's)."""
+    for name in ("qwen3next-f16", "qwen35-f16", "qwen35moe-f16"):
+        with GGUFFile(sr.DATA / f"{name}.gguf") as g:
+            assert for_file(g) is qwen35 and ARCHITECTURES[g.arch] is qwen35
+            assert g.arch not in DESCRIBED
 
 
 def test_rope_pairs_on_the_extra_position():
     c = _config("qwen35-f16")
     odd = qwen35.Config(**{**c.__dict__, "rope_sections": (3, 3, 1, 1)})
     assert odd.rope_positions() == (True,) * 5 + (False,) + (True,) * 2
+    # the GPU forward turns every pair: such a file is refused, Qwen3.5's layout is not
+    assert any("leave some rotated pairs unturned" in p for p in odd.problems())
+    assert c.problems() == []
 
 
 # -- keys missing or wrong ---------------------------------------------------------------------
@@ -215,8 +220,7 @@ def test_bench_model_tiny_shapes_have_every_tensor(tmp_path, arch):
         mb.write_hybrid(Namespace(arch=arch, shape="tiny", ctx=4096, out=str(out)),
                         pickle.load(f))
     r = check_file(str(out), 4096)
-    assert r["problems"] == [f"architecture {arch} is read but not runnable yet (no GPU "
-                             f"forward)"]
+    assert r["problems"] == [] and r["runs"]
     assert set(r["weight_types"]) == {"Q4_K", "Q6_K", "F32"}
     with GGUFFile(str(out)) as g:
         assert set(g.tensors) == set(qwen35.Config.from_gguf(g).tensor_shapes())

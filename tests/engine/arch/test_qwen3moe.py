@@ -152,8 +152,8 @@ def test_greedy_tokens_agree_with_reference(dev, kc, moe_path, ggml_numerics):
                 .generate_greedy(PROMPT, 16)
         assert list(generate(m, PROMPT, 16)) == want
         # routing happened on the device: one decode graph, recorded once, served every step
-        decode = m._decode[True]
-        assert m.run([want[-1]], len(PROMPT) + 15, True) >= 0 and m._decode == {True: decode}
+        decode = m._decode[True, False]
+        assert m.run([want[-1]], len(PROMPT) + 15, True) >= 0 and m._decode == {(True, False): decode}
     finally:
         m.close()
 
@@ -178,7 +178,7 @@ def test_prefill_groups_tokens_by_expert(dev, kc, moe_path):
         try:
             logits = [m.run(prompt, 0, greedy=False), m.run([42], len(prompt), greedy=False)]
             ops = [[kernel_of(n) for n in g._op_names]
-                   for g in (m._prefill[(len(prompt), False)], m._decode[False])]
+                   for g in (m._prefill[(len(prompt), False, False)], m._decode[False, False])]
             runs[grouped] = logits, ops
         finally:
             m.close()

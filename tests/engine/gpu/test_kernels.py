@@ -1152,6 +1152,27 @@ def test_mul_row_views_and_cpy(dev, kc):
     assert np.array_equal(read(dev, bs).reshape(e, 2), x[:, n:])
 
 
+def test_mul_sigmoid_gate_and_row_broadcast(dev, kc):
+    """out = a * sigmoid(b) from a strided row view (qwen3next's attention gate: the second
+    half of each head of attn_q's output), in place; and a row scaled by one gate value
+    (the shared expert's)."""
+    rng = np.random.default_rng(23)
+    rows, hd = 7, 40
+    qg = rng.standard_normal((rows, 2 * hd)).astype(np.float32) * 4
+    att = rng.standard_normal((rows, hd)).astype(np.float32)
+    bq, ba = buf(dev, qg), buf(dev, att)
+    run_once(dev, kc, "mul", [ba, bq, ba], (1, rows, 1), spec=dict(SIGMOID=1), n_cols=hd,
+             n_rows=rows, a_offset=0, a_stride=hd, b_offset=hd, b_stride=2 * hd)
+    want = att * (1 / (1 + np.exp(-qg[:, hd:].astype(np.float64))))
+    assert nmse(read(dev, ba).reshape(rows, hd), want) < 1e-12
+    s = rng.standard_normal(rows).astype(np.float32)
+    bs, bo = buf(dev, s), buf(dev, nbytes=4 * rows * hd)
+    run_once(dev, kc, "mul", [bq, bs, bo], (1, rows, 1), spec=dict(SIGMOID=1, BCAST=1),
+             n_cols=hd, n_rows=rows, a_offset=0, a_stride=2 * hd, b_offset=0, b_stride=1)
+    want = qg[:, :hd] / (1 + np.exp(-s.astype(np.float64)))[:, None]
+    assert nmse(read(dev, bo).reshape(rows, hd), want) < 1e-12
+
+
 # -- flash attention (prefill) and split-KV decode attention ---------------------------------
 
 def attn_inputs(seed: int, n_ctx: int, n_head: int, n_kv: int, hd: int, n_tok: int):
