@@ -4,6 +4,7 @@ prefill products, attention in each phase, expert products), which `Builder` rea
 `hotseat bench` prints whole."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass
 
@@ -93,7 +94,10 @@ class Tuning:
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup,
                        delta_chunk=0, **common)
-        return cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+        t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+        if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
+            t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
+        return t
 
     @property
     def fast_prefill(self) -> bool:
