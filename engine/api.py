@@ -48,6 +48,7 @@ from .residency.loop import Cancelled, Timings
 from .residency.model import Model, default_flash_attn
 from .residency.turns import ARENA_SLICE_S, EngineThread, Turns
 from .text.chat import ChatTemplate
+from .text.constrain import Constraint, Grammar
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
 
@@ -513,10 +514,11 @@ class Engine:
                  max_tokens: int = 128, sampling: SamplingParams | None = None,
                  stop: list[str] = (), on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None) -> Completion:
+                 wait: float | None = None, constraint: Grammar | None = None) -> Completion:
         """One request, run on the engine thread as one job; on_text is called there.
         wait: with an arena, the most seconds to wait for the GPU (another process's turn,
-        a yield) before ArenaBusy; None waits as long as it takes."""
+        a yield) before ArenaBusy; None waits as long as it takes. constraint: a grammar
+        the output must follow (text.constrain)."""
         m = self._get(name)
         prompt_ids = tokens if tokens is not None else self.prompt_tokens(name, prompt, messages)
         if not prompt_ids:
@@ -538,12 +540,16 @@ class Engine:
             if turns is not None:
                 turns.running += 1
             sampler = None if params.plain_greedy else Sampler(params)   # afresh on a retry
+            grammar = None if constraint is None else Constraint(
+                constraint, m.tokenizer, m.model.config.n_vocab)
             try:
                 return loop.request(m.model, m.tokenizer, prompt_ids, max_tokens, sampler,
-                                    stop, on_text, cancel, turn)
+                                    stop, on_text, cancel, turn, grammar)
             except Cancelled:          # the client left during the prompt or a wait for the GPU
                 return [], "", "cancelled", Timings()
             finally:
+                if grammar is not None:
+                    grammar.close()
                 if turns is not None:
                     turns.running -= 1
                 m.last_used = time.monotonic()

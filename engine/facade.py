@@ -130,9 +130,10 @@ class EngineAPI(Protocol):
                  max_tokens: int = 128, sampling=None, stop: list[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None) -> Completion:
+                 wait: float | None = None, constraint=None) -> Completion:
         """One request. wait: the most seconds to wait for the GPU (another process's turn,
-        a yield) before ArenaBusy; None waits as long as it takes."""
+        a yield) before ArenaBusy; None waits as long as it takes. constraint: a
+        text.constrain.Grammar the output must follow (a JSON schema, a grammar), or None."""
 
     # -- status ------------------------------------------------------------------------------
     def status(self) -> list[dict]:

@@ -58,7 +58,7 @@ class ObservedEngine:
                  max_tokens: int = 128, sampling=None, stop: list[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None) -> Completion:
+                 wait: float | None = None, constraint=None) -> Completion:
         b = self._bridge
         op = b.activity.begin(name or "?", "generate", "endpoint")
         b.activity.start(op)
@@ -70,7 +70,8 @@ class ObservedEngine:
         try:
             out = self._engine.generate(name, prompt=prompt, messages=messages, tokens=tokens,
                                         max_tokens=max_tokens, sampling=sampling, stop=stop,
-                                        on_text=counted, cancel=cancel, wait=wait)
+                                        on_text=counted, cancel=cancel, wait=wait,
+                                        constraint=constraint)
         finally:
             b.activity.end(op)
         b.log(f"Endpoint: {len(out.tokens)} tokens from {name}{rate_text(out.timings)}")

@@ -24,6 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import llguidance
 import numpy as np
 
+from .sampling import apply_mask
 from .tokenizer import Tokenizer
 
 # JSON without free whitespace: with it, a model sampled at temperature 1 can pad an object
@@ -189,11 +190,7 @@ class Constraint:
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
         """The logits with every disallowed token at -inf (a new array)."""
-        allowed = self.allowed()
-        n = min(logits.shape[0], allowed.shape[0])
-        out = np.full(logits.shape, -np.inf, dtype=np.float32)
-        np.copyto(out[:n], logits[:n], where=allowed[:n])
-        return out
+        return apply_mask(logits, self.allowed())
 
     def advance(self, token: int) -> None:
         """Take the chosen token and start computing the next mask."""

@@ -19,7 +19,7 @@ files.
 
 Fake-only attributes, for white-box checks: `budget`, `full_release`, `pinned` (the
 arbiter's settings and pins), `idle_s` (set_idle_evict's), `flash_attn`, `calls`, `waits`,
-`load_options`, `closed`.
+`load_options`, `closed`, `constraints`.
 """
 from __future__ import annotations
 
@@ -89,6 +89,7 @@ class FakeEngine:
         self.models: dict[str, FakeModel] = {}
         self.calls: list[tuple] = []
         self.waits: list[float | None] = []  # generate()'s wait, per call
+        self.constraints: list = []          # generate()'s constraint, per call
         self.load_delay_s = load_delay_s     # per progress step: lets a test see a load run
         self.token_delay_s = token_delay_s   # per generated token
         self.load_options: dict[str, dict] = {}   # name -> {"n_ctx", "cpu_moe"} as loaded
@@ -337,7 +338,7 @@ class FakeEngine:
                  max_tokens: int = 128, sampling=None, stop: list[str] = (),
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
-                 wait: float | None = None) -> FakeCompletion:
+                 wait: float | None = None, constraint=None) -> FakeCompletion:
         """Make the model warm and answer " ok" max_tokens times, one piece per token
         (token_delay_s apart), stopping early when cancel is set; `waits` records each
         call's wait."""
@@ -349,6 +350,7 @@ class FakeEngine:
                 with self._lock:
                     self.calls.append(("generate", name))
                     self.waits.append(wait)
+                    self.constraints.append(constraint)
                     self._warm(m)
                 pieces = []
                 finish = "length"
