@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..facade import EngineFault
 from ..residency.arbiter import BudgetError
+from ..text.constrain import ConstraintError
 from ..text.sampling import BAN, SamplingError, SamplingParams
 from .errors import (
     ApiError,
@@ -33,6 +34,7 @@ from .errors import (
     show,
 )
 from .metrics import CLIENT_GONE_STATUS
+from .structured import parse_constraint
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -165,6 +167,7 @@ class GenRequest:
     include_usage: bool
     logit_bias: list[tuple[int | str, float]]   # token id or text (tokenized), bias or BAN
     max_tokens_param: str = "max_tokens"  # or max_completion_tokens: the name the client used
+    constraint: Any = None                # a text.constrain.Grammar (structured.py)
 
 
 def parse_request(body: Any, chat: bool) -> GenRequest:
@@ -189,10 +192,7 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
         raise bad("top_logprobs is not supported", "top_logprobs", "unsupported_parameter")
     if body.get("tools"):
         raise bad("tools are not supported", "tools", "unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise bad('only response_format {"type": "text"} is supported', "response_format",
-                   "unsupported_parameter")
+    constraint = parse_constraint(body, chat)
     if body.get("suffix") not in (None, ""):
         raise bad("suffix is not supported", "suffix", "unsupported_parameter")
 
@@ -228,7 +228,8 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
                   "stream_options", "invalid_value")
     include_usage = boolean(opts or {}, "include_usage", False)
     return GenRequest(model or "", messages, prompt, max_tokens, sampling,
-                      parse_stop(body.get("stop")), stream, include_usage, logit_bias, key)
+                      parse_stop(body.get("stop")), stream, include_usage, logit_bias, key,
+                      constraint)
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -378,7 +379,8 @@ class OpenAIRoutes:
         fut = asyncio.ensure_future(self._run(
             self.engine.generate, slot.name, tokens=ids, max_tokens=max_tokens,
             sampling=req.sampling, stop=req.stop, on_text=on_text, cancel=cancel,
-            **({} if wait is None else {"wait": wait})))
+            **({} if wait is None else {"wait": wait}),
+            **({} if req.constraint is None else {"constraint": req.constraint})))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=POLL_S)
@@ -393,7 +395,7 @@ class OpenAIRoutes:
             self._cancels.discard(cancel)
         try:
             out = fut.result()
-        except SamplingError as exc:
+        except (SamplingError, ConstraintError) as exc:
             raise bad(str(exc), exc.param, "invalid_value") from None
         except ValueError as exc:           # the engine's word for bad input
             raise bad(str(exc)) from None
