@@ -124,7 +124,34 @@ class _Vocab:
         self._tok = tok
 
     def __call__(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special=False)
+        """Token ids whose bytes are exactly `text`'s. llguidance tokenizes the text a
+        grammar forces (a key name, the rest of an enum member) and allows its first
+        token; the tokenizer's own answer is taken when its bytes match, else (a
+        SentencePiece space prefix, a word out of the vocabulary) the longest pieces."""
+        ids = self._tok.encode(text, add_special=False)
+        data = text.encode()
+        if b"".join(self.tokens[i] for i in ids) == data:
+            return ids
+        return self._longest(data)
+
+    def _longest(self, data: bytes) -> list[int]:
+        if not hasattr(self, "_ids"):
+            self._ids: dict[bytes, int] = {}
+            for i, b in enumerate(self.tokens):
+                if b and not b.startswith(SPECIAL_MARK):
+                    self._ids.setdefault(b, i)
+            self._longest_piece = max(map(len, self._ids), default=1)
+        out, i = [], 0
+        while i < len(data):
+            for n in range(min(self._longest_piece, len(data) - i), 0, -1):
+                t = self._ids.get(data[i:i + n])
+                if t is not None:
+                    out.append(t)
+                    i += n
+                    break
+            else:
+                raise ValueError(f"no token holds the byte {data[i]:#04x}")
+        return out
 
 
 def token_bytes(tok: Tokenizer, n_vocab: int) -> list[bytes]:
