@@ -34,15 +34,20 @@ def client(server) -> openai.OpenAI:
                          timeout=600)
 
 
+@pytest.fixture(scope="module")
+def model(server) -> str:
+    return server.names[0]
+
+
 def schema(name: str) -> dict:
     return json.loads((SCHEMAS / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("name", ["nested", "enums", "arrays", "numbers"])
-def test_chat_json_schema_validates(client, name):
+def test_chat_json_schema_validates(client, model, name):
     s = schema(name)
     r = client.chat.completions.create(
-        model="smollm2", messages=ASK, max_tokens=160, temperature=0.7, seed=7,
+        model=model, messages=ASK, max_tokens=160, temperature=0.7, seed=7,
         response_format={"type": "json_schema",
                          "json_schema": {"name": name, "schema": s, "strict": True}})
     c = r.choices[0]
@@ -50,9 +55,9 @@ def test_chat_json_schema_validates(client, name):
     jsonschema.validate(json.loads(c.message.content), s)
 
 
-def test_chat_json_object_streamed(client):
+def test_chat_json_object_streamed(client, model):
     stream = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "A person as JSON."}],
+        model=model, messages=[{"role": "user", "content": "A person as JSON."}],
         max_tokens=120, temperature=0.0, stream=True,
         response_format={"type": "json_object"})
     text, finish = "", None
@@ -72,9 +77,9 @@ class Pet(pydantic.BaseModel):
     age: int = pydantic.Field(ge=0, le=30)
 
 
-def test_chat_parse_with_a_pydantic_model(client):
+def test_chat_parse_with_a_pydantic_model(client, model):
     r = client.chat.completions.parse(
-        model="smollm2", messages=[{"role": "user", "content": "Describe a pet."}],
+        model=model, messages=[{"role": "user", "content": "Describe a pet."}],
         max_tokens=60, temperature=0.0, response_format=Pet)
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "stop", msg.content
@@ -82,15 +87,15 @@ def test_chat_parse_with_a_pydantic_model(client):
     assert Pet.model_validate_json(msg.content) == msg.parsed
 
 
-def test_completions_grammar_and_json_schema(server, client):
-    r = client.completions.create(model="smollm2", prompt="Is the sky blue? Answer:",
+def test_completions_grammar_and_json_schema(server, client, model):
+    r = client.completions.create(model=model, prompt="Is the sky blue? Answer:",
                                   max_tokens=8, temperature=1.0, seed=3,
                                   extra_body={"grammar": 'root ::= " " ("yes" | "no")'})
     assert r.choices[0].text in (" yes", " no")
     assert r.choices[0].finish_reason == "stop"
     s = schema("enums")
     status, _, body = server.request("POST", "/v1/completions", {
-        "model": "smollm2", "prompt": "A shirt in JSON:", "max_tokens": 60,
+        "model": model, "prompt": "A shirt in JSON:", "max_tokens": 60,
         "temperature": 0.0, "json_schema": s})
     assert status == 200, body
     jsonschema.validate(json.loads(body["choices"][0]["text"]), s)
@@ -114,8 +119,9 @@ BAD = [
 
 
 @pytest.mark.parametrize("path,extra,param", BAD)
-def test_bad_structured_requests_are_400_naming_the_parameter(server, path, extra, param):
-    body = {"model": "smollm2", "max_tokens": 1, **extra}
+def test_bad_structured_requests_are_400_naming_the_parameter(server, model, path, extra,
+                                                            param):
+    body = {"model": model, "max_tokens": 1, **extra}
     body.update({"messages": ASK} if "chat" in path else {"prompt": "x"})
     status, _, resp = server.request("POST", path, body)
     assert status == 400, resp
