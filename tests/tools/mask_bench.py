@@ -39,9 +39,12 @@ INSTANCE = {"id": 4711, "customer": {"name": "Ada Lovelace",
 
 
 def _stats(times: list[float]) -> dict:
-    ms = sorted(t * 1e3 for t in times)
-    return {"steps": len(ms), "mean_ms": statistics.fmean(ms), "median_ms": ms[len(ms) // 2],
-            "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))], "max_ms": ms[-1]}
+    """The first mask apart (a library may build its lexer then: Hotseat computes it while
+    the prompt runs), the rest as mean, median, p99 and max."""
+    ms = sorted(t * 1e3 for t in times[1:])
+    return {"steps": len(times), "first_ms": times[0] * 1e3, "mean_ms": statistics.fmean(ms),
+            "median_ms": ms[len(ms) // 2], "p99_ms": ms[min(len(ms) - 1, int(0.99 * len(ms)))],
+            "max_ms": ms[-1], "mean_all_ms": statistics.fmean(t * 1e3 for t in times)}
 
 
 def bench_llguidance(tok, vocab, schema, ids):
@@ -176,9 +179,10 @@ def main() -> int:
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['model']:8} {r['n_vocab']:7} {r['lib']:14} {r['error']}"
-    return (f"{r['model']:8} {r['n_vocab']:7} {r['lib']:14} mask mean {r['mean_ms']:.3f} ms "
-            f"median {r['median_ms']:.3f} p99 {r['p99_ms']:.3f} max {r['max_ms']:.3f} "
-            f"({r['steps']} steps); vocab {r['vocab_s']:.2f} s, grammar {r['grammar_s']:.2f} s")
+    return (f"{r['model']:8} {r['n_vocab']:7} {r['lib']:14} first mask {r['first_ms']:.3f} ms, "
+            f"then mean {r['mean_ms']:.3f} median {r['median_ms']:.3f} p99 {r['p99_ms']:.3f} "
+            f"max {r['max_ms']:.3f} (all {r['steps']} steps: mean {r['mean_all_ms']:.3f}); "
+            f"vocab {r['vocab_s']:.2f} s, grammar {r['grammar_s']:.2f} s")
 
 
 if __name__ == "__main__":
