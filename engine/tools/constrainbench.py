@@ -67,7 +67,7 @@ def run_constrained_bench(args) -> int:
         grammar = Grammar.json_schema(json.load(f))
     path = resolve(args.model)
     n_gen = max(args.n_gen, 1)
-    max_new = 4 * n_gen            # the JSON ends by itself: room for it to
+    max_new = 8 * n_gen            # the JSON ends by itself: room for it to
     with Engine(n_ctx=max(2048, args.n_prompt + max_new + 8), flash_attn=args.flash_attn,
                 arena=arena_enabled(args), arena_label=f"bench {os.path.basename(path)}") \
             as eng:
@@ -116,5 +116,7 @@ def run_constrained_bench(args) -> int:
         print(f"  mask per token: computed {report['mask_ms_mean']:.3f} ms mean "
               f"({report['mask_ms_median']:.3f} median, {report['mask_ms_max']:.3f} max), "
               f"applied {report['apply_ms_mean']:.3f} ms mean")
-        print(f"  e.g. {report['example']}")
+        print(f"  constrained tokens per repeat {report['constrained_tokens']}, the JSON "
+              f"{'ended' if report['json_ended'] else 'cut by the token limit'}; e.g. "
+              f"{report['example']}")
     return 0
