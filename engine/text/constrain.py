@@ -121,14 +121,15 @@ class _Vocab:
         self.bos_token_id = tok.bos_id
         self.special_token_ids = [i for i, b in enumerate(self.tokens)
                                   if b.startswith(SPECIAL_MARK)]
-        self._tok = tok
+        self._tok = weakref.ref(tok)     # weak: the cache of vocabularies is keyed on tok
 
     def __call__(self, text: str) -> list[int]:
         """Token ids whose bytes are exactly `text`'s. llguidance tokenizes the text a
         grammar forces (a key name, the rest of an enum member) and allows its first
         token; the tokenizer's own answer is taken when its bytes match, else (a
         SentencePiece space prefix, a word out of the vocabulary) the longest pieces."""
-        ids = self._tok.encode(text, add_special=False)
+        tok = self._tok()
+        ids = tok.encode(text, add_special=False) if tok is not None else []
         data = text.encode()
         if b"".join(self.tokens[i] for i in ids) == data:
             return ids
@@ -170,7 +171,8 @@ def token_bytes(tok: Tokenizer, n_vocab: int) -> list[bytes]:
 
 def vocabulary(tok: Tokenizer, n_vocab: int | None = None) -> llguidance.LLTokenizer:
     """The llguidance tokenizer of `tok` with `n_vocab` entries (the model's logits; at least
-    the tokenizer's), built once per tokenizer (about 1 s for 262k tokens)."""
+    the tokenizer's), built once per tokenizer (0.4 s for SmolLM2's 49k tokens, 3.5 s for
+    Gemma 3's 262k, on lavapipe's machine)."""
     n_vocab = max(n_vocab or 0, tok.n_vocab)
     with _vocabs_lock:
         per = _vocabs.setdefault(tok, {})
