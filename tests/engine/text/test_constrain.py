@@ -243,3 +243,17 @@ def test_the_loop_masks_greedy_and_sampled_decoding():
         assert out[-1] == tok.eos_id
         assert tok.decode(out[:-1]) in ("grün", "日本語")
         assert not any(model.greedy_calls)          # logits read, never the device argmax
+
+
+def test_a_tokenizers_vocabulary_goes_with_it():
+    import gc
+    import weakref
+
+    from engine.text import constrain
+    tok = spm_vocab()
+    Constraint(Grammar.json_object(), tok).close()
+    assert tok in constrain._vocabs
+    gone = weakref.ref(tok)
+    del tok
+    gc.collect()
+    assert gone() is None
