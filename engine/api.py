@@ -55,6 +55,7 @@ from .residency.loop import Cancelled, Timings
 from .residency.model import Model, default_flash_attn
 from .residency.turns import ARENA_SLICE_S, EngineThread, Turns
 from .text.chat import ChatTemplate
+from .text.constrain import Constraint, Grammar
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
 
@@ -542,11 +543,12 @@ class Engine:
                  stop: list[str] = (), on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
                  wait: float | None = None, logprobs: int | None = None,
-                 preserved_tokens=()) -> Completion:
+                 preserved_tokens=(), constraint: Grammar | None = None) -> Completion:
         """One request, run on the engine thread as one job; on_text is called there.
         wait: with an arena, the most seconds to wait for the GPU (another process's turn,
         a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20
-        alternatives per token (the facade's generate says how they come)."""
+        alternatives per token (the facade's generate says how they come). constraint: a grammar the output must follow
+        (text.constrain)."""
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= TOP_LOGPROBS):
             raise ValueError(f"logprobs must be an integer from 0 to {TOP_LOGPROBS}, "
@@ -573,14 +575,18 @@ class Engine:
                 turns.running += 1
             sampler = None if params.plain_greedy else Sampler(params)   # afresh on a retry
             entries.clear()
+            grammar = None if constraint is None else Constraint(
+                constraint, m.tokenizer, m.model.config.n_vocab)
             try:
                 return loop.request(m.model, m.tokenizer, prompt_ids, max_tokens, sampler,
                                     stop, on_text, cancel, turn,
                                     None if logprobs is None else entries,
-                                    frozenset(preserved_tokens))
+                                    frozenset(preserved_tokens), grammar)
             except Cancelled:          # the client left during the prompt or a wait for the GPU
                 return [], "", "cancelled", Timings()
             finally:
+                if grammar is not None:
+                    grammar.close()
                 if turns is not None:
                     turns.running -= 1
                 m.last_used = time.monotonic()

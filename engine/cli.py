@@ -116,6 +116,9 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from .tools.bench import run_bench
+    if args.json_schema:
+        from .tools.constrainbench import run_constrained_bench
+        return run_constrained_bench(args)
 
     return run_bench(args)
 
@@ -177,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--vs-llama-cpp", action="store_true",
                    help="also run llama.cpp's CPU backend through llama-cpp-python")
     b.add_argument("--profile", action="store_true", help="per-kernel GPU times")
+    b.add_argument("--json-schema", metavar="FILE",
+                   help="free decode against decode constrained by this JSON schema")
     b.add_argument("--json", action="store_true")
     add_cpu_moe_argument(b)
     add_flash_attn_argument(b)

@@ -161,13 +161,14 @@ class EngineAPI(Protocol):
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
                  wait: float | None = None, logprobs: int | None = None,
-                 preserved_tokens=()) -> Completion:
+                 preserved_tokens=(), constraint=None) -> Completion:
         """One request. wait: the most seconds to wait for the GPU (another process's turn,
         a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20, the
         alternatives to give with each token's log-probability (Completion.logprobs); with
         it, on_text is called as on_text(piece, [TokenLogprob]) with the tokens since the
         last piece. preserved_tokens: control token ids whose text is kept in the output
-        (tool-call markers such as [TOOL_CALLS])."""
+        (tool-call markers such as [TOOL_CALLS]). constraint: a text.constrain.Grammar the
+        output must follow (a JSON schema, a grammar), or None."""
 
     def embed(self, name: str | None, inputs: list, pooling: str | None = None,
               cancel: threading.Event | None = None,

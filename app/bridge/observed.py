@@ -59,7 +59,7 @@ class ObservedEngine:
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
                  wait: float | None = None, logprobs: int | None = None,
-                 preserved_tokens=()) -> Completion:
+                 preserved_tokens=(), constraint=None) -> Completion:
         b = self._bridge
         op = b.activity.begin(name or "?", "generate", "endpoint")
         b.activity.start(op)
@@ -73,7 +73,8 @@ class ObservedEngine:
                                         max_tokens=max_tokens, sampling=sampling, stop=stop,
                                         on_text=counted, cancel=cancel, wait=wait,
                                         logprobs=logprobs,
-                                        preserved_tokens=preserved_tokens)
+                                        preserved_tokens=preserved_tokens,
+                                        constraint=constraint)
         finally:
             b.activity.end(op)
         b.log(f"Endpoint: {len(out.tokens)} tokens from {name}{rate_text(out.timings)}")

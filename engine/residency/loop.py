@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+import numpy as np
+
 from ..text.tokenizer import StreamDecoder, Tokenizer
 from .model import CHECKPOINT_BACK, Model
 
@@ -46,11 +48,15 @@ class Timings:
 def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | None = None,
              stop_ids: set[int] = frozenset(), timings: Timings | None = None,
              between_chunks: Callable[[], None] | None = None,
-             logprobs: list | None = None) -> Iterator[int]:
+             logprobs: list | None = None, constraint=None) -> Iterator[int]:
     """Yield up to max_new tokens. sample(logits, history) -> id; None means greedy.
     between_chunks: eval()'s `between`, for the prompt. logprobs: a list that gets, before
     each token is yielded, (id, its log-probability, [(id, log-probability)] of the
     TOP_LOGPROBS best): the log-softmax of the model's own logits, before sampling.
+    constraint: a text.constrain Constraint, whose mask the logits pass through before the
+    sampler (or the argmax: the device's argmax cannot see the mask, so the logits are
+    read); its next mask is computed on its worker thread while the device runs the chosen
+    token.
 
     The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
     token is recomputed, for its logits). Recurrent states belong to the end of the cache,
@@ -63,7 +69,7 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     if not prompt:
         raise ValueError("empty prompt")
     t = timings if timings is not None else Timings()
-    greedy = sample is None
+    greedy = sample is None and constraint is None
     reuse = 0
     for a, b in zip(model.cache_tokens, prompt[:-1]):
         if a != b:
@@ -94,7 +100,12 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     for i in range(max_new):
         if want:
             out, top = out
-        tok = out if greedy else sample(out, history)
+        if constraint is not None:
+            masked = constraint.apply(out)
+            tok = int(np.argmax(masked)) if sample is None else sample(masked, history)
+            constraint.advance(tok)              # the next mask, while the device runs tok
+        else:
+            tok = out if greedy else sample(out, history)
         if want:
             logprobs.append(_token_logprob(tok, out, top))
         t.generated += 1
@@ -123,7 +134,7 @@ def _token_logprob(tok: int, out, top) -> tuple[int, float, list[tuple[int, floa
 def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_tokens: int,
             sampler, stop, on_text, cancel: threading.Event,
             turn: Callable[[], None] | None = None, logprobs: list | None = None,
-            preserved: frozenset[int] = frozenset()):
+            preserved: frozenset[int] = frozenset(), constraint=None):
     """One request's text: (tokens, text, finish reason, timings). turn() is the arena's
     safe point, between prefill chunks and after every token. A client gone (cancel set)
     stops a long prompt between its chunks too (Cancelled), not after all of it.
@@ -164,7 +175,7 @@ def request(model: Model, tokenizer: Tokenizer, prompt_ids: list[int], max_token
         gen = generate(model, prompt_ids, max_tokens,
                        None if sampler is None else sampler.sample,
                        tokenizer.eog_ids, timings, between_chunks=prompt_point,
-                       logprobs=entries)
+                       logprobs=entries, constraint=constraint)
         for tok in gen:
             if tok in tokenizer.eog_ids:
                 finish = "stop"

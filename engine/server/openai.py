@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..facade import EngineFault
 from ..residency.arbiter import BudgetError
+from ..text.constrain import ConstraintError
 from ..text.sampling import BAN, SamplingError, SamplingParams
 from . import logprobs
 from .errors import (
@@ -35,6 +36,7 @@ from .errors import (
 )
 from .chat_tools import ToolRequest, ToolStream, parse_tools, tool_message
 from .metrics import CLIENT_GONE_STATUS
+from .structured import parse_constraint
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -173,6 +175,7 @@ class GenRequest:
     max_tokens_param: str = "max_tokens"  # or max_completion_tokens: the name the client used
     logprobs: int | None = None           # alternatives per token (logprobs.py); None: none
     tools: ToolRequest | None = None      # tools, tool_choice, tool messages (chat_tools.py)
+    constraint: Any = None                # a text.constrain.Grammar (structured.py)
 
 
 def parse_request(body: Any, chat: bool) -> GenRequest:
@@ -200,10 +203,7 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
     elif body.get("tools"):
         raise bad("tools are only taken by /v1/chat/completions", "tools",
                   "unsupported_parameter")
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
-        raise bad('only response_format {"type": "text"} is supported', "response_format",
-                   "unsupported_parameter")
+    constraint = parse_constraint(body, chat)
     if body.get("suffix") not in (None, ""):
         raise bad("suffix is not supported", "suffix", "unsupported_parameter")
 
@@ -240,7 +240,7 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
     include_usage = boolean(opts or {}, "include_usage", False)
     return GenRequest(model or "", messages, prompt, max_tokens, sampling,
                       parse_stop(body.get("stop")), stream, include_usage, logit_bias, key,
-                      logprobs=n_logprobs, tools=tools)
+                      logprobs=n_logprobs, tools=tools, constraint=constraint)
 
 # -- routes --------------------------------------------------------------------------------
 
@@ -399,7 +399,8 @@ class OpenAIRoutes:
             **({} if wait is None else {"wait": wait}),
             **({} if req.logprobs is None else {"logprobs": req.logprobs}),
             **({"preserved_tokens": req.tools.preserved} if req.tools is not None else {}),
-            **({"constraint": req.tools.constraint}       # a call is due: its grammar
+            **({"constraint": req.constraint} if req.constraint is not None else
+               {"constraint": req.tools.constraint}        # a call is due: its grammar
                if req.tools is not None and req.tools.constraint is not None else {})))
         try:
             while True:
@@ -415,7 +416,7 @@ class OpenAIRoutes:
             self._cancels.discard(cancel)
         try:
             out = fut.result()
-        except SamplingError as exc:
+        except (SamplingError, ConstraintError) as exc:
             raise bad(str(exc), exc.param, "invalid_value") from None
         except ValueError as exc:           # the engine's word for bad input
             raise bad(str(exc)) from None

@@ -84,6 +84,16 @@ def apply_logit_bias(logits: np.ndarray, bias: dict[int, float]) -> np.ndarray:
     return out
 
 
+def apply_mask(logits: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """A grammar's mask, before the whole chain: every token not `allowed` (bool per id;
+    ids past it are not allowed) gets -inf, so that no later step can bring it back.
+    Returns a new array."""
+    n = min(logits.shape[0], allowed.shape[0])
+    out = np.full(logits.shape, BAN, dtype=np.float32)
+    np.copyto(out[:n], logits[:n], where=allowed[:n])
+    return out
+
+
 def apply_penalties(logits: np.ndarray, history: list[int], repeat: float, last_n: int,
                     frequency: float = 0.0, presence: float = 0.0) -> np.ndarray:
     """llama.cpp's penalties sampler over the last `last_n` tokens of history (-1: all).

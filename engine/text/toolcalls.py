@@ -29,6 +29,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
+from .constrain import Grammar
+
 TokenOf = Callable[[str], "int | None"]     # a marker's token id, None when it is plain text
 
 
@@ -848,12 +850,7 @@ def prepare_messages(messages: list[dict], tools: list[dict] | None, caps: dict[
 # -- constrained decoding ----------------------------------------------------------------------
 
 def tool_constraint(tokenizer, grammar: str):
-    """THE TOOL-CALL GRAMMAR MEETS THE DECODER HERE: what generate(constraint=...) takes for
-    a call grammar (engine/text/constrain.py's Grammar, which binds itself to the tokenizer
-    when the generation starts), or None where constrained decoding is not available. The
-    grammar's control-token markers are `<[id]>` references of `tokenizer`'s ids."""
-    try:
-        from .constrain import Grammar           # the structured-output module
-    except ImportError:
-        return None
+    """What generate(constraint=...) takes for a call grammar: engine/text/constrain.py's
+    Grammar, which binds itself to the tokenizer when the generation starts. The grammar's
+    control-token markers are `<[id]>` references of `tokenizer`'s ids."""
     return Grammar.lark(grammar, param="tool_choice")

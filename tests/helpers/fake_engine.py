@@ -19,7 +19,7 @@ files.
 
 Fake-only attributes, for white-box checks: `budget`, `full_release`, `pinned` (the
 arbiter's settings and pins), `idle_s` (set_idle_evict's), `flash_attn`, `calls`, `waits`,
-`load_options`, `closed`.
+`load_options`, `closed`, `constraints`.
 """
 from __future__ import annotations
 
@@ -103,6 +103,7 @@ class FakeEngine:
         self.models: dict[str, FakeModel] = {}
         self.calls: list[tuple] = []
         self.waits: list[float | None] = []  # generate()'s wait, per call
+        self.constraints: list = []          # generate()'s constraint, per call
         self.load_delay_s = load_delay_s     # per progress step: lets a test see a load run
         self.token_delay_s = token_delay_s   # per generated token
         self.load_options: dict[str, dict] = {}   # name -> {"n_ctx", "cpu_moe"} as loaded
@@ -365,7 +366,7 @@ class FakeEngine:
                  on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None,
                  wait: float | None = None, logprobs: int | None = None,
-                 preserved_tokens=()) -> FakeCompletion:
+                 preserved_tokens=(), constraint=None) -> FakeCompletion:
         """Make the model warm and answer " ok" max_tokens times, one piece per token
         (token_delay_s apart), stopping early when cancel is set; `waits` records each
         call's wait. With logprobs, each token's entry is fake_logprob(logprobs)."""
@@ -377,6 +378,7 @@ class FakeEngine:
                 with self._lock:
                     self.calls.append(("generate", name))
                     self.waits.append(wait)
+                    self.constraints.append(constraint)
                     self._warm(m)
                 pieces = []
                 finish = "length"

@@ -47,7 +47,7 @@ class ScriptedEngine(FakeEngine):
 
     def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
                  sampling=None, stop=(), on_text=None, cancel=None, wait=None,
-                 preserved_tokens=()):
+                 logprobs=None, preserved_tokens=(), constraint=None):
         self.calls.append(("generate", name))
         text = self.script
         for i in range(0, len(text), 4):
