@@ -547,8 +547,8 @@ class Engine:
         """One request, run on the engine thread as one job; on_text is called there.
         wait: with an arena, the most seconds to wait for the GPU (another process's turn,
         a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20
-        alternatives per token (the facade's generate says how they come). constraint: a grammar the output must follow
-        (text.constrain)."""
+        alternatives per token (the facade's generate says how they come). constraint: a
+        grammar the output must follow (text.constrain)."""
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= TOP_LOGPROBS):
             raise ValueError(f"logprobs must be an integer from 0 to {TOP_LOGPROBS}, "

@@ -182,3 +182,22 @@ def test_long_modules_say_why():
         if text.count("\n") > LONG_LINES and "Why this module is long:" not in doc:
             long.append(f"{name} ({text.count(chr(10))} lines)")
     assert not long, "split these, or say why they are one module: " + ", ".join(long)
+
+
+def test_the_servers_route_mixins_share_no_names():
+    """Server's handlers come from mixins, one per API; a name defined in two of them would
+    silently resolve to the first in the MRO (Ollama's embeddings once ran /v1's helper)."""
+    from engine.server.app import Server
+
+    seen: dict[str, str] = {}
+    clashes = []
+    for base in Server.__mro__[1:]:
+        if base is object:
+            continue
+        for name in vars(base):
+            if name.startswith("__"):
+                continue
+            if name in seen:
+                clashes.append(f"{name} in {seen[name]} and {base.__name__}")
+            seen.setdefault(name, base.__name__)
+    assert not clashes, "; ".join(clashes)

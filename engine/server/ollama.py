@@ -45,8 +45,9 @@ What maps to what:
 - /api/delete unloads the model (the GGUF file is never touched); POST /api/models loads it
   again. /api/pull, /api/push, /api/create, /api/copy and blobs are 501: Hotseat serves the
   GGUF files it is given and keeps no model store.
-- `format` ("json" or a JSON schema), /api/embed and /api/embeddings need the engine's
-  constrained decoding and embeddings: they answer 501 until the engine has them.
+- `format` ("json" or a JSON schema) constrains decoding as /v1's response_format does
+  (engine/text/constrain.py); /api/embed and /api/embeddings are the engine's embeddings
+  (pooled, normalized hidden states), as /v1/embeddings serves them.
 - images, tools, think and logprobs are refused with a message saying so.
 
 Streaming is the default, as in Ollama: one JSON object per line (application/x-ndjson), the
@@ -56,7 +57,6 @@ as a last line `{"error": "..."}`.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import logging
 import math
@@ -66,6 +66,7 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Callable, Iterable
 
+from ..text.constrain import ConstraintError, Grammar
 from .errors import ApiError, bad, boolean, integer, json_response
 from .metrics import CLIENT_GONE_STATUS
 from .ollama_values import (
@@ -126,26 +127,20 @@ def not_in_build(what: str) -> ApiError:
 
 # -- what the engine gives -----------------------------------------------------------------
 
-def _accepts(fn: Callable, keyword: str) -> bool:
+def format_constraint(schema: dict) -> Grammar:
+    """The grammar of Ollama's `format` (a JSON schema; "json" is {"type": "object"}, any
+    JSON object), for generate's `constraint`; a schema that cannot be used is a 400."""
     try:
-        return keyword in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def format_constraint(engine, name: str, schema: dict):
-    """The engine's token constraint for Ollama's `format` (a JSON schema; "json" is
-    {"type": "object"}), to pass to generate as `constraint`. A 501 while the engine's
-    generate takes no constraint; where it does, the constraint is built here from
-    engine/text/constrain.py, and until that is written here too, still a 501."""
-    if not _accepts(engine.generate, "constraint"):
-        raise not_in_build("format (structured output)")
-    raise not_in_build("format (structured output) on Ollama's API")
+        if schema == {"type": "object"}:
+            return Grammar.json_object(param="format")
+        return Grammar.json_schema(schema, param="format")
+    except ConstraintError as exc:
+        raise bad(str(exc), "format", "invalid_value") from None
 
 
 def embed_token_lists(engine, name: str, inputs: list[list[int]]) -> list[list[float]]:
     """One normalized embedding per input (token ids), from the engine's `embed`."""
-    return [[float(x) for x in vec] for vec in engine.embed(name, inputs)]
+    return [[float(x) for x in vec] for vec in engine.embed(name, inputs).vectors]
 
 
 # -- routes --------------------------------------------------------------------------------
@@ -233,7 +228,7 @@ class OllamaRoutes:
         info = dict(facts.info)
         if verbose:
             info.update((await self._run(read_facts, s["path"], True))[1])
-        caps = ["completion"] + (["embedding"] if hasattr(self.engine, "embed") else [])
+        caps = ["completion", "embedding"]
         return json_response({
             "modelfile": f"# Hotseat serves this GGUF file as it is\nFROM {s['path']}\n"
                          f"PARAMETER num_ctx {s['n_ctx']}\n",
@@ -314,8 +309,7 @@ class OllamaRoutes:
         wait = parse_wait(request)
         slot = self._ollama_slot(asked)
         check_yield(self.engine, wait)
-        if schema is not None:
-            format_constraint(self.engine, slot.name, schema)
+        constraint = None if schema is None else format_constraint(schema)
 
         if empty:                             # Ollama's load / unload request
             return await self._load_or_unload(slot, asked, chat, keep_alive, wait)
@@ -334,7 +328,7 @@ class OllamaRoutes:
             headers[IGNORED_HEADER] = ", ".join(opts.ignored)
         req = GenRequest(model=slot.name, messages=None, prompt=None, max_tokens=max_tokens,
                          sampling=opts.sampling, stop=opts.stop, stream=stream,
-                         include_usage=False, logit_bias=[])
+                         include_usage=False, logit_bias=[], constraint=constraint)
         head = {"model": asked}
 
         def piece_obj(text: str) -> dict:
@@ -560,7 +554,7 @@ class OllamaRoutes:
         parse_options(body.get("options"))
         keep_alive = parse_keep_alive(body.get("keep_alive"))
         slot = self._ollama_slot(asked)
-        vectors, n_tokens, load_s = await self._embed(request, slot, texts, truncate,
+        vectors, n_tokens, load_s = await self._ollama_embed(request, slot, texts, truncate,
                                                        keep_alive)
         if dims is not None:
             vectors = [shorten(v, dims) for v in vectors]
@@ -578,16 +572,13 @@ class OllamaRoutes:
         parse_options(body.get("options"))
         keep_alive = parse_keep_alive(body.get("keep_alive"))
         slot = self._ollama_slot(asked)
-        vectors, _, _ = await self._embed(request, slot, [prompt] if prompt else [], True,
+        vectors, _, _ = await self._ollama_embed(request, slot, [prompt] if prompt else [], True,
                                           keep_alive)
         return json_response({"embedding": vectors[0] if vectors else []})
 
-    async def _embed(self, request: web.Request, slot: ModelSlot, texts: list[str],
+    async def _ollama_embed(self, request: web.Request, slot: ModelSlot, texts: list[str],
                      truncate: bool, keep_alive: float | None
                      ) -> tuple[list[list[float]], int, float]:
-        if not hasattr(self.engine, "embed"):
-            raise not_in_build("embeddings")
-
         def tokens() -> list[list[int]]:
             tok = self.engine.tokenizer(slot.name)
             return [tok.encode(t, add_special=True, parse_special=False) for t in texts]

@@ -5,7 +5,6 @@ slow on lavapipe, so every request generates a few tokens at most."""
 from __future__ import annotations
 
 import http.client
-import inspect
 import json
 import os
 import signal
@@ -17,11 +16,12 @@ import urllib.error
 import urllib.request
 from datetime import datetime, timedelta, timezone
 
+import jsonschema
+import numpy as np
 import ollama
 import openai
 import pytest
 
-from engine.api import Engine
 from tests.conftest import ROOT
 from tests.engine.server.test_access import SERVING
 
@@ -361,21 +361,30 @@ def test_pull_and_the_model_store_are_501(client, base):
         assert "GGUF" in ollama_error(got, 501, text)
 
 
-@pytest.mark.skipif("constraint" in inspect.signature(Engine.generate).parameters,
-                    reason="the engine has constrained decoding")
-def test_format_is_501_without_constrained_decoding(client):
-    with pytest.raises(ollama.ResponseError) as exc:
-        client.chat(model="smollm2", messages=QUESTION, format="json")
-    assert exc.value.status_code == 501 and "format" in exc.value.error
+def test_format_constrains_the_answer_to_the_schema(client):
+    """format with a JSON schema: the answer parses and validates (jsonschema), streamed or
+    not; "json" gives a JSON object."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                               "rank": {"type": "integer"}},
+              "required": ["city", "rank"], "additionalProperties": False}
+    r = client.chat(model="smollm2", messages=QUESTION, format=schema, options=GREEDY | {
+        "num_predict": 40})
+    assert r.done_reason == "stop"
+    jsonschema.validate(json.loads(r.message.content), schema)
+    text = "".join(p.response for p in client.generate(
+        model="smollm2", prompt="Name a city.", format="json", stream=True,
+        options=GREEDY | {"num_predict": 40}))
+    assert isinstance(json.loads(text), dict)
 
 
-@pytest.mark.skipif(hasattr(Engine, "embed"), reason="the engine has embeddings")
-def test_embed_is_501_without_embeddings(client):
-    for fn in (lambda: client.embed(model="smollm2", input="x"),
-               lambda: client.embeddings(model="smollm2", prompt="x")):
-        with pytest.raises(ollama.ResponseError) as exc:
-            fn()
-        assert exc.value.status_code == 501
+def test_embed_gives_unit_vectors_and_equal_texts_equal_vectors(client):
+    r = client.embed(model="smollm2", input=["Paris is in France.", "Paris is in France.",
+                                             "Cats sleep a lot."])
+    v = np.array(r.embeddings)
+    assert v.shape[0] == 3 and np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-5)
+    assert np.array_equal(v[0], v[1]) and not np.allclose(v[0], v[2])
+    old = client.embeddings(model="smollm2", prompt="Paris is in France.")
+    assert np.allclose(old.embedding, v[0], atol=1e-6)
 
 
 @pytest.mark.parametrize("path,body,status,words", [
