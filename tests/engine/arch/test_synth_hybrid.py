@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.gpu.paths import Tuning
 from engine.residency.model import Model
 from tests.helpers import synth_reference as sr
 
@@ -44,6 +45,24 @@ def teacher_forced(m: Model, case: sr.Case, between=None) -> np.ndarray:
 def load(dev, kc, case: sr.Case, **kw) -> Model:
     sr.check_file(case)
     return Model(dev, kc, str(case.model_path), n_ctx=case.n_ctx, name=case.name, **kw)
+
+
+def dev_has_fast_prefill(dev) -> bool:
+    """Whether prefill passes take the matrix units (f16 products) on this device."""
+    return Tuning.for_device(dev).fast_prefill
+
+
+def same_bound(dev, across_widths: bool = False) -> float:
+    """The largest normalized squared difference of two runs of one model that should agree
+    to rounding: f32 rounding (1e-9) where every product is f32. On matrix units a prefill
+    pass rounds its activations to f16, so a last-bit difference upstream (the chunked delta
+    rule's other summation order) comes out at f16's scale (measured 3e-9 on the H200: bound
+    1e-6); passes of other widths (a one-token step takes mul_mat_vec in f32, a wider pass
+    mul_mat_cm in f16) differ by f16 rounding itself (bound 1e-4, still far below a changed
+    token: the argmax is checked beside it)."""
+    if not dev_has_fast_prefill(dev):
+        return 1e-9
+    return 1e-4 if across_widths else 1e-6
 
 
 def test_every_case_of_the_hybrid_architectures_is_here():
@@ -112,7 +131,7 @@ def test_chunked_delta_rule_gives_the_same_model_output(dev, kc, case, chunk):
             m.close()
     a, b = outs[0, False], outs[chunk, False]
     assert not np.array_equal(a, b)        # the chunked kernels did run
-    assert np.sum((a - b) ** 2) / np.sum(a ** 2) < 1e-9
+    assert np.sum((a - b) ** 2) / np.sum(a ** 2) < same_bound(dev)
     sr.compare(case, outs[chunk, True])
 
 
@@ -131,8 +150,8 @@ def test_prefill_in_uneven_passes_continues_the_state(dev, kc, case):
             n = min(sizes[k % len(sizes)], len(ids) - pos)
             got = m.eval(ids[pos:pos + n], pos, greedy=False)
             pos, k = pos + n, k + 1
-            assert np.sum((got - steps[pos - 1]) ** 2) / np.sum(steps[pos - 1] ** 2) < 1e-9, \
-                f"pass ending at {pos}"
+            nmse = np.sum((got - steps[pos - 1]) ** 2) / np.sum(steps[pos - 1] ** 2)
+            assert nmse < same_bound(dev, across_widths=True), f"pass ending at {pos}: {nmse}"
             assert got.argmax() == steps[pos - 1].argmax() or \
                 case.top2_gap[pos - 1] < case.tie
     finally:
@@ -145,9 +164,16 @@ def test_release_restore_midway_keeps_states_bit_for_bit(dev, kc, case, full):
     --evict-kv) and restored in the middle of the continuation: the KV cache and every conv
     and delta-rule state come back bit for bit, and every later logit is the one of a run
     without the cycle."""
+    # the uninterrupted run on a model of its own: a model's first prompt starts with a probe
+    # pass (PROBE_CHUNK), so both runs take the same passes (on matrix units a pass's width
+    # changes its rounding)
     m = load(dev, kc, case)
     try:
         plain = teacher_forced(m, case)
+    finally:
+        m.close()
+    m = load(dev, kc, case)
+    try:
         seen = {}
 
         def cycle(i: int) -> None:
@@ -225,4 +251,9 @@ def test_prompt_cache_reuses_what_the_states_allow(dev, kc, monkeypatch, name):
             assert list(generate(fresh, prompt, 6, sample=recording_argmax(want))) == toks
         finally:
             fresh.close()
-        assert all(np.array_equal(a, b) for a, b in zip(seen, want))
+        if dev_has_fast_prefill(dev):    # a resumed prompt takes other pass widths, whose
+            # f16 products on the matrix units round differently: the same to f16 rounding
+            assert all(np.sum((a - b) ** 2) / np.sum(b ** 2) < same_bound(dev, True)
+                       for a, b in zip(seen, want))
+        else:
+            assert all(np.array_equal(a, b) for a, b in zip(seen, want))
