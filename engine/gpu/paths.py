@@ -69,9 +69,12 @@ class Tuning:
     split_chunk: int = 32        # ... and the fewest positions a split takes
     moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
                                  # else one per token and slot (mul_mat_id, as decode)
-    delta_chunk: int = 64        # gated delta rule: tokens per chunk of its prefill path
-                                 # (delta_chunk_prep + delta_chunk); 0: token by token
-                                 # (delta_net), as decode
+    delta_chunk: int = 0         # gated delta rule: tokens per chunk of its prefill path
+                                 # (delta_chunk_prep + delta_chunk, at most 64); 0: token
+                                 # by token (delta_net), as decode. Token by token is
+                                 # the faster on both devices measured: on the H200, a
+                                 # 35B-A3B shape's pp512 2154 t/s against 1996 by chunks of
+                                 # 64, pp2048 1835 against 1721 ($HOTSEAT_DELTA_CHUNK picks)
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
@@ -89,11 +92,11 @@ class Tuning:
                       # follow ggml's CPU rounding anyway: decode does not either
                       ggml_numerics=not coopmat)
         if info.kind == "cpu":   # lavapipe: few, fat workgroups amortise its dispatch cost
-            # the chunked delta rule's many barriers cost lavapipe more than they save: 8 heads
-            # of 128, 256 tokens took 2.2 s chunked against 0.35 s token by token
+            # (the chunked delta rule's many barriers cost lavapipe more than they save: 8
+            # heads of 128, 256 tokens took 2.2 s chunked against 0.35 s token by token)
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup,
-                       delta_chunk=0, **common)
+                       **common)
         t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
@@ -170,7 +173,7 @@ class Paths:
     prefill_attention: str   # flash_attn_cm | flash_attn (tiled) | attention (per token)
     moe_prefill: str         # mul_mat_moe (grouped by expert) | mul_mat_id (per token)
     numerics: str            # ggml (llama.cpp's CPU rounding) | device
-    prefill_delta: str = "delta_chunk"   # delta_chunk (chunks of Tuning.delta_chunk
+    prefill_delta: str = "delta_net"     # delta_chunk (chunks of Tuning.delta_chunk
                                          # tokens) | delta_net (token by token, as decode)
 
     def as_dict(self) -> dict:
