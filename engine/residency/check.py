@@ -203,8 +203,8 @@ def _sizes(g: GGUFFile, module, cfg, n_ctx: int, target: Target) -> tuple[dict, 
     layers = args["n_layer"] if args["kv_layers"] is None else len(args["kv_layers"])
     kv = 2 * (2 * n_ctx * args["kv_dim"]) * layers          # K and V, f16
     recurrent = RunState.recurrent_bytes(**args)
-    vram = {"weights_bytes": weights, "kv_bytes": kv, "compute_bytes": state - kv,
-            "total_bytes": weights + state}
+    vram = {"weights_bytes": weights, "kv_bytes": kv, "recurrent_bytes": recurrent,
+            "compute_bytes": state - kv - recurrent, "total_bytes": weights + state}
     # cold: the weights' host copy; a full eviction adds the used KV (at most a full
     # context's) and the recurrent states
     ram = {"weights_bytes": weights, "kv_full_context_bytes": kv,

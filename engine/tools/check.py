@@ -102,7 +102,7 @@ def describe(r: dict) -> str:
         # an architecture without a GPU forward: recurrent states sized, compute not known
         compute = "not known" if v["compute_bytes"] is None else _size(v["compute_bytes"])
         recurrent = f", recurrent states {_size(v['recurrent_bytes'])}" \
-            if "recurrent_bytes" in v else ""
+            if v.get("recurrent_bytes") else ""
         lines.append(f"VRAM warm     {_size(v['total_bytes'])}: weights {_size(v['weights_bytes'])}"
                      f", KV cache {_size(v['kv_bytes'])}{recurrent}, compute {compute}"
                      f"   (on {dev['name']})")

@@ -136,7 +136,8 @@ def test_smollm2_will_run_and_says_what_it_takes(smollm2_path):
     assert r["vram"]["kv_bytes"] == kv_bytes(keys["llama.block_count"], 2048, n_kv, head_dim)
     assert 0 < r["vram"]["compute_bytes"] < r["vram"]["kv_bytes"]
     assert r["vram"]["total_bytes"] == sum(r["vram"][k] for k in
-                                           ("weights_bytes", "kv_bytes", "compute_bytes"))
+                                           ("weights_bytes", "kv_bytes", "recurrent_bytes",
+                                            "compute_bytes"))
     assert r["ram"] == {"weights_bytes": r["vram"]["weights_bytes"],
                         "kv_full_context_bytes": r["vram"]["kv_bytes"], "recurrent_bytes": 0,
                         "upper_bound_bytes": r["vram"]["weights_bytes"] + r["vram"]["kv_bytes"]}
@@ -285,7 +286,8 @@ def test_the_synthetic_models(case):
     _, sizes, _ = reader_facts(str(path))
     assert 0 < r["vram"]["weights_bytes"] <= sum(padded(n) for n in sizes.values())
     assert r["vram"]["total_bytes"] == sum(r["vram"][k] for k in
-                                           ("weights_bytes", "kv_bytes", "compute_bytes"))
+                                           ("weights_bytes", "kv_bytes", "recurrent_bytes",
+                                            "compute_bytes"))
     assert r["vram"]["kv_bytes"] > 0 and r["vram"]["compute_bytes"] > 0
 
 

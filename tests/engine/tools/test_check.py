@@ -44,7 +44,8 @@ def test_json_is_the_devices_check(smollm2_path, dev):
     assert out["device"]["measured"] is True and out["device"]["name"] == dev.name
     assert set(out) >= {"path", "architecture", "weight_types", "context", "vram", "ram",
                         "problems", "notes", "runs"}
-    assert set(out["vram"]) == {"weights_bytes", "kv_bytes", "compute_bytes", "total_bytes"}
+    assert set(out["vram"]) == {"weights_bytes", "kv_bytes", "recurrent_bytes", "compute_bytes",
+                                "total_bytes"}
 
 
 def test_no_device_and_ctx(smollm2_path):
@@ -84,16 +85,23 @@ def test_a_file_that_wont_run_lists_every_problem(tmp_path):
     assert out["unsupported_types"] == {"IQ1_S": n}
 
 
-def test_a_described_architecture_is_sized_with_its_recurrent_states():
-    """qwen35moe has a Config but no GPU forward: it won't run, and the report says what its
-    weights, KV cache and recurrent states take (compute not known)."""
+def test_a_hybrid_architecture_is_sized_with_its_recurrent_states():
+    """qwen35moe runs, and the report names its recurrent states (conv and delta-rule) apart
+    from the KV cache and the compute buffers, as the Config sizes them."""
+    from engine.arch.qwen35 import Config
+    from engine.formats.gguf_file import GGUFFile
+
     path = ROOT / "tests" / "data" / "synth" / "qwen35moe-f16.gguf"
     r = hotseat(str(path), "--no-device", "--ctx", "4096")
-    assert r.returncode == 2, r.stderr
+    assert r.returncode == 0, r.stderr
     v = check_file(str(path), 4096)["vram"]
+    with GGUFFile(str(path)) as g:
+        assert v["recurrent_bytes"] == Config.from_gguf(g).recurrent_bytes() > 0
+    assert v["total_bytes"] == v["weights_bytes"] + v["kv_bytes"] + v["recurrent_bytes"] \
+        + v["compute_bytes"]
     kib = v["recurrent_bytes"] / 1024
-    assert f", recurrent states {kib:.1f} KiB, compute not known" in r.stdout
-    assert "  - architecture qwen35moe is read but not runnable yet (no GPU forward)" in r.stdout
+    assert f", recurrent states {kib:.1f} KiB, compute " in r.stdout
+    assert "runs          yes" in r.stdout
 
 
 def test_garbage_and_truncated_files_exit_2_with_one_line(tmp_path, smollm2_path):
