@@ -9,8 +9,8 @@ restarts at 0 with its sequence, and it sees only the earlier tokens of its own 
 (llama.cpp builds a KQ mask per token for that: here the host writes each token's first
 visible slot, step.seq_first, which rope_qkv and every prefill attention path read when
 specialized with SEQS = 1, as the sliding window bounds them). A pass is as wide as
-Model.next_chunk allows (the model's pass width, and the time a pass may take); an input
-longer than that runs alone, chunked as a prompt. Recurrent models (lfm2, the delta-net
+Model.pass_tokens allows (the model's pass width, and the time a pass may take, measured);
+an input longer than that runs alone, chunked as a prompt. Recurrent models (lfm2, the delta-net
 hybrids) hold one state per pass: their inputs run one after the other.
 """
 from __future__ import annotations
@@ -72,7 +72,7 @@ def embed(model: Model, inputs: list[list[int]], how: str,
           between: Callable[[], None] | None = None,
           width: int | None = None) -> list[np.ndarray]:
     """One pooled, normalized vector per token list, inputs packed into passes (above);
-    width, if given, fixes the passes' width in tokens, else Model.next_chunk picks it per
+    width, if given, fixes the passes' width in tokens, else Model.pass_tokens picks it per
     pass. between() between passes (the arena's safe point, where a cancellation is
     seen)."""
     out: list[np.ndarray] = []
@@ -82,7 +82,7 @@ def embed(model: Model, inputs: list[list[int]], how: str,
     while i < len(inputs):
         if i and between is not None:
             between()
-        w = min(width if width is not None else model.next_chunk(sum(lengths[i:])), cap)
+        w = min(width if width is not None else model.pass_tokens(), cap)
         j = i + 1 if model.recurrent else _fit(lengths, i, w)
         if j == i + 1 and (model.recurrent or lengths[i] > w):    # alone, chunked
             out.append(pool(model.hidden(inputs[i], between), how))

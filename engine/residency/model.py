@@ -628,6 +628,16 @@ class Model:
         g.copy(self.rs.xn, 0, self._hidden_out, 0, 4 * n * self.config.n_embd)
         return g.finish()
 
+    def pass_tokens(self) -> int:
+        """Tokens one pass takes within CHUNK_TARGET_S at this model's measured speed
+        (PROBE_CHUNK before it is measured), up to `chunk`: the width of a packed embedding
+        pass, which, unlike a prompt's chunks, need not be a power of two (its graphs are
+        per length anyway); the fixed cost in the measure makes it grow pass by pass."""
+        if self._last_pass is None:
+            return min(PROBE_CHUNK, self.chunk)
+        tokens, seconds = self._last_pass
+        return max(2, min(int(CHUNK_TARGET_S * tokens / max(seconds, 1e-9)), self.chunk))
+
     def next_chunk(self, remaining: int) -> int:
         """Tokens for the next prefill pass: as many as fit CHUNK_TARGET_S at this model's
         measured speed, so that a cancellation or another process's turn (taken between
