@@ -124,7 +124,7 @@ void main() {
         [[unroll]] for (uint c = 0; c < 16; c++) {
             const uint kp = kb * BC + hh * 16 + c;
             const bool seen = live && kp <= qp && kp < n_kv && (p.window == 0 || kp + p.window > qp)
-                              && kp >= seq_lo;
+                              && (SEQS == 0 || kp >= seq_lo);
             sv[c] = seen ? soft_cap(Sc[sbase + r * BC + hh * 16 + c] * p.scale, p.softcap)
                          : NEG_INF;
             bmax = max(bmax, sv[c]);
