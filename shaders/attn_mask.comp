@@ -3,9 +3,9 @@
 // (masked) for every query row and key column, and one class per tile of BR rows x BC columns:
 // 0 mixed, 1 fully masked, 2 fully visible. Token t sits at position step.pos0 + t and sees
 // keys 0..pos, or only the last WINDOW of them when window > 0, and with SEQS = 1 none before
-// step.seq_first[t], the first slot of its own sequence (packed passes). Rows past n_tokens (the last
-// tile's padding) read as visible and take no part in the classes; columns past step.n_past
-// are masked. One workgroup per tile; tiles right of n_past are only classified.
+// step.seq_first[t], the first slot of its own sequence (packed passes). Rows past n_tokens
+// (the last tile's padding) read as visible and take no part in the classes; columns past
+// step.n_past are masked. One workgroup per tile; tiles right of n_past are only classified.
 #include "common.glsl"
 
 layout(local_size_x_id = 0) in;

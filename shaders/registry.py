@@ -108,16 +108,16 @@ KERNELS: dict[str, KernelSpec] = {
                            (("n_head", U), ("n_head_kv", U), ("head_dim", U), ("n_dims", U),
                             ("n_tokens", U), ("freq_base", F), ("freq_scale", F),
                             ("temp_scale", F), ("temp_floor", U)),
-                           (("NEOX", 0), ("TABLE", 1), ("TEMP", 2), ("SEQS", 3)), writes=(0, 3, 4),
-                           step=5),
+                           (("NEOX", 0), ("TABLE", 1), ("TEMP", 2), ("SEQS", 3)),
+                           writes=(0, 3, 4), step=5),
     # the attention kernels' options (include/attn.glsl): softcap (0: none), and SINKS with
-    # the sinks buffer bound last
+    # the sinks buffer bound last; SEQS = 1 (rope_qkv and the prefill paths): packed sequences,
+    # each token bounded by step.seq_first
     "attention": KernelSpec("attention.comp", 6,
                             (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("window", U),
                              ("scale", F), ("softcap", F)),
                             (("SG", 0), ("HD", 1), ("GGML", 2), ("SINKS", 3), ("SEQS", 4)),
-                            writes=(3,),
-                            step=4),
+                            writes=(3,), step=4),
     "attn_mask": KernelSpec("attn_mask.comp", 3, (("n_tokens", U), ("stride", U), ("window", U)),
                             (("WG", 0), ("BR", 1), ("BC", 2), ("SEQS", 3)), writes=(0, 1), step=2),
     "flash_attn": KernelSpec("flash_attn.comp", 8,

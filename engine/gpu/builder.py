@@ -582,9 +582,9 @@ class HiddenBuilder(Builder):
     """A Builder whose forward pass ends in the final-normed hidden states of all its n
     tokens (in rs.xn) instead of the last token's logits: what llama.cpp's embeddings are
     made of. Several sequences may share a pass (seqs, where n_tokens > 1), each seeing
-    only itself from position 0. Every architecture ends the same way (the output norm of the last row alone,
-    then the head's product into rs.logits, maybe soft-capped there): that norm is taken
-    over every row, and what writes the logits is left out."""
+    only itself from position 0. Every architecture ends the same way (the output norm of
+    the last row alone, then the head's product into rs.logits, maybe soft-capped there):
+    that norm is taken over every row, and what writes the logits is left out."""
 
     def __init__(self, *args, n_tokens: int, **kw):
         super().__init__(*args, **kw)
