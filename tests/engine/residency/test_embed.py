@@ -204,11 +204,13 @@ def test_gemma3_packed_pass_equals_each_input_alone(dev, kc, gemma3_path):
         m.close()
 
 
-@pytest.mark.parametrize("case", ["gemma2-swa-f16", "gpt-oss-f16", "mistral3-yarn-f16"])
-def test_synthetic_packed_pass_equals_each_input_alone(dev, kc, case):
+@pytest.mark.parametrize("case", ["gemma2-swa-f16", "gpt-oss-f16", "mistral3-yarn-f16",
+                                  "qwen3moe"])
+def test_synthetic_packed_pass_equals_each_input_alone(dev, kc, written, case):
     """Small windows that cut through the packed sequences (gemma2-swa), sinks and windows
-    (gpt-oss), the attention temperature's positions (mistral3)."""
-    m = Model(dev, kc, str(SYNTH / f"{case}.gguf"), n_ctx=128)
+    (gpt-oss), the attention temperature's positions (mistral3), routed experts grouped
+    over the whole pass (qwen3moe)."""
+    m = Model(dev, kc, written.get(case) or str(SYNTH / f"{case}.gguf"), n_ctx=128)
     try:
         v = min(m.config.n_vocab, 200)
         seqs = [[(5 * i + 3 * j + 1) % v for j in range(n)] for i, n in
