@@ -628,7 +628,7 @@ class Engine:
               cancel: threading.Event | None = None,
               wait: float | None = None) -> Embeddings:
         """Embeddings of texts (tokenized with the model's special tokens, as a prompt) or
-        token-id lists, one after the other on the engine thread as one job
+        token-id lists, packed into as few passes as fit, on the engine thread as one job
         (engine/residency/embed.py)."""
         m = self._get(name)
         if not isinstance(inputs, list) or not inputs:

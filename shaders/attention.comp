@@ -3,7 +3,8 @@
 // One subgroup per (query head, query token): each lane walks every SG-th key with an online
 // softmax (running max, sum and output), then the lanes are merged with subgroup operations,
 // so no shared memory and no barrier. Token t sits at position step.pos0 + t and sees keys
-// 0..pos, or only the last WINDOW of them when window > 0 (sliding-window layers).
+// 0..pos, or only the last WINDOW of them when window > 0 (sliding-window layers); with
+// SEQS = 1 none before step.seq_first[t], the first slot of its own sequence (packed passes).
 // Options (include/attn.glsl): scores soft-capped (softcap > 0), a sink logit per head (SINKS).
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -15,6 +16,7 @@ layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4
 // the full-row softmax in f32 (max, then sum), probabilities rounded to f16 before P.V.
 layout(constant_id = 2) const uint GGML = 0;
 layout(constant_id = 3) const uint SINKS = 0;
+layout(constant_id = 4) const uint SEQS = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_tokens, n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -40,7 +42,8 @@ void main() {
     const uint lane = gl_SubgroupInvocationID;
     const uint pos = step.pos0 + t;
     const uint kvh = h / (p.n_head / p.n_head_kv);
-    const uint first = (p.window > 0 && pos >= p.window) ? pos - p.window + 1 : 0;
+    const uint wfirst = (p.window > 0 && pos >= p.window) ? pos - p.window + 1 : 0;
+    const uint first = SEQS != 0 ? max(wfirst, step.seq_first[t]) : wfirst;
 
     vec4 qv[D4];
     const uint qb = (t * p.n_head + h) * D4;

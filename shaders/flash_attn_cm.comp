@@ -7,7 +7,8 @@
 // into the row's running max and sum (online softmax) and write P back as f16. The output
 // rows stay in registers, two lanes per row, and leave divided by the sum.
 // Token t sits at position step.pos0 + t and sees keys 0..pos, or only the last `window`
-// of them when window > 0, as attention.comp.
+// of them when window > 0, and with SEQS = 1 none before step.seq_first[t] (packed
+// sequences), as attention.comp.
 // Options (include/attn.glsl): scores soft-capped (softcap > 0), a sink logit per head (SINKS).
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -20,6 +21,7 @@
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint HD = 64;         // head dim: 64 or 128
 layout(constant_id = 1) const uint SINKS = 0;
+layout(constant_id = 2) const uint SEQS = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_tokens, n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -78,6 +80,7 @@ void main() {
     const uint r = lane >> 1, hh = lane & 1;
     const uint t = row0 + sg * 16 + r, qp = pos0 + t;
     const bool live = t < p.n_tokens;
+    const uint seq_lo = SEQS != 0 && live ? step.seq_first[t] : 0;     // this row's first key
     const float NEG_INF = -1.0 / 0.0;
     float m = SINKS != 0 ? sinks[h] : NEG_INF, l = SINKS != 0 ? 1.0 : 0.0;
     float o[DT][8];
@@ -87,7 +90,9 @@ void main() {
     // the keys any row of this tile sees
     const uint last_row = min(row0 + BR, p.n_tokens) - 1;
     const uint hi_key = min(pos0 + last_row, n_kv - 1);
-    const uint lo_key = (p.window > 0 && pos0 + row0 >= p.window) ? pos0 + row0 - p.window + 1 : 0;
+    const uint win_lo = (p.window > 0 && pos0 + row0 >= p.window) ? pos0 + row0 - p.window + 1 : 0;
+    // sequences start in slot order: the tile's first row has the lowest first key
+    const uint lo_key = SEQS != 0 ? max(win_lo, step.seq_first[row0]) : win_lo;
     const uint sbase = sg * 16 * BC;
 
     for (uint kb = lo_key / BC; kb * BC <= hi_key; kb++) {
@@ -118,7 +123,8 @@ void main() {
         float bmax = NEG_INF;
         [[unroll]] for (uint c = 0; c < 16; c++) {
             const uint kp = kb * BC + hh * 16 + c;
-            const bool seen = live && kp <= qp && kp < n_kv && (p.window == 0 || kp + p.window > qp);
+            const bool seen = live && kp <= qp && kp < n_kv && (p.window == 0 || kp + p.window > qp)
+                              && (SEQS == 0 || kp >= seq_lo);
             sv[c] = seen ? soft_cap(Sc[sbase + r * BC + hh * 16 + c] * p.scale, p.softcap)
                          : NEG_INF;
             bmax = max(bmax, sv[c]);

@@ -26,6 +26,9 @@ MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_
 # GLSL once, include/step.glsl, at the binding a kernel's spec names (KernelSpec.step).
 STEP_FIELDS = (("pos0", "u32"), ("n_past", "u32"), ("step_pad0", "u32"), ("step_pad1", "u32"))
 STEP_BYTES = 4 * len(STEP_FIELDS)
+# then one u32 per token of the pass, read by the kernels specialized with SEQS = 1: the cache
+# slot where that token's sequence starts (packed sequences, engine/residency/embed.py)
+STEP_TOKENS = "seq_first"
 
 
 def pack_step(pos0: int, n_past: int) -> bytes:
@@ -105,16 +108,18 @@ KERNELS: dict[str, KernelSpec] = {
                            (("n_head", U), ("n_head_kv", U), ("head_dim", U), ("n_dims", U),
                             ("n_tokens", U), ("freq_base", F), ("freq_scale", F),
                             ("temp_scale", F), ("temp_floor", U)),
-                           (("NEOX", 0), ("TABLE", 1), ("TEMP", 2)), writes=(0, 3, 4), step=5),
+                           (("NEOX", 0), ("TABLE", 1), ("TEMP", 2), ("SEQS", 3)),
+                           writes=(0, 3, 4), step=5),
     # the attention kernels' options (include/attn.glsl): softcap (0: none), and SINKS with
-    # the sinks buffer bound last
+    # the sinks buffer bound last; SEQS = 1 (rope_qkv and the prefill paths): packed sequences,
+    # each token bounded by step.seq_first
     "attention": KernelSpec("attention.comp", 6,
                             (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("window", U),
                              ("scale", F), ("softcap", F)),
-                            (("SG", 0), ("HD", 1), ("GGML", 2), ("SINKS", 3)), writes=(3,),
-                            step=4),
+                            (("SG", 0), ("HD", 1), ("GGML", 2), ("SINKS", 3), ("SEQS", 4)),
+                            writes=(3,), step=4),
     "attn_mask": KernelSpec("attn_mask.comp", 3, (("n_tokens", U), ("stride", U), ("window", U)),
-                            (("WG", 0), ("BR", 1), ("BC", 2)), writes=(0, 1), step=2),
+                            (("WG", 0), ("BR", 1), ("BC", 2), ("SEQS", 3)), writes=(0, 1), step=2),
     "flash_attn": KernelSpec("flash_attn.comp", 8,
                              (("n_head", U), ("n_head_kv", U), ("n_tokens", U), ("stride", U),
                               ("scale", F), ("softcap", F)),
@@ -123,7 +128,8 @@ KERNELS: dict[str, KernelSpec] = {
     "flash_attn_cm": KernelSpec("flash_attn_cm.comp", 6,
                                 (("n_head", U), ("n_head_kv", U), ("n_tokens", U),
                                  ("window", U), ("scale", F), ("softcap", F)),
-                                (("HD", 0), ("SINKS", 1)), writes=(3,), coopmat=True, step=4),
+                                (("HD", 0), ("SINKS", 1), ("SEQS", 2)), writes=(3,), coopmat=True,
+                                step=4),
     "attn_split": KernelSpec("attn_split.comp", 8,
                              (("n_head", U), ("n_head_kv", U), ("n_ctx", U), ("window", U),
                               ("n_split", U), ("min_chunk", U), ("scale", F), ("softcap", F)),

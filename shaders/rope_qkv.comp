@@ -1,8 +1,10 @@
 #version 450
 // rope on q (in place, f32) and k (into the f16 K cache), and v into the f16 V cache, in one
 // dispatch: the three small ops that follow the q/k/v projections in every layer.
-// Token t sits at position step.pos0 + t; a cache row for position p starts at
-// p * n_head_kv * head_dim. Dims past n_dims go into the K cache unrotated.
+// Token t goes into cache slot step.pos0 + t, which is its position too unless SEQS = 1 (then
+// its position is the slot minus step.seq_first[t]: packed sequences each from position 0);
+// a cache row for slot s starts at s * n_head_kv * head_dim. Dims past n_dims go into the K
+// cache unrotated.
 #include "common.glsl"
 layout(local_size_x = 64) in;
 // NEOX = 0 rotates adjacent pairs (2i, 2i+1) (llama's GGUF layout); 1 rotates (i, i + n_dims/2)
@@ -13,6 +15,7 @@ layout(constant_id = 1) const uint TABLE = 0;
 // TEMP = 1 then multiplies q (all head_dim of it) by 1 + temp_scale * ln(1 + floor(pos /
 // temp_floor)): Llama 4's attention temperature (mistral3)
 layout(constant_id = 2) const uint TEMP = 0;
+layout(constant_id = 3) const uint SEQS = 0;
 layout(std430, binding = 0) buffer Q { float q[]; };
 layout(std430, binding = 1) readonly buffer K { float k[]; };
 layout(std430, binding = 2) readonly buffer V { float v[]; };
@@ -52,7 +55,8 @@ void main() {
         const uint t = idx / (heads * half_dims);
         const uint h = (idx / half_dims) % heads;
         const uint i = idx % half_dims;
-        const uint pos = step.pos0 + t;
+        const uint slot = step.pos0 + t;
+        const uint pos = SEQS != 0 ? slot - step.seq_first[t] : slot;
         const vec2 c = cos_sin(pos, i);
         const uint a = NEOX != 0 ? i : 2 * i;
         const uint b = NEOX != 0 ? i + half_dims : 2 * i + 1;
@@ -71,7 +75,7 @@ void main() {
             }
         } else {
             const float x0 = k[row + a], x1 = k[row + b];
-            const uint o = pos * kv_row + h * p.head_dim;
+            const uint o = slot * kv_row + h * p.head_dim;
             kc[o + a] = float16_t(x0 * c.x - x1 * c.y);
             kc[o + b] = float16_t(x0 * c.y + x1 * c.x);
             if (i == 0) for (uint d = p.n_dims; d < p.head_dim; d++) kc[o + d] = float16_t(k[row + d]);

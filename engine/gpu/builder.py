@@ -28,6 +28,9 @@ class Builder:
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
         self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
+        # 1: the pass packs several sequences (rope_qkv, prefill attention and attn_mask read
+        # step.seq_first, the first slot of each token's sequence); 0: one sequence
+        self.seqs = 0
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
         """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
@@ -200,7 +203,8 @@ class Builder:
     def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
                  v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n: int,
                  rope: Rope, neox: bool, temp_scale: float = 0.0, temp_floor: int = 0) -> None:
-        """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0.
+        """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0
+        (with seqs, each token at its slot less step.seq_first: its own sequence's position).
         The angles come from the rope's table (engine/gpu/rope.py) where ggml's numerics are
         asked for or the rope is scaled; else the kernel computes them. With temp_scale,
         q is then multiplied by 1 + temp_scale * ln(1 + floor(pos / temp_floor)) (Llama 4's
@@ -214,7 +218,7 @@ class Builder:
         self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step,
                                self.rs.rope_table(rope) if table else q],
                   (-(-count // 64), 1, 1),
-                  spec=dict(NEOX=int(neox), TABLE=int(table), TEMP=int(temp)),
+                  spec=dict(NEOX=int(neox), TABLE=int(table), TEMP=int(temp), SEQS=self.seqs),
                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
                   n_tokens=n, freq_base=rope.base, freq_scale=rope.freq_scale,
                   temp_scale=temp_scale, temp_floor=max(temp_floor, 1))
@@ -224,7 +228,8 @@ class Builder:
                   n_head: int, n_head_kv: int, head_dim: int, n: int, scale: float,
                   window: int = 0, softcap: float = 0.0, sinks: Tensor | None = None) -> None:
         """out[n, n_head, head_dim] = softmax(q k^T * scale) v over the cache up to each
-        token's position (the last `window` positions only, when window > 0). Options, on
+        token's position (the last `window` positions only, when window > 0; with seqs, none
+        before the token's sequence: every prefill path honours it). Options, on
         every path: softcap > 0 caps the scaled scores at softcap * tanh(s / softcap)
         (gemma2); sinks [n_head] F32 join each head's softmax as one more logit (gpt-oss)."""
         p = self.paths(head_dim)
@@ -236,11 +241,14 @@ class Builder:
         opt = dict(softcap=float(softcap))
         spec = dict(SINKS=int(sinks is not None))
         if n == 1:
+            if self.seqs:
+                raise ValueError("a pass of packed sequences has more than one token")
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
                                   scale, window, sk, opt, spec)
         elif p.prefill_attention == "flash_attn_cm":
             self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step, sk],
-                      (-(-n // 64), n_head, 1), spec=dict(HD=head_dim, **spec), n_head=n_head,
+                      (-(-n // 64), n_head, 1), spec=dict(HD=head_dim, SEQS=self.seqs, **spec),
+                      n_head=n_head,
                       n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale, **opt)
         elif p.prefill_attention == "flash_attn":
             self._flash_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
@@ -248,7 +256,8 @@ class Builder:
         else:
             ggml = self.t.ggml_numerics
             self.g.op("attention", [q, k_cache, v_cache, out, self.rs.step, sk],
-                      (n_head, n, 1), spec=dict(HD=head_dim, GGML=int(ggml), **spec),
+                      (n_head, n, 1),
+                      spec=dict(HD=head_dim, GGML=int(ggml), SEQS=self.seqs, **spec),
                       n_head=n_head, n_head_kv=n_head_kv, n_tokens=n, window=window,
                       scale=scale, **opt)
         self._wrote(out)
@@ -286,7 +295,8 @@ class Builder:
             rows, cols = self.rs.flash_block
             stride = -(-self.rs.n_ctx // cols) * cols
             self.g.op("attn_mask", [mask, tiles, self.rs.step],
-                      (stride // cols, -(-n // rows), 1), spec=dict(WG=64, BR=rows, BC=cols),
+                      (stride // cols, -(-n // rows), 1),
+                      spec=dict(WG=64, BR=rows, BC=cols, SEQS=self.seqs),
                       n_tokens=n, stride=stride, window=window)
             self._masks.add(window)
         return mask, tiles
@@ -574,13 +584,17 @@ def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:
 class HiddenBuilder(Builder):
     """A Builder whose forward pass ends in the final-normed hidden states of all its n
     tokens (in rs.xn) instead of the last token's logits: what llama.cpp's embeddings are
-    made of. Every architecture ends the same way (the output norm of the last row alone,
-    then the head's product into rs.logits, maybe soft-capped there): that norm is taken
-    over every row, and what writes the logits is left out."""
+    made of. Several sequences may share a pass (seqs, where n_tokens > 1), each seeing
+    only itself from position 0. Every architecture ends the same way (the output norm of
+    the last row alone, then the head's product into rs.logits, maybe soft-capped there):
+    that norm is taken over every row, and what writes the logits is left out."""
 
     def __init__(self, *args, n_tokens: int, **kw):
         super().__init__(*args, **kw)
         self.n_tokens = n_tokens
+        # a pass may pack several sequences (the host writes step.seq_first); one of a single
+        # token takes decode's attention, which has no such bound, so it must be alone
+        self.seqs = int(n_tokens > 1)
         self._last_norm: tuple | None = None    # (out buffer, rows) of the latest norm
         self.heads = 0                          # head products left out
 

@@ -93,7 +93,8 @@ class RunState:
                                  act(f"mask{w}_tiles", _tiles(rows, cols, flash_block)))
         self.rope_tables: dict[Rope, vk.Buffer] = {}
         self.ids = alloc(4 * T, f"{label}/ids", "compute", host=True)        # [T] token ids
-        self.step = alloc(16, f"{label}/step", "compute", host=True)         # pos0, n_past
+        # pos0, n_past, then per token the first slot of its sequence (packed passes)
+        self.step = alloc(16 + 4 * T, f"{label}/step", "compute", host=True)
         # the argmax or the logits, then the logprobs pass's words (lse, top values, top ids)
         self.result = alloc(4 * (n_vocab + LOGPROB_WORDS), f"{label}/result", "compute",
                             host=True)
@@ -183,7 +184,7 @@ class RunState:
         if flash_block:
             rows, cols = _mask_shape(T, n_ctx, flash_block)
             mask = len(windows) * (2 * rows * cols + 4 * _tiles(rows, cols, flash_block))
-        host = 4 * T + 16 + 4 * (n_vocab + LOGPROB_WORDS)
+        host = 4 * T + 16 + 4 * T + 4 * (n_vocab + LOGPROB_WORDS)
         layers = n_layer if kv_layers is None else len(kv_layers)
         return 4 * floats + mask + host + 2 * 2 * n_ctx * kv_dim * layers
 
@@ -226,10 +227,17 @@ class RunState:
                 up.write(buf, copies[key])
             return up.bytes
 
-    def set_step(self, token_ids, pos0: int) -> None:
+    def set_step(self, token_ids, pos0: int, seq_first=None) -> None:
+        """The pass's token ids and first slot; seq_first, for a pass of packed sequences
+        (graphs recorded with SEQS = 1), the slot where each token's sequence starts."""
         ids = np.asarray(token_ids, np.uint32)
         self.ids.write(ids)
         self.step.write(np.array([pos0, pos0 + len(ids), 0, 0], np.uint32))
+        if seq_first is not None:
+            first = np.asarray(seq_first, np.uint32)
+            if len(first) != len(ids):
+                raise ValueError(f"{len(first)} sequence starts for {len(ids)} tokens")
+            self.step.write(first, 16)
 
     def reset_recurrent(self) -> None:
         """Zero every recurrent state: a sequence starting at position 0 has no past."""

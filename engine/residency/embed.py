@@ -2,12 +2,16 @@
 run as a sequence of its own from position 0 (Model.hidden: the final-normed hidden states of
 every token), pooled over its tokens, then L2-normalized.
 
-A batch runs back to back, one input after the other. One pass for several sequences would
-need each token to attend only to its own sequence: rope_qkv and the attention kernels
-(attention, flash_attn, attn_mask, attn_split) read one first position per pass from the
-step buffer and mask causally against every cached position before a token, so they would
-need per-token positions and a per-token first visible position (a lower bound like the
-sliding window's), written by the host per pass.
+A batch packs its inputs into as few passes as it can, as llama.cpp's server puts several
+sequences in one ubatch: in order, as many whole inputs as fit a pass (Model.hidden_packed).
+Packed inputs share the KV cache, one after the other from slot 0; each token's position
+restarts at 0 with its sequence, and it sees only the earlier tokens of its own sequence
+(llama.cpp builds a KQ mask per token for that: here the host writes each token's first
+visible slot, step.seq_first, which rope_qkv and every prefill attention path read when
+specialized with SEQS = 1, as the sliding window bounds them). A pass is as wide as
+Model.pass_tokens allows (the model's pass width, and the time a pass may take, measured);
+an input longer than that runs alone, chunked as a prompt. Recurrent models (lfm2, the delta-net
+hybrids) hold one state per pass: their inputs run one after the other.
 """
 from __future__ import annotations
 
@@ -43,13 +47,46 @@ def pool(hidden: np.ndarray, how: str) -> np.ndarray:
     return (v / norm if norm > 0 else v).astype(np.float32)
 
 
+def plan(lengths: list[int], width: int) -> list[list[int]]:
+    """The inputs of each pass, by index, for passes of `width` tokens (what embed() runs
+    when every pass has that width)."""
+    out, i = [], 0
+    while i < len(lengths):
+        j = _fit(lengths, i, width)
+        out.append(list(range(i, j)))
+        i = j
+    return out
+
+
+def _fit(lengths: list[int], i: int, width: int) -> int:
+    """The end of the inputs from i on that one pass of `width` takes: as many whole ones
+    as fit, at least one (a longer one alone)."""
+    j, used = i, 0
+    while j < len(lengths) and used + lengths[j] <= width:
+        used += lengths[j]
+        j += 1
+    return max(j, i + 1)
+
+
 def embed(model: Model, inputs: list[list[int]], how: str,
-          between: Callable[[], None] | None = None) -> list[np.ndarray]:
-    """One pooled, normalized vector per token list; between() between prefill passes and
-    inputs (the arena's safe point, and where a cancellation is seen)."""
-    out = []
-    for i, ids in enumerate(inputs):
+          between: Callable[[], None] | None = None,
+          width: int | None = None) -> list[np.ndarray]:
+    """One pooled, normalized vector per token list, inputs packed into passes (above);
+    width, if given, fixes the passes' width in tokens, else Model.pass_tokens picks it per
+    pass. between() between passes (the arena's safe point, where a cancellation is
+    seen)."""
+    out: list[np.ndarray] = []
+    lengths = [len(x) for x in inputs]
+    cap = min(model.chunk, model.n_ctx)
+    i = 0
+    while i < len(inputs):
         if i and between is not None:
             between()
-        out.append(pool(model.hidden(ids, between), how))
+        w = min(width if width is not None else model.pass_tokens(), cap)
+        j = i + 1 if model.recurrent else _fit(lengths, i, w)
+        if j == i + 1 and (model.recurrent or lengths[i] > w):    # alone, chunked
+            out.append(pool(model.hidden(inputs[i], between), how))
+        else:
+            out.extend(pool(h, how) for h in model.hidden_packed(inputs[i:j]))
+        i = j
     return out

@@ -134,7 +134,9 @@ class Model:
         self.recurrent_shadow: dict[str, np.ndarray] | None = None
         self._decode: dict[bool, Graph] = {}
         self._prefill: OrderedDict[int, Graph] = OrderedDict()
-        self._hidden: dict[int, Graph] = {}    # hidden-state passes (embeddings), per length
+        # hidden-state passes (embeddings), per length, the latest used last
+        self._hidden: OrderedDict[int, Graph] = OrderedDict()
+        self.hidden_passes = 0                 # hidden-state passes run (embeddings)
         self._hidden_out: vk.Buffer | None = None   # what they read back: [chunk, n_embd]
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
@@ -378,7 +380,7 @@ class Model:
         for g in list(self._decode.values()) + list(self._prefill.values()) + \
                 list(self._hidden.values()):
             g.close()
-        self._decode, self._prefill, self._hidden = {}, OrderedDict(), {}
+        self._decode, self._prefill, self._hidden = {}, OrderedDict(), OrderedDict()
         if self._hidden_out is not None:       # the hidden graphs' read-back buffer
             self.dev.allocator.free(self._hidden_out)
             self._hidden_out = None
@@ -540,36 +542,74 @@ class Model:
         of their own, from position 0 (embeddings are pooled from them). They go through the
         KV cache like a prompt, so the prompt cache then holds these tokens; chunks as in
         eval(), between() between them."""
-        if self.state != "warm":
-            raise RuntimeError(f"{self.name} is cold: restore it before running it")
-        if len(tokens) > self.n_ctx:
-            raise ContextFull(f"{len(tokens)} tokens exceed the context of {self.n_ctx}")
-        e = self.config.n_embd
-        out = np.empty((len(tokens), e), np.float32)
+        self._hidden_ready(len(tokens))
+        out = np.empty((len(tokens), self.config.n_embd), np.float32)
         s = 0
         while s < len(tokens):
             if s and between is not None:
                 between()          # may release and restore the model: graphs recorded anew
-            if self._hidden_out is None:
-                self._hidden_out = self.dev.allocator.alloc(4 * self.rs.max_tokens * e,
-                                                            f"{self.name}/hidden", "compute",
-                                                            host=True)
             n = self.next_chunk(len(tokens) - s)
             if s == 0:
                 self.rs.reset_recurrent()
-            self.rs.set_step(tokens[s:s + n], s)
-            graph = self._hidden.get(n)
-            if graph is None:
-                graph = self._hidden[n] = self._record_hidden(n)
-            t0 = time.perf_counter()
-            graph.replay()
-            if n > 1:
-                self._last_pass = (n, time.perf_counter() - t0)
+            out[s:s + n] = self._hidden_pass(tokens[s:s + n], s, None)
             del self.cache_tokens[s:]
             self.cache_tokens.extend(tokens[s:s + n])
-            out[s:s + n] = self._hidden_out.read(np.float32, n * e).reshape(n, e)
             s += n
         return out
+
+    def hidden_packed(self, seqs: list[list[int]]) -> list[np.ndarray]:
+        """The hidden states of several token lists, as hidden() gives each, from one pass:
+        packed one after the other into the cache from slot 0, each token at its own
+        sequence's position and seeing only the earlier tokens of its own sequence
+        (step.seq_first, HiddenBuilder.seqs). Their total must fit a pass (`chunk`) and the
+        context; a recurrent model (one state per pass) takes one sequence at a time. The
+        prompt cache then holds the first sequence, the only one at its true positions."""
+        lens = [len(x) for x in seqs]
+        n = sum(lens)
+        if not seqs or min(lens) < 1:
+            raise ValueError("packed sequences must be non-empty")
+        if n > min(self.chunk, self.n_ctx):
+            raise ValueError(f"{n} packed tokens exceed a pass of {min(self.chunk, self.n_ctx)}")
+        if self.recurrent and len(seqs) > 1:
+            raise ValueError(f"{self.name}: a recurrent state holds one sequence per pass")
+        self._hidden_ready(n)
+        self.rs.reset_recurrent()
+        tokens = [t for x in seqs for t in x]
+        starts = np.cumsum([0] + lens[:-1])
+        hidden = self._hidden_pass(tokens, 0, np.repeat(starts, lens) if n > 1 else None)
+        self.cache_tokens[:] = seqs[0]
+        return [hidden[a:a + k] for a, k in zip(starts, lens)]
+
+    def _hidden_ready(self, n: int) -> None:
+        if self.state != "warm":
+            raise RuntimeError(f"{self.name} is cold: restore it before running it")
+        if n > self.n_ctx:
+            raise ContextFull(f"{n} tokens exceed the context of {self.n_ctx}")
+
+    def _hidden_pass(self, tokens: list[int], pos0: int, seq_first) -> np.ndarray:
+        """One hidden-state pass of tokens from cache slot pos0; seq_first, per token, the
+        slot where its sequence starts (None: all one sequence)."""
+        e, n = self.config.n_embd, len(tokens)
+        if self._hidden_out is None:
+            self._hidden_out = self.dev.allocator.alloc(4 * self.rs.max_tokens * e,
+                                                        f"{self.name}/hidden", "compute",
+                                                        host=True)
+        if seq_first is None and n > 1:     # the graph reads the bounds: one sequence
+            seq_first = np.zeros(n, np.uint32)
+        self.rs.set_step(tokens, pos0, seq_first)
+        graph = self._hidden.get(n)
+        if graph is None:
+            graph = self._hidden[n] = self._record_hidden(n)
+            if len(self._hidden) > PREFILL_GRAPHS_KEPT:
+                self._hidden.popitem(last=False)[1].close()
+        else:
+            self._hidden.move_to_end(n)
+        t0 = time.perf_counter()
+        graph.replay()
+        self.hidden_passes += 1
+        if n > 1:
+            self._last_pass = (n, time.perf_counter() - t0)
+        return self._hidden_out.read(np.float32, n * e).reshape(n, e)
 
     def _record_hidden(self, n: int) -> Graph:
         g = Graph(self.dev, self.kernels, f"{self.name}/hidden{n}", profile=self.profile)
@@ -582,6 +622,16 @@ class Model:
             raise
         g.copy(self.rs.xn, 0, self._hidden_out, 0, 4 * n * self.config.n_embd)
         return g.finish()
+
+    def pass_tokens(self) -> int:
+        """Tokens one pass takes within CHUNK_TARGET_S at this model's measured speed
+        (PROBE_CHUNK before it is measured), up to `chunk`: the width of a packed embedding
+        pass, which, unlike a prompt's chunks, need not be a power of two (its graphs are
+        per length anyway); the fixed cost in the measure makes it grow pass by pass."""
+        if self._last_pass is None:
+            return min(PROBE_CHUNK, self.chunk)
+        tokens, seconds = self._last_pass
+        return max(2, min(int(CHUNK_TARGET_S * tokens / max(seconds, 1e-9)), self.chunk))
 
     def next_chunk(self, remaining: int) -> int:
         """Tokens for the next prefill pass: as many as fit CHUNK_TARGET_S at this model's

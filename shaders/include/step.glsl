@@ -10,4 +10,8 @@ layout(std430, binding = STEP_BINDING) readonly buffer Step {
     uint n_past;       // positions in the KV cache once this pass is in
     uint step_pad0;
     uint step_pad1;
+    // per token of a packed pass (read only by kernels specialized with SEQS = 1): the cache
+    // slot where the token's sequence starts. Its position is its slot minus that, and it
+    // sees keys from that slot on: several sequences in one pass (embeddings)
+    uint seq_first[];
 } step;

@@ -10,8 +10,8 @@ import pytest
 from engine.gpu import vk
 from engine.gpu.graph import run_once
 from engine.gpu.rope import Rope
-from shaders.registry import (KERNELS, STEP_BYTES, STEP_FIELDS, SUPER_BLOCKS, WEIGHT_TYPES,
-                              pack_step)
+from shaders.registry import (KERNELS, STEP_BYTES, STEP_FIELDS, STEP_TOKENS, SUPER_BLOCKS,
+                              WEIGHT_TYPES, pack_step)
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[3] / "shaders"
@@ -107,8 +107,9 @@ def _glsl_block(src: str, name: str) -> list[tuple[str, str]]:
 
 
 def test_step_block_matches_registry():
+    """The fixed fields, then one u32 per token (STEP_TOKENS), the block's last member."""
     src = (SHADERS / "include" / "step.glsl").read_text()
-    assert tuple(_glsl_block(src, "Step")) == STEP_FIELDS
+    assert tuple(_glsl_block(src, "Step")) == STEP_FIELDS + ((STEP_TOKENS + "[]", "u32"),)
     assert "binding = STEP_BINDING" in src
     assert STEP_BYTES == 4 * len(STEP_FIELDS) == len(pack_step(3, 4))
 

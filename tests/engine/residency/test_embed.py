@@ -158,3 +158,102 @@ def test_long_inputs_run_in_chunks(smollm2, tokenizer):
     assert np.allclose(chunked[:4], smollm2.hidden(ids[:4]), atol=1e-4)
     whole = smollm2.hidden(ids)
     assert cosines(chunked.astype(np.float64), whole.astype(np.float64)).min() > 0.9999
+
+
+# -- packed batches: several inputs in one pass ----------------------------------------------
+
+BATCH = ["Hi", "The quick brown fox jumps over the lazy dog.", "Paris is the capital of France.",
+         "A", "Embeddings of a batch run as one prefill, each text from position 0, seeing only "
+         "its own earlier tokens.", "Paris is the capital of France.", "ok then"]
+
+
+def packed_against_alone(model: Model, seqs: list[list[int]]) -> None:
+    """Every token's hidden state of the packed pass is the one it has run alone, and the
+    pass is one."""
+    before = model.hidden_passes
+    packed = model.hidden_packed(seqs)
+    assert model.hidden_passes == before + 1
+    for ids, got in zip(seqs, packed):
+        alone = model.hidden(ids).astype(np.float64)
+        assert got.shape == alone.shape
+        assert cosines(got.astype(np.float64), alone).min() >= 0.99999
+        assert np.sum((got - alone) ** 2) / np.sum(alone ** 2) < 1e-9
+
+
+@pytest.mark.parametrize("flash", ["off", "on"])
+def test_a_packed_pass_equals_each_input_alone(dev, kc, smollm2_path, flash):
+    """SmolLM2, per-token attention and the tiled flash path (mask per token)."""
+    m = Model(dev, kc, smollm2_path, n_ctx=256, flash_attn=flash)
+    try:
+        assert m.uses_flash_attn == (flash == "on")
+        tok = Tokenizer.from_gguf(m.gguf)
+        seqs = [tok.encode(t, add_special=True) for t in BATCH]
+        assert len(set(map(len, seqs))) > 3
+        packed_against_alone(m, seqs)
+    finally:
+        m.close()
+
+
+def test_gemma3_packed_pass_equals_each_input_alone(dev, kc, gemma3_path):
+    """Gemma 3: sliding-window and global layers, two rope bases."""
+    m = Model(dev, kc, gemma3_path, n_ctx=256)
+    try:
+        tok = Tokenizer.from_gguf(m.gguf)
+        packed_against_alone(m, [tok.encode(t, add_special=True) for t in BATCH])
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("case", ["gemma2-swa-f16", "gpt-oss-f16", "mistral3-yarn-f16",
+                                  "qwen3moe"])
+def test_synthetic_packed_pass_equals_each_input_alone(dev, kc, written, case):
+    """Small windows that cut through the packed sequences (gemma2-swa), sinks and windows
+    (gpt-oss), the attention temperature's positions (mistral3), routed experts grouped
+    over the whole pass (qwen3moe)."""
+    m = Model(dev, kc, written.get(case) or str(SYNTH / f"{case}.gguf"), n_ctx=128)
+    try:
+        v = min(m.config.n_vocab, 200)
+        seqs = [[(5 * i + 3 * j + 1) % v for j in range(n)] for i, n in
+                enumerate([3, 17, 1, 30, 9, 2])]
+        packed_against_alone(m, seqs)
+    finally:
+        m.close()
+
+
+def test_a_batch_takes_the_passes_it_plans(smollm2, tokenizer):
+    """16 texts at a fixed width: as many passes as plan() says (whole inputs in order), the
+    vectors those of each text alone; then a chat answers as from an empty cache."""
+    texts = [f"{BATCH[i % len(BATCH)]} #{i}" for i in range(16)]
+    seqs = [tokenizer.encode(t, add_special=True) for t in texts]
+    prompt = tokenizer.encode("Once upon a time")
+    smollm2.cache_tokens = []
+    fresh = list(generate(smollm2, prompt, 6))
+    longest = max(map(len, seqs))
+    for width, passes in ((256, 1), (64, None), (longest, None)):
+        want = embed.plan([len(s) for s in seqs], width)
+        assert [i for p in want for i in p] == list(range(16))
+        assert all(sum(len(seqs[i]) for i in p) <= width for p in want)
+        if passes is not None:
+            assert len(want) == passes
+        before = smollm2.hidden_passes
+        got = embed.embed(smollm2, seqs, "mean", width=width)
+        assert smollm2.hidden_passes - before == len(want)
+        alone = [embed.pool(smollm2.hidden(s), "mean") for s in seqs]
+        assert min(float(np.dot(a, b)) for a, b in zip(got, alone)) >= 0.99999
+    assert smollm2.cache_tokens == seqs[want[-1][0]]
+    assert list(generate(smollm2, prompt, 6)) == fresh
+
+
+def test_recurrent_models_run_a_batch_one_by_one(dev, kc, written):
+    m = Model(dev, kc, written["lfm2"], n_ctx=64)
+    try:
+        seqs = [[3, 5, 7], [9, 11], [13, 2, 4, 6]]
+        before = m.hidden_passes
+        got = embed.embed(m, seqs, "mean")
+        assert m.hidden_passes - before == 3
+        with pytest.raises(ValueError):
+            m.hidden_packed(seqs)
+        for s, g in zip(seqs, got):
+            assert float(np.dot(g, embed.pool(m.hidden(s), "mean"))) >= 0.99999
+    finally:
+        m.close()
