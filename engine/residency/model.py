@@ -6,6 +6,11 @@ position into small host-visible buffers, submits once, and reads back either th
 (greedy) or the logits (sampling). Prefill runs the prompt in chunks of up to
 `max_tokens`; its graphs are recorded per chunk length and kept for reuse. The token loop
 over it is engine/residency/loop.py; where its weights sit, placement.py.
+
+Why this module is long: every method reads or changes the one device state a Model owns
+(its buffers, graphs, shadows and checkpoint), and release/restore must see all of it; the
+passes (eval, run, and hidden for embeddings) are kept beside the state they record graphs
+over, so that dropping the graphs on a release is visibly complete.
 """
 from __future__ import annotations
 
