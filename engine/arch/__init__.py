@@ -16,17 +16,10 @@ ARCHITECTURES: dict[str, ModuleType] = {
     "qwen2": qwen2, "qwen3": qwen3, "mistral3": mistral3, "phi3": phi3, "gemma2": gemma2,
     "gpt-oss": gpt_oss, "qwen3next": qwen35, "qwen35": qwen35, "qwen35moe": qwen35}
 
-# Architectures whose Config and tensors are read (`hotseat check` describes and sizes them)
-# but that have no GPU forward yet, so no load runs them.
-DESCRIBED: dict[str, ModuleType] = {}
-
 
 def for_file(gguf: GGUFFile) -> ModuleType:
     """The architecture module of a GGUF file; a ModelFileError when it is not one of ours."""
     arch = gguf.arch
-    if arch in DESCRIBED:
-        raise ModelFileError(gguf.path, f"architecture {arch!r} is read but not runnable yet "
-                                        f"(no GPU forward)", "architecture")
     if arch not in ARCHITECTURES:
         raise ModelFileError(gguf.path, f"unsupported architecture {arch!r} (supported: "
                                         f"{', '.join(ARCHITECTURES)})", "architecture")

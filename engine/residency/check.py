@@ -98,10 +98,6 @@ def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
            "device": target.as_dict()}
 
     module = registry.get(arch) if isinstance(arch, str) else None
-    described = module is None and arch in architectures.DESCRIBED
-    if described:                       # its Config and tensors are read, and sized
-        module = architectures.DESCRIBED[arch]
-        problems.append(f"architecture {arch} is read but not runnable yet (no GPU forward)")
     if arch is None:
         problems.append("no general.architecture key: not a model Hotseat can read")
     elif module is None:
@@ -164,9 +160,7 @@ def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
 
     _check_tokenizer(g, problems)
 
-    if sized and described:
-        out["vram"], out["ram"] = _described_sizes(g, cfg, n_ctx, target)
-    elif sized:
+    if sized:
         try:
             out["vram"], out["ram"] = _sizes(g, module, cfg, n_ctx, target)
         except ModelFileError as exc:        # a tensor no storage buffer of the device holds
@@ -207,20 +201,6 @@ def _sizes(g: GGUFFile, module, cfg, n_ctx: int, target: Target) -> tuple[dict, 
             "compute_bytes": state - kv - recurrent, "total_bytes": weights + state}
     # cold: the weights' host copy; a full eviction adds the used KV (at most a full
     # context's) and the recurrent states
-    ram = {"weights_bytes": weights, "kv_full_context_bytes": kv,
-           "recurrent_bytes": recurrent, "upper_bound_bytes": weights + kv + recurrent}
-    return vram, ram
-
-
-def _described_sizes(g: GGUFFile, cfg, n_ctx: int, target: Target) -> tuple[dict, dict]:
-    """An architecture without a GPU forward has no RunState to size: its weights as a load
-    would pack them, the KV of its attention layers and its recurrent states (Config's
-    recurrent_bytes: conv and delta-net states); compute_bytes is not known."""
-    layout = weight_layout(g, cfg, frozenset(), target.storage_align, target.max_storage_range)
-    weights = sum(layout.device_arenas)
-    kv, recurrent = cfg.kv_bytes(n_ctx), cfg.recurrent_bytes()
-    vram = {"weights_bytes": weights, "kv_bytes": kv, "recurrent_bytes": recurrent,
-            "compute_bytes": None, "total_bytes": weights + kv + recurrent}
     ram = {"weights_bytes": weights, "kv_full_context_bytes": kv,
            "recurrent_bytes": recurrent, "upper_bound_bytes": weights + kv + recurrent}
     return vram, ram

@@ -99,12 +99,11 @@ def describe(r: dict) -> str:
              f"context       {trained}; {ctx['n_ctx']} here (--ctx)"]
     v, ram, dev = r["vram"], r["ram"], r["device"]
     if v is not None:
-        # an architecture without a GPU forward: recurrent states sized, compute not known
-        compute = "not known" if v["compute_bytes"] is None else _size(v["compute_bytes"])
         recurrent = f", recurrent states {_size(v['recurrent_bytes'])}" \
-            if v.get("recurrent_bytes") else ""
+            if v["recurrent_bytes"] else ""
         lines.append(f"VRAM warm     {_size(v['total_bytes'])}: weights {_size(v['weights_bytes'])}"
-                     f", KV cache {_size(v['kv_bytes'])}{recurrent}, compute {compute}"
+                     f", KV cache {_size(v['kv_bytes'])}{recurrent}, compute "
+                     f"{_size(v['compute_bytes'])}"
                      f"   (on {dev['name']})")
         lines.append(f"RAM cold      {_size(ram['weights_bytes'])} host shadow of the weights; "
                      f"at most {_size(ram['upper_bound_bytes'])} with a full context's KV")
