@@ -22,6 +22,7 @@ from ..residency.embed import POOLINGS
 from ..residency.loop import Cancelled
 from .errors import ApiError, bad, device_fault, json_response, over_budget, show
 from .metrics import CLIENT_GONE_STATUS
+from .slots import queued
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -93,15 +94,8 @@ class EmbeddingRoutes:
         check_yield(self.engine, wait)
 
         cancel = threading.Event()
-        slot.depth += 1
-        try:
-            async with slot.lock, self.turn:
-                if slot.closed:
-                    raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
-                                   "model_not_found")
-                out = await self._embed(request, slot.name, inputs, pooling, cancel, wait)
-        finally:
-            slot.depth -= 1
+        async with queued(slot, self.turn):
+            out = await self._embed(request, slot.name, inputs, pooling, cancel, wait)
         if out is None:                        # the client left
             return json_response({}, CLIENT_GONE_STATUS)
         if dims is not None and dims != out.dim:

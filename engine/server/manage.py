@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import ApiError, bad, boolean, json_response
+from .slots import queued
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -90,24 +91,16 @@ class ManagementRoutes:
         """Run fn() on a worker thread in the model's queue, behind its generations and at
         the device's turn; returns fn's result and the model's entry after it."""
         slot = self._named(name)
-        slot.depth += 1
-        try:
-            async with slot.lock, self.turn:
-                if slot.closed:
-                    raise ApiError(404, f"the model {name!r} was unloaded", "name",
-                                   "model_not_found")
-
-                def work() -> tuple[Any, dict]:
-                    out = fn()
-                    return out, next(_entry(s) for s in self.engine.status()
-                                     if s["name"] == name)
-                try:
-                    return await self._run(work)
-                except KeyError:                # unloaded on the engine behind our back
-                    raise ApiError(404, f"the model {name!r} was unloaded", "name",
-                                   "model_not_found") from None
-        finally:
-            slot.depth -= 1
+        async with queued(slot, self.turn, name, param="name"):
+            def work() -> tuple[Any, dict]:
+                out = fn()
+                return out, next(_entry(s) for s in self.engine.status()
+                                 if s["name"] == name)
+            try:
+                return await self._run(work)
+            except KeyError:                # unloaded on the engine behind our back
+                raise ApiError(404, f"the model {name!r} was unloaded", "name",
+                               "model_not_found") from None
 
     async def api_pin(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]

@@ -87,6 +87,7 @@ from .ollama_values import (
     refuse_unserved,
     shorten,
 )
+from .slots import queued
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -348,28 +349,21 @@ class OllamaRoutes:
                        eval_count=len(out.tokens), eval_duration=ns(t.get("decode_s", 0.0)))
             return obj
 
-        slot.depth += 1
-        try:
-            async with slot.lock, self.turn:
-                if slot.closed:
-                    raise ApiError(404, f"model {asked!r} was unloaded", "model",
-                                   "model_not_found")
-                if _gone(request):
-                    return json_response({}, CLIENT_GONE_STATUS)
-                t_load = time.perf_counter()
-                await self._run(self.engine.warm, slot.name,
-                                **({} if wait is None else {"wait": wait}))
-                load_s = time.perf_counter() - t_load
-                if stream:
-                    return await self._ollama_stream(request, slot, req, ids, max_tokens,
-                                                      headers, piece_obj, final_obj, load_s,
-                                                      keep_alive)
-                out = await self._complete(request, slot, req, ids, max_tokens, None,
-                                           wait=wait)
-                if not (out.finish_reason == "cancelled" and _gone(request)):
-                    await self._keep_alive(slot, keep_alive, headers)
-        finally:
-            slot.depth -= 1
+        async with queued(slot, self.turn, asked):
+            if _gone(request):
+                return json_response({}, CLIENT_GONE_STATUS)
+            t_load = time.perf_counter()
+            await self._run(self.engine.warm, slot.name,
+                            **({} if wait is None else {"wait": wait}))
+            load_s = time.perf_counter() - t_load
+            if stream:
+                return await self._ollama_stream(request, slot, req, ids, max_tokens,
+                                                  headers, piece_obj, final_obj, load_s,
+                                                  keep_alive)
+            out = await self._complete(request, slot, req, ids, max_tokens, None,
+                                       wait=wait)
+            if not (out.finish_reason == "cancelled" and _gone(request)):
+                await self._keep_alive(slot, keep_alive, headers)
         if out.finish_reason == "cancelled" and _gone(request):
             return json_response({}, CLIENT_GONE_STATUS)
         return json_response(final_obj(out, load_s, out.text), headers=headers)
@@ -458,25 +452,18 @@ class OllamaRoutes:
         from ..residency.arbiter import PinnedError
 
         t0 = time.perf_counter()
-        slot.depth += 1
-        try:
-            async with slot.lock, self.turn:
-                if slot.closed:
-                    raise ApiError(404, f"model {asked!r} was unloaded", "model",
-                                   "model_not_found")
-                if keep_alive == 0:
-                    try:
-                        await self._run(self.engine.evict, slot.name)
-                    except PinnedError as exc:
-                        raise ApiError(409, str(exc), "keep_alive", "model_pinned") from None
-                    reason = "unload"
-                else:
-                    await self._run(self.engine.warm, slot.name,
-                                    **({} if wait is None else {"wait": wait}))
-                    await self._keep_alive(slot, keep_alive)
-                    reason = "load"
-        finally:
-            slot.depth -= 1
+        async with queued(slot, self.turn, asked):
+            if keep_alive == 0:
+                try:
+                    await self._run(self.engine.evict, slot.name)
+                except PinnedError as exc:
+                    raise ApiError(409, str(exc), "keep_alive", "model_pinned") from None
+                reason = "unload"
+            else:
+                await self._run(self.engine.warm, slot.name,
+                                **({} if wait is None else {"wait": wait}))
+                await self._keep_alive(slot, keep_alive)
+                reason = "load"
         out = {"model": asked, "created_at": now_iso(),
                **({"message": {"role": "assistant", "content": ""}} if chat
                   else {"response": ""}), "done": True, "done_reason": reason}
@@ -590,20 +577,13 @@ class OllamaRoutes:
                               f"holds {slot.n_ctx} (truncate is false)", "input",
                               "context_length_exceeded")
                 lists[i] = ids[:slot.n_ctx]
-        slot.depth += 1
-        try:
-            async with slot.lock, self.turn:
-                if slot.closed:
-                    raise ApiError(404, f"model {slot.name!r} was unloaded", "model",
-                                   "model_not_found")
-                t = time.perf_counter()
-                await self._run(self.engine.warm, slot.name)
-                load_s = time.perf_counter() - t
-                vectors = await self._run(embed_token_lists, self.engine, slot.name, lists) \
-                    if lists else []
-                await self._keep_alive(slot, keep_alive)
-        finally:
-            slot.depth -= 1
+        async with queued(slot, self.turn):
+            t = time.perf_counter()
+            await self._run(self.engine.warm, slot.name)
+            load_s = time.perf_counter() - t
+            vectors = await self._run(embed_token_lists, self.engine, slot.name, lists) \
+                if lists else []
+            await self._keep_alive(slot, keep_alive)
         return vectors, sum(map(len, lists)), load_s
 
 

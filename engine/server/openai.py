@@ -36,6 +36,7 @@ from .errors import (
 )
 from .chat_tools import ToolRequest, ToolStream, parse_tools, tool_message
 from .metrics import CLIENT_GONE_STATUS
+from .slots import queued
 from .structured import parse_constraint
 
 if TYPE_CHECKING:
@@ -346,27 +347,21 @@ class OpenAIRoutes:
                 "created": int(time.time()), "model": slot.name,
                 "system_fingerprint": "hotseat"}
 
-        slot.depth += 1
-        try:
-            async with slot.lock, self.turn:
-                if slot.closed:
-                    raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
-                                   "model_not_found")
-                if _gone(request):             # gave up while queued: nobody to answer
-                    return json_response({}, CLIENT_GONE_STATUS)
-                if req.stream:
-                    # the headers go out before the generation: warm the model first, so
-                    # that a budget refusal is still a 409
-                    await self._run(self.engine.warm, slot.name,
-                                    **({} if wait is None else {"wait": wait}))
-                    return await self._stream(request, slot, req, ids, max_tokens, meta,
-                                              headers, chat)
-                out = await self._complete(request, slot, req, ids, max_tokens, None,
-                                           wait=wait)
-        finally:
-            slot.depth -= 1
+        async with queued(slot, self.turn):
+            if _gone(request):             # gave up while queued: nobody to answer
+                return json_response({}, CLIENT_GONE_STATUS)
+            if req.stream:
+                # the headers go out before the generation: warm the model first, so
+                # that a budget refusal is still a 409
+                await self._run(self.engine.warm, slot.name,
+                                **({} if wait is None else {"wait": wait}))
+                return await self._stream(request, slot, req, ids, max_tokens, meta,
+                                          headers, chat)
+            out = await self._complete(request, slot, req, ids, max_tokens, None,
+                                       wait=wait)
         if out.finish_reason == "cancelled" and _gone(request):
-            return json_response({}, CLIENT_GONE_STATUS)        # left during its prompt or its answer
+            # left during its prompt or its answer
+            return json_response({}, CLIENT_GONE_STATUS)
         text = out.text
         lp = None if req.logprobs is None else \
             logprobs.Formatter(self.engine.tokenizer(slot.name)).format(out.logprobs, chat)

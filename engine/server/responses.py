@@ -20,6 +20,7 @@ from .chat_tools import ToolStream, call_id
 from .errors import ApiError, bad, integer, json_response, show
 from .metrics import CLIENT_GONE_STATUS
 from .openai import CHAT_ROLES, GenRequest, _gone, parse_request
+from .slots import queued
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -214,23 +215,16 @@ class ResponsesRoutes:
         max_tokens = room if req.max_tokens is None else req.max_tokens
         base = {"id": _id("resp"), "object": "response", "created_at": int(time.time()),
                 "model": slot.name, "error": None, "incomplete_details": None, **echo}
-        slot.depth += 1
-        try:
-            async with slot.lock, self.turn:
-                if slot.closed:
-                    raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
-                                   "model_not_found")
-                if _gone(request):
-                    return json_response({}, CLIENT_GONE_STATUS)
-                if req.stream:
-                    await self._run(self.engine.warm, slot.name,
-                                    **({} if wait is None else {"wait": wait}))
-                    return await self._responses_stream(request, slot, req, ids, max_tokens,
-                                                        base)
-                out = await self._complete(request, slot, req, ids, max_tokens, None,
-                                           wait=wait)
-        finally:
-            slot.depth -= 1
+        async with queued(slot, self.turn):
+            if _gone(request):
+                return json_response({}, CLIENT_GONE_STATUS)
+            if req.stream:
+                await self._run(self.engine.warm, slot.name,
+                                **({} if wait is None else {"wait": wait}))
+                return await self._responses_stream(request, slot, req, ids, max_tokens,
+                                                    base)
+            out = await self._complete(request, slot, req, ids, max_tokens, None,
+                                       wait=wait)
         if out.finish_reason == "cancelled" and _gone(request):
             return json_response({}, CLIENT_GONE_STATUS)
         output = []

@@ -3,7 +3,11 @@ metrics.py, which all read it (so none of them imports app.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+from .errors import ApiError
 
 
 @dataclass
@@ -15,3 +19,20 @@ class ModelSlot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     depth: int = 0                        # requests holding or waiting for the lock
     closed: bool = False                  # unloaded; requests still queued get a 404
+
+
+@contextlib.asynccontextmanager
+async def queued(slot: ModelSlot, turn: asyncio.Lock, shown: str | None = None,
+                 param: str = "model") -> AsyncIterator[None]:
+    """A request's place in its model's FIFO queue, then the device's turn: held for the
+    block. A model unloaded while the request waited is a 404 naming it (`shown`: the name
+    the client used, else the slot's) and the request `param` that named it."""
+    slot.depth += 1
+    try:
+        async with slot.lock, turn:
+            if slot.closed:
+                raise ApiError(404, f"the model {shown or slot.name!r} was unloaded", param,
+                               "model_not_found")
+            yield
+    finally:
+        slot.depth -= 1
