@@ -166,7 +166,7 @@ def open_private(path: str, flags: int) -> int:
 
 
 def parse_line(line: bytes) -> dict | None:
-    """One doorbell line as {"pid", "reason", "until", "event"}, or None when it is
+    """One doorbell line as {"pid", "reason", "until", "event", "t"}, or None when it is
     malformed."""
     if len(line) > MAX_LINE:
         return None
@@ -188,7 +188,7 @@ def parse_line(line: bytes) -> dict | None:
     if event is not None and (event not in EVENTS or until is not None):
         return None
     return {"pid": pid, "reason": reason, "until": None if until is None else float(until),
-            "event": event}
+            "event": event, "t": obj.get("t")}
 
 
 class _LockWaiter:
@@ -346,7 +346,7 @@ class Arena:
         self.acquisitions += 1
         self._wake.set()                       # rings just before count: one turn
         self._write_holder(reason)
-        self._emit("acquired", {"reason": reason})
+        self.emit("acquired", {"reason": reason})
 
     def release(self) -> None:
         """Drop the token (the caller has freed its device memory)."""
@@ -355,7 +355,7 @@ class Arena:
         with self._mutex:
             if self._fd is None:
                 return
-            self._emit("released", {})
+            self.emit("released", {})
             self._handled = self._rung_at                # every ring so far is answered
             try:
                 os.close(open_private(self.holder_path, os.O_WRONLY | os.O_TRUNC))
@@ -444,7 +444,7 @@ class Arena:
             raise
         waiter = _LockWaiter(fd)
         if self.on_event is not None:
-            self._emit("waiting", {"holder": self.holder()})
+            self.emit("waiting", {"holder": self.holder()})
         while True:
             self.ring(**ring)
             wait = self.ring_interval
@@ -573,7 +573,7 @@ class Arena:
                 if len(self._partial) > MAX_LINE:
                     self._partial, self._skip = b"", True
         for r in rings:
-            self._emit("rung", r)
+            self.emit("rung", r)
         return len(rings)
 
     def _take_line(self, line: bytes, ring: bool) -> dict | None:
@@ -750,7 +750,9 @@ class Arena:
             except Exception:                  # the watcher must outlive a bad callback
                 log.exception("arena watcher")
 
-    def _emit(self, event: str, info: dict) -> None:
+    def emit(self, event: str, info: dict) -> None:
+        """Tell on_event of an event: the arena's own, or its engine's ("handed": the
+        release at a safe point, timed)."""
         if self.on_event is not None:
             try:
                 self.on_event(event, info)

@@ -226,9 +226,11 @@ class Turns:
     def hand_over(self) -> None:
         """Every model fully cold (through the engine, so through the arbiter), the token
         dropped."""
+        t0 = time.monotonic()
         evicted = self.seat.release_all()
         if evicted:
             self.evicted = evicted
+        self.arena.emit("handed", {"release_s": time.monotonic() - t0, "t0": t0})
         self.arena.release()
 
     def drop_if_idle(self) -> None:
@@ -338,11 +340,15 @@ class Turns:
         pid = os.getpid()
 
         def write(event: str, info: dict) -> None:
-            if event not in ("acquired", "released", "waiting"):
+            if event not in ("acquired", "released", "waiting", "rung", "handed"):
                 return
             rec = {"t": time.monotonic(), "wall": time.time(), "pid": pid, "event": event,
                    "alloc": self.seat.device_bytes(),
                    "bytes": self.seat.resident_bytes(), "reason": info.get("reason", "")}
+            if event == "rung":        # when the ring was written (wall clock) and by whom
+                rec.update(ring_wall=info.get("t"), by=info.get("pid"))
+            elif event == "handed":    # the release at the safe point, from its start
+                rec.update(release_s=info["release_s"], t0=info["t0"])
             os.write(fd, (json.dumps(rec) + "\n").encode())
         return write
 

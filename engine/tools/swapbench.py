@@ -176,8 +176,10 @@ def run_process_swap_bench(args) -> int:
         extra += ["--cpu-moe", str(args.cpu_moe)]
     if args.flash_attn:
         extra += ["--flash-attn", args.flash_attn]
+    ledger = os.path.join(arena_dir, "ledger.jsonl")
     procs = [ServeProcess([paths[i % len(paths)]], ctx=args.ctx,
-                          arena_dir=os.path.join(arena_dir, "arena"), extra=extra)
+                          arena_dir=os.path.join(arena_dir, "arena"), ledger=ledger,
+                          extra=extra)
              for i in range(args.processes)]
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": args.n,
             "temperature": 0}
@@ -209,6 +211,7 @@ def run_process_swap_bench(args) -> int:
                 ttft_warm, _, text2 = p.stream("/v1/chat/completions", body)
                 r["ttft_warm"].append(ttft_warm)
                 r["answers"].append(text2)
+        phases = handover_phases(_read_ledger(ledger))
     finally:
         for p in procs:
             p.stop()
@@ -232,6 +235,7 @@ def run_process_swap_bench(args) -> int:
             "restore_vs_copy_bandwidth": ideal / restore if restore else 0.0,
             # the target: a TTFT after a swap within 1.2x of the copy plus the warm TTFT
             "ttft_after_swap_vs_ideal": med(r["ttft_swap"]) / (ideal + med(r["ttft_warm"])),
+            "handover": phases.get(p.pid, {}),
             "samples": {k: r[k] for k in ("ttft_swap", "ttft_warm", "restore_s", "wait_s")},
             "outputs_identical": all(a == r["answers"][0] for a in r["answers"]),
             "others_held_no_device_memory": r["exclusive"],
@@ -257,3 +261,52 @@ def run_process_swap_bench(args) -> int:
                   f"outputs {r['outputs_identical']}, others cold while it answered "
                   f"{r['others_held_no_device_memory']}")
     return 0
+
+
+def _read_ledger(path: str) -> list[dict]:
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def handover_phases(records: list[dict]) -> dict[int, dict]:
+    """Where each wait for the token went, from the arena ledger of all processes (their
+    $HOTSEAT_ARENA_LOG lines, monotonic clock): per waiting pid, medians in seconds of the
+    doorbell (ring written to the holder seeing it), the holder's way to its safe point,
+    its release (every model cold, spares freed), the lock's passage (released to
+    acquired) and the whole wait."""
+    records = sorted(records, key=lambda r: r["t"])
+    out: dict[int, dict[str, list]] = {}
+    for i, w in enumerate(records):
+        if w["event"] != "waiting":
+            continue
+        acq = next((r for r in records[i + 1:] if r["pid"] == w["pid"]
+                    and r["event"] == "acquired"), None)
+        if acq is None:
+            continue
+        between = [r for r in records[i + 1:] if r["t"] <= acq["t"] and r["pid"] != w["pid"]]
+        rung = next((r for r in between if r["event"] == "rung" and r.get("by") == w["pid"]),
+                    None)
+        handed = next((r for r in between if r["event"] == "handed"), None)
+        released = next((r for r in between if r["event"] == "released"), None)
+        row = out.setdefault(w["pid"], {k: [] for k in (
+            "doorbell_s", "to_safe_point_s", "release_s", "lock_passage_s", "wait_s")})
+        row["wait_s"].append(acq["t"] - w["t"])
+        if rung is not None and rung.get("ring_wall") is not None:
+            row["doorbell_s"].append(rung["wall"] - rung["ring_wall"])
+        if rung is not None and handed is not None:
+            row["to_safe_point_s"].append(handed["t0"] - rung["t"])
+        if handed is not None:
+            row["release_s"].append(handed["release_s"])
+        if released is not None:
+            row["lock_passage_s"].append(acq["t"] - released["t"])
+    return {pid: {k: statistics.median(v) if v else None for k, v in row.items()}
+            for pid, row in out.items()}
