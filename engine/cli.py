@@ -193,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=model_help + " (give two or more; default: smollm2 twice)")
     sb.add_argument("--evict-kv", action="store_true",
                     help="full eviction (KV to host too) instead of weights-only")
+    sb.add_argument("--trim", action="store_true",
+                    help="free the spare device blocks at each release, as a hand-over to "
+                         "another process does: each restore allocates afresh")
     sb.add_argument("--cycles", type=int, default=3)
     sb.add_argument("-n", type=int, default=8, help="tokens generated per turn")
     sb.add_argument("--ctx", type=int, default=2048)

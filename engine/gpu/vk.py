@@ -1095,6 +1095,102 @@ class Uploader:
             self._release()
 
 
+class CopyStream:
+    """Buffer-to-buffer copies submitted batch by batch without waiting, so that the host
+    goes on (allocating the next destination, recording graphs) while the device copies;
+    `wait()` waits for all of them. A restore uses it: weight arena i+1 is allocated while
+    arena i is being filled.
+
+    Each batch ends with a barrier that makes its writes visible to the shaders and copies
+    queued after it, so work submitted later on the queue may read what it copied."""
+
+    def __init__(self, dev: Device):
+        self.dev = dev
+        self._regions: list[tuple[Buffer, Buffer, list]] = []
+        self._inflight: list[tuple[object, object]] = []     # (command buffer, fence)
+        self.bytes = 0
+        self.batches = 0
+
+    def copy(self, src: Buffer, dst: Buffer, regions: list[tuple[int, int, int]]) -> None:
+        """Queue (src offset, dst offset, bytes) copies for the next submit()."""
+        if regions:
+            self._regions.append((src, dst, regions))
+            self.bytes += sum(r[2] for r in regions)
+
+    def submit(self) -> None:
+        """Send what is queued to the device now, one command buffer and fence."""
+        if not self._regions:
+            return
+        dev = self.dev
+        dev.check_alive()
+        cmd = allocate_command_buffer(dev)
+        fence = ffi.new("VkFence*")
+        info = ffi.new("VkFenceCreateInfo*", {"sType": _vk.VK_STRUCTURE_TYPE_FENCE_CREATE_INFO})
+        # VkResult vkCreateFence(VkDevice, const VkFenceCreateInfo*, const VkAllocationCallbacks*,
+        #                        VkFence*)
+        check(lib.vkCreateFence(dev.device, info, ffi.NULL, fence), "vkCreateFence")
+        self._inflight.append((cmd, fence[0]))
+        begin(cmd, one_time=True)
+        for src, dst, regions in self._regions:
+            copy_regions(cmd, src, dst, regions)
+        self._regions = []
+        stages = _vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | _vk.VK_PIPELINE_STAGE_TRANSFER_BIT
+        barrier = ffi.new("VkMemoryBarrier*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_BARRIER,
+            "srcAccessMask": _vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+            "dstAccessMask": _vk.VK_ACCESS_SHADER_READ_BIT | _vk.VK_ACCESS_TRANSFER_READ_BIT})
+        lib.vkCmdPipelineBarrier(cmd, _vk.VK_PIPELINE_STAGE_TRANSFER_BIT, stages, 0, 1, barrier,
+                                 0, ffi.NULL, 0, ffi.NULL)
+        end(cmd)
+        arr = ffi.new("VkCommandBuffer[1]", [cmd])
+        sub = ffi.new("VkSubmitInfo*", {"sType": _vk.VK_STRUCTURE_TYPE_SUBMIT_INFO,
+                                        "commandBufferCount": 1, "pCommandBuffers": arr})
+        with dev._lock:
+            kind = _fire("copy")
+            r = FAULT_RESULTS[kind] if kind is not None and kind != "timeout" \
+                else lib.vkQueueSubmit(dev.queue, 1, sub, fence[0])
+            if r == _vk.VK_SUCCESS and kind == "timeout":    # queued, reported while running
+                r = _vk.VK_TIMEOUT
+            if r != _vk.VK_SUCCESS:
+                err = dev._fault(r, "copy", [f for _, f in self._inflight])
+                self._release()
+                raise err
+        self.batches += 1
+
+    def done(self) -> bool:
+        """Whether every batch sent so far has finished (a look, not a wait)."""
+        if not self._inflight:
+            return True
+        # VkResult vkGetFenceStatus(VkDevice, VkFence): VK_SUCCESS once signalled
+        return lib.vkGetFenceStatus(self.dev.device, self._inflight[-1][1]) == _vk.VK_SUCCESS \
+            and all(lib.vkGetFenceStatus(self.dev.device, f) == _vk.VK_SUCCESS
+                    for _, f in self._inflight[:-1])
+
+    def wait(self) -> None:
+        """Submit what is queued and wait for every batch (DeviceFault if one failed)."""
+        self.submit()
+        try:
+            if self._inflight:
+                self.dev._wait_fences([f for _, f in self._inflight], "copy")
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        d = self.dev.device
+        for cmd, fence in self._inflight:
+            lib.vkDestroyFence(d, fence, ffi.NULL)
+            _vk.vkFreeCommandBuffers(d, self.dev.command_pool, 1, [cmd])
+        self._inflight, self._regions = [], []
+
+    def close(self) -> None:
+        """Wait for what is in flight (unless the device is lost) and free it."""
+        try:
+            if self._inflight and not self.dev.lost:
+                self.dev._wait_fences([f for _, f in self._inflight], "copy")
+        finally:
+            self._release()
+
+
 def upload(dev: Device, dst: Buffer, src: np.ndarray, offset: int = 0) -> None:
     """Copy host bytes into a buffer and wait (one-off transfers; use Uploader for many)."""
     with Uploader(dev) as up:
@@ -1209,16 +1305,29 @@ class DescriptorArena:
 
     def make_set(self, kernel: Kernel, buffers: list[tuple[Buffer, int, int]]):
         """buffers: (buffer, byte offset, byte range) for bindings 0..n-1."""
-        ds = _vk.vkAllocateDescriptorSets(self.dev.device, _vk.VkDescriptorSetAllocateInfo(
-            descriptorPool=self.pool, pSetLayouts=[kernel.set_layout]))[0]
-        writes = []
-        for i, (buf, off, rng) in enumerate(buffers):
-            info = _vk.VkDescriptorBufferInfo(buffer=buf.handle, offset=off, range=rng)
-            writes.append(_vk.VkWriteDescriptorSet(
-                dstSet=ds, dstBinding=i, descriptorType=_vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                pBufferInfo=[info]))
-        _vk.vkUpdateDescriptorSets(self.dev.device, len(writes), writes, 0, None)
-        return ds
+        # raw calls: a graph makes a set per op, and the wrappers' structs cost ~100 us a set
+        # (most of a graph's recording time) against ~10 us
+        d = self.dev.device
+        layouts = ffi.new("VkDescriptorSetLayout[1]", [kernel.set_layout])
+        info = ffi.new("VkDescriptorSetAllocateInfo*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO,
+            "descriptorPool": self.pool, "descriptorSetCount": 1, "pSetLayouts": layouts})
+        out = ffi.new("VkDescriptorSet[1]")
+        # VkResult vkAllocateDescriptorSets(VkDevice, const VkDescriptorSetAllocateInfo*,
+        #                                   VkDescriptorSet*)
+        check(lib.vkAllocateDescriptorSets(d, info, out), "vkAllocateDescriptorSets")
+        n = len(buffers)
+        infos = ffi.new("VkDescriptorBufferInfo[]", [
+            {"buffer": buf.handle, "offset": off, "range": rng} for buf, off, rng in buffers])
+        writes = ffi.new("VkWriteDescriptorSet[]", [
+            {"sType": _vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET, "dstSet": out[0],
+             "dstBinding": i, "descriptorCount": 1,
+             "descriptorType": _vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+             "pBufferInfo": infos + i} for i in range(n)])
+        # void vkUpdateDescriptorSets(VkDevice, uint32_t, const VkWriteDescriptorSet*,
+        #                             uint32_t, const VkCopyDescriptorSet*)
+        lib.vkUpdateDescriptorSets(d, n, writes, 0, ffi.NULL)
+        return out[0]
 
     def close(self) -> None:
         _vk.vkDestroyDescriptorPool(self.dev.device, self.pool, None)

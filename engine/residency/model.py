@@ -127,6 +127,7 @@ class Model:
         self.shadow: list[vk.Buffer] = []       # host-visible copy of what is not pinned
         self.pinned: vk.HostImport | None = None  # the file's pages, imported (discrete GPUs)
         self._sources = None                    # per arena: where a restore copies from
+        self._graph_keys: tuple[list, list] = ([], [])  # graphs held before the release
         self.host_arenas: list[vk.Buffer] = []  # host-placed weights, from first restore to close
         self.weights: dict[str, Tensor] = {}   # while resident: self._tensors
         self._tensors: dict[str, Tensor] = {}
@@ -210,26 +211,62 @@ class Model:
         return run_state_sizes(self.arch, self.config, self.n_ctx, self.tuning)
 
     def restore(self, progress: Callable[[int, int], None] | None = None) -> dict:
-        """Make the model warm: weights from the GGUF memmap, KV from its host shadow."""
+        """Make the model warm: weights from the GGUF memmap, KV from its host shadow.
+
+        On a device that copies, the weight copies run while the host goes on: each arena
+        is copied as soon as it is allocated (so the next one is allocated meanwhile), and
+        while the last copies run the KV cache and compute buffers are made and the graphs
+        the model had before its release are recorded again, so that the first token after
+        a swap finds them ready. Timing: alloc_s (arenas allocated and their copies sent),
+        state_s (KV and compute buffers), record_s (graphs), wait_s (the copies' tail)."""
         t0 = time.perf_counter()
         moved = 0
+        stream = None
         uploaded = not self.arenas
-        if uploaded:
-            moved += self._upload(progress)
-        t1 = time.perf_counter()
-        if self.rs is None:
-            self.rs = RunState(self.dev, self.name, **self._run_state_args())
-            if self.kv_shadow is not None:
-                moved += self._restore_kv()
-        if self.recurrent_shadow is not None:
-            moved += self.rs.restore_recurrent(self.recurrent_shadow)
-            self.recurrent_shadow = None
-        t2 = time.perf_counter()
-        self.last_transfer = {"op": "restore", "seconds": t2 - t0, "bytes": moved,
-                              "weights_s": t1 - t0, "state_s": t2 - t1}
+        try:
+            if uploaded:
+                n, stream = self._upload(progress)
+                moved += n
+            t1 = time.perf_counter()
+            if self.rs is None:
+                self.rs = RunState(self.dev, self.name, **self._run_state_args())
+                if self.kv_shadow is not None:
+                    moved += self._restore_kv()
+            if self.recurrent_shadow is not None:
+                moved += self.rs.restore_recurrent(self.recurrent_shadow)
+                self.recurrent_shadow = None
+            t2 = time.perf_counter()
+            if stream is not None:
+                self._record_again(stream)
+            t3 = time.perf_counter()
+            if stream is not None:
+                stream.wait()
+        except BaseException:
+            if stream is not None:
+                stream.close()
+            if uploaded:                       # half made: nothing of it is usable
+                self._drop_graphs()
+                self._free_arenas()
+            raise
+        t4 = time.perf_counter()
+        self.last_transfer = {"op": "restore", "seconds": t4 - t0, "bytes": moved,
+                              "weights_s": (t1 - t0) + (t4 - t3), "state_s": t2 - t1,
+                              "record_s": t3 - t2, "wait_s": t4 - t3}
         if uploaded:
             self.last_transfer.update(self.upload_timing)      # alloc_s, copy_s
         return self.last_transfer
+
+    def _record_again(self, stream: vk.CopyStream) -> None:
+        """While the weight copies run: record the decode graphs the model had before its
+        release, then its prefill graphs, most recent first, until the copies are done."""
+        decode, prefill = self._graph_keys
+        self._graph_keys = ([], [])
+        for greedy, logprobs in decode:
+            self._graph(1, greedy, logprobs)
+        for n, greedy, logprobs in reversed(prefill):
+            if stream.done():
+                break
+            self._graph(n, greedy, logprobs)
 
     def release(self, full: bool = True, discard: bool = False) -> dict:
         """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
@@ -246,15 +283,13 @@ class Model:
             return self._discard()
         t0 = time.perf_counter()
         moved = 0
+        self._graph_keys = (list(self._decode), list(self._prefill))
         self._drop_graphs()
         copies = self.rs.capture_recurrent() if self.rs is not None else {}
         if copies:
             self.recurrent_shadow = copies
             moved += sum(c.nbytes for c in copies.values())
-        for b in self.arenas:
-            self.dev.allocator.free(b)
-        self.arenas.clear()                     # the same list: the Tensors refer to it
-        self.weights = {}
+        self._free_arenas()
         if full and self.rs is not None:
             moved += self._shadow_kv()
             self.rs.close()
@@ -263,12 +298,15 @@ class Model:
                               "bytes": moved}
         return self.last_transfer
 
-    def _discard(self) -> dict:
-        self._drop_graphs()
+    def _free_arenas(self) -> None:
         for b in self.arenas:
             self.dev.allocator.free(b)
-        self.arenas.clear()
+        self.arenas.clear()                     # the same list: the Tensors refer to it
         self.weights = {}
+
+    def _discard(self) -> dict:
+        self._drop_graphs()
+        self._free_arenas()
         if self.rs is not None:
             self.rs.close()
             self.rs = None
@@ -394,25 +432,44 @@ class Model:
     write_in_place = True          # on unified memory; tests turn it off to take the
                                    # discrete-GPU path (host shadow + device copy)
 
-    def _upload(self, progress) -> int:
-        """Weights onto the device. On unified memory they are written in place from the
-        GGUF memmap. Otherwise every restore is copy commands from host memory the GPU
-        reads: the file's own pages, imported (pinned) where the driver allows, and for the
-        rest a host-visible shadow filled once, on the first upload. Host-placed weights
-        (cpu_moe) are written from the memmap on the first upload and kept."""
+    def _upload(self, progress) -> tuple[int, vk.CopyStream | None]:
+        """Weights onto the device: (bytes, the copies in flight or None). On unified memory
+        they are written in place from the GGUF memmap. Otherwise every restore is copy
+        commands from host memory the GPU reads: the file's own pages, imported (pinned)
+        where the driver allows, and for the rest a host-visible shadow filled once, on the
+        first upload. Each arena's copies are sent as soon as it is allocated, and the
+        caller waits for them (CopyStream.wait). Host-placed weights (cpu_moe) are written
+        from the memmap on the first upload and kept."""
         placements, sizes, host_sizes = self._layout
         fill_host = bool(host_sizes) and not self.host_arenas
         total = sum(p[5] for p in placements if fill_host or not p[7])
-        t0 = time.perf_counter()
         alloc = self.dev.allocator.alloc
-        self.arenas[:] = [alloc(n, f"{self.name}/weights.{i}", "weights")
-                          for i, n in enumerate(sizes)]
-        if fill_host:
-            self.host_arenas = [alloc(n, f"{self.name}/host_weights.{i}", "host_weights",
-                                      host=True) for i, n in enumerate(host_sizes)]
-        self.upload_timing = {"alloc_s": time.perf_counter() - t0}
-        direct = self.arenas[0].view is not None and self.write_in_place
+        direct = self.dev.unified and self.write_in_place
         done = 0
+        if not direct and self._sources is None:          # the first upload: host sources
+            self._sources, self.pinned, shadows = placement.copy_sources(
+                self.dev, self.gguf, self._layout, self.name,
+                self.pin_host and bool(self.dev.host_import_align)
+                and self.dev.imports_file_pages, progress, done, total)
+            self.shadow.extend(shadows)
+        t0 = time.perf_counter()
+        stream = None if direct else vk.CopyStream(self.dev)
+        try:
+            for i, n in enumerate(sizes):
+                self.arenas.append(alloc(n, f"{self.name}/weights.{i}", "weights"))
+                if stream is not None:
+                    for src_buf, regions in self._sources[i]:
+                        stream.copy(src_buf, self.arenas[i], regions)
+                    stream.submit()
+            if fill_host:
+                self.host_arenas = [alloc(n, f"{self.name}/host_weights.{i}", "host_weights",
+                                          host=True) for i, n in enumerate(host_sizes)]
+        except BaseException:
+            if stream is not None:
+                stream.close()
+            self._free_arenas()
+            raise
+        self.upload_timing = {"alloc_s": time.perf_counter() - t0}
         for n, first, count, a, off, nbytes, src, host in placements:
             dst = (self.host_arenas if fill_host else None) if host else \
                 (self.arenas if direct else None)
@@ -423,21 +480,8 @@ class Model:
             done += nbytes
             if progress:
                 progress(done, total)
-        if not direct:
-            if self._sources is None:
-                self._sources, self.pinned, shadows = placement.copy_sources(
-                    self.dev, self.gguf, self._layout, self.name,
-                    self.pin_host and bool(self.dev.host_import_align)
-                    and self.dev.imports_file_pages, progress, done, total)
-                self.shadow.extend(shadows)
-            t0 = time.perf_counter()
-            with self.dev.one_shot() as cmd:
-                for a, by_src in enumerate(self._sources):
-                    for src_buf, regions in by_src:
-                        vk.copy_regions(cmd, src_buf, self.arenas[a], regions)
-            self.upload_timing["copy_s"] = time.perf_counter() - t0
-            if progress:
-                progress(total, total)
+        if stream is not None and progress:
+            progress(total, total)
         if not self._tensors:                  # the layout never changes: built once
             for n, first, count, a, off, nbytes, _, host in placements:
                 t = self.gguf.tensor(n)
@@ -446,7 +490,7 @@ class Model:
                                               self.host_arenas if host else self.arenas)
                 self._tensors[n].parts.append((first, count, a, off, nbytes))
         self.weights = self._tensors
-        return total
+        return total, stream
 
     pin_host = True                # import the file's pages where the driver allows
 

@@ -74,7 +74,8 @@ def run_swap_bench(args) -> int:
                                   cpu_moe=args.cpu_moe))
         bandwidth = eng.device_job(copy_bandwidth, why="copy bandwidth")
         per = {n: {"restore_s": [], "bytes": [], "residual": [], "cached": [], "release_s": [],
-                   "alloc_s": [], "copy_s": [], "state_s": []} for n in names}
+                   "alloc_s": [], "wait_s": [], "record_s": [], "state_s": [], "trim_s": []}
+               for n in names}
         answers: dict[str, list] = {n: [] for n in names}
         for _ in range(args.cycles):
             for n in names:
@@ -83,7 +84,7 @@ def run_swap_bench(args) -> int:
                     per[n]["restore_s"].append(info["seconds"])
                     per[n]["bytes"].append(info["bytes"])
                     per[n]["state_s"].append(info.get("state_s", 0.0))
-                    for k in ("alloc_s", "copy_s"):
+                    for k in ("alloc_s", "wait_s", "record_s"):
                         if k in info:
                             per[n][k].append(info[k])
                 out = eng.generate(n, messages=[{"role": "user", "content": PROMPT}],
@@ -91,6 +92,10 @@ def run_swap_bench(args) -> int:
                 answers[n].append(out.tokens)
                 per[n]["cached"].append(out.timings["cached_tokens"])
                 rel = eng.evict(n, full=full)
+                if args.trim:             # what a hand-over to another process frees too
+                    t0 = time.perf_counter()
+                    eng.device_job(lambda dev: dev.allocator.trim(), why="trim")
+                    per[n]["trim_s"].append(time.perf_counter() - t0)
                 per[n]["release_s"].append(rel["seconds"])
                 per[n]["residual"].append(next(sum(s["device_bytes"].values())
                                                for s in eng.status() if s["name"] == n))
@@ -104,7 +109,8 @@ def run_swap_bench(args) -> int:
             reload_s[n] = time.perf_counter() - t0
             eng.unload(n + "-reload")
         device = eng.device_name
-    report = {"device": device, "mode": "full" if full else "weights-only",
+    report = {"device": device, "mode": ("full" if full else "weights-only")
+              + (", spares freed" if args.trim else ""),
               "cycles": args.cycles, "copy_bandwidth_GBps": bandwidth / 1e9, "models": []}
     for n in names:
         r = per[n]
@@ -118,8 +124,10 @@ def run_swap_bench(args) -> int:
             "vs_copy_bandwidth": (moved / restore) / bandwidth if restore else 0.0,
             "ideal_restore_s": moved / bandwidth,
             "release_s_median": statistics.median(r["release_s"]),
+            "trim_s_median": statistics.median(r["trim_s"]) if r["trim_s"] else None,
             "weights_alloc_s_median": statistics.median(r["alloc_s"]) if r["alloc_s"] else None,
-            "weights_copy_s_median": statistics.median(r["copy_s"]) if r["copy_s"] else None,
+            "copy_wait_s_median": statistics.median(r["wait_s"]) if r["wait_s"] else None,
+            "record_s_median": statistics.median(r["record_s"]) if r["record_s"] else None,
             "state_restore_s_median": statistics.median(r["state_s"]) if r["state_s"] else None,
             "cold_residual_bytes": max(r["residual"]),
             "cached_tokens": r["cached"],
@@ -135,8 +143,9 @@ def run_swap_bench(args) -> int:
             print(f"{m['name']}: restore {1e3 * m['restore_s_median']:.1f} ms for "
                   f"{m['bytes_moved'] / 2**20:.1f} MiB ({m['achieved_GBps']:.2f} GB/s, "
                   f"{100 * m['vs_copy_bandwidth']:.0f}% of copy bandwidth; weight alloc "
-                  f"{1e3 * (m['weights_alloc_s_median'] or 0):.1f} ms, weight copy "
-                  f"{1e3 * (m['weights_copy_s_median'] or 0):.1f} ms, KV and compute "
+                  f"{1e3 * (m['weights_alloc_s_median'] or 0):.1f} ms, graphs "
+                  f"{1e3 * (m['record_s_median'] or 0):.1f} ms, copy tail "
+                  f"{1e3 * (m['copy_wait_s_median'] or 0):.1f} ms, KV and compute "
                   f"{1e3 * (m['state_restore_s_median'] or 0):.1f} ms), cold residual "
                   f"{m['cold_residual_bytes']} B, cached tokens {m['cached_tokens']}, "
                   f"identical outputs {m['outputs_identical_across_cycles']}, reload from "
