@@ -716,7 +716,7 @@ class _Seat:
         e = self.e
         warm = [m.name for m in e.models.values() if m.model.state == "warm"]
         e.arbiter.release_all()
-        e.dev.allocator.trim()     # the other process gets the memory, not our spares
+        e.dev.allocator.trim(host=False)   # the other process gets the VRAM, not our spares
         return warm
 
     def warm_named(self, name: str) -> None:
@@ -735,4 +735,4 @@ class _Seat:
         return self.e.resident_bytes()
 
     def trim(self) -> int:
-        return self.e.dev.allocator.trim()
+        return self.e.dev.allocator.trim(host=False)

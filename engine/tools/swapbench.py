@@ -74,11 +74,20 @@ def run_swap_bench(args) -> int:
                                   cpu_moe=args.cpu_moe))
         bandwidth = eng.device_job(copy_bandwidth, why="copy bandwidth")
         per = {n: {"restore_s": [], "bytes": [], "residual": [], "cached": [], "release_s": [],
-                   "alloc_s": [], "wait_s": [], "record_s": [], "state_s": [], "trim_s": []}
+                   "alloc_s": [], "wait_s": [], "record_s": [], "state_s": [], "trim_s": [],
+                   "ttft_swap": [], "ttft_warm": []}
                for n in names}
         answers: dict[str, list] = {n: [] for n in names}
-        for _ in range(args.cycles):
+        def ask(n: str, t0: float):
+            first: list[float] = []
+            out = eng.generate(n, messages=[{"role": "user", "content": PROMPT}],
+                               max_tokens=args.n, sampling=greedy,
+                               on_text=lambda _: first or first.append(time.perf_counter()))
+            return out, (first[0] if first else time.perf_counter()) - t0
+
+        for cycle in range(args.cycles):
             for n in names:
+                t_swap = time.perf_counter()
                 info = eng.warm(n)
                 if info["op"] == "restore" and info["bytes"]:
                     per[n]["restore_s"].append(info["seconds"])
@@ -87,9 +96,13 @@ def run_swap_bench(args) -> int:
                     for k in ("alloc_s", "wait_s", "record_s"):
                         if k in info:
                             per[n][k].append(info[k])
-                out = eng.generate(n, messages=[{"role": "user", "content": PROMPT}],
-                                   max_tokens=args.n, sampling=greedy)
+                out, ttft = ask(n, t_swap)
                 answers[n].append(out.tokens)
+                if cycle:                 # the first cycle's graphs are recorded afresh
+                    per[n]["ttft_swap"].append(ttft)
+                    again, ttft_warm = ask(n, time.perf_counter())
+                    per[n]["ttft_warm"].append(ttft_warm)
+                    answers[n].append(again.tokens)
                 per[n]["cached"].append(out.timings["cached_tokens"])
                 rel = eng.evict(n, full=full)
                 if args.trim:             # what a hand-over to another process frees too
@@ -130,6 +143,14 @@ def run_swap_bench(args) -> int:
             "record_s_median": statistics.median(r["record_s"]) if r["record_s"] else None,
             "state_restore_s_median": statistics.median(r["state_s"]) if r["state_s"] else None,
             "cold_residual_bytes": max(r["residual"]),
+            # the first token after a swap (restore, prefill, one token) against the ideal:
+            # the copy at the device's bandwidth plus the same request warm
+            "ttft_after_swap_s_median": statistics.median(r["ttft_swap"])
+            if r["ttft_swap"] else None,
+            "ttft_warm_s_median": statistics.median(r["ttft_warm"]) if r["ttft_warm"] else None,
+            "ttft_after_swap_vs_ideal": statistics.median(r["ttft_swap"])
+            / (moved / bandwidth + statistics.median(r["ttft_warm"]))
+            if r["ttft_swap"] else None,
             "cached_tokens": r["cached"],
             "outputs_identical_across_cycles": all(a == answers[n][0] for a in answers[n]),
             "reload_from_disk_s": reload_s[n],
@@ -148,6 +169,9 @@ def run_swap_bench(args) -> int:
                   f"{1e3 * (m['copy_wait_s_median'] or 0):.1f} ms, KV and compute "
                   f"{1e3 * (m['state_restore_s_median'] or 0):.1f} ms), cold residual "
                   f"{m['cold_residual_bytes']} B, cached tokens {m['cached_tokens']}, "
+                  f"TTFT after a swap {1e3 * (m['ttft_after_swap_s_median'] or 0):.1f} ms "
+                  f"(warm {1e3 * (m['ttft_warm_s_median'] or 0):.1f} ms, "
+                  f"{m['ttft_after_swap_vs_ideal'] or 0:.2f}x the ideal), "
                   f"identical outputs {m['outputs_identical_across_cycles']}, reload from "
                   f"disk {1e3 * m['reload_from_disk_s']:.0f} ms")
     return 0

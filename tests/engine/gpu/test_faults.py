@@ -162,6 +162,39 @@ def test_a_failed_one_shot_copy_leaves_the_device_clean(dev, products, kind):
         dev.allocator.free(dst)
 
 
+@pytest.mark.parametrize("point,kind,nth", [("copy", "out_of_memory", 2), ("copy", "timeout", 3),
+                                            ("wait", "timeout", 1)])
+def test_a_failed_copy_stream_leaves_the_device_clean(dev, products, point, kind, nth):
+    """A restore's copy batches: a refused or timed-out batch, or a failed wait for them,
+    raises DeviceFault with the queue idle and every fence and command buffer given back;
+    copies afterwards work."""
+    a, _ = products
+    data = np.random.default_rng(6).standard_normal(1 << 16).astype(np.float32)
+    src = dev.allocator.alloc(data.nbytes, "src", "staging", host=True)
+    dst = dev.allocator.alloc(data.nbytes, "dst", "weights")
+    try:
+        src.write(data)
+        vk.inject(point, kind, nth=nth)
+        stream = vk.CopyStream(dev)
+        with pytest.raises(vk.DeviceFault) as err:
+            for i in range(4):
+                q = data.nbytes // 4
+                stream.copy(src, dst, [(i * q, i * q, q)])
+                stream.submit()
+            stream.wait()
+        assert err.value.kind == kind
+        stream.close()
+        assert not stream._inflight and fence_unsignalled(dev)
+        a.run_and_check()
+        again = vk.CopyStream(dev)
+        again.copy(src, dst, [(0, 0, data.nbytes)])
+        again.wait()
+        assert np.array_equal(vk.download(dev, dst).view(np.float32), data)
+    finally:
+        dev.allocator.free(src)
+        dev.allocator.free(dst)
+
+
 @pytest.mark.parametrize("point,kind,nth", [("copy", "timeout", 2), ("copy", "out_of_memory", 3),
                                             ("wait", "timeout", 1), ("wait", "out_of_memory", 2)])
 def test_a_failed_staged_upload_leaves_the_device_clean(dev, products, point, kind, nth):

@@ -144,3 +144,34 @@ def test_host_import_covers_whole_pages_and_copies_from_them(dev):
             dev.allocator.free(dst)
     finally:
         imp.close()
+
+
+def test_copy_stream_sends_batches_without_waiting_and_delivers_every_byte(dev):
+    """Batches go to the device as they are submitted; wait() delivers all of them, and a
+    shader-side reader after them (here a download's copy) sees the bytes."""
+    rng = np.random.default_rng(5)
+    data = [rng.integers(0, 255, n, dtype=np.uint8) for n in (3 << 20, 1 << 16, 12345 * 16)]
+    srcs = [dev.allocator.alloc(d.nbytes, f"src{i}", "staging", host=True)
+            for i, d in enumerate(data)]
+    dsts = [dev.allocator.alloc(d.nbytes + 4096, f"dst{i}", "weights")
+            for i, d in enumerate(data)]
+    try:
+        for s, d in zip(srcs, data):
+            s.view[:d.nbytes] = d
+        stream = vk.CopyStream(dev)
+        for i, (s, t, d) in enumerate(zip(srcs, dsts, data)):
+            half = d.nbytes // 32 * 16
+            # two regions per batch, the second one at a shifted destination
+            stream.copy(s, t, [(0, 0, half), (half, half + 4096, d.nbytes - half)])
+            stream.submit()
+        assert stream.batches == 3 and stream.bytes == sum(d.nbytes for d in data)
+        stream.wait()
+        assert stream.done()
+        for t, d in zip(dsts, data):
+            got = vk.download(dev, t)
+            half = d.nbytes // 32 * 16
+            assert np.array_equal(got[:half], d[:half])
+            assert np.array_equal(got[half + 4096:d.nbytes + 4096], d[half:])
+    finally:
+        for b in srcs + dsts:
+            dev.allocator.free(b)

@@ -195,7 +195,7 @@ def test_malformed_doorbell_lines_are_ignored(arena_dir):
 
 def test_parse_line():
     assert parse_line(b'{"pid": 12, "reason": "generate a", "t": 1.0}') == \
-        {"pid": 12, "reason": "generate a", "until": None, "event": None}
+        {"pid": 12, "reason": "generate a", "until": None, "event": None, "t": 1.0}
     assert parse_line(b'{"pid": 12, "event": "free"}')["event"] == "free"
     assert parse_line(b'{"pid": 12, "event": "cancel", "t": 2.5}')["event"] == "cancel"
     assert parse_line(b'{"pid": 12, "reason": "yield", "until": 5}')["until"] == 5.0

@@ -229,6 +229,7 @@ def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_pl
         first = list(generate(m, ref["prompt_ids"], 4))
         kv = m.kv_checksum()
         warm = m.device_bytes()
+        decode_graphs = set(m._decode)
         for _ in range(3):
             m.release(full=full)
             assert m.state == "cold"
@@ -242,9 +243,11 @@ def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_pl
             assert m.kv_checksum() == kv
             with pytest.raises(RuntimeError, match="cold"):
                 m.eval([1], 0)
-            m.restore()
+            info = m.restore()
             assert m.state == "warm" and m.device_bytes() == warm
             assert m.kv_checksum() == kv
+            if not in_place:   # the decode graphs it had were recorded while the copies ran
+                assert set(m._decode) == decode_graphs and info["record_s"] > 0
         # the prompt cache survived: only the last prompt token is recomputed
         t = Timings()
         again = list(generate(m, ref["prompt_ids"], 8, timings=t))
