@@ -50,6 +50,8 @@ from .residency import embed as embedding
 from .residency import loop
 from .residency.arbiter import Arbiter, PinnedError
 from .residency.arena import Arena
+from .residency.pool import SharedPool
+from .residency.pool import enabled as shared_pool_enabled
 from .residency.check import Target, check_file
 from .residency.loop import Cancelled, Timings
 from .residency.model import Model, default_flash_attn
@@ -122,9 +124,12 @@ class Engine:
         self.fault_count = 0
         self.lost: str | None = None         # why the device is gone, once it is
         self.thread = EngineThread()
+        pool = None
+        if arena is not None and shared_pool_enabled(self.dev):
+            pool = self.dev.allocator.pool = SharedPool(arena.dir, self.dev)
         self.turns = None if arena is None else Turns(
             arena, self.thread, _Seat(self), wake_on_free=wake_on_free, label=arena_label,
-            owned=owned)
+            owned=owned, pool=pool)
         self.thread.after_each = self._safe_point
 
     @property

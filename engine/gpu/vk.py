@@ -255,6 +255,8 @@ class Device:
         self.extensions = dev_exts
         self.has_memory_budget = "VK_EXT_memory_budget" in dev_exts
         self.has_external_host = "VK_EXT_external_memory_host" in dev_exts
+        # device memory shared between processes as opaque fds (the arena's pool)
+        self.shares_memory = "VK_KHR_external_memory_fd" in dev_exts
 
         self.host_import_align = 0            # VK_EXT_external_memory_host, if present
         # NVIDIA's driver (580) refuses file-backed pages (VK_ERROR_OUT_OF_DEVICE_MEMORY),
@@ -306,8 +308,8 @@ class Device:
         want = _vk.VkPhysicalDeviceFeatures2(pNext=want12, features=_vk.VkPhysicalDeviceFeatures(
             shaderInt16=feats.features.shaderInt16 or None,
             shaderInt64=feats.features.shaderInt64 or None))
-        enable = [e for e in ("VK_EXT_memory_budget", "VK_EXT_external_memory_host")
-                  if e in dev_exts] + (["VK_KHR_cooperative_matrix"] if self.coopmat else [])
+        enable = [e for e in ("VK_EXT_memory_budget", "VK_EXT_external_memory_host",
+                              "VK_KHR_external_memory_fd") if e in dev_exts] + (["VK_KHR_cooperative_matrix"] if self.coopmat else [])
         qinfo = _vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family,
                                             queueCount=1, pQueuePriorities=[1.0])
         self.device = _vk.vkCreateDevice(self.physical, _vk.VkDeviceCreateInfo(
@@ -603,17 +605,43 @@ BUFFER_USAGE = (_vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | _vk.VK_BUFFER_USAGE_TRA
                 | _vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT | _vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)
 
 
-class _Block:
-    """One VkDeviceMemory carved into buffers by first fit."""
+OPAQUE_FD = _vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
 
-    def __init__(self, dev: Device, type_index: int, size: int, host: bool = False):
+
+class _Block:
+    """One VkDeviceMemory carved into buffers by first fit.
+
+    export: the memory can be shared with other processes (`export_fd()`); fd: the memory
+    is another process's, imported from its opaque fd (the driver takes the fd). Both are
+    `shared`: such a block belongs to a pool (engine/residency/pool.py), not to the
+    allocator, and goes back to it when it empties."""
+
+    def __init__(self, dev: Device, type_index: int, size: int, host: bool = False,
+                 export: bool = False, fd: int | None = None):
         self.dev, self.type_index, self.size = dev, type_index, size
         self.host = host                 # serves host-memory requests (shadows, staging)
-        try:
-            self.memory = _vk.vkAllocateMemory(dev.device, _vk.VkMemoryAllocateInfo(
-                allocationSize=size, memoryTypeIndex=type_index), None)
-        except (_vk.VkErrorOutOfDeviceMemory, _vk.VkErrorOutOfHostMemory):
-            raise OutOfMemory(f"cannot allocate {size >> 20} MiB on {dev.name}") from None
+        self.shared = export or fd is not None
+        self.pool_id: str | None = None
+        nxt = ffi.NULL
+        if export:
+            nxt = ffi.new("VkExportMemoryAllocateInfo*", {
+                "sType": _vk.VK_STRUCTURE_TYPE_EXPORT_MEMORY_ALLOCATE_INFO,
+                "handleTypes": OPAQUE_FD})
+        elif fd is not None:
+            nxt = ffi.new("VkImportMemoryFdInfoKHR*", {
+                "sType": _vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_FD_INFO_KHR,
+                "handleType": OPAQUE_FD, "fd": fd})
+        info = ffi.new("VkMemoryAllocateInfo*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, "pNext": nxt,
+            "allocationSize": size, "memoryTypeIndex": type_index})
+        out = ffi.new("VkDeviceMemory*")
+        # VkResult vkAllocateMemory(VkDevice, const VkMemoryAllocateInfo*,
+        #                           const VkAllocationCallbacks*, VkDeviceMemory*)
+        r = lib.vkAllocateMemory(dev.device, info, ffi.NULL, out)
+        if r in (_vk.VK_ERROR_OUT_OF_DEVICE_MEMORY, _vk.VK_ERROR_OUT_OF_HOST_MEMORY):
+            raise OutOfMemory(f"cannot allocate {size >> 20} MiB on {dev.name}")
+        check(r, "vkAllocateMemory")
+        self.memory = out[0]
         self.free = [(0, size)]          # sorted (offset, size) holes
         self.used = 0
         self.mapped = None
@@ -624,6 +652,18 @@ class _Block:
             #                      VkMemoryMapFlags, void**)
             check(lib.vkMapMemory(dev.device, self.memory, 0, size, 0, pp), "vkMapMemory")
             self.mapped = np.frombuffer(ffi.buffer(pp[0], size), dtype=np.uint8)
+
+    def export_fd(self) -> int:
+        """A new opaque fd of this memory, for another process to import (the caller owns
+        it: closing it, or the importer's driver, releases it)."""
+        get = ffi.cast("PFN_vkGetMemoryFdKHR",
+                       lib.vkGetDeviceProcAddr(self.dev.device, b"vkGetMemoryFdKHR"))
+        info = ffi.new("VkMemoryGetFdInfoKHR*", {
+            "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_GET_FD_INFO_KHR, "memory": self.memory,
+            "handleType": OPAQUE_FD})
+        fd = ffi.new("int*")
+        check(get(self.dev.device, info, fd), "vkGetMemoryFdKHR")
+        return fd[0]
 
     def take(self, size: int, align: int) -> int | None:
         for i, (off, n) in enumerate(self.free):
@@ -656,7 +696,8 @@ class _Block:
         if self.mapped is not None:
             self.mapped = None
             _vk.vkUnmapMemory(self.dev.device, self.memory)
-        _vk.vkFreeMemory(self.dev.device, self.memory, None)
+        # void vkFreeMemory(VkDevice, VkDeviceMemory, const VkAllocationCallbacks*)
+        lib.vkFreeMemory(self.dev.device, self.memory, ffi.NULL)
 
 
 class OutOfMemory(VulkanError):
@@ -705,6 +746,11 @@ class Allocator:
         self.spare: list[_Block] = []
         self.spare_limit = 0
         self.host_spare: _Block | None = None   # one emptied host block (mapping is slow)
+        # With a pool (engine/residency/pool.py), new device blocks are memory shared with
+        # the arena's other processes: pool.take(type_index, size) gives one mapped here,
+        # pool.give(block) takes it back once emptied. Its memory stays mapped in every
+        # process, so that a turn on the GPU needs no vkAllocateMemory (20 ms per GiB).
+        self.pool = None
 
     def alloc(self, nbytes: int, label: str, kind: str, host: bool = False) -> Buffer:
         if kind not in KINDS:
@@ -744,11 +790,18 @@ class Allocator:
                 if off is not None:
                     block = b
                     break
-        if block is None and not host:
+        if block is None and not host and self.pool is None:
             block = self._from_spare(type_index, size)
         if block is None and host and self.host_spare is not None \
                 and self.host_spare.type_index == type_index and size <= self.host_spare.size:
             block, self.host_spare = self.host_spare, None
+            self.blocks.append(block)
+        if block is None and not host and self.pool is not None:
+            try:
+                block = self.pool.take(type_index, max(BLOCK_BYTES, size))
+            except BaseException:
+                lib.vkDestroyBuffer(dev.device, handle, ffi.NULL)
+                raise
             self.blocks.append(block)
         if block is None:
             want = max(BLOCK_BYTES, size)
@@ -785,7 +838,10 @@ class Allocator:
         # void vkDestroyBuffer(VkDevice, VkBuffer, const VkAllocationCallbacks*)
         lib.vkDestroyBuffer(self.dev.device, buf.handle, ffi.NULL)
         buf.block.give(buf.offset, buf.alloc_bytes)
-        if buf.block.used == 0:
+        if buf.block.used == 0 and buf.block.shared:
+            self.blocks.remove(buf.block)
+            self.pool.give(buf.block)
+        elif buf.block.used == 0:
             self.blocks.remove(buf.block)
             if not buf.block.host and self.reserved_bytes() + buf.block.size \
                     <= self.spare_limit:
@@ -842,9 +898,15 @@ class Allocator:
         for b in list(self.buffers):
             self.free(b)
         for blk in self.blocks:
-            blk.close()
+            if blk.shared:
+                self.pool.give(blk)
+            else:
+                blk.close()
         self.blocks = []
         self.trim()
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
 
 # -- host memory the device reads in place -------------------------------------------------

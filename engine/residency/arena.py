@@ -605,9 +605,9 @@ class Arena:
         """on_ring() runs on the watcher thread when another process rings while this one
         holds the token; it must free its device memory and call release(). Without one a
         ring is only reported ("rung"): the owner releases when its work is done. on_free()
-        runs there too, when this process does not hold the token, no yield is in force and
-        the doorbell changed or POLL_S passed: a chance to take a free token back
-        (try_acquire). Attaching makes this process a member (`members()`), under label."""
+        runs there too, when this process does not hold the token and the doorbell changed
+        or POLL_S passed (a yield may be in force): a chance to take a free token back
+        (try_acquire) or to let go of what a yield asks for. Attaching makes this process a member (`members()`), under label."""
         if self._on_ring is not None and self._on_ring != on_ring:
             raise ArenaError("this arena already serves an engine")
         self._on_ring, self._on_free = on_ring, on_free
@@ -744,8 +744,7 @@ class Arena:
                 if on_ring is not None and self.wanted():
                     on_ring()
                 on_free = self._on_free
-                if on_free is not None and self._fd is None \
-                        and self.yield_until <= time.time():
+                if on_free is not None and self._fd is None:
                     on_free()
             except Exception:                  # the watcher must outlive a bad callback
                 log.exception("arena watcher")

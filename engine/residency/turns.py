@@ -116,8 +116,10 @@ class Turns:
     `on_free` from its watcher thread."""
 
     def __init__(self, arena: Arena, thread: EngineThread, seat: Seat, *,
-                 wake_on_free: bool = False, label: str = "", owned: bool = False):
+                 wake_on_free: bool = False, label: str = "", owned: bool = False,
+                 pool=None):
         self.arena = arena
+        self.pool = pool                     # the arena's shared VRAM (pool.py), or None
         self.thread = thread
         self.seat = seat
         self.wake_on_free = bool(wake_on_free)
@@ -230,12 +232,21 @@ class Turns:
         evicted = self.seat.release_all()
         if evicted:
             self.evicted = evicted
+        if self.arena.yielded() is not None:
+            self.drop_pool()           # a yield: the memory goes back to the device
         self.arena.emit("handed", {"release_s": time.monotonic() - t0, "t0": t0})
         self.arena.release()
+
+    def drop_pool(self) -> None:
+        """Unmap the shared pool's blocks this process does not use (pool.py): once every
+        process has, the device has the memory back."""
+        if self.pool is not None:
+            self.pool.drop_idle()
 
     def drop_if_idle(self) -> None:
         if self.arena.held and not self.claims and not self.seat.holds_device():
             self.seat.trim()
+            self.drop_pool()           # nobody asked for the GPU: give the memory back
             self.arena.release()
 
     def safe_point(self) -> None:
@@ -270,7 +281,10 @@ class Turns:
         just rung (the token is on its way to it) or a yield has just ended (processes with
         requests waiting for it take the token first)."""
         a = self.arena
-        if not self.wake_on_free or a.held or not self.evicted \
+        if self.pool is not None and not a.held and not a.rung_recently(2 * a.ring_interval) \
+                and (a.yielded() is not None or not a.is_taken()):
+            self.drop_pool()           # a yield, or a token left free: nobody needs the pool
+        if not self.wake_on_free or a.held or not self.evicted or a.yielded() is not None \
                 or a.rung_recently(2 * a.ring_interval) or a.is_taken():
             return
         if time.time() - a.yield_ended < a.ring_interval:
@@ -332,6 +346,7 @@ class Turns:
                 "wake_on_free": self.wake_on_free,
                 "device_bytes": device, "acquisitions": a.acquisitions,
                 "held_for_s": a.held_for(), "last_wait_s": self.last_wait_s,
+                "pool": self.pool.describe() if self.pool is not None else None,
                 "processes": procs}
 
     def _ledger(self, path: str) -> Callable[[str, dict], None]:

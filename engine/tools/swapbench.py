@@ -238,6 +238,7 @@ def run_process_swap_bench(args) -> int:
                 r["bytes"].append(restore.get("bytes", 0))
                 r["weights_s"].append(restore.get("weights_s", 0.0))
                 r["wait_s"].append(arena.get("last_wait_s") or 0.0)
+                r["pool"] = arena.get("pool")
                 for j, q in enumerate(procs):
                     if j != i and q.request("GET", "/api/arena")[2]["device_bytes"]:
                         r["exclusive"] = False
@@ -269,6 +270,7 @@ def run_process_swap_bench(args) -> int:
             # the target: a TTFT after a swap within 1.2x of the copy plus the warm TTFT
             "ttft_after_swap_vs_ideal": med(r["ttft_swap"]) / (ideal + med(r["ttft_warm"])),
             "handover": phases.get(p.pid, {}),
+            "pool": r.get("pool"),
             "samples": {k: r[k] for k in ("ttft_swap", "ttft_warm", "restore_s", "wait_s")},
             "outputs_identical": all(a == r["answers"][0] for a in r["answers"]),
             "others_held_no_device_memory": r["exclusive"],
