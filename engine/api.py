@@ -309,8 +309,10 @@ class Engine:
             self._game.gate(name, max(0, need))
 
     def _held_bytes(self) -> int:
-        """What game mode would give up: the models' device bytes and the spare blocks."""
-        return self.resident_bytes() + self.dev.allocator.spare_bytes()
+        """What game mode would give up: the device memory this process holds while a model
+        or a spare block is in it (0 otherwise: nothing to release)."""
+        alloc = self.dev.allocator
+        return alloc.reserved_bytes() if self.resident_bytes() or alloc.spare_bytes() else 0
 
     def _warm_need(self) -> int:
         return sum(m.model.warm_bytes() for m in list(self.models.values())

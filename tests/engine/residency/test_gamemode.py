@@ -189,3 +189,228 @@ def test_watch_thread_polls_and_stops():
     finally:
         w.stop()
     assert not w._thread.is_alive()
+
+
+# -- the watcher in an Engine, on SmolLM2 with a faked driver budget ----------------------------
+
+class GameOnTheSide:
+    """VK_EXT_memory_budget as a driver would report it with another program using `others`
+    bytes: the budget is the heap less them, the usage this process's own device memory."""
+
+    def __init__(self, monkeypatch):
+        from engine.gpu import vk
+
+        self.others = 0
+        self.reads = 0
+
+        def memory_budget(dev):
+            self.reads += 1
+            return dev.device_heap_bytes - self.others, dev.allocator.reserved_bytes()
+        monkeypatch.setattr(vk.Device, "memory_budget", memory_budget)
+
+    def take(self, eng, leave: int) -> float:
+        """The other program allocates all but `leave` bytes of what the engine does not
+        hold; when it did (time.monotonic())."""
+        self.others = eng.dev.device_heap_bytes - eng.dev.allocator.reserved_bytes() - leave
+        return time.monotonic()
+
+    def end(self) -> None:
+        self.others = 0
+
+
+@pytest.fixture(scope="module")
+def ref():
+    from tests.conftest import load_reference
+
+    return load_reference("smollm2-135m-instruct-q4_1.json")["prompts"]["plain"]
+
+
+def greedy():
+    from engine.text.sampling import SamplingParams
+
+    return SamplingParams(temperature=0.0)
+
+
+def cold_within(eng, t0: float, limit: float = 1.0) -> float:
+    """Seconds from t0 until every model is cold and the engine holds no device memory."""
+    while time.monotonic() - t0 < limit + 2.0:
+        if all(s["state"] == "cold" for s in eng.status()) \
+                and eng.dev.allocator.reserved_bytes() == 0:
+            return time.monotonic() - t0
+        time.sleep(0.005)
+    pytest.fail(f"still warm {limit + 2.0:.1f} s after the other program's allocation")
+
+
+@pytest.mark.gpu
+def test_engine_gives_up_when_idle_and_comes_back_with_the_same_answer(smollm2_path, ref,
+                                                                        monkeypatch):
+    from engine.api import Engine
+
+    game = GameOnTheSide(monkeypatch)
+    with Engine(n_ctx=128, arena=None) as eng:
+        assert eng._game is not None and eng.vram()["game_mode"]["watching"]
+        eng.load(smollm2_path, name="a")
+        before = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=6, sampling=greedy())
+        assert before.tokens == ref["greedy_ids"][:6]          # llama.cpp's answer
+        assert eng.arena_status() is None
+        held = eng.dev.allocator.reserved_bytes()
+        t0 = game.take(eng, leave=100 << 20)
+        took = cold_within(eng, t0)
+        assert took < 1.0, took
+        st = eng.arena_status()
+        assert st["enabled"] is False and st["state"] == "cold"
+        rec = st["gave_up"]
+        assert rec["kind"] == "released" and rec["models"] == ["a"]
+        assert rec["free_bytes"] < eng.game.margin and rec["held_bytes"] >= held
+        assert rec["need_bytes"] == eng.status()[0]["warm_bytes"]
+        assert "another program is using the GPU's memory" in rec["reason"]
+        # the other program still holds it: a request is refused, saying what is free
+        with pytest.raises(GaveUp, match=r"MiB of VRAM is free, and a needs") as exc:
+            eng.generate("a", tokens=ref["prompt_ids"], max_tokens=6, sampling=greedy())
+        assert exc.value.code == "gpu_given_up"
+        assert eng.dev.allocator.reserved_bytes() == 0 and eng.status()[0]["state"] == "cold"
+        assert eng.arena_status()["gave_up"]["checked"]["model"] == "a"
+        game.end()
+        after = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=6, sampling=greedy())
+        assert after.tokens == before.tokens and after.text == before.text
+        assert eng.arena_status() is None and eng.status()[0]["state"] == "warm"
+        assert eng._game.releases == 1
+
+
+@pytest.mark.gpu
+def test_a_request_running_ends_at_its_next_safe_point(smollm2_path, ref, monkeypatch,
+                                                       tmp_path):
+    """With an arena: the request being decoded when the other program allocates ends with
+    GaveUp (text so far a prefix of the right answer, nothing wrong), the engine is cold
+    and has handed the token over within 1 s, and the next request, once the memory is
+    free again, answers as before."""
+    from engine.api import Engine
+    from engine.residency.arena import Arena
+
+    game = GameOnTheSide(monkeypatch)
+    arena = Arena(str(tmp_path / "arena"))
+    try:
+        with Engine(n_ctx=128, arena=arena, arena_label="game test") as eng:
+            eng.load(smollm2_path, name="a")
+            full = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=16,
+                                sampling=greedy())
+            assert full.tokens == ref["greedy_ids"][:16]
+            pieces: list[str] = []
+            started = threading.Event()
+            errors: list[BaseException] = []
+            ended = []
+
+            def on_text(piece: str) -> None:
+                pieces.append(piece)
+                started.set()
+
+            def run() -> None:
+                try:
+                    eng.generate("a", tokens=ref["prompt_ids"], max_tokens=16,
+                                 sampling=greedy(), on_text=on_text)
+                except BaseException as exc:   # what the test is about
+                    errors.append(exc)
+                ended.append(time.monotonic())
+            worker = threading.Thread(target=run)
+            worker.start()
+            assert started.wait(60)
+            t0 = game.take(eng, leave=100 << 20)
+            took = cold_within(eng, t0)
+            worker.join(30)
+            assert took < 1.0 and ended[0] - t0 < 1.0, (took, ended[0] - t0)
+            assert len(errors) == 1 and isinstance(errors[0], GaveUp), errors
+            assert "the request was stopped" in str(errors[0])
+            text = "".join(pieces)
+            assert text and full.text.startswith(text) and len(text) < len(full.text)
+            st = eng.arena_status()
+            assert st["state"] == "cold" and st["holder_pid"] is None and not arena.held
+            assert st["gave_up"]["kind"] == "released" and st["gave_up"]["models"] == ["a"]
+            game.end()
+            again = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=16,
+                                 sampling=greedy())
+            assert again.tokens == full.tokens
+            st = eng.arena_status()
+            assert st["state"] == "holder" and st["gave_up"] is None
+    finally:
+        arena.close()
+
+
+@pytest.mark.gpu
+def test_a_load_while_the_memory_is_taken_is_cold_until_it_is_free(smollm2_path, ref,
+                                                                   monkeypatch):
+    from engine.api import Engine
+
+    game = GameOnTheSide(monkeypatch)
+    with Engine(n_ctx=128, arena=None) as eng:
+        game.take(eng, leave=300 << 20)         # a model of ~100 MiB, a margin of 512 MiB
+        eng.load(smollm2_path, name="a")
+        assert eng.status()[0]["state"] == "cold" and eng.dev.allocator.reserved_bytes() == 0
+        rec = eng.arena_status()["gave_up"]
+        assert rec["kind"] == "refused" and "a needs" in rec["reason"]
+        with pytest.raises(GaveUp):
+            eng.warm("a")
+        game.end()
+        out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=4, sampling=greedy())
+        assert out.tokens == ref["greedy_ids"][:4] and eng.arena_status() is None
+
+
+@pytest.mark.gpu
+def test_off_switch_keeps_the_engine_on_the_gpu(smollm2_path, monkeypatch):
+    from engine.api import Engine
+
+    game = GameOnTheSide(monkeypatch)
+    monkeypatch.setenv("HOTSEAT_GAME_MODE", "0")
+    with Engine(n_ctx=128, arena=None) as eng:
+        assert eng._game is None and not eng.vram()["game_mode"]["enabled"]
+        eng.load(smollm2_path, name="a")
+        game.take(eng, leave=0)
+        time.sleep(0.6)
+        assert eng.status()[0]["state"] == "warm" and eng.arena_status() is None
+
+
+@pytest.mark.gpu
+def test_over_http_a_503_that_says_why_and_api_arena(smollm2_path, ref, monkeypatch):
+    import json
+    import urllib.error
+    import urllib.request
+
+    from engine.api import Engine
+    from engine.server.app import make_app
+    from tests.engine.server.test_serve import ServerThread
+
+    game = GameOnTheSide(monkeypatch)
+
+    def call(base: str, path: str, body: dict | None = None):
+        req = urllib.request.Request(base + path, method="POST" if body else "GET",
+                                     data=None if body is None else json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                return resp.status, resp.headers, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.headers, json.loads(exc.read())
+
+    body = {"model": "a", "prompt": ref["prompt_ids"], "max_tokens": 4, "temperature": 0}
+    with Engine(n_ctx=128, arena=None) as eng:
+        eng.load(smollm2_path, name="a")
+        srv = ServerThread([make_app(eng, ["a"])])
+        try:
+            base = f"http://127.0.0.1:{srv.ports[0]}"
+            status, _, first = call(base, "/v1/completions", body)
+            assert status == 200
+            assert call(base, "/api/arena")[2] == {"enabled": False}
+            cold_within(eng, game.take(eng, leave=50 << 20))
+            status, _, arena = call(base, "/api/arena")
+            assert status == 200 and arena["enabled"] is False
+            assert arena["gave_up"]["kind"] == "released"
+            assert call(base, "/api/models")[2]["arena"]["gave_up"]["models"] == ["a"]
+            status, headers, err = call(base, "/v1/completions", body)
+            assert status == 503 and headers["Retry-After"] == "5"
+            assert err["error"]["code"] == "gpu_given_up"
+            assert "another program is using the GPU's memory" in err["error"]["message"]
+            game.end()
+            status, _, again = call(base, "/v1/completions", body)
+            assert status == 200
+            assert again["choices"][0]["text"] == first["choices"][0]["text"]
+        finally:
+            srv.close()
