@@ -322,7 +322,9 @@ class Engine:
         """Every model fully cold for another program (engine thread): with an arena by
         handing the token over, else through the arbiter; the names that were warm."""
         if self.turns is not None and self.turns.arena.held:
-            return self.turns.hand_over()
+            warm = [m.name for m in self.models.values() if m.model.state == "warm"]
+            self.turns.hand_over()
+            return warm
         return _Seat(self).release_all()
 
     def _turn(self, name: str, cancel: threading.Event) -> Callable[[], None] | None:

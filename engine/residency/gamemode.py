@@ -230,11 +230,13 @@ class GameWatch:
             self._pending = None
         if rec is None:
             return None
-        t0 = time.monotonic()
-        rec["models"] = self._release()
-        rec["release_s"] = time.monotonic() - t0
+        rec.update(models=[], release_s=None)     # filled in once released
         with self._lock:
-            self._active = rec
+            self._active = rec         # shown from the start: the engine is going cold
+        t0 = time.monotonic()
+        names = self._release()
+        with self._lock:
+            rec.update(models=names, release_s=time.monotonic() - t0)
             self.releases += 1
         log.warning("game mode: %s", rec["reason"])
         self._emit("gave_up", dict(rec))

@@ -223,16 +223,15 @@ class Turns:
         self.wait(f"generate {name}", cancel=cancel)
         self.seat.warm_named(name)
 
-    def hand_over(self) -> list[str]:
+    def hand_over(self) -> None:
         """Every model fully cold (through the engine, so through the arbiter), the token
-        dropped; the names that were warm."""
+        dropped."""
         t0 = time.monotonic()
         evicted = self.seat.release_all()
         if evicted:
             self.evicted = evicted
         self.arena.emit("handed", {"release_s": time.monotonic() - t0, "t0": t0})
         self.arena.release()
-        return evicted
 
     def drop_if_idle(self) -> None:
         if self.arena.held and not self.claims and not self.seat.holds_device():
