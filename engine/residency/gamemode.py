@@ -150,9 +150,8 @@ class GameWatch:
 
     def __init__(self, policy: GameMode, *, read: Callable[[], tuple[int, int] | None],
                  held: Callable[[], int], warm_need: Callable[[], int],
-                 release: Callable[[], list[str]], run: Callable, emit: Callable[[str, dict],
-                                                                                  None],
-                 poll_s: float = POLL_S):
+                 release: Callable[[], list[str]], run: Callable,
+                 emit: Callable[[str, dict], None], poll_s: float = POLL_S):
         self.policy = policy
         self._read, self._held, self._warm_need = read, held, warm_need
         self._release, self._run, self._emit = release, run, emit
