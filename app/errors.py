@@ -17,6 +17,8 @@ BY_CODE: dict[str, str] = {
     "model_exists": "A model with this name is already loaded",
     "budget": "Not enough VRAM in the budget (unpin a model, or raise the budget in "
               "Preferences)",
+    "gpu_given_up": "Another app is using the GPU's memory: Hotseat gave the GPU up and "
+                    "comes back once it is free (game mode)",
     "placement": "This model has no experts to keep in RAM (cpu_moe is for "
                  "mixture-of-experts models)",
 }

@@ -2,7 +2,7 @@
 the GPU, the window, quit. The menu is built whether or not a system tray exists, so it can
 be shown (and tested) as a plain widget; the icon is created only where
 `isSystemTrayAvailable()`. The icon shows the state: idle, busy (a load, a warm),
-generating, yielded to another app."""
+generating, yielded to another app (by a yield, or by game mode giving the GPU up)."""
 from __future__ import annotations
 
 from PySide6.QtCore import QObject, Signal, Slot
@@ -129,7 +129,7 @@ class Tray(QObject):
         self._update_icon()
 
     def _update_icon(self) -> None:
-        if self.arena.get("state") == "yielded":
+        if self.arena.get("state") == "yielded" or self.arena.get("gave_up"):
             state = "yielded"
         elif any(t.startswith("generating") for t in self.busy.values()):
             state = "generating"

@@ -53,6 +53,7 @@ from .residency.arena import Arena
 from .residency.pool import SharedPool
 from .residency.pool import enabled as shared_pool_enabled
 from .residency.check import Target, check_file
+from .residency.gamemode import GameMode, GameWatch, GaveUp
 from .residency.loop import Cancelled, Timings
 from .residency.model import Model, default_flash_attn
 from .residency.turns import ARENA_SLICE_S, EngineThread, Turns
@@ -131,6 +132,16 @@ class Engine:
             arena, self.thread, _Seat(self), wake_on_free=wake_on_free, label=arena_label,
             owned=owned, pool=pool)
         self.thread.after_each = self._safe_point
+        # game mode: where the driver reports a memory budget, give the GPU up by itself
+        # when another program needs its memory (engine/residency/gamemode.py)
+        self.game = GameMode.from_env(self.dev.device_heap_bytes)
+        self._game: GameWatch | None = None
+        if self.game.enabled and self.dev.memory_budget() is not None:
+            self._game = GameWatch(
+                self.game, read=self.dev.memory_budget, held=self._held_bytes,
+                warm_need=self._warm_need, release=self._release_for_game,
+                run=self.thread.run, emit=self._emit)
+            self._game.start()
 
     @property
     def device_name(self) -> str:
@@ -251,7 +262,12 @@ class Engine:
                 self.arbiter.register(name, model)
                 try:
                     self.arbiter.acquire(name, model.warm_bytes())   # budget before upload
-                    model.restore(progress)
+                    try:
+                        self._game_gate(name, model)
+                        model.restore(progress)
+                    except GaveUp:     # another program holds the VRAM: loaded cold
+                        self.arbiter.release(name, full=True)
+                        self._drop_if_idle()
                 except BaseException:
                     self.arbiter.unregister(name)
                     model.close()
@@ -271,13 +287,63 @@ class Engine:
         return check_file(os.fspath(path), n_ctx or self.n_ctx, target)
 
     def _warm(self, m: Loaded) -> None:
-        """Make m warm: acquire budget (evicting others), then restore from host shadows."""
+        """Make m warm: acquire budget (evicting others), then restore from host shadows.
+        Game mode: GaveUp while another program holds the VRAM it needs."""
+        if self._game is not None:
+            self._game.point()
         if self.turns is not None:
             self.turns.arena.acquire(f"warm {m.name}")     # at once: the job claimed it
         self.arbiter.acquire(m.name, m.model.warm_bytes())
         m.last_used = time.monotonic()
         if m.model.state != "warm":
+            try:
+                self._game_gate(m.name, m.model)
+            except GaveUp:
+                self.arbiter.release(m.name, full=True)    # the grant back, its KV to host
+                self.dev.allocator.trim()                  # and the spares to the others
+                self._drop_if_idle()
+                raise
             m.last_restore = dict(m.model.restore())
+
+    def _game_gate(self, name: str, model: Model) -> None:
+        """Game mode: GaveUp unless the driver's budget allows what model's upload adds
+        (its warm bytes less what it holds and the spare blocks it can reuse)."""
+        if self._game is not None:
+            need = model.warm_bytes() - sum(model.device_bytes().values()) \
+                - self.dev.allocator.spare_bytes()
+            self._game.gate(name, max(0, need))
+
+    def _held_bytes(self) -> int:
+        """What game mode would give up: the device memory this process holds while a model
+        or a spare block is in it (0 otherwise: nothing to release)."""
+        alloc = self.dev.allocator
+        return alloc.reserved_bytes() if self.resident_bytes() or alloc.spare_bytes() else 0
+
+    def _warm_need(self) -> int:
+        return sum(m.model.warm_bytes() for m in list(self.models.values())
+                   if m.model.state == "warm")
+
+    def _release_for_game(self) -> list[str]:
+        """Every model fully cold for another program (engine thread): with an arena by
+        handing the token over, else through the arbiter; the names that were warm."""
+        if self.turns is not None and self.turns.arena.held:
+            warm = [m.name for m in self.models.values() if m.model.state == "warm"]
+            self.turns.hand_over()
+            return warm
+        return _Seat(self).release_all()
+
+    def _turn(self, name: str, cancel: threading.Event) -> Callable[[], None] | None:
+        """A request's safe point: game mode's give-up, then the arena's turn."""
+        game, turns = self._game, self.turns
+        if game is None and turns is None:
+            return None
+
+        def turn() -> None:
+            if game is not None:
+                game.point()
+            if turns is not None:
+                turns.turn(name, cancel)
+        return turn
 
     def unload(self, name: str) -> None:
         def job():
@@ -475,6 +541,7 @@ class Engine:
             out["driver_budget_bytes"], out["driver_usage_bytes"] = driver
         if self.turns is not None:
             out["arena"] = self.turns.arena.describe()
+        out["game_mode"] = {**self.game.describe(), "watching": self._game is not None}
         return out
 
     def resident_bytes(self) -> int:
@@ -483,7 +550,14 @@ class Engine:
 
     # -- the GPU's turns ------------------------------------------------------------------------
     def arena_status(self) -> dict | None:
-        return None if self.turns is None else self.turns.status()
+        """The arena's status (turns.py) and "gave_up", game mode's record while it keeps
+        the engine off the GPU (gamemode.py), else None. Without an arena: None, or while
+        game mode holds, {"enabled": False, "state": "cold", "pid", "gave_up"}."""
+        gave_up = None if self._game is None else self._game.status()
+        if self.turns is None:
+            return None if gave_up is None else {"enabled": False, "state": "cold",
+                                                 "pid": os.getpid(), "gave_up": gave_up}
+        return {**self.turns.status(), "gave_up": gave_up}
 
     def yielded_until(self) -> float | None:
         if self.turns is not None:
@@ -575,7 +649,7 @@ class Engine:
             if m.name not in self.models:
                 raise KeyError(f"no model named {m.name!r} is loaded")
             self._warm(m)
-            turn = None if turns is None else lambda: turns.turn(m.name, cancel)
+            turn = self._turn(m.name, cancel)
             if turns is not None:
                 turns.running += 1
             sampler = None if params.plain_greedy else Sampler(params)   # afresh on a retry
@@ -660,12 +734,13 @@ class Engine:
             if m.name not in self.models:
                 raise KeyError(f"no model named {m.name!r} is loaded")
             self._warm(m)
+            turn = self._turn(m.name, cancel)
 
             def point() -> None:
                 if cancel.is_set():
                     raise Cancelled()
-                if turns is not None:
-                    turns.turn(m.name, cancel)
+                if turn is not None:
+                    turn()
             if turns is not None:
                 turns.running += 1
             try:
@@ -691,6 +766,8 @@ class Engine:
 
     def close(self) -> None:
         self._closed.set()
+        if self._game is not None:
+            self._game.stop()          # before the device goes: it reads the device's budget
 
         def job():
             for name in list(self.models):

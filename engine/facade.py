@@ -74,8 +74,9 @@ class Embeddings:
 
 def error_code(exc: BaseException) -> str:
     """The code of an engine error: its class's `code` where it has one ("model_file",
-    "budget", "pinned", "model_exists", "context_full", "arena_busy", "not_loaded",
-    "device_fault", ...), "not_loaded" for a KeyError naming a model, else "internal"."""
+    "budget", "pinned", "model_exists", "context_full", "arena_busy", "gpu_given_up",
+    "not_loaded", "device_fault", ...), "not_loaded" for a KeyError naming a model, else
+    "internal"."""
     code = getattr(exc, "code", None)
     if isinstance(code, str):
         return code
@@ -187,7 +188,10 @@ class EngineAPI(Protocol):
         """The budget and what is in use."""
 
     def arena_status(self) -> dict | None:
-        """Where this process stands in the cross-process arena (None without one)."""
+        """Where this process stands in the cross-process arena, with "gave_up": game mode's
+        record (when, free bytes seen, budget, need, the reason in words) while another
+        program keeps the engine off the GPU. None without an arena, unless game mode has
+        given the GPU up: then {"enabled": False, "state": "cold", "pid", "gave_up"}."""
 
     def health(self) -> dict:
         """{"status": "ok" | "recovered" (device faults happened and were recovered from) |

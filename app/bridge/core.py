@@ -63,7 +63,8 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
     #: a line for the activity log ("12:03:04 Loaded smollm2 in 4.1 s")
     log_entry = Signal(str)
     #: the cross-process arena as the engine reports it (Engine.arena_status(): state,
-    #: until, holder_pid); {} when the engine is not in an arena
+    #: until, holder_pid, gave_up: game mode's record while another program keeps the
+    #: engine off the GPU); {} when the engine is not in an arena and has nothing to say
     arena_changed = Signal(dict)
 
     def __init__(self, engine_factory: Callable[..., object] | None = None, *,
@@ -347,11 +348,11 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
     def _check_arena(self) -> None:
         try:
             st = dict(self._engine.arena_status() or {})
-            if not st:
+            if not st or st.get("enabled") is False:
                 until = self._engine.yielded_until()
                 if until:
                     # no arena in this engine: its own yield, as the arena would report it
-                    st = {"state": "yielded", "until": until, "holder_pid": None}
+                    st.update({"state": "yielded", "until": until, "holder_pid": None})
         except Exception:
             log.exception("arena_status failed")
             st = {}
@@ -366,6 +367,10 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         elif event == "yielded":
             until = time.strftime("%H:%M", time.localtime(info["until"]))
             self.log(f"Yielded the GPU until {until}")
+        elif event == "gave_up":
+            self.log(f"Gave the GPU up to another app: {info['reason']}")
+        elif event == "came_back":
+            self.log("Back on the GPU: the other app's memory is free again")
         elif event == "device_fault":
             if info.get("lost"):
                 self.log(f"The GPU was lost during {info['during']}: restart Hotseat")

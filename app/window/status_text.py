@@ -20,7 +20,16 @@ def arena_text(st: dict) -> str:
         if until:
             return f"Yielded to another app until {time.strftime('%H:%M', time.localtime(until))}"
         return "Yielded to another app"
+    gave_up = st.get("gave_up")
+    if gave_up:
+        return (f"Gave the GPU up to another app at "
+                f"{time.strftime('%H:%M', time.localtime(gave_up['t']))} "
+                f"({_size(gave_up['free_bytes'])} of VRAM was free); back once it is free")
     if state == "waiting":
         pid = st.get("holder_pid")
         return "Waiting for the GPU" + (f" (another app, pid {pid}, has it)" if pid else "")
     return ""
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB" if n >= 1 << 30 else f"{n / (1 << 20):.0f} MiB"

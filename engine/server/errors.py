@@ -54,9 +54,14 @@ def gpu_unavailable(exc: ArenaBusy) -> ApiError:
 def over_budget(exc: BudgetError) -> ApiError:
     from ..residency.arbiter import PinnedError
     from ..residency.arena import ArenaBusy
+    from ..residency.gamemode import GaveUp
 
     if isinstance(exc, ArenaBusy):            # not the budget: the GPU's turn did not come
         return gpu_unavailable(exc)
+    if isinstance(exc, GaveUp):               # game mode: another program holds the VRAM
+        err = ApiError(503, str(exc), None, exc.code)
+        err.headers = {"Retry-After": str(exc.retry_after)}
+        return err
     code = "model_pinned" if isinstance(exc, PinnedError) else "budget_exceeded"
     return ApiError(409, str(exc), None, code)
 

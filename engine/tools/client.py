@@ -3,7 +3,8 @@
 
     hotseat ps                           # the loaded models, warm or cold, the VRAM budget,
                                          # and every process of the GPU arena: holder,
-                                         # waiting, cold, or yielded until when
+                                         # waiting, cold, or yielded until when; and
+                                         # why game mode gave the GPU up, while it does
     hotseat evict NAME --full            # KV to host memory too
 
 The server's address comes from --url, else $HOTSEAT_URL, else http://127.0.0.1:8080; its
@@ -112,6 +113,9 @@ def format_ps(models: list[dict], vram: dict) -> str:
     if "driver_budget_bytes" in vram:
         line += (f" (driver: {_mib(vram['driver_usage_bytes'])} used of "
                  f"{_mib(vram['driver_budget_bytes'])})")
+    game = vram.get("game_mode") or {}
+    if game.get("watching"):
+        line += f"; game mode keeps {_mib(game['margin_bytes'])} free for other programs"
     return "\n".join(lines + [line]) + "\n"
 
 
@@ -145,6 +149,21 @@ def format_arena(arena: dict | None) -> str:
     return f"GPU arena {arena.get('dir', '')}: {head}\n" + "\n".join(lines) + "\n"
 
 
+def format_game(arena: dict | None) -> str:
+    """Game mode's part of `hotseat ps`: why the server gave the GPU up, while it keeps off
+    it ("" otherwise)."""
+    rec = (arena or {}).get("gave_up")
+    if not rec:
+        return ""
+    what = "gave the GPU up" if rec.get("kind") == "released" else "stays off the GPU"
+    line = f"Game mode: {what} at {_clock(rec['t'])}: {rec['reason']}"
+    checked = rec.get("checked")
+    if checked:
+        line += (f" (last request, for {checked['model']} at {_clock(checked['t'])}: "
+                 f"{_mib(checked['free_bytes'])} free, {_mib(checked['need_bytes'])} needed)")
+    return line + "\n"
+
+
 def _residency(m: dict) -> str:
     host = f", experts in host memory {_mib(m['host_weight_bytes'])}" \
         if m.get("host_weight_bytes") else ""
@@ -171,7 +190,7 @@ def cmd_ps(args) -> int:
         _emit_json({"models": models, "vram": vram, "arena": arena})
     else:
         sys.stdout.write(format_ps(models, vram) + format_arena(
-            {"enabled": False} if arena is None else arena))
+            {"enabled": False} if arena is None else arena) + format_game(arena))
         sys.stdout.flush()
     return 0
 

@@ -411,6 +411,28 @@ def test_arena_status_is_reported(qtbot, bridge):
     until(qtbot, lambda: got[-1] == {})
 
 
+def test_game_mode_giving_up_is_reported_and_logged(qtbot, bridge):
+    """Without an arena the engine still reports game mode's record (enabled False); the
+    bridge passes it on and logs why, and the return."""
+    got, lines = [], []
+    bridge.arena_changed.connect(got.append)
+    bridge.log_entry.connect(lines.append)
+    rec = {"t": 2e9, "free_bytes": 1 << 28, "need_bytes": 1 << 30, "reason": "another "
+           "program is using the GPU's memory"}
+    bridge.fake.arena_state = {"enabled": False, "state": "cold", "gave_up": rec}
+    bridge.fake._emit("gave_up", rec)
+    bridge.refresh()
+    until(qtbot, lambda: got and got[-1].get("gave_up") == rec)
+    until(qtbot, lambda: any(x.endswith("Gave the GPU up to another app: another program is "
+                                        "using the GPU's memory") for x in lines))
+    bridge.fake.arena_state = None
+    bridge.fake._emit("came_back", {"gave_up": rec, "free_bytes": 1 << 33})
+    bridge.refresh()
+    until(qtbot, lambda: got[-1] == {})
+    until(qtbot, lambda: any(x.endswith("Back on the GPU: the other app's memory is free "
+                                        "again") for x in lines))
+
+
 def test_yield_goes_through_the_engine_and_shows_until_when(qtbot, bridge, models):
     load(qtbot, bridge, models["a"])
     load(qtbot, bridge, models["b"], pin=True)

@@ -10,6 +10,7 @@ from app.errors import BY_CODE, BY_FILE_REASON, describe
 from engine.facade import ModelExists
 from engine.formats.gguf_file import GGUFFile, ModelFileError
 from engine.residency.arbiter import BudgetError, PinnedError
+from engine.residency.gamemode import GaveUp
 from engine.residency.placement import PlacementError
 from tests.helpers.fake_engine import write_gguf
 
@@ -62,6 +63,9 @@ def test_missing_parts_and_unknown_architectures(tmp_path):
     (PlacementError("cpu_moe 2: x (llama) is not a mixture-of-experts model, it has no "
                     "expert tensors"),
      "This model has no experts to keep in RAM (cpu_moe is for mixture-of-experts models)"),
+    (GaveUp("another program is using the GPU's memory: 300 MiB of VRAM is free"),
+     "Another app is using the GPU's memory: Hotseat gave the GPU up and comes back once it "
+     "is free (game mode)"),
 ])
 def test_engine_errors_by_code(exc, summary):
     assert describe(exc) == (summary, str(exc))
@@ -82,5 +86,5 @@ def test_every_worded_code_is_an_engine_code():
     """The codes worded here are the ones the engine's (and the bridge's) errors carry."""
     from app.bridge.messages import NoEngine
 
-    carried = {c.code for c in (ModelExists, BudgetError, PlacementError, NoEngine)}
+    carried = {c.code for c in (ModelExists, BudgetError, PlacementError, NoEngine, GaveUp)}
     assert set(BY_CODE) == carried

@@ -116,6 +116,17 @@ def test_icon_state_follows_busy_and_arena(qtbot, tray, bridge):
     assert not any(t.startswith("Yielded") for t in tray.texts())
 
 
+def test_icon_and_menu_say_game_mode_gave_the_gpu_up(qtbot, tray, bridge):
+    bridge.arena_changed.emit({"state": "cold", "holder_pid": None, "gave_up": {
+        "t": 2e9, "free_bytes": 3 << 30, "need_bytes": 5 << 30, "reason": "..."}})
+    until(qtbot, lambda: tray.state == "yielded")
+    assert tray.texts()[1].startswith("Gave the GPU up to another app at ")
+    assert "(3.0 GiB of VRAM was free)" in tray.texts()[1]
+    bridge.arena_changed.emit({"state": "holder", "holder_pid": 1, "gave_up": None})
+    until(qtbot, lambda: tray.state == "idle")
+    assert not any(t.startswith("Gave") for t in tray.texts())
+
+
 def test_state_icons_differ():
     from app.icons import state_icon
 

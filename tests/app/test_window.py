@@ -458,6 +458,19 @@ def test_arena_banner(qtbot, window, bridge):
     until(qtbot, lambda: window.arena_banner.isHidden())
 
 
+def test_arena_banner_says_game_mode_gave_the_gpu_up(qtbot, window, bridge):
+    import time as _time
+
+    t = _time.mktime((2030, 1, 1, 21, 5, 0, 0, 0, -1))
+    bridge.arena_changed.emit({"enabled": False, "state": "cold", "gave_up": {
+        "t": t, "free_bytes": 300 << 20, "need_bytes": 5 << 30, "reason": "..."}})
+    until(qtbot, lambda: not window.arena_banner.isHidden())
+    assert window.arena_banner.text() == ("Gave the GPU up to another app at 21:05 (300 MiB "
+                                          "of VRAM was free); back once it is free")
+    bridge.arena_changed.emit({})
+    until(qtbot, lambda: window.arena_banner.isHidden())
+
+
 # -- model options (item 8) -------------------------------------------------------------------
 @pytest.mark.qt_log_ignore("propagateSizeHints")
 def test_model_options_reload_the_model(qtbot, window, bridge, models):

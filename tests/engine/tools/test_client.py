@@ -178,3 +178,29 @@ def test_server_errors_are_one_line(served, tmp_path):
                                 HOTSEAT_API_KEY=KEY))
     one_line_error(r, str(junk))
     assert [m["name"] for m in ps(url)["models"]] == [first]
+
+
+def test_ps_says_why_game_mode_gave_the_gpu_up():
+    """The lines `hotseat ps` adds for game mode, from the status the server gives."""
+    import time
+
+    from engine.tools.client import format_arena, format_game, format_ps
+
+    t = time.mktime((2030, 1, 1, 21, 5, 7, 0, 0, -1))
+    rec = {"t": t, "kind": "released", "free_bytes": 300 << 20, "need_bytes": 5 << 30,
+           "reason": "another program is using the GPU's memory: 300 MiB was left free",
+           "checked": {"t": t + 60, "model": "m", "free_bytes": 1 << 30,
+                       "need_bytes": 5 << 30}}
+    arena = {"enabled": False, "state": "cold", "pid": 9, "gave_up": rec}
+    assert format_arena(arena) == "GPU arena: not joined (the server runs with --no-arena)\n"
+    assert format_game(arena) == (
+        "Game mode: gave the GPU up at 21:05:07: another program is using the GPU's memory: "
+        "300 MiB was left free (last request, for m at 21:06:07: 1024 MiB free, 5120 MiB "
+        "needed)\n")
+    assert format_game(None) == format_game({"state": "holder", "gave_up": None}) == ""
+    vram = {"budget_bytes": 8 << 30, "granted_bytes": 0, "allocated_bytes": 0,
+            "device": "GPU", "game_mode": {"watching": True, "margin_bytes": 512 << 20}}
+    assert format_ps([], vram).splitlines()[-1].endswith(
+        "; game mode keeps 512 MiB free for other programs")
+    vram["game_mode"]["watching"] = False
+    assert "game mode" not in format_ps([], vram)
