@@ -307,17 +307,23 @@ class Engine:
 
     def _game_gate(self, name: str, model: Model) -> None:
         """Game mode: GaveUp unless the driver's budget allows what model's upload adds
-        (its warm bytes less what it holds and the spare blocks it can reuse)."""
+        (its warm bytes less what it holds, the spare blocks and the idle shared pool
+        blocks it can reuse)."""
         if self._game is not None:
+            alloc = self.dev.allocator
+            idle = alloc.pool.idle_bytes() if alloc.pool is not None else 0
             need = model.warm_bytes() - sum(model.device_bytes().values()) \
-                - self.dev.allocator.spare_bytes()
+                - alloc.spare_bytes() - idle
             self._game.gate(name, max(0, need))
 
     def _held_bytes(self) -> int:
         """What game mode would give up: the device memory this process holds while a model
-        or a spare block is in it (0 otherwise: nothing to release)."""
+        or a spare block is in it (0 otherwise: nothing to release), and the arena's shared
+        pool while this process maps it, in use or not."""
         alloc = self.dev.allocator
-        return alloc.reserved_bytes() if self.resident_bytes() or alloc.spare_bytes() else 0
+        pool = alloc.pool.mapped_bytes() if alloc.pool is not None else 0
+        held = alloc.reserved_bytes() if self.resident_bytes() or alloc.spare_bytes() else 0
+        return max(held, pool)
 
     def _warm_need(self) -> int:
         return sum(m.model.warm_bytes() for m in list(self.models.values())
@@ -329,8 +335,11 @@ class Engine:
         if self.turns is not None and self.turns.arena.held:
             warm = [m.name for m in self.models.values() if m.model.state == "warm"]
             self.turns.hand_over()
-            return warm
-        return _Seat(self).release_all()
+        else:
+            warm = _Seat(self).release_all()
+        if self.turns is not None:
+            self.turns.drop_pool()       # the other program needs the memory itself
+        return warm
 
     def _turn(self, name: str, cancel: threading.Event) -> Callable[[], None] | None:
         """A request's safe point: game mode's give-up, then the arena's turn."""

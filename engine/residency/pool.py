@@ -136,6 +136,11 @@ class SharedPool:
         with self._lock:
             return sum(b.size for b, _ in self._mapped.values())
 
+    def idle_bytes(self) -> int:
+        """Mapped here and not in use: what the next allocations take first."""
+        with self._lock:
+            return sum(self._mapped[i][0].size for i in self._free)
+
     def drop_idle(self) -> int:
         """Unmap every block this process has mapped and does not use (its fd closed too);
         the bytes dropped. The device gets the memory back once no process maps it."""

@@ -176,12 +176,15 @@ def pair(tmp_path_factory, smollm2_path, solo):
 def test_two_servers_take_turns_and_answer_as_solo(pair, solo):
     a, b, _, ledger = pair
     sampler = Sampler([a, b])
+    pools = None
     try:
         for k in range(4):
             s, other = (a, b) if k % 2 == 0 else (b, a)
             p = PROMPTS[k % len(PROMPTS)]
             assert answer(s, p) == solo[p], (k, p)
             mine, theirs = arena(s), arena(other)
+            if k == 1:                # each server has had the GPU: the pool is mapped in both
+                pools = [arena(q)["pool"] for q in (a, b)]
             assert mine["state"] == "holder" and mine["device_bytes"] > 0, mine
             assert theirs["state"] == "cold" and theirs["device_bytes"] == 0, theirs
             assert mine["holder_pid"] == theirs["holder_pid"] == s.pid
@@ -197,6 +200,16 @@ def test_two_servers_take_turns_and_answer_as_solo(pair, solo):
     assert not sampler.bad, sampler.bad[:3]
     assert len(sampler.samples) >= 20, len(sampler.samples)
     assert check_ledger(read_ledger(ledger)) >= 4        # every request after the first swaps
+    if pools[0] is not None:
+        # the shared VRAM pool (engine/residency/pool.py): the second server mapped the
+        # memory the first one made, and the later swaps allocated and imported nothing
+        assert pools[0]["created"] + pools[1]["created"] >= 1, pools
+        assert pools[1]["imported"] >= 1 or pools[0]["imported"] >= 1, pools
+        later = [arena(q)["pool"] for q in (a, b)]
+        for before, after in zip(pools, later):
+            assert (after["created"], after["imported"]) == \
+                (before["created"], before["imported"]), (pools, later)
+            assert after["mapped_bytes"] == before["mapped_bytes"] > 0
     procs = {p["pid"]: p for p in arena(a)["processes"]}
     assert set(procs) == {a.pid, b.pid}
     assert procs[b.pid]["state"] == "holder" and procs[a.pid]["state"] == "cold"
@@ -245,6 +258,9 @@ def test_yield_for_5_makes_a_running_server_cold_within_a_second(pair, solo):
         assert st["state"] == "yielded" and st["device_bytes"] == 0, st
         assert t0 + 5 <= st["until"] <= time.time() + 5, st
         assert {q["state"] for q in st["processes"]} == {"yielded"}
+        if st["pool"] is not None:    # nobody keeps the shared memory mapped in a yield
+            wait_for(lambda: arena(s)["pool"]["mapped_bytes"] == 0, 3,
+                     f"server {s.pid} kept the shared pool mapped in a yield")
     until = arena(a)["until"]
 
     # a client that does not wait gets a 503 with Retry-After at once
