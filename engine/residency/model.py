@@ -257,13 +257,13 @@ class Model:
         return self.last_transfer
 
     def _record_again(self, stream: vk.CopyStream) -> None:
-        """While the weight copies run: record the decode graphs the model had before its
-        release, then its prefill graphs, most recent first, until the copies are done."""
+        """While the weight copies run: record the graphs the model had before its release
+        (decode first, then prefill, most recent first) until the copies are done; the
+        rest are recorded when first used, as always, so the restore never waits on them."""
         decode, prefill = self._graph_keys
         self._graph_keys = ([], [])
-        for greedy, logprobs in decode:
-            self._graph(1, greedy, logprobs)
-        for n, greedy, logprobs in reversed(prefill):
+        keys = [(1, g, lp) for g, lp in decode] + list(reversed(prefill))
+        for n, greedy, logprobs in keys:
             if stream.done():
                 break
             self._graph(n, greedy, logprobs)
