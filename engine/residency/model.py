@@ -223,15 +223,17 @@ class Model:
         moved = 0
         stream = None
         uploaded = not self.arenas
+        made_rs = False
         try:
             if uploaded:
                 n, stream = self._upload(progress)
                 moved += n
             t1 = time.perf_counter()
-            if self.rs is None:
+            made_rs = self.rs is None
+            if made_rs:
                 self.rs = RunState(self.dev, self.name, **self._run_state_args())
                 if self.kv_shadow is not None:
-                    moved += self._restore_kv()
+                    moved += self._restore_kv(stream)
             if self.recurrent_shadow is not None:
                 moved += self.rs.restore_recurrent(self.recurrent_shadow)
                 self.recurrent_shadow = None
@@ -241,9 +243,14 @@ class Model:
             t3 = time.perf_counter()
             if stream is not None:
                 stream.wait()
+                if self.kv_shadow is not None:
+                    self._kv_restored()
         except BaseException:
             if stream is not None:
                 stream.close()
+            if made_rs and self.rs is not None and self.kv_shadow is not None:
+                self.rs.close()                # its KV never arrived: the shadow still holds it
+                self.rs = None
             if uploaded:                       # half made: nothing of it is usable
                 self._drop_graphs()
                 self._free_arenas()
@@ -332,19 +339,30 @@ class Model:
         self.kv_shadow = (host, used, [layer for layer, _ in pairs])
         return used * len(pairs)
 
-    def _restore_kv(self) -> int:
-        """The KV host shadow back into the fresh cache (one submit); bytes moved."""
+    def _restore_kv(self, stream: vk.CopyStream | None = None) -> int:
+        """The KV host shadow back into the fresh cache (one submit); bytes moved. With a
+        stream its copies join the weights' in flight, and the shadow is let go once they
+        are done (`_kv_restored`)."""
         host, used, layers = self.kv_shadow
         pairs = self._kv_buffers()
         if [layer for layer, _ in pairs] != layers:
             raise RuntimeError(f"{self.name}: KV layout changed while cold")
+        if host is not None and stream is not None:
+            for i, (_, buf) in enumerate(pairs):
+                stream.copy(host, buf, [(i * used, 0, used)])
+            stream.submit()
+            return used * len(pairs)
         if host is not None:
             with self.dev.one_shot() as cmd:
                 for i, (_, buf) in enumerate(pairs):
                     vk.copy_buffer(cmd, host, i * used, buf, 0, used)
-            self.dev.allocator.free(host)
-        self.kv_shadow = None
+        self._kv_restored()
         return used * len(pairs) if host is not None else 0
+
+    def _kv_restored(self) -> None:
+        if self.kv_shadow is not None and self.kv_shadow[0] is not None:
+            self.dev.allocator.free(self.kv_shadow[0])
+        self.kv_shadow = None
 
     def _kv_buffers(self) -> list[tuple[str, vk.Buffer]]:
         out = [(f"k{i}", b) for i, b in self.rs.k_cache.items()]
