@@ -233,8 +233,9 @@ class Model:
             if made_rs:
                 self.rs = RunState(self.dev, self.name, **self._run_state_args())
                 if self.kv_shadow is not None:
-                    # its own submit: joining the weights' copies let graph recording start
-                    # earlier and overrun the copy (H200: 8B restore 94 -> 113 ms)
+                    # its own submit (it waits for the weights' copies before it): in their
+                    # stream, graph recording started earlier and overran the copy (H200:
+                    # 8B restore between processes 94 -> 113 ms)
                     moved += self._restore_kv()
             if self.recurrent_shadow is not None:
                 moved += self.rs.restore_recurrent(self.recurrent_shadow)
@@ -245,8 +246,6 @@ class Model:
             t3 = time.perf_counter()
             if stream is not None:
                 stream.wait()
-                if self.kv_shadow is not None:
-                    self._kv_restored()
         except BaseException:
             if stream is not None:
                 stream.close()
@@ -341,19 +340,12 @@ class Model:
         self.kv_shadow = (host, used, [layer for layer, _ in pairs])
         return used * len(pairs)
 
-    def _restore_kv(self, stream: vk.CopyStream | None = None) -> int:
-        """The KV host shadow back into the fresh cache (one submit); bytes moved. With a
-        stream its copies join the weights' in flight, and the shadow is let go once they
-        are done (`_kv_restored`)."""
+    def _restore_kv(self) -> int:
+        """The KV host shadow back into the fresh cache (one submit); bytes moved."""
         host, used, layers = self.kv_shadow
         pairs = self._kv_buffers()
         if [layer for layer, _ in pairs] != layers:
             raise RuntimeError(f"{self.name}: KV layout changed while cold")
-        if host is not None and stream is not None:
-            for i, (_, buf) in enumerate(pairs):
-                stream.copy(host, buf, [(i * used, 0, used)])
-            stream.submit()
-            return used * len(pairs)
         if host is not None:
             with self.dev.one_shot() as cmd:
                 for i, (_, buf) in enumerate(pairs):
