@@ -1175,7 +1175,6 @@ class CopyStream:
         self._inflight: list[tuple[object, object]] = []     # (command buffer, fence)
         self.bytes = 0
         self.batches = 0
-        self.first_submit: float | None = None   # perf_counter() of the first batch sent
 
     def copy(self, src: Buffer, dst: Buffer, regions: list[tuple[int, int, int]]) -> None:
         """Queue (src offset, dst offset, bytes) copies for the next submit()."""
@@ -1221,8 +1220,6 @@ class CopyStream:
                 err = dev._fault(r, "copy", [f for _, f in self._inflight])
                 self._release()
                 raise err
-        if self.first_submit is None:
-            self.first_submit = time.perf_counter()
         self.batches += 1
 
     def done(self) -> bool:

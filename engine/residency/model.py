@@ -128,8 +128,6 @@ class Model:
         self.pinned: vk.HostImport | None = None  # the file's pages, imported (discrete GPUs)
         self._sources = None                    # per arena: where a restore copies from
         self._graph_keys: tuple[list, list] = ([], [])  # graphs held before the release
-        self._copy_rate: float | None = None    # bytes/s of the last restore's copies
-        self._record_cost = 0.0                 # seconds the last graph took to record
         self.host_arenas: list[vk.Buffer] = []  # host-placed weights, from first restore to close
         self.weights: dict[str, Tensor] = {}   # while resident: self._tensors
         self._tensors: dict[str, Tensor] = {}
@@ -248,9 +246,6 @@ class Model:
             t3 = time.perf_counter()
             if stream is not None:
                 stream.wait()
-                if time.perf_counter() - t3 > 1e-3 and stream.first_submit is not None:
-                    # the copies outlasted the host's work: their rate, for the next restore
-                    self._copy_rate = stream.bytes / (time.perf_counter() - stream.first_submit)
         except BaseException:
             if stream is not None:
                 stream.close()
@@ -276,18 +271,10 @@ class Model:
         decode, prefill = self._graph_keys
         self._graph_keys = ([], [])
         keys = [(1, g, lp) for g, lp in decode] + list(reversed(prefill))
-        # where the copies' rate is known from an earlier restore, a graph starts only if
-        # they will still run longer than the last graph took to record
-        end = None if self._copy_rate is None or stream.first_submit is None \
-            else stream.first_submit + stream.bytes / self._copy_rate
         for n, greedy, logprobs in keys:
             if stream.done():
                 break
-            t0 = time.perf_counter()
-            if end is not None and t0 + self._record_cost > end:
-                break
             self._graph(n, greedy, logprobs)
-            self._record_cost = time.perf_counter() - t0
 
     def release(self, full: bool = True, discard: bool = False) -> dict:
         """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch

@@ -246,7 +246,6 @@ def test_release_restore_keeps_outputs_and_kv(dev, kc, smollm2_path, full, in_pl
             assert m.kv_checksum() == kv
             with pytest.raises(RuntimeError, match="cold"):
                 m.eval([1], 0)
-            m._copy_rate = None        # no estimate of when the copies end: done() decides
             info = m.restore()
             assert m.state == "warm" and m.device_bytes() == warm
             assert m.kv_checksum() == kv
