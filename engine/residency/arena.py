@@ -30,6 +30,8 @@ The arena is a private directory (mode 0700, owned by this user) holding three f
   decoded tokens), evicts every model fully and then drops the lock.
 - `holder`: `{"pid", "t", "reason"}` of the current holder, for diagnostics only (the lock
   decides; a holder that was killed leaves its line behind).
+- `pool.json` and `members/<pid>.<tag>.sock`: the shared VRAM pool's manifest and each
+  member's fd service (engine/residency/pool.py).
 - `members/<pid>.json`: one file per process in the arena, `{"pid", "label", "waiting"}`,
   each locked (flock) by its process while it lives, so `hotseat ps` lists them and a file
   nobody locks is left over from a dead process and removed.
