@@ -608,6 +608,19 @@ BUFFER_USAGE = (_vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | _vk.VK_BUFFER_USAGE_TRA
 OPAQUE_FD = _vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
 
 
+def _allocate_memory(dev: Device, size: int, type_index: int, pnext=ffi.NULL):
+    """(VkResult, VkDeviceMemory) of one vkAllocateMemory, pnext chained (an import or an
+    export); raw, as buffers are."""
+    info = ffi.new("VkMemoryAllocateInfo*", {
+        "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, "pNext": pnext,
+        "allocationSize": size, "memoryTypeIndex": type_index})
+    out = ffi.new("VkDeviceMemory*")
+    # VkResult vkAllocateMemory(VkDevice, const VkMemoryAllocateInfo*,
+    #                           const VkAllocationCallbacks*, VkDeviceMemory*)
+    r = lib.vkAllocateMemory(dev.device, info, ffi.NULL, out)
+    return r, out[0]
+
+
 class _Block:
     """One VkDeviceMemory carved into buffers by first fit.
 
@@ -631,17 +644,11 @@ class _Block:
             nxt = ffi.new("VkImportMemoryFdInfoKHR*", {
                 "sType": _vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_FD_INFO_KHR,
                 "handleType": OPAQUE_FD, "fd": fd})
-        info = ffi.new("VkMemoryAllocateInfo*", {
-            "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, "pNext": nxt,
-            "allocationSize": size, "memoryTypeIndex": type_index})
-        out = ffi.new("VkDeviceMemory*")
-        # VkResult vkAllocateMemory(VkDevice, const VkMemoryAllocateInfo*,
-        #                           const VkAllocationCallbacks*, VkDeviceMemory*)
-        r = lib.vkAllocateMemory(dev.device, info, ffi.NULL, out)
+        r, memory = _allocate_memory(dev, size, type_index, nxt)
         if r in (_vk.VK_ERROR_OUT_OF_DEVICE_MEMORY, _vk.VK_ERROR_OUT_OF_HOST_MEMORY):
             raise OutOfMemory(f"cannot allocate {size >> 20} MiB on {dev.name}")
         check(r, "vkAllocateMemory")
-        self.memory = out[0]
+        self.memory = memory
         self.free = [(0, size)]          # sorted (offset, size) holes
         self.used = 0
         self.mapped = None
@@ -972,23 +979,17 @@ class HostImport:
         imp = ffi.new("VkImportMemoryHostPointerInfoEXT*", {
             "sType": _vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_HOST_POINTER_INFO_EXT,
             "handleType": HOST_ALLOCATION, "pHostPointer": ptr})
-        alloc = ffi.new("VkMemoryAllocateInfo*", {
-            "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO, "pNext": imp,
-            "allocationSize": n, "memoryTypeIndex": type_index})
-        mem = ffi.new("VkDeviceMemory*")
-        # VkResult vkAllocateMemory(VkDevice, const VkMemoryAllocateInfo*,
-        #                           const VkAllocationCallbacks*, VkDeviceMemory*)
-        r = lib.vkAllocateMemory(dev.device, alloc, ffi.NULL, mem)
+        r, memory = _allocate_memory(dev, n, type_index, imp)
         if r != _vk.VK_SUCCESS:
             lib.vkDestroyBuffer(dev.device, handle, ffi.NULL)
             raise VulkanError(f"{label}: vkAllocateMemory of host pages failed ({r})")
-        r = lib.vkBindBufferMemory(dev.device, handle, mem[0], 0)
+        r = lib.vkBindBufferMemory(dev.device, handle, memory, 0)
         if r != _vk.VK_SUCCESS:
             lib.vkDestroyBuffer(dev.device, handle, ffi.NULL)
-            lib.vkFreeMemory(dev.device, mem[0], ffi.NULL)
+            lib.vkFreeMemory(dev.device, memory, ffi.NULL)
             raise VulkanError(f"{label}: vkBindBufferMemory of host pages failed ({r})")
         buf = Buffer(label, "pinned", n, True, handle, None, 0, n)
-        buf.memory = mem[0]
+        buf.memory = memory
         return buf
 
     @property
