@@ -99,3 +99,29 @@ def test_a_block_in_use_is_never_dropped(two):
     assert (vk.download(da, buf) == 1).all()
     da.allocator.free(buf)
     assert pa.drop_idle() == POOL_BLOCK
+
+
+def test_garbage_in_the_manifest_or_on_a_socket_is_ignored(two):
+    """A manifest that is not the pool's JSON reads as empty (a new block is made and listed),
+    and a member's socket answers garbage with no fds and goes on serving."""
+    import socket
+
+    d, (da, db), (pa, pb) = two
+    with open(os.path.join(d, POOL_FILE), "wb") as f:
+        f.write(b'\x00{"blocks": [{"id": 5}]')
+    buf = da.allocator.alloc(1 << 20, "a", "weights")
+    assert pa.stats["created"] == 1
+    assert [b["id"] for b in json.load(open(os.path.join(d, POOL_FILE)))["blocks"]] == \
+        [buf.block.pool_id]
+    da.allocator.free(buf)
+    for junk in (b"not json\n", b'{"ids": "x"}\n', b'{"ids": [1, null, "zz"]}\n', b"\xff\n"):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5)
+        s.connect(pa.sock_path)
+        s.sendall(junk)
+        msg, fds, _, _ = socket.recv_fds(s, 4096, 8)
+        s.close()
+        assert fds == [] and json.loads(msg) == {"ids": []}, junk
+    got = db.allocator.alloc(1 << 20, "b", "weights")      # a still serves its block
+    assert pb.stats["imported"] == 1
+    db.allocator.free(got)
