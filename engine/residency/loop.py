@@ -23,6 +23,11 @@ class Cancelled(Exception):
     prompt."""
 
 
+class NonFiniteLogits(RuntimeError):
+    """The model's logits held a NaN or an infinity: no token can be chosen."""
+    code = "non_finite_logits"
+
+
 @dataclass
 class Timings:
     prompt_tokens: int = 0
@@ -100,6 +105,12 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     for i in range(max_new):
         if want:
             out, top = out
+        # NaN or +inf logits (activations past f16's range, a broken file): the device's
+        # argmax says so with an id past the vocabulary; a sampler's logits are looked at
+        if (out >= model.config.n_vocab) if greedy else not np.isfinite(np.max(out)):
+            raise NonFiniteLogits(f"the model produced non-finite logits at token {i + 1} "
+                                  f"of the answer (position {pos}): its numbers overflowed "
+                                  f"or the file is broken")
         if constraint is not None:
             masked = constraint.apply(out)
             tok = int(np.argmax(masked)) if sample is None else sample(masked, history)

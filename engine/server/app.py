@@ -37,6 +37,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
 
 from ..facade import EngineFault
+from ..residency.loop import NonFiniteLogits
 from ..residency.arbiter import BudgetError
 from .access import Access, WILDCARD_BINDS, allowed_host_names
 from .embeddings import EmbeddingRoutes
@@ -163,6 +164,9 @@ class Server(OpenAIRoutes, ResponsesRoutes, EmbeddingRoutes, ManagementRoutes, A
             return self._error(request, over_budget(exc))  # (503: the GPU's turn did not come)
         except EngineFault as exc:             # evict, warm, load: the GPU failed
             return self._error(request, device_fault(exc))
+        except NonFiniteLogits as exc:         # the model's numbers, not the server: say so
+            log.warning("%s %s: %s", request.method, request.path, exc)
+            return self._error(request, ApiError(500, str(exc), None, exc.code))
         except web.HTTPException as exc:       # aiohttp's own 404, 405, 413
             code = {404: "not_found", 405: "method_not_allowed",
                     413: "request_too_large"}.get(exc.status)

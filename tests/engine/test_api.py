@@ -188,3 +188,37 @@ def test_arena_status_through_a_yield(smollm2_path, ref, tmp_path):
         assert not arena.held and arena.members() == []
     finally:
         arena.close()
+
+
+@pytest.mark.parametrize("how", ["greedy", "sampled", "sampled_inf"])
+def test_non_finite_logits_end_the_request_clearly_and_the_engine_goes_on(
+        smollm2_path, ref, monkeypatch, how):
+    """NaN or +inf logits at the third token: the device argmax's 0xFFFFFFFF (greedy) or the
+    logits read for sampling end the request with NonFiniteLogits, saying where; the next
+    request gives the reference answer."""
+    import numpy as np
+
+    from engine.residency.loop import NonFiniteLogits
+    from engine.residency.model import Model
+
+    real = Model.run
+    third = len(ref["prompt_ids"]) + 1          # the run whose logits choose token 3
+
+    def poisoned(self, tokens, pos0, greedy, logprobs=False):
+        out = real(self, tokens, pos0, greedy, logprobs)
+        if pos0 == third and not poisoned.off:
+            if greedy:
+                return 0xFFFFFFFF
+            out = out.copy()
+            out[17] = np.inf if how == "sampled_inf" else np.nan
+        return out
+    poisoned.off = False
+    monkeypatch.setattr(Model, "run", poisoned)
+    sampling = GREEDY if how == "greedy" else SamplingParams(temperature=0.8, seed=3)
+    with Engine(n_ctx=256) as eng:
+        name = eng.load(smollm2_path)
+        with pytest.raises(NonFiniteLogits, match="non-finite logits at token 3 of the answer"):
+            eng.generate(name, tokens=ref["prompt_ids"], max_tokens=8, sampling=sampling)
+        poisoned.off = True
+        out = eng.generate(name, tokens=ref["prompt_ids"], max_tokens=6, sampling=GREEDY)
+        assert out.tokens == ref["greedy_ids"][:6]

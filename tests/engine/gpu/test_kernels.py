@@ -672,6 +672,30 @@ def test_argmax_lowest_index_on_ties(dev, kc, lanes, ties):
     assert read(dev, bo, np.uint32)[0] == min(ties)
 
 
+@pytest.mark.parametrize("lanes", [1, 32])
+@pytest.mark.parametrize("poison", ["nan", "inf", "nan_at_end", "all_minus_inf", "minus_inf"])
+def test_argmax_says_when_logits_are_not_finite(dev, kc, lanes, poison):
+    """NaN or +inf anywhere, or nothing above -inf, gives 0xFFFFFFFF (the host stops the
+    request); a -inf among finite logits is an ordinary low logit."""
+    x = np.random.default_rng(8).standard_normal(49152).astype(np.float32)
+    x[777] = 9.0
+    if poison == "nan":
+        x[123] = np.nan
+    elif poison == "inf":
+        x[40000] = np.inf
+    elif poison == "nan_at_end":
+        x[-1] = np.nan
+    elif poison == "all_minus_inf":
+        x[:] = -np.inf
+    else:
+        x[5:900:7] = -np.inf
+    bx, bo = buf(dev, x), buf(dev, nbytes=4)
+    run_once(dev, kc, "argmax", [bx, bo], (1, 1, 1), spec=dict(WG=dev.subgroup_size * lanes),
+             n=49152, x_offset=0)
+    want = 777 if poison == "minus_inf" else 0xFFFFFFFF
+    assert read(dev, bo, np.uint32)[0] == want
+
+
 # -- rope, KV cache, attention ---------------------------------------------------------------
 
 def rope_ref(x: np.ndarray, pos0: int, n_dims: int, base: float, neox: bool) -> np.ndarray:
