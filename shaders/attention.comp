@@ -7,6 +7,7 @@
 // SEQS = 1 none before step.seq_first[t], the first slot of its own sequence (packed passes).
 // Options (include/attn.glsl): scores soft-capped (softcap > 0), a sink logit per head (SINKS).
 #include "common.glsl"
+#include "round.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
@@ -49,7 +50,7 @@ void main() {
     const uint qb = (t * p.n_head + h) * D4;
     const uint ob = (t * p.n_head + h) * D4;
     if (GGML != 0) {
-        [[unroll]] for (uint d = 0; d < D4; d++) qv[d] = vec4(f16vec4(q4[qb + d]));
+        [[unroll]] for (uint d = 0; d < D4; d++) qv[d] = f16_rne(q4[qb + d]);
         float mx = -1.0 / 0.0;
         for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
             const uint kb = (kp * p.n_head_kv + kvh) * D4;
@@ -66,14 +67,14 @@ void main() {
             [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
             sum += exp(soft_cap(s * p.scale, p.softcap) - mx);
         }
-        const float inv = 1.0 / (subgroupAdd(sum) + (SINKS != 0 ? exp(sinks[h] - mx) : 0.0));
+        const float inv = div_rn(1.0, subgroupAdd(sum) + (SINKS != 0 ? exp(sinks[h] - mx) : 0.0));
         vec4 acc[D4];
         [[unroll]] for (uint d = 0; d < D4; d++) acc[d] = vec4(0.0);
         for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
             const uint kb = (kp * p.n_head_kv + kvh) * D4;
             float s = 0.0;
             [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
-            const float pr = float(float16_t(exp(soft_cap(s * p.scale, p.softcap) - mx) * inv));
+            const float pr = f16_rne(exp(soft_cap(s * p.scale, p.softcap) - mx) * inv);
             [[unroll]] for (uint d = 0; d < D4; d++) acc[d] += pr * vec4(v4[kb + d]);
         }
         [[unroll]] for (uint d = 0; d < D4; d++) {

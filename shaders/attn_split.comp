@@ -10,6 +10,7 @@
 // GGML = 1 rounds q and p to f16 as ggml's CPU attention does (see attention.comp).
 // Options: scores soft-capped (softcap > 0), a sink logit per head (SINKS), as split.glsl says.
 #include "common.glsl"
+#include "round.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
@@ -58,7 +59,7 @@ void main() {
         const uint lane = t % LP, g = t / LP;
         [[unroll]] for (uint i = 0; i < DL; i++) {
             const vec4 x = q4[h * D4 + lane + LP * i];
-            qv[i] = GGML != 0 ? vec4(f16vec4(x)) : x;
+            qv[i] = GGML != 0 ? f16_rne(x) : x;
         }
         float m = -1.0 / 0.0, l = 0.0;
         if (SINKS != 0 && s == 0 && g == 0) { m = sinks[h]; l = 1.0; }
@@ -96,13 +97,13 @@ void main() {
         const vec2 x = stats[st + i];
         if (x.y > 0.0) L += x.y * exp(x.x - M);
     }
-    const float inv = 1.0 / L;
+    const float inv = div_rn(1.0, L);
     vec4 acc[DV];
     [[unroll]] for (uint i = 0; i < DV; i++) acc[i] = vec4(0.0);
     if (g < NS) {
         for (uint kp = a + g; kp < b; kp += NS) {
             float pr = exp(scores[h * p.n_ctx + kp] - M) * inv;
-            if (GGML != 0) pr = float(float16_t(pr));
+            if (GGML != 0) pr = f16_rne(pr);
             const uint vb = (kp * p.n_head_kv + kvh) * D4 + u;
             [[unroll]] for (uint i = 0; i < DV; i++) {
                 if (u + TS * i < D4) acc[i] += pr * vec4(v4[vb + TS * i]);

@@ -12,6 +12,7 @@
 // scores are -inf, so the running max stays, the rescale is exp(0) = 1 and the terms are 0).
 // Options (include/attn.glsl): scores soft-capped (softcap > 0), a sink logit per head (SINKS).
 #include "common.glsl"
+#include "round.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 
@@ -66,7 +67,7 @@ void main() {
     const uint qb = (row * p.n_head + h) * D4 + lane;
     [[unroll]] for (uint i = 0; i < DL; i++) {
         const vec4 x = row < p.n_tokens ? q4[qb + LP * i] : vec4(0.0);
-        qv[i] = GGML != 0 ? vec4(f16vec4(x)) : x;
+        qv[i] = GGML != 0 ? f16_rne(x) : x;
     }
     float m = SINKS != 0 ? sinks[h] : NEG, l = SINKS != 0 ? 1.0 : 0.0;
     vec4 acc[DL];
@@ -75,7 +76,7 @@ void main() {
     // GGML: a first pass for each row's max and sum, so that the second can round the
     // normalised probabilities to f16 before P.V, as ggml's CPU attention does
     for (uint pass = GGML != 0 ? 0 : 1; pass < 2; pass++) {
-        const float inv = 1.0 / l;
+        const float inv = div_rn(1.0, l);
         for (uint j = 0; j < n_blocks; j++) {
             const uint c_ = SKIP != 0 ? cls[tile * (p.stride / BC) + j] : MIXED;
             if (c_ == MASKED) continue;
@@ -105,7 +106,7 @@ void main() {
             }
             if (GGML != 0 && pass == 1) {            // m and l are the row's final ones
                 [[unroll]] for (uint c = 0; c < BC; c++) {
-                    const float pr = float(float16_t(exp(s[c] - m) * inv));
+                    const float pr = f16_rne(exp(s[c] - m) * inv);
                     [[unroll]] for (uint i = 0; i < DL; i++)
                         acc[i] += pr * vec4(vsh[c * D4 + lane + LP * i]);
                 }

@@ -191,8 +191,8 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
             const vec4 a = abs(xv[v]);
             amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
         }
-        d = amax / 127.0;
-        const float id = amax != 0.0 ? 127.0 / amax : 0.0;
+        d = div_rn(amax, 127.0);
+        const float id = amax != 0.0 ? div_rn(127.0, amax) : 0.0;
         const float dh = f16_rne(d);
         [[unroll]] for (uint v = 0; v < NV; v++) {
             const vec4 q = roundEven(xv[v] * id);
@@ -221,8 +221,8 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
             const float op = subgroupShuffleXor(pos, m);
             if (oa > amax || (oa == amax && op < pos)) { amax = oa; vmax = ov; pos = op; }
         }
-        const float iscale = vmax != 0.0 ? -127.0 / vmax : 0.0;
-        const float dk = iscale != 0.0 ? 1.0 / iscale : 0.0;
+        const float iscale = vmax != 0.0 ? div_rn(-127.0, vmax) : 0.0;
+        const float dk = iscale != 0.0 ? div_rn(1.0, iscale) : 0.0;
         [[unroll]] for (uint v = 0; v < NV; v++) xv[v] = min(roundEven(iscale * xv[v]), 127.0) * dk;
     }
     // the sums the block minimums multiply: per 32 weights (per 16 l of one quarter, Q6_K)

@@ -43,13 +43,13 @@ void main() {
         if (abs(v) > amax) { amax = abs(v); vmax = v; }
     }
     if (FMT == 2) {
-        const float iscale = vmax != 0.0 ? -127.0 / vmax : 0.0;
-        const float d = iscale != 0.0 ? 1.0 / iscale : 0.0;
+        const float iscale = vmax != 0.0 ? div_rn(-127.0, vmax) : 0.0;
+        const float d = iscale != 0.0 ? div_rn(1.0, iscale) : 0.0;
         for (uint j = 0; j < bs; j++) o[dst + j] = min(127.0, roundEven(iscale * x[src + j])) * d;
         return;
     }
-    const float d = amax / 127.0;
-    const float id = amax != 0.0 ? 127.0 / amax : 0.0;
+    const float d = div_rn(amax, 127.0);
+    const float id = amax != 0.0 ? div_rn(127.0, amax) : 0.0;
     const float dh = f16_rne(d);
     for (uint j = 0; j < bs; j++) o[dst + j] = roundEven(x[src + j] * id) * dh;
 }

@@ -20,8 +20,8 @@ float quad_add(float v) {
 float round_act(const uint mode, inout vec4 xa, inout vec4 xb) {
     const vec4 m4 = max(abs(xa), abs(xb));
     const float amax = quad_max(max(max(m4.x, m4.y), max(m4.z, m4.w)));
-    const float d = amax / 127.0;
-    const float id = amax != 0.0 ? 127.0 / amax : 0.0;
+    const float d = div_rn(amax, 127.0);
+    const float id = amax != 0.0 ? div_rn(127.0, amax) : 0.0;
     const float dh = f16_rne(d);
     const vec4 qa = roundEven(xa * id), qb = roundEven(xb * id);
     xa = qa * dh;

@@ -956,15 +956,9 @@ def test_quantize_act_formats(dev, kc, fmt):
         u = x.view(np.uint32).astype(np.uint64)
         want = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
     got, want = read(dev, bo).reshape(2, 512), want.reshape(2, 512).astype(np.float32)
-    if dev.info.kind == "cpu" or fmt == 4:   # IEEE division and conversions (bf16's integer
-        # arithmetic everywhere): ggml's bits exactly
-        assert np.array_equal(got, want)
-    else:
-        # Vulkan lets '/' be 2.5 ulp off and drivers convert to f16 their own way (NVIDIA's
-        # does): a block scale an ulp off, or a value rounded the other way, moves an element
-        # by at most one quantization step of its block
-        step = np.abs(want).max() / (127 if fmt != 3 else 1024)
-        assert np.abs(got - want).max() <= step
+    # ggml's bits exactly, on every device: the kernel divides and converts to f16 by
+    # explicit rounding (round.glsl), not by the driver's '/' and conversions
+    assert np.array_equal(got, want)
 
 
 def attention_ggml_ref(q, k, v, pos0, window, scale):
@@ -997,7 +991,14 @@ def test_attention_ggml_rounding(dev, kc):
              spec=dict(HD=hd, GGML=1), n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok,
              window=0, scale=scale, softcap=0.0)
     want = attention_ggml_ref(q, k, v, pos0, 0, scale)
-    assert np.abs(read(dev, bo).reshape(q.shape) - want).max() < 1e-5
+    err = np.abs(read(dev, bo).reshape(q.shape) - want).max()
+    if dev.info.kind == "cpu":      # IEEE exp: ggml's rounding to the last bits
+        assert err < 1e-5
+    else:
+        # a GPU's exp may be an ulp or two off (Vulkan allows it), which can round a
+        # probability to the f16 next to ggml's: at most 2^-10 of p each, so the output
+        # moves by at most 2^-10 * sum(p * |v|) <= 2^-10 * max|v|
+        assert err <= 2.0 ** -10 * np.abs(v).max()
 
 
 @pytest.mark.parametrize("neox", [0, 1])
@@ -1305,6 +1306,7 @@ def test_flash_attention(dev, kc, hd, n, pos0, window):
     scale = hd ** -0.5
     t = Tuning.for_device(dev, "on")
     t.ggml_numerics = False
+    t.coopmat = False               # the f32 tiles; the matrix units' have a test of their own
     got = builder_attention(dev, kc, t, q, k, v, pos0, window)
     assert nmse(got, attention_ref(q, k, v, pos0, window, scale)) < 1e-10
     assert nmse(got, old_attention(dev, kc, q, k, v, pos0, window, 0)) < 1e-10
