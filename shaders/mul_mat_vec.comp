@@ -9,6 +9,9 @@
 // (blocks of 256: the four lanes of one super-block agree through xor shuffles), 4 f16,
 // 5 bf16.
 // Scales apply once per sub-block: sum(q * x) * d, less the minimum times sum(x).
+// XFORM fuses the op before the product into its reading of x, one dispatch and one barrier
+// fewer: 1 rms_norm (x * w read, with w the norm's weight in binding 3; the sum of squares
+// gathered on the way, its scale applied to the row sums), 2 the GLU (silu(x) * binding 3).
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -17,18 +20,21 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 2;
 layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residual add)
 layout(constant_id = 3) const uint ACT = 0;      // activation rounding, see above
+layout(constant_id = 4) const uint XFORM = 0;    // the fused op before, see above
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
 layout(std430, binding = 0) readonly buffer W32 { uint w32[]; };
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
+layout(std430, binding = 3) readonly buffer X2 { vec4 x2[]; };   // XFORM's second input
 
 layout(push_constant) uniform Push {
     uint n_in;       // K: a multiple of the chunk
     uint n_out;      // rows of W in this binding
     uint x_offset;   // in vec4 units
     uint y_offset;   // in floats: where row 0 of this binding lands
+    float eps;       // XFORM 1: the norm's epsilon
 } p;
 
 #include "chunk.glsl"                               // CHUNK, NV and the bit helpers
@@ -246,6 +252,7 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
 }
 
 shared float partial[32][ROWS];                     // per subgroup, per row
+shared float partial_ss[32];                        // XFORM 1: sums of squares per subgroup
 
 void main() {
     const uint tid = gl_LocalInvocationID.x;
@@ -253,10 +260,19 @@ void main() {
     const uint nc = p.n_in / CHUNK;
     float acc[ROWS];
     [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+    float ss = 0.0;
 
     for (uint c = tid; c < nc; c += gl_WorkGroupSize.x) {
         vec4 xv[NV];
-        [[unroll]] for (uint v = 0; v < NV; v++) xv[v] = x4[p.x_offset + x_index(c, v)];
+        [[unroll]] for (uint v = 0; v < NV; v++) {
+            const uint i = x_index(c, v);
+            xv[v] = x4[p.x_offset + i];
+            if (XFORM == 1) {
+                ss += dot(xv[v], xv[v]);
+                xv[v] *= x2[i];
+            }
+            if (XFORM == 2) xv[v] = xv[v] / (1.0 + exp(-xv[v])) * x2[p.x_offset + i];
+        }
         float xs[4];
         prepare(c, xv, xs);
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
@@ -267,10 +283,19 @@ void main() {
         const float s = subgroupAdd(acc[r]);
         if (gl_SubgroupInvocationID == 0) partial[gl_SubgroupID][r] = s;
     }
+    if (XFORM == 1) {
+        const float s = subgroupAdd(ss);
+        if (gl_SubgroupInvocationID == 0) partial_ss[gl_SubgroupID] = s;
+    }
     barrier();
     if (tid < ROWS && row0 + tid < p.n_out) {
         float s = 0.0;
         for (uint g = 0; g < gl_NumSubgroups; g++) s += partial[g][tid];
+        if (XFORM == 1) {
+            float t = 0.0;
+            for (uint g = 0; g < gl_NumSubgroups; g++) t += partial_ss[g];
+            s *= 1.0 / sqrt(t / float(p.n_in) + p.eps);
+        }
         const uint o = p.y_offset + row0 + tid;
         y[o] = ACC != 0 ? y[o] + s : s;
     }

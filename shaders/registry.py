@@ -76,8 +76,10 @@ KERNELS: dict[str, KernelSpec] = {
          ("row_offset", U), ("y_stride", U)),
         (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACC", 3), ("ACT", 4)), typed=True, writes=(2,)),
     "mul_mat_vec": KernelSpec(
-        "mul_mat_vec.comp", 3, (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U)),
-        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3)), typed=True, writes=(2,)),
+        "mul_mat_vec.comp", 4,
+        (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U), ("eps", F)),
+        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3), ("XFORM", 4)), typed=True,
+        writes=(2,)),
     "mul_mat_cm": KernelSpec(
         "mul_mat_cm.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),

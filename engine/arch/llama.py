@@ -100,10 +100,10 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     for i in range(c.n_layer):
         p = f"blk.{i}."
         # attention
-        b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "attn_q.weight"], rs.xn, rs.q, n)       # [n, n_head * head_dim]
-        b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)       # [n, n_head_kv * head_dim]
-        b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)       # [n, n_head_kv * head_dim]
+        b.norm_matmuls(x, w[p + "attn_norm.weight"], c.rms_eps, rs.xn, n, [
+            (w[p + "attn_q.weight"], rs.q),                    # [n, n_head * head_dim]
+            (w[p + "attn_k.weight"], rs.k),                    # [n, n_head_kv * head_dim]
+            (w[p + "attn_v.weight"], rs.v)])                   # [n, n_head_kv * head_dim]
         if c.qkv_bias:
             b.add_bias(rs.q, w[p + "attn_q.bias"], n)
             b.add_bias(rs.k, w[p + "attn_k.bias"], n)
@@ -120,11 +120,10 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
         if c.out_bias:
             b.add_bias(x, w[p + "attn_output.bias"], n)
         # feed-forward
-        b.rms_norm(x, w[p + "ffn_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "ffn_gate.weight"], rs.xn, rs.gate, n)  # [n, n_ff]
-        b.matmul(w[p + "ffn_up.weight"], rs.xn, rs.up, n)      # [n, n_ff]
-        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff)
-        b.matmul(w[p + "ffn_down.weight"], rs.gate, x, n, accumulate=True)
+        b.norm_matmuls(x, w[p + "ffn_norm.weight"], c.rms_eps, rs.xn, n, [
+            (w[p + "ffn_gate.weight"], rs.gate),               # [n, n_ff]
+            (w[p + "ffn_up.weight"], rs.up)])                  # [n, n_ff]
+        b.swiglu_matmul(w[p + "ffn_down.weight"], rs.gate, rs.up, x, n, c.n_ff)
     # only the last token's logits are needed
     b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
     head = w["token_embd.weight" if c.tied_output else "output.weight"]

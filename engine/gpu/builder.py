@@ -105,8 +105,9 @@ class Builder:
         self._wrote(y)
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
-                x_row: int) -> None:
-        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act)."""
+                x_row: int, xform: int = 0, x2=None, eps: float = 0.0) -> None:
+        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act).
+        xform 1 or 2 fuses the op before (mul_mat_vec.comp's XFORM) with its input x2."""
         n_in = w.shape[0]
         chunks = n_in // MATVEC_CHUNK[w.wtype]
         lanes = self.t.subgroup
@@ -114,12 +115,42 @@ class Builder:
             lanes *= 2
         rows = self.t.matvec_rows(w.wtype, w.rows)
         spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate),
-                    ACT=MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0)
+                    ACT=MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0, XFORM=xform)
         for buf, first, count in w.bindings():
-            self.g.op("mul_mat_vec", [buf, x, y], (-(-count // rows), 1, 1), wtype=w.wtype,
-                      spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
-                      y_offset=first)
+            self.g.op("mul_mat_vec", [buf, x, y, x if x2 is None else x2],
+                      (-(-count // rows), 1, 1), wtype=w.wtype, spec=spec, n_in=n_in,
+                      n_out=count, x_offset=x_row * n_in // 4, y_offset=first, eps=eps)
         self._wrote(y)
+
+    def _fusing(self, n: int, ws: list[Tensor]) -> bool:
+        """Whether one token's products over ws can take the op before them into their
+        reading of x (mul_mat_vec's XFORM): not where ggml's rounding of x is asked for,
+        which must see the op's output."""
+        return (n == 1 and self.t.fuse_decode and not self.t.ggml_numerics
+                and self.paths().decode_matmul == "mul_mat_vec"
+                and not any(any(w.skips()) for w in ws))
+
+    def norm_matmuls(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
+                     products: list[tuple[Tensor, vk.Buffer]]) -> None:
+        """xn = rms_norm(x) * norm, then y = xn @ w^T for each (w, y). For one token the
+        norm goes into each product instead (xn is then left unwritten)."""
+        if self._fusing(n, [w for w, _ in products]) and norm.wtype == "F32":
+            for w, y in products:
+                self._matvec(w, x, y, False, 0, xform=1, x2=norm.binding(), eps=eps)
+            return
+        self.rms_norm(x, norm, xn, n, eps)
+        for w, y in products:
+            self.matmul(w, xn, y, n)
+
+    def swiglu_matmul(self, w: Tensor, gate: vk.Buffer, up: vk.Buffer, y: vk.Buffer, n: int,
+                      n_ff: int) -> None:
+        """y += (silu(gate) * up) @ w^T, the feed-forward's down product; gate is
+        overwritten. For one token the GLU goes into the product."""
+        if self._fusing(n, [w]):
+            self._matvec(w, gate, y, True, 0, xform=2, x2=up)
+            return
+        self.silu_mul(gate, up, gate, n * n_ff)
+        self.matmul(w, gate, y, n, accumulate=True)
 
     def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
                   n_used: int, per_slot: bool = False) -> None:

@@ -53,6 +53,8 @@ class Tuning:
     matvec: bool = True     # decode products through mul_mat_vec (else mul_mat with one token)
     mv_lanes: int = 256     # most lanes sharing one row in mul_mat_vec
     norm_wg: int = 256      # lanes per row of rms_norm
+    fuse_decode: bool = True  # one token: the norm before a product, and the GLU before
+                              # the down product, go into the product's reading of x
     argmax_wg: int = 1024   # lanes of the one argmax workgroup
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
     cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup

@@ -35,8 +35,13 @@ def test_every_case_of_these_architectures_and_types_is_here():
     assert {"phi3-longrope-f16-short", "phi3-longrope-f16-long"} <= set(CASES)
 
 
-def run_case(dev, kc, case: sr.Case) -> tuple[np.ndarray, Model]:
+def run_case(dev, kc, case: sr.Case, paths: str = "device") -> tuple[np.ndarray, Model]:
+    """paths "gpu": a discrete GPU's decode without matrix units (mul_mat_vec with the norms
+    and the GLU fused into its products, device numerics) on every device."""
     model = Model(dev, kc, str(case.model_path), n_ctx=case.n_ctx)
+    if paths == "gpu":
+        model.tuning.coopmat = False
+        model.tuning.matvec, model.tuning.ggml_numerics = True, False
     try:
         def prefill(prompt: list[int]) -> np.ndarray:
             rows = []
@@ -54,11 +59,12 @@ def run_case(dev, kc, case: sr.Case) -> tuple[np.ndarray, Model]:
     return logits, model
 
 
+@pytest.mark.parametrize("paths", ["device", "gpu"])
 @pytest.mark.parametrize("name", CASES)
-def test_gpu_matches_llamacpp(dev, kc, name):
+def test_gpu_matches_llamacpp(dev, kc, name, paths):
     case = sr.load_case(name)
     sr.check_file(case)
-    logits, model = run_case(dev, kc, case)
+    logits, model = run_case(dev, kc, case, paths)
     try:
         figures = sr.compare(case, logits)
     finally:

@@ -190,12 +190,38 @@ def test_mul_mat_vec(dev, kc, wtype, lanes, rows):
     for acc in (0, 1):
         by = buf(dev, y0)
         # the second token's row, into y from float 3 on
-        run_once(dev, kc, "mul_mat_vec", [bw, bx, by], (-(-n_out // rows), 1, 1), wtype=wtype,
-                 spec=dict(WG=dev.subgroup_size * lanes, ROWS=rows, ACC=acc, ACT=0), n_in=n_in,
-                 n_out=n_out, x_offset=n_in // 4, y_offset=3)
+        run_once(dev, kc, "mul_mat_vec", [bw, bx, by, bx], (-(-n_out // rows), 1, 1),
+                 wtype=wtype, spec=dict(WG=dev.subgroup_size * lanes, ROWS=rows, ACC=acc,
+                                        ACT=0),
+                 n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=0.0)
         got = read(dev, by)
         assert np.array_equal(got[:3], y0[:3])
         assert nmse(got[3:], w @ x[1] + (y0[3:] if acc else 0)) < 1e-10
+
+
+@pytest.mark.parametrize("wtype", ["Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K", "F16"])
+@pytest.mark.parametrize("xform", [1, 2])
+def test_mul_mat_vec_fused_input(dev, kc, wtype, xform):
+    """XFORM 1: the product of rms_norm(x) * w_norm; 2: of silu(x) * x2 (the GLU); the second
+    token's row of x, against numpy on the op and the product."""
+    rng = np.random.default_rng(22)
+    n_out, n_in, eps = 37, 1024, 1e-5
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal((2, n_in)) * 3).astype(np.float32)
+    x2 = rng.standard_normal((2, n_in) if xform == 2 else n_in).astype(np.float32)
+    y0 = rng.standard_normal(n_out).astype(np.float32)
+    bw, bx, bx2, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, x2), buf(dev, y0)
+    rows = 4
+    run_once(dev, kc, "mul_mat_vec", [bw, bx, by, bx2], (-(-n_out // rows), 1, 1),
+             wtype=wtype, spec=dict(WG=dev.subgroup_size * 2, ROWS=rows, ACC=1, ACT=0,
+                                    XFORM=xform),
+             n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=0, eps=eps)
+    xr = x[1].astype(np.float64)
+    if xform == 1:
+        xin = xr / np.sqrt(np.mean(xr * xr) + eps) * x2
+    else:
+        xin = xr / (1 + np.exp(-xr)) * x2[1]
+    assert nmse(read(dev, by), y0 + w @ xin) < 1e-10
 
 
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
