@@ -217,6 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "mul_mat_moe: prefill expert products grouped by expert against "
                          "mul_mat_id's one per token and slot")
     kb.add_argument("-r", "--repeats", type=int, default=50, help="replays per path (default 50)")
+    kb.add_argument("--types", metavar="T,T",
+                    help="mul_mat_vec: only these weight types (e.g. Q4_K,Q6_K)")
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)
 

@@ -21,6 +21,7 @@ layout(constant_id = 1) const uint ROWS = 2;
 layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residual add)
 layout(constant_id = 3) const uint ACT = 0;      // activation rounding, see above
 layout(constant_id = 4) const uint XFORM = 0;    // the fused op before, see above
+layout(constant_id = 5) const uint MAP = 0;      // Q4_K: 1 = sixteen lanes a super-block
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -254,31 +255,21 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
 shared float partial[32][ROWS];                     // per subgroup, per row
 shared float partial_ss[32];                        // XFORM 1: sums of squares per subgroup
 
-void main() {
-    const uint tid = gl_LocalInvocationID.x;
-    const uint row0 = gl_WorkGroupID.x * ROWS;
-    const uint nc = p.n_in / CHUNK;
-    float acc[ROWS];
-    [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
-    float ss = 0.0;
-
-    for (uint c = tid; c < nc; c += gl_WorkGroupSize.x) {
-        vec4 xv[NV];
-        [[unroll]] for (uint v = 0; v < NV; v++) {
-            const uint i = x_index(c, v);
-            xv[v] = x4[p.x_offset + i];
-            if (XFORM == 1) {
-                ss += dot(xv[v], xv[v]);
-                xv[v] *= x2[i];
-            }
-            if (XFORM == 2) xv[v] = xv[v] / (1.0 + exp(-xv[v])) * x2[p.x_offset + i];
-        }
-        float xs[4];
-        prepare(c, xv, xs);
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            acc[r] += chunk_dot(min(row0 + r, p.n_out - 1), c, nc, xv, xs);
-        }
+// x's vec4 i (counted from the row's first weight) as the product reads it (XFORM); ss
+// gathers the squares for the norm
+vec4 load_x(uint i, inout float ss) {
+    vec4 v = x4[p.x_offset + i];
+    if (XFORM == 1) {
+        ss += dot(v, v);
+        v *= x2[i];
     }
+    if (XFORM == 2) v = v / (1.0 + exp(-v)) * x2[p.x_offset + i];
+    return v;
+}
+
+// The lanes' sums meet; row r's total (scaled by the norm, XFORM 1) lands in y.
+void finish(const uint row0, in float acc[ROWS], const float ss) {
+    const uint tid = gl_LocalInvocationID.x;
     [[unroll]] for (uint r = 0; r < ROWS; r++) {
         const float s = subgroupAdd(acc[r]);
         if (gl_SubgroupInvocationID == 0) partial[gl_SubgroupID][r] = s;
@@ -299,4 +290,68 @@ void main() {
         const uint o = p.y_offset + row0 + tid;
         y[o] = ACC != 0 ? y[o] + s : s;
     }
+}
+
+#if defined(TYPE_Q4_K)
+// MAP 1: sixteen lanes share a super-block, each taking 4 weights of 4 of its sub-blocks
+// (two u32 of qs): small loads, many super-blocks in flight per workgroup.
+void main_fine() {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint row0 = gl_WorkGroupID.x * ROWS;
+    const uint nsb = p.n_in / 256;
+    const uint t = tid & 15, jl = t >> 3, l0 = 4 * (t & 7);
+    // qs bytes 32 jl + l0 .. + 3 hold weights 64 jl + l0 .. (low nibbles: sub-block 2 jl)
+    // and 64 jl + 32 + l0 .. (high: 2 jl + 1); 64 bytes on, the same of sub-blocks + 4
+    const uint xo = 16 * jl + l0 / 4, qo = 4 + 8 * jl + l0 / 4;
+    const uint s0 = 2 * jl;
+    float acc[ROWS];
+    [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+    float ss = 0.0;
+    for (uint i = tid >> 4; i < nsb; i += gl_WorkGroupSize.x / 16) {
+        const uint xb = i * 64 + xo;
+        const vec4 xa = load_x(xb, ss), xb1 = load_x(xb + 8, ss);
+        const vec4 xc = load_x(xb + 32, ss), xd = load_x(xb + 40, ss);
+        const vec4 xsum = vec4(dot(xa, vec4(1.0)), dot(xb1, vec4(1.0)), dot(xc, vec4(1.0)),
+                               dot(xd, vec4(1.0)));
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            const uint sb = (min(row0 + r, p.n_out - 1) * nsb + i) * 9;
+            const uvec4 hd = w4[sb];
+            const uint qa = w32[sb * 4 + qo], qb = w32[sb * 4 + qo + 16];
+            const vec2 dm = unpackHalf2x16(hd.x);
+            const uvec2 k0 = kscale_min(hd, s0), k1 = kscale_min(hd, s0 + 1);
+            const uvec2 k4 = kscale_min(hd, s0 + 4), k5 = kscale_min(hd, s0 + 5);
+            const vec4 dots = vec4(dot(cnib_lo(qa), xa), dot(cnib_hi(qa), xb1),
+                                   dot(cnib_lo(qb), xc), dot(cnib_hi(qb), xd));
+            acc[r] += dm.x * dot(vec4(k0.x, k1.x, k4.x, k5.x), dots)
+                    - dm.y * dot(vec4(k0.y, k1.y, k4.y, k5.y), xsum);
+        }
+    }
+    finish(row0, acc, ss);
+}
+#endif
+
+void main() {
+#if defined(TYPE_Q4_K)
+    if (MAP == 1 && ACT == 0) {
+        main_fine();
+        return;
+    }
+#endif
+    const uint tid = gl_LocalInvocationID.x;
+    const uint row0 = gl_WorkGroupID.x * ROWS;
+    const uint nc = p.n_in / CHUNK;
+    float acc[ROWS];
+    [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+    float ss = 0.0;
+
+    for (uint c = tid; c < nc; c += gl_WorkGroupSize.x) {
+        vec4 xv[NV];
+        [[unroll]] for (uint v = 0; v < NV; v++) xv[v] = load_x(x_index(c, v), ss);
+        float xs[4];
+        prepare(c, xv, xs);
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            acc[r] += chunk_dot(min(row0 + r, p.n_out - 1), c, nc, xv, xs);
+        }
+    }
+    finish(row0, acc, ss);
 }

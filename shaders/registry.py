@@ -78,7 +78,7 @@ KERNELS: dict[str, KernelSpec] = {
     "mul_mat_vec": KernelSpec(
         "mul_mat_vec.comp", 4,
         (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U), ("eps", F)),
-        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3), ("XFORM", 4)), typed=True,
+        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3), ("XFORM", 4), ("MAP", 5)), typed=True,
         writes=(2,)),
     "mul_mat_cm": KernelSpec(
         "mul_mat_cm.comp", 3,

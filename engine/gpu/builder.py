@@ -109,13 +109,10 @@ class Builder:
         """One token: mul_mat_vec, the activations rounded inside it (no quantize_act).
         xform 1 or 2 fuses the op before (mul_mat_vec.comp's XFORM) with its input x2."""
         n_in = w.shape[0]
-        chunks = n_in // MATVEC_CHUNK[w.wtype]
-        lanes = self.t.subgroup
-        while lanes < min(chunks, self.t.mv_lanes):
-            lanes *= 2
-        rows = self.t.matvec_rows(w.wtype, w.rows)
-        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate),
-                    ACT=MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0, XFORM=xform)
+        act = MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0
+        rows, lanes, mode = self.t.matvec_shape(w.wtype, w.rows, n_in // MATVEC_CHUNK[w.wtype])
+        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate), ACT=act, XFORM=xform,
+                    MAP=mode if act == 0 else 0)
         for buf, first, count in w.bindings():
             self.g.op("mul_mat_vec", [buf, x, y, x if x2 is None else x2],
                       (-(-count // rows), 1, 1), wtype=w.wtype, spec=spec, n_in=n_in,

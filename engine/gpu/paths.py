@@ -110,6 +110,18 @@ class Tuning:
         where ggml's CPU rounding is asked for."""
         return self.coopmat and not self.ggml_numerics
 
+    def matvec_shape(self, wtype: str, n_out: int, chunks: int) -> tuple[int, int, int]:
+        """(rows, lanes, lane map) of a mul_mat_vec workgroup for rows of `chunks` chunks.
+        $HOTSEAT_MATVEC ("Q4_K=8x64m1,Q6_K=2x128", from `hotseat kernel-bench mul_mat_vec`)
+        sets them per weight type, to measure a choice in a whole model."""
+        chosen = matvec_override().get(wtype)
+        if chosen is not None:
+            return chosen
+        lanes = self.subgroup
+        while lanes < min(chunks, self.mv_lanes):
+            lanes *= 2
+        return self.matvec_rows(wtype, n_out), lanes, 0
+
     def matvec_rows(self, wtype: str, n_out: int) -> int:
         """Rows per mul_mat_vec workgroup. Measured on an H200 (`hotseat kernel-bench
         mul_mat_vec`): 4-bit rows want 8 per workgroup (4 below 4096 rows, where fewer
@@ -180,3 +192,17 @@ class Paths:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def matvec_override() -> dict[str, tuple[int, int, int]]:
+    """$HOTSEAT_MATVEC parsed: {type: (rows, lanes, map)}."""
+    out = {}
+    for item in filter(None, os.environ.get("HOTSEAT_MATVEC", "").split(",")):
+        try:
+            wtype, shape = item.split("=")
+            rows, rest = shape.split("x")
+            lanes, _, mode = rest.partition("m")
+            out[wtype.strip()] = (int(rows), int(lanes), int(mode or 0))
+        except ValueError:
+            raise ValueError(f"HOTSEAT_MATVEC: {item!r} is not TYPE=ROWSxLANES[mMAP]") from None
+    return out

@@ -80,8 +80,9 @@ def bench_concat(dev, kernels, repeats: int = 50, shapes=SHAPES) -> list[dict]:
 
 # (weight type, n_in, n_out): the decode products of Llama-shaped 1B Q4_0 and 8B Q4_K_M, and
 # an 8B-sized feed-forward product of each type added since
-MATVEC_SHAPES = (("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192), ("Q4_0", 8192, 2048),
-                 ("Q4_K", 4096, 4096), ("Q4_K", 4096, 14336), ("Q4_K", 14336, 4096),
+MATVEC_SHAPES = (("Q4_0", 2048, 512), ("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192),
+                 ("Q4_0", 8192, 2048), ("Q4_K", 4096, 1024), ("Q4_K", 4096, 4096),
+                 ("Q4_K", 4096, 14336), ("Q4_K", 14336, 4096), ("Q6_K", 4096, 1024),
                  ("Q6_K", 14336, 4096), ("Q6_K", 4096, 32768),
                  ("Q5_1", 4096, 14336), ("BF16", 4096, 14336), ("Q3_K", 4096, 14336),
                  ("Q2_K", 4096, 14336), ("IQ4_NL", 4096, 14336), ("IQ4_XS", 4096, 14336),
@@ -89,6 +90,7 @@ MATVEC_SHAPES = (("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192), ("Q4_0", 8192, 2048
                  ("IQ2_XXS", 4096, 14336), ("IQ2_XS", 4096, 14336), ("IQ2_S", 4096, 14336))
 MATVEC_ROWS = (1, 2, 4, 8, 16)
 MATVEC_LANES = (32, 64, 128, 256)
+MATVEC_MAPS = {"Q4_K": (0, 1)}     # mul_mat_vec's lane maps (MAP) per weight type
 OPS_PER_GRAPH = 8
 WARM_UP_S = 0.2         # replays before the timed ones, for the clocks to come up
 # Byte offsets of the f16 scales in a block of each quantized type (other bytes: any bits)
@@ -146,7 +148,8 @@ def _time_records(dev, kernels, record, repeats: int) -> float:
         g.close()
 
 
-def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> list[dict]:
+def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
+                      types: set[str] | None = None) -> list[dict]:
     """mul_mat_vec at every (rows, lanes) against the one-token mul_mat; outputs checked
     against each other first."""
     from ..gpu.kernels import MATVEC_CHUNK
@@ -156,6 +159,8 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> 
     t = Tuning.for_device(dev)
     out = []
     for wtype, n_in, n_out in shapes:
+        if types and wtype not in types:
+            continue
         raw = _random_weights(rng, wtype, n_in, n_out)
         x = rng.standard_normal(n_in).astype(np.float32)
         alloc = dev.allocator.alloc
@@ -177,22 +182,27 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES) -> 
             want = vk.download(dev, by).view(np.float32).copy()
             chunks = n_in // MATVEC_CHUNK[wtype]
             variants = []
-            for rows in MATVEC_ROWS:
-                for lanes in sorted({t.subgroup, *MATVEC_LANES}):
-                    if lanes % t.subgroup or lanes > max(t.subgroup, 2 * chunks):
-                        continue
+            for mode in MATVEC_MAPS.get(wtype, (0,)):
+                for rows in MATVEC_ROWS:
+                    for lanes in sorted({t.subgroup, *MATVEC_LANES}):
+                        if lanes % t.subgroup or lanes > max(t.subgroup, 2 * chunks) \
+                                or (mode == 1 and lanes % 16):
+                            continue
 
-                    def fast(g, rows=rows, lanes=lanes):
-                        g.op("mul_mat_vec", [bw, bx, by, bx], (-(-n_out // rows), 1, 1),
-                             wtype=wtype, spec=dict(WG=lanes, ROWS=rows, ACC=0, ACT=0),
-                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0)
-                    us = _time_records(dev, kernels, fast, repeats)
-                    got = vk.download(dev, by).view(np.float32)
-                    if not np.allclose(got, want, rtol=1e-3, atol=1e-3 * np.abs(want).max()):
-                        raise RuntimeError(f"mul_mat_vec {wtype} {n_in}x{n_out} rows={rows} "
-                                           f"lanes={lanes} disagrees with mul_mat")
-                    variants.append({"rows": rows, "lanes": lanes, "us": us,
-                                     "gb_per_s": raw.nbytes / us / 1e3})
+                        def fast(g, rows=rows, lanes=lanes, mode=mode):
+                            g.op("mul_mat_vec", [bw, bx, by, bx], (-(-n_out // rows), 1, 1),
+                                 wtype=wtype,
+                                 spec=dict(WG=lanes, ROWS=rows, ACC=0, ACT=0, MAP=mode),
+                                 n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0)
+                        us = _time_records(dev, kernels, fast, repeats)
+                        got = vk.download(dev, by).view(np.float32)
+                        if not np.allclose(got, want, rtol=1e-3,
+                                           atol=1e-3 * np.abs(want).max()):
+                            raise RuntimeError(f"mul_mat_vec {wtype} {n_in}x{n_out} "
+                                               f"rows={rows} lanes={lanes} map={mode} "
+                                               "disagrees with mul_mat")
+                        variants.append({"rows": rows, "lanes": lanes, "map": mode, "us": us,
+                                         "gb_per_s": raw.nbytes / us / 1e3})
             row["variants"] = variants
             best = min(variants, key=lambda v: v["us"])
             row["best"] = best
@@ -389,7 +399,8 @@ def run_kernel_bench(args) -> int:
         try:
             bench = {"mul_mat_vec": bench_mul_mat_vec, "mul_mat_cm": bench_mul_mat_cm,
                      "mul_mat_moe": bench_mul_mat_moe, "concat": bench_concat}[args.kernel]
-            rows = bench(dev, kernels, args.repeats)
+            kw = {"types": set(args.types.split(","))} if args.types else {}
+            rows = bench(dev, kernels, args.repeats, **kw)
         finally:
             kernels.close()
         report = {"kernel": args.kernel, "device": dev.name, "repeats": args.repeats,
@@ -434,9 +445,11 @@ def run_kernel_bench(args) -> int:
         print("|---|---:|---:|---:|---|---:|---:|---|")
         for r in rows:
             b = r["best"]
-            rest = " ".join(f"{v['rows']}/{v['lanes']}:{v['us']:.1f}" for v in r["variants"])
+            rest = " ".join(f"{v['rows']}/{v['lanes']}{'/m1' if v['map'] else ''}:"
+                            f"{v['us']:.1f}" for v in r["variants"])
             print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['mul_mat_us']:.1f} | "
-                  f"{b['rows']} x {b['lanes']} | {b['us']:.1f} | {b['gb_per_s']:.0f} | {rest} |")
+                  f"{b['rows']} x {b['lanes']}{' map 1' if b['map'] else ''} | {b['us']:.1f} | "
+                  f"{b['gb_per_s']:.0f} | {rest} |")
         return 0
     print(f"concat(conv_state, transpose(bx), 0) on {report['device']}, median of "
           f"{args.repeats} replays ({report['timer']})")
