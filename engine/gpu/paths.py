@@ -111,26 +111,31 @@ class Tuning:
         return self.coopmat and not self.ggml_numerics
 
     def matvec_shape(self, wtype: str, n_out: int, chunks: int) -> tuple[int, int, int]:
-        """(rows, lanes, lane map) of a mul_mat_vec workgroup for rows of `chunks` chunks.
-        $HOTSEAT_MATVEC ("Q4_K=8x64m1,Q6_K=2x128", from `hotseat kernel-bench mul_mat_vec`)
-        sets them per weight type, to measure a choice in a whole model."""
+        """(rows, lanes, lane map) of a mul_mat_vec workgroup for rows of `chunks` chunks,
+        from `hotseat kernel-bench mul_mat_vec` on an H200 (the decode shapes of 1B and 8B
+        Llamas): few rows where there are few (a workgroup a row under 1024), many where a
+        4-bit matrix is tall; Q4_K rows of up to 16 super-blocks take sixteen lanes a
+        super-block (map 1, best against best: 7.3 us against 8.4 for 1024 rows of 4096,
+        12.7 against 14.2 for 4096, 28.5 against 29.5 for 14336; rows of 14336 keep map 0,
+        26.8 against 28.2). The types not measured take the 4-bit choice.
+        $HOTSEAT_MATVEC ("Q4_K=8x64m1,Q6_K=2x128") sets them per weight type, to measure a
+        choice in a whole model."""
         chosen = matvec_override().get(wtype)
         if chosen is not None:
             return chosen
+        wide = wtype in ("F32", "F16", "BF16", "Q8_0", "Q6_K")
+        if wtype == "Q4_K" and chunks <= 64:
+            return (1 if n_out <= 1024 else 2 if n_out <= 4096 else 4), 128, 1
         lanes = self.subgroup
-        while lanes < min(chunks, self.mv_lanes):
+        while lanes < min(chunks, self.mv_lanes if not wide else self.mv_lanes // 2):
             lanes *= 2
-        return self.matvec_rows(wtype, n_out), lanes, 0
-
-    def matvec_rows(self, wtype: str, n_out: int) -> int:
-        """Rows per mul_mat_vec workgroup. Measured on an H200 (`hotseat kernel-bench
-        mul_mat_vec`): 4-bit rows want 8 per workgroup (4 below 4096 rows, where fewer
-        workgroups would idle the GPU); Q6_K and wider types, 2. The types added later (Q5_1,
-        the 2- and 3-bit K-quants, IQ4_NL, IQ4_XS, MXFP4, the IQ3 and IQ2 types) take the
-        4-bit rows, unmeasured."""
-        if wtype not in ("F32", "F16", "BF16", "Q8_0", "Q6_K"):
-            return 8 if n_out >= 4096 else 4
-        return 2
+        if n_out <= 1024:
+            rows = 1
+        elif wide:
+            rows = 2
+        else:
+            rows = 2 if n_out <= 2048 else 8
+        return rows, lanes, 0
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
         """Tiled attention for this pass? Never for decode (one token), which splits instead."""
