@@ -1,8 +1,9 @@
 #version 450
 // Decode attention (one query token) in one pass: the visible KV range split across n_split
 // workgroups per head as attn_split.comp splits it (include/split.glsl), each folding its
-// positions into an online softmax and writing its max, its sum and its unnormalised output;
-// attn_merge.comp rescales the splits to their common max and divides by the total.
+// positions into an online softmax and writing its max, its sum and its unnormalised output.
+// The head's workgroup that finishes last (a counter per head, back to 0 after each token)
+// then rescales the splits to their common max and divides by the total: no second dispatch.
 // (attn_split's two passes normalise before P.V, which ggml's f16 probabilities need; this
 // one does not.)
 // LP adjacent lanes share a position, each taking every LP-th vec4 of the head.
@@ -19,10 +20,12 @@ layout(constant_id = 3) const uint SINKS = 0;
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
 layout(std430, binding = 2) readonly buffer V { f16vec4 v4[]; };    // [n_ctx, n_head_kv, HD]
-layout(std430, binding = 3) writeonly buffer T { vec2 stats[]; };   // [n_head, n_split] max, sum
-layout(std430, binding = 4) writeonly buffer P { vec4 part[]; };    // [n_head, n_split, HD]
+layout(std430, binding = 3) coherent buffer T { vec2 stats[]; };    // [n_head, n_split] max, sum
+layout(std430, binding = 4) coherent buffer P { vec4 part[]; };     // [n_head, n_split, HD]
 #include "step.glsl"
 layout(std430, binding = 6) readonly buffer Sk { float sinks[]; };  // [n_head] (SINKS)
+layout(std430, binding = 7) writeonly buffer O { vec4 o4[]; };      // [n_head, HD]
+layout(std430, binding = 8) coherent buffer C { uint done[]; };     // [n_head] splits done
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
@@ -37,6 +40,7 @@ layout(push_constant) uniform Push {
 const uint WG = gl_WorkGroupSize.x, G = WG / LP;    // position groups
 shared vec2 red2[G];
 shared vec4 red4[G * D4];
+shared bool last;
 
 void main() {
     const uint s = gl_WorkGroupID.x, h = gl_WorkGroupID.y;
@@ -82,4 +86,28 @@ void main() {
         for (uint i = 0; i < G; i++) sum += red4[i * D4 + d];
         part[st * D4 + d] = sum;
     }
+    // the head's last split to finish joins them all
+    memoryBarrierBuffer();
+    barrier();
+    if (t == 0) last = atomicAdd(done[h], 1u) == p.n_split - 1;
+    barrier();
+    if (!last) return;
+    memoryBarrierBuffer();
+    const uint s0 = h * p.n_split;
+    float M2 = -1.0 / 0.0;
+    for (uint i = 0; i < p.n_split; i++) M2 = max(M2, stats[s0 + i].x);
+    float L2 = 0.0;
+    for (uint i = 0; i < p.n_split; i++) {
+        const vec2 x = stats[s0 + i];
+        if (x.y > 0.0) L2 += x.y * exp(x.x - M2);
+    }
+    for (uint d = t; d < D4; d += WG) {
+        vec4 sum = vec4(0.0);
+        for (uint i = 0; i < p.n_split; i++) {
+            const vec2 x = stats[s0 + i];
+            if (x.y > 0.0) sum += exp(x.x - M2) * part[(s0 + i) * D4 + d];
+        }
+        o4[h * D4 + d] = sum / L2;
+    }
+    if (t == 0) done[h] = 0u;
 }

@@ -296,12 +296,10 @@ class Builder:
         splits = self.t.decode_splits(rs.n_ctx)
         if self.paths(head_dim).decode_attention == "attn_decode":   # one pass, f32 probs
             self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
-                                     rs.step, sk], (splits, n_head, 1),
+                                     rs.step, sk, out, rs.split_done], (splits, n_head, 1),
                       spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim), **spec),
                       n_head=n_head, n_head_kv=n_head_kv, window=window, n_split=splits,
                       min_chunk=self.t.split_chunk, scale=scale, **opt)
-            self.g.op("attn_merge", [rs.split_stats, rs.split_out, out], (n_head, 1, 1),
-                      head_dim=head_dim, n_split=splits)
             return
         bufs = [q, k_cache, v_cache, rs.scores, rs.split_stats, rs.split_out, rs.step, sk]
         for pass_ in (0, 1):

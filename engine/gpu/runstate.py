@@ -84,6 +84,10 @@ class RunState:
         self.scores = act("scores", n_head * n_ctx)  # [n_head, n_ctx] decode attention
         self.split_stats = act("split_stats", 2 * n_head * MAX_SPLITS)  # [n_head, splits, 2]
         self.split_out = act("split_out", MAX_SPLITS * q_dim)  # [n_head, splits, head_dim]
+        # [n_head] u32: attn_decode's splits done this token; 0 between tokens
+        self.split_done = alloc(4 * max(n_head, 1), f"{label}/split_done", "compute")
+        with vk.Uploader(dev, staging_bytes=4096) as up:
+            up.write(self.split_done, np.zeros(self.split_done.nbytes, np.uint8))
         self.flash_block = flash_block
         self.masks: dict[int, tuple[vk.Buffer, vk.Buffer]] = {}   # window -> (mask, classes)
         if flash_block:

@@ -1256,8 +1256,10 @@ def attn_inputs(seed: int, n_ctx: int, n_head: int, n_kv: int, hd: int, n_tok: i
     return q, k, v
 
 
-def builder_attention(dev, kc, tuning, q, k, v, pos0: int, window: int) -> np.ndarray:
-    """Builder.attention as a model records it (on a RunState of its own): [n, n_head, hd]."""
+def builder_attention(dev, kc, tuning, q, k, v, pos0: int, window: int,
+                      replays: int = 1) -> np.ndarray:
+    """Builder.attention as a model records it (on a RunState of its own), its graph replayed
+    `replays` times: [n, n_head, hd]."""
     from engine.gpu.graph import Graph
     from engine.gpu.builder import Builder
     from engine.gpu.runstate import RunState
@@ -1273,7 +1275,8 @@ def builder_attention(dev, kc, tuning, q, k, v, pos0: int, window: int) -> np.nd
         Builder(g, {}, rs, tuning).attention(bq, bk, bv, bo, n_head, n_kv, hd, n, hd ** -0.5,
                                              window)
         rs.set_step([0] * n, pos0)
-        g.replay()
+        for _ in range(replays):
+            g.replay()
         return read(dev, bo).reshape(q.shape)
     finally:
         g.close()
@@ -1398,7 +1401,10 @@ def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
     mse = 1e-8 if dev.info.kind == "cpu" else 1e-6
     assert np.abs(got16 - want16).max() < 2e-3 and nmse(got16, want16) < mse
     assert np.abs(got16 - old16).max() < 2e-3 and nmse(got16, old16) < mse
-    # the fast decode path (mul_mat_vec, no ggml rounding): one pass per split, attn_merge
+    # the fast decode path (mul_mat_vec, no ggml rounding): one pass per split, the last
+    # split of each head joining them; its counters are back at 0 for every replay
     t.matvec, t.ggml_numerics = True, False
     one_pass = builder_attention(dev, kc, t, q, k, v, pos0, window)
     assert nmse(one_pass, attention_ref(q, k, v, pos0, window, scale)) < 1e-10
+    assert np.array_equal(builder_attention(dev, kc, t, q, k, v, pos0, window, replays=3),
+                          one_pass)
