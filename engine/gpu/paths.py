@@ -133,8 +133,8 @@ class Tuning:
             rows = 1
         elif wide:
             rows = 2
-        else:
-            rows = 2 if n_out <= 2048 else 8
+        else:       # long rows want many per workgroup even where there are few
+            rows = 2 if n_out <= 2048 and chunks <= 64 else 8
         return rows, lanes, 0
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
