@@ -183,6 +183,7 @@ class RunState:
             floats += T * (2 * delta_conv_dim + 2 * d_inner + 3 * delta_heads)
             floats += delta_scratch_floats(delta_heads, T, DELTA_CHUNK)
         floats += n_head * n_ctx + 2 * n_head * MAX_SPLITS + MAX_SPLITS * q_dim
+        floats += max(n_head, 1)                             # split_done (u32)
         floats += T * 2 * q_dim * int(q_gate) + (T * (2 * n_ff_shexp + 1) if n_ff_shexp else 0)
         mask = 0
         if flash_block:
