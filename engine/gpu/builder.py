@@ -28,6 +28,7 @@ class Builder:
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
         self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
+        self._counted = False     # this graph zeroes attn_decode's split counters first
         # 1: the pass packs several sequences (rope_qkv, prefill attention and attn_mask read
         # step.seq_first, the first slot of each token's sequence); 0: one sequence
         self.seqs = 0
@@ -295,6 +296,9 @@ class Builder:
         rs = self.rs
         splits = self.t.decode_splits(rs.n_ctx)
         if self.paths(head_dim).decode_attention == "attn_decode":   # one pass, f32 probs
+            if not self._counted:     # each replay starts from 0, whatever came before it
+                self.g.fill(rs.split_done, 0)
+                self._counted = True
             self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
                                      rs.step, sk, out, rs.split_done], (splits, n_head, 1),
                       spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim), **spec),

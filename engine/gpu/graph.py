@@ -76,6 +76,13 @@ class Graph:
         self._dirty.add(id(dst))
         self._read.add(id(src))
 
+    def fill(self, dst: vk.Buffer, value: int) -> None:
+        if id(dst) in self._dirty or id(dst) in self._read:
+            self.cmd.barrier()
+            self._dirty, self._read = set(), set()
+        self.cmd.fill(dst, value)
+        self._dirty.add(id(dst))
+
     def barrier(self) -> None:
         self.cmd.barrier()
         self._dirty, self._read = set(), set()

@@ -1455,6 +1455,11 @@ class CommandList:
     def copy(self, src: Buffer, src_off: int, dst: Buffer, dst_off: int, nbytes: int) -> None:
         copy_buffer(self.cmd, src, src_off, dst, dst_off, nbytes)
 
+    def fill(self, dst: Buffer, value: int) -> None:
+        """Every u32 of dst set to value."""
+        # void vkCmdFillBuffer(VkCommandBuffer, VkBuffer, VkDeviceSize, VkDeviceSize, uint32_t)
+        lib.vkCmdFillBuffer(self.cmd, dst.handle, 0, dst.nbytes, value)
+
     def timestamp(self, pool: "TimestampPool", index: int) -> None:
         # void vkCmdWriteTimestamp(VkCommandBuffer, VkPipelineStageFlagBits, VkQueryPool, uint32_t)
         lib.vkCmdWriteTimestamp(self.cmd, _vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT,

@@ -1257,9 +1257,9 @@ def attn_inputs(seed: int, n_ctx: int, n_head: int, n_kv: int, hd: int, n_tok: i
 
 
 def builder_attention(dev, kc, tuning, q, k, v, pos0: int, window: int,
-                      replays: int = 1) -> np.ndarray:
+                      replays: int = 1, before=None) -> np.ndarray:
     """Builder.attention as a model records it (on a RunState of its own), its graph replayed
-    `replays` times: [n, n_head, hd]."""
+    `replays` times (before(rs) first): [n, n_head, hd]."""
     from engine.gpu.graph import Graph
     from engine.gpu.builder import Builder
     from engine.gpu.runstate import RunState
@@ -1275,6 +1275,8 @@ def builder_attention(dev, kc, tuning, q, k, v, pos0: int, window: int,
         Builder(g, {}, rs, tuning).attention(bq, bk, bv, bo, n_head, n_kv, hd, n, hd ** -0.5,
                                              window)
         rs.set_step([0] * n, pos0)
+        if before is not None:
+            before(rs)
         for _ in range(replays):
             g.replay()
         return read(dev, bo).reshape(q.shape)
@@ -1407,4 +1409,10 @@ def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
     one_pass = builder_attention(dev, kc, t, q, k, v, pos0, window)
     assert nmse(one_pass, attention_ref(q, k, v, pos0, window, scale)) < 1e-10
     assert np.array_equal(builder_attention(dev, kc, t, q, k, v, pos0, window, replays=3),
+                          one_pass)
+    # counters left anywhere (a replay cut short) do not carry into the next one
+
+    def garbage(rs):
+        vk.upload(dev, rs.split_done, np.full(rs.split_done.nbytes // 4, 7, np.uint32))
+    assert np.array_equal(builder_attention(dev, kc, t, q, k, v, pos0, window, before=garbage),
                           one_pass)

@@ -92,3 +92,26 @@ def test_moe_tiles_follow_an_even_routing(n, k, n_expert, slots, groups):
     has twice the tiles that share needs (uneven experts loop), never more than n tokens."""
     assert moe_tile_slots(n, k, n_expert, 8) == slots
     assert moe_tile_groups(n, k, n_expert, slots) == groups
+
+
+def test_matvec_shape_per_shape_and_by_setting(monkeypatch):
+    """mul_mat_vec's (rows, lanes, map): the measured choices, $HOTSEAT_MATVEC over them,
+    and a clear error for a setting that does not parse."""
+    from engine.gpu.paths import Tuning
+
+    t = Tuning(subgroup=32)
+    monkeypatch.delenv("HOTSEAT_MATVEC", raising=False)
+    assert t.matvec_shape("Q4_K", 4096, 64) == (2, 128, 1)        # 4096 rows of 4096
+    assert t.matvec_shape("Q4_K", 14336, 64) == (4, 128, 1)
+    assert t.matvec_shape("Q4_K", 4096, 224) == (8, 256, 0)       # rows of 14336
+    assert t.matvec_shape("Q4_0", 512, 64) == (1, 64, 0)
+    assert t.matvec_shape("Q4_0", 2048, 256) == (8, 256, 0)
+    assert t.matvec_shape("Q6_K", 4096, 224) == (2, 128, 0)
+    monkeypatch.setenv("HOTSEAT_MATVEC", "Q4_K=8x64m1, Q6_K=2x32")
+    assert t.matvec_shape("Q4_K", 4096, 64) == (8, 64, 1)
+    assert t.matvec_shape("Q6_K", 4096, 224) == (2, 32, 0)
+    assert t.matvec_shape("Q4_0", 2048, 256) == (8, 256, 0)      # not named: measured choice
+    for bad in ("Q4_K", "Q4_K=8", "Q4_K=axb", "Q4_K=8x64mz"):
+        monkeypatch.setenv("HOTSEAT_MATVEC", bad)
+        with pytest.raises(ValueError, match="HOTSEAT_MATVEC"):
+            t.matvec_shape("Q4_K", 4096, 64)
