@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     yield_gpu.add_parser(sub)
     from .tools import check as _check
     _check.add_parser(sub)
+    from .tools import precision as _precision
+    _precision.add_parser(sub)
     from .tools import client as _client
     _client.add_parsers(sub)
     return p

@@ -1,0 +1,178 @@
+"""`hotseat precision`: this engine's logits against llama.cpp's stored ones, on a device.
+
+    hotseat precision                              # both bundled models, default device
+    hotseat precision -m smollm2 --vs-llama-server # and llama-server on the same device
+
+Two checks per model, over the prompts llama.cpp's CPU build answered
+(tests/data/llamacpp_<model>.json, made by tests/tools/make_llamacpp_reference.py):
+
+- Teacher-forced greedy: the prompt, then llama.cpp's greedy ids one at a time through the KV
+  cache, as decoding runs. A step agrees where our argmax is llama.cpp's id, or ties with it
+  (our logit of its id within NEAR_TIE of our best).
+- The distribution after the prompt: over llama.cpp's ten best ids, each id's log-probability
+  less the best one's (logit gaps: the normaliser cancels), against the CPU build's; the
+  figure is the largest difference. With --vs-llama-server the same figure for llama-server
+  on the same file and device, from its log-probabilities; ours, the largest over the
+  prompts, should be no larger than its largest (within ALLOWANCE).
+
+Exit status 0 when both checks hold for every model, 1 when one does not.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+NEAR_TIE = 0.2        # logits: a different argmax this close to ours is a tie, not an error
+ALLOWANCE = 0.02      # our gap distance may exceed llama-server's by this much (f32 noise)
+PEER_PROBS = 50       # log-probabilities asked of llama-server, to cover the CPU's ten
+DATA = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("precision", help="logits against llama.cpp's stored ones (greedy "
+                                         "agreement, log-probability gaps)")
+    p.add_argument("--model", "-m", action="append",
+                   help="bundled model (smollm2, gemma3) or GGUF path; repeatable "
+                        "(default: both bundled models)")
+    p.add_argument("--data", action="append",
+                   help="llama.cpp's stored answers for the --model of the same place "
+                        "(default: tests/data/llamacpp_<model>.json)")
+    p.add_argument("--steps", type=int, default=0,
+                   help="greedy steps per prompt (default: all stored)")
+    p.add_argument("--prompts", type=int, default=0, help="prompts per model (default: all)")
+    p.add_argument("--vs-llama-server", metavar="PATH", nargs="?", const="",
+                   help="also llama.cpp's llama-server on the same file and device")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_precision)
+
+
+def gaps(logits: np.ndarray, ids: list[int]) -> np.ndarray:
+    """logits[ids] less logits[ids[0]]: log-probability differences to the first id."""
+    v = np.asarray(logits, np.float64)[ids]
+    return v - v[0]
+
+
+def step_verdict(logits: np.ndarray, want: int) -> tuple[str, float]:
+    """('same' | 'tie' | 'differs', our best logit less our logit of `want`)."""
+    best = int(np.argmax(logits))
+    gap = float(logits[best] - logits[want])
+    if best == want:
+        return "same", 0.0
+    return ("tie" if gap < NEAR_TIE else "differs"), gap
+
+
+def check_case(run, case: dict, steps: int) -> dict:
+    """One prompt: run(tokens, pos0) -> logits. Teacher-forced greedy and the gap distance."""
+    prompt, greedy = case["prompt_ids"], case["greedy_ids"]
+    if steps:
+        greedy = greedy[:steps]
+    top = [int(t) for t, _ in case["last_logits_top10"]]
+    cpu = np.array([v for _, v in case["last_logits_top10"]], np.float64)
+    logits = run(prompt, 0)
+    distance = float(np.abs(gaps(logits, top) - (cpu - cpu[0])).max())
+    verdicts = []
+    for i, want in enumerate(greedy):
+        if i:
+            logits = run([greedy[i - 1]], len(prompt) + i - 1)
+        verdicts.append(step_verdict(logits, int(want)))
+    bad = [(i, round(g, 3)) for i, (v, g) in enumerate(verdicts) if v == "differs"]
+    return {"name": case["name"], "steps": len(verdicts),
+            "same": sum(v == "same" for v, _ in verdicts),
+            "ties": sum(v == "tie" for v, _ in verdicts), "differs": bad,
+            "gap_distance": distance}
+
+
+def peer_distance(peer, case: dict) -> float | None:
+    """llama-server's gap distance after the prompt, or None where its log-probabilities miss
+    one of the CPU's ten ids."""
+    reply = peer._post("/completion", {
+        "prompt": case["prompt_ids"], "n_predict": 1, "n_probs": PEER_PROBS,
+        "temperature": 0.0, "cache_prompt": False, "post_sampling_probs": False}, 300)
+    got = {int(t["id"]): float(t["logprob"])
+           for t in reply["completion_probabilities"][0]["top_logprobs"]}
+    top = [int(t) for t, _ in case["last_logits_top10"]]
+    if any(t not in got for t in top):
+        return None
+    cpu = np.array([v for _, v in case["last_logits_top10"]], np.float64)
+    theirs = np.array([got[t] for t in top])
+    return float(np.abs((theirs - theirs[0]) - (cpu - cpu[0])).max())
+
+
+def check_model(dev, kernels, path: str, data: dict, steps: int, prompts: int,
+                server: str | None) -> dict:
+    from ..residency.model import Model
+
+    cases = data["cases"][:prompts] if prompts else data["cases"]
+    n_ctx = max(len(c["prompt_ids"]) + len(c["greedy_ids"]) for c in cases) + 8
+    m = Model(dev, kernels, path, n_ctx=max(256, n_ctx))
+    try:
+        rows = [check_case(lambda ids, pos: m.eval(ids, pos, greedy=False), c, steps)
+                for c in cases]
+    finally:
+        m.close()
+    if server is not None:
+        from .peer import LlamaServer, find_llama_server
+
+        with LlamaServer(find_llama_server(server or None), path, n_ctx=max(256, n_ctx)) as p:
+            for row, case in zip(rows, cases):
+                row["peer_gap_distance"] = peer_distance(p, case)
+    ours = max(r["gap_distance"] for r in rows)
+    peers = [r.get("peer_gap_distance") for r in rows]
+    theirs = max((d for d in peers if d is not None), default=None)
+    ok = not any(r["differs"] for r in rows) and (theirs is None or ours <= theirs + ALLOWANCE)
+    return {"model": data.get("model", os.path.basename(path)), "file": path,
+            "device": dev.name, "cases": rows, "gap_distance": ours,
+            "peer_gap_distance": theirs, "ok": ok}
+
+
+def _data_for(model: str, given: str | None) -> dict:
+    if given is None:
+        name = model if model in ("smollm2", "gemma3") else None
+        if name is None:
+            raise ValueError(f"{model}: pass --data, llama.cpp's stored answers for it")
+        given = os.path.join(DATA, f"llamacpp_{name}.json")
+    with open(given) as f:
+        return json.load(f)
+
+
+def run_precision(args) -> int:
+    from ..formats.bundled import resolve
+    from ..gpu import vk
+    from ..gpu.kernels import KernelCache
+
+    models = args.model or ["smollm2", "gemma3"]
+    datas = (args.data or []) + [None] * (len(models) - len(args.data or []))
+    reports = []
+    with vk.Device() as dev:
+        kernels = KernelCache(dev)
+        try:
+            for model, given in zip(models, datas):
+                reports.append(check_model(dev, kernels, resolve(model), _data_for(model, given),
+                                           args.steps, args.prompts, args.vs_llama_server))
+        finally:
+            kernels.close()
+    ok = all(r["ok"] for r in reports)
+    if args.json:
+        print(json.dumps({"models": reports, "ok": ok}))
+        return 0 if ok else 1
+    for r in reports:
+        print(f"{r['model']} on {r['device']}: teacher-forced greedy (ties under {NEAR_TIE} "
+              f"logits) and the largest log-probability gap difference over llama.cpp CPU's "
+              f"ten best ids after the prompt")
+        print("| prompt | steps | same | ties | differs | gap distance | llama-server's |")
+        print("|---|---:|---:|---:|---|---:|---:|")
+        for c in r["cases"]:
+            peer = c.get("peer_gap_distance")
+            peer_s = "" if "peer_gap_distance" not in c else \
+                ("(ids missing)" if peer is None else f"{peer:.3f}")
+            print(f"| {c['name']} | {c['steps']} | {c['same']} | {c['ties']} | "
+                  f"{c['differs'] or ''} | {c['gap_distance']:.3f} | {peer_s} |")
+        peer = r["peer_gap_distance"]
+        print(f"{r['model']}: largest gap distance {r['gap_distance']:.3f}"
+              + (f" (llama-server's {peer:.3f})" if peer is not None else "")
+              + f": {'holds' if r['ok'] else 'FAILS'}")
+    print("precision holds" if ok else "precision check fails", file=sys.stderr)
+    return 0 if ok else 1

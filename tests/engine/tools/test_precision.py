@@ -1,0 +1,50 @@
+"""hotseat precision: the step rule and the gap figure on crafted logits, and the check
+itself on SmolLM2 against llama.cpp's stored answers."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from engine.tools import precision
+
+
+def test_a_step_agrees_on_the_same_id_or_a_near_tie():
+    logits = np.array([0.0, 5.0, 4.9, 3.0])
+    assert precision.step_verdict(logits, 1) == ("same", 0.0)
+    verdict, gap = precision.step_verdict(logits, 2)
+    assert verdict == "tie" and gap == pytest.approx(0.1)
+    verdict, gap = precision.step_verdict(logits, 3)
+    assert verdict == "differs" and gap == pytest.approx(2.0)
+
+
+def test_gap_distance_ignores_a_shift_of_all_logits():
+    """Log-probability differences: adding a constant (the normaliser) changes nothing."""
+    case = {"name": "t", "prompt_ids": [1, 2], "greedy_ids": [3],
+            "last_logits_top10": [[3, 9.0], [5, 7.5], [0, 7.0]]}
+    logits = np.zeros(8)
+    logits[[3, 5, 0]] = [109.0, 107.5, 106.75]      # +100, one gap off by 0.25
+    row = precision.check_case(lambda ids, pos: logits, case, 0)
+    assert row["steps"] == 1 and row["same"] == 1 and not row["differs"]
+    assert row["gap_distance"] == pytest.approx(0.25)
+
+
+@pytest.mark.gpu
+def test_smollm2_agrees_with_llamacpp_on_its_first_prompts(dev, kc, smollm2_path):
+    with open(f"{precision.DATA}/llamacpp_smollm2.json") as f:
+        data = json.load(f)
+    report = precision.check_model(dev, kc, smollm2_path, data, steps=4, prompts=2,
+                                   server=None)
+    rows = report["cases"]
+    assert [r["name"] for r in rows] == [c["name"] for c in data["cases"][:2]]
+    for r in rows:
+        assert r["steps"] == 4 and r["same"] + r["ties"] == 4 and not r["differs"]
+        # llama.cpp's CPU build rounds activations its own way: logits differ by tenths
+        assert 0.0 < r["gap_distance"] < 1.0
+    assert report["ok"] and report["peer_gap_distance"] is None
+
+
+def test_a_file_without_stored_answers_is_refused_clearly():
+    with pytest.raises(ValueError, match="pass --data"):
+        precision._data_for("/models/other.gguf", None)
