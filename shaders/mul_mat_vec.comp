@@ -21,7 +21,7 @@ layout(constant_id = 1) const uint ROWS = 2;
 layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residual add)
 layout(constant_id = 3) const uint ACT = 0;      // activation rounding, see above
 layout(constant_id = 4) const uint XFORM = 0;    // the fused op before, see above
-layout(constant_id = 5) const uint MAP = 0;      // Q4_K: 1 = sixteen lanes a super-block
+layout(constant_id = 5) const uint MAP = 0;      // Q4_K, Q6_K: 1 = sixteen lanes a super-block
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -330,8 +330,49 @@ void main_fine() {
 }
 #endif
 
+#if defined(TYPE_Q6_K)
+// MAP 1: sixteen lanes share a super-block (105 u16: ql[128], qh[64], int8 scales[16], f16
+// d), each taking weights l0 .. l0 + 3 of the four quarters of one 128-weight half: 4 bytes
+// of ql twice and 4 of qh, read as u16 pairs (a block starts on an even byte only).
+void main_fine() {
+    const uint tid = gl_LocalInvocationID.x;
+    const uint row0 = gl_WorkGroupID.x * ROWS;
+    const uint nsb = p.n_in / 256;
+    const uint t = tid & 15, n = t >> 3, l0 = 4 * (t & 7), is = l0 / 16;
+    const uint xo = 32 * n + l0 / 4;             // weights 128 n + l0 + 32 k, k = 0..3
+    float acc[ROWS];
+    [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+    float ss = 0.0;
+    for (uint i = tid >> 4; i < nsb; i += gl_WorkGroupSize.x / 16) {
+        const uint xb = i * 64 + xo;
+        const vec4 x0 = load_x(xb, ss), x1 = load_x(xb + 8, ss);
+        const vec4 x2v = load_x(xb + 16, ss), x3 = load_x(xb + 24, ss);
+        const vec4 xsum = vec4(dot(x0, vec4(1.0)), dot(x1, vec4(1.0)), dot(x2v, vec4(1.0)),
+                               dot(x3, vec4(1.0)));
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            const uint base = (min(row0 + r, p.n_out - 1) * nsb + i) * 105;
+            const uint la = cpair(base + 32 * n + l0 / 2), lb = cpair(base + 32 * n + 16 + l0 / 2);
+            const uint hq = cpair(base + 64 + 16 * n + l0 / 2);
+            // scales[8 n + is + 2 k]: byte `is` of u16 words 96 + 4 n + k
+            const uint sw = base + 96 + 4 * n, sh = 8 * is;
+            const vec4 scl = vec4(ivec4(int(uint(w16[sw]) >> sh << 24) >> 24,
+                                        int(uint(w16[sw + 1]) >> sh << 24) >> 24,
+                                        int(uint(w16[sw + 2]) >> sh << 24) >> 24,
+                                        int(uint(w16[sw + 3]) >> sh << 24) >> 24));
+            const uvec4 h4 = uvec4(hq, hq >> 8, hq >> 16, hq >> 24);
+            const vec4 dots = vec4(dot(cnib_lo(la) + 16.0 * vec4(h4 & 3u), x0),
+                                   dot(cnib_lo(lb) + 16.0 * vec4((h4 >> 2) & 3u), x1),
+                                   dot(cnib_hi(la) + 16.0 * vec4((h4 >> 4) & 3u), x2v),
+                                   dot(cnib_hi(lb) + 16.0 * vec4((h4 >> 6) & 3u), x3));
+            acc[r] += cf16(base + 104) * dot(scl, dots - 32.0 * xsum);
+        }
+    }
+    finish(row0, acc, ss);
+}
+#endif
+
 void main() {
-#if defined(TYPE_Q4_K)
+#if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
     if (MAP == 1 && ACT == 0) {
         main_fine();
         return;

@@ -117,7 +117,8 @@ class Tuning:
         4-bit matrix is tall; Q4_K rows of up to 16 super-blocks take sixteen lanes a
         super-block (map 1, best against best: 7.3 us against 8.4 for 1024 rows of 4096,
         12.7 against 14.2 for 4096, 28.5 against 29.5 for 14336; rows of 14336 keep map 0,
-        26.8 against 28.2). The types not measured take the 4-bit choice.
+        26.8 against 28.2). Q6_K's map 1 (as Q4_K's) is timed by kernel-bench but has not
+        run on a GPU yet: Q6_K keeps map 0. The types not measured take the 4-bit choice.
         $HOTSEAT_MATVEC ("Q4_K=8x64m1,Q6_K=2x128") sets them per weight type, to measure a
         choice in a whole model."""
         chosen = matvec_override().get(wtype)

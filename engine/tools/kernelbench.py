@@ -90,7 +90,7 @@ MATVEC_SHAPES = (("Q4_0", 2048, 512), ("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192)
                  ("IQ2_XXS", 4096, 14336), ("IQ2_XS", 4096, 14336), ("IQ2_S", 4096, 14336))
 MATVEC_ROWS = (1, 2, 4, 8, 16)
 MATVEC_LANES = (32, 64, 128, 256)
-MATVEC_MAPS = {"Q4_K": (0, 1)}     # mul_mat_vec's lane maps (MAP) per weight type
+MATVEC_MAPS = {"Q4_K": (0, 1), "Q6_K": (0, 1)}     # mul_mat_vec's lane maps (MAP) per type
 OPS_PER_GRAPH = 8
 WARM_UP_S = 0.2         # replays before the timed ones, for the clocks to come up
 # Byte offsets of the f16 scales in a block of each quantized type (other bytes: any bits)

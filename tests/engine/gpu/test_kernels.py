@@ -199,13 +199,14 @@ def test_mul_mat_vec(dev, kc, wtype, lanes, rows):
         assert nmse(got[3:], w @ x[1] + (y0[3:] if acc else 0)) < 1e-10
 
 
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K"])
 @pytest.mark.parametrize("lanes,rows", [(1, 1), (2, 3), (4, 8)])
 @pytest.mark.parametrize("xform", [0, 1, 2])
-def test_mul_mat_vec_q4_k_fine_map(dev, kc, lanes, rows, xform):
-    """MAP 1 (sixteen lanes a Q4_K super-block) gives the chunked map's sums."""
+def test_mul_mat_vec_fine_map(dev, kc, wtype, lanes, rows, xform):
+    """MAP 1 (sixteen lanes a K-quant super-block) gives the chunked map's sums."""
     rng = np.random.default_rng(25)
     n_out, n_in = 45, 2048
-    raw, _ = quantized("Q4_K", n_out, n_in, rng)
+    raw, _ = quantized(wtype, n_out, n_in, rng)
     x = (rng.standard_normal((2, n_in)) * 2).astype(np.float32)
     x2 = rng.standard_normal((2, n_in)).astype(np.float32)
     bw, bx, bx2 = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, x2)
@@ -213,7 +214,7 @@ def test_mul_mat_vec_q4_k_fine_map(dev, kc, lanes, rows, xform):
     for m in (0, 1):
         by = buf(dev, nbytes=4 * n_out)
         run_once(dev, kc, "mul_mat_vec", [bw, bx, by, bx2], (-(-n_out // rows), 1, 1),
-                 wtype="Q4_K", spec=dict(WG=16 * lanes, ROWS=rows, ACC=0,
+                 wtype=wtype, spec=dict(WG=16 * lanes, ROWS=rows, ACC=0,
                                          ACT=0, XFORM=xform, MAP=m),
                  n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=0, eps=1e-6)
         got.append(read(dev, by))
