@@ -208,7 +208,12 @@ def matvec_override() -> dict[str, tuple[int, int, int]]:
             wtype, shape = item.split("=")
             rows, rest = shape.split("x")
             lanes, _, mode = rest.partition("m")
-            out[wtype.strip()] = (int(rows), int(lanes), int(mode or 0))
+            shape = (int(rows), int(lanes), int(mode or 0))
         except ValueError:
             raise ValueError(f"HOTSEAT_MATVEC: {item!r} is not TYPE=ROWSxLANES[mMAP]") from None
+        rows, lanes, mode = shape
+        if rows < 1 or lanes < 1 or mode not in (0, 1) or (mode == 1 and lanes % 16):
+            raise ValueError(f"HOTSEAT_MATVEC: {item!r}: rows and lanes from 1, map 0 or 1, "
+                             "and map 1 takes lanes in multiples of 16")
+        out[wtype.strip()] = shape
     return out

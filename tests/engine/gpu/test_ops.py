@@ -111,7 +111,8 @@ def test_matvec_shape_per_shape_and_by_setting(monkeypatch):
     assert t.matvec_shape("Q4_K", 4096, 64) == (8, 64, 1)
     assert t.matvec_shape("Q6_K", 4096, 224) == (2, 32, 0)
     assert t.matvec_shape("Q4_0", 2048, 256) == (8, 256, 0)      # not named: measured choice
-    for bad in ("Q4_K", "Q4_K=8", "Q4_K=axb", "Q4_K=8x64mz"):
+    for bad in ("Q4_K", "Q4_K=8", "Q4_K=axb", "Q4_K=8x64mz", "Q4_K=0x64", "Q4_K=8x8m1",
+                "Q4_K=8x64m2"):
         monkeypatch.setenv("HOTSEAT_MATVEC", bad)
         with pytest.raises(ValueError, match="HOTSEAT_MATVEC"):
             t.matvec_shape("Q4_K", 4096, 64)
