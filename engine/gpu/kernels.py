@@ -56,6 +56,9 @@ def load_spirv(variant: str) -> bytes:
         return f.read()
 
 
+DIV_RN_ID = 90      # shaders/include/round.glsl's specialization constant
+
+
 class KernelCache:
     """Pipelines of one device, built on first use and keyed by variant + specialization."""
 
@@ -77,8 +80,12 @@ class KernelCache:
         k = self._cache.get(key)
         if k is None:
             variant = variant_name(name, wtype if ks.typed else None)
+            consts = {names[n]: v for n, v in spec.items()}
+            # round.glsl's DIV_RN (ignored by kernels without it): lavapipe's '/' rounds to
+            # nearest; other drivers may approximate it (Vulkan allows 2.5 ulp)
+            consts[DIV_RN_ID] = int(self.dev.info.kind != "cpu")
             k = vk.Kernel(self.dev, variant, load_spirv(variant), ks.n_buffers, ks.push_size,
-                          {names[n]: v for n, v in spec.items()})
+                          consts)
             self._cache[key] = k
         return k, ks
 

@@ -399,7 +399,8 @@ def run_kernel_bench(args) -> int:
         try:
             bench = {"mul_mat_vec": bench_mul_mat_vec, "mul_mat_cm": bench_mul_mat_cm,
                      "mul_mat_moe": bench_mul_mat_moe, "concat": bench_concat}[args.kernel]
-            kw = {"types": set(args.types.split(","))} if args.types else {}
+            types = getattr(args, "types", None)
+            kw = {"types": set(types.split(","))} if types else {}
             rows = bench(dev, kernels, args.repeats, **kw)
         finally:
             kernels.close()

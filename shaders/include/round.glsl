@@ -19,8 +19,13 @@ vec4 f16_rne(vec4 v) { return vec4(f16_rne(v.x), f16_rne(v.y), f16_rne(v.z), f16
 
 // a / b rounded to nearest: the quotient's residual a - q * b is computed exactly in plain
 // f32 products and sums (Dekker's split into 12-bit halves; `precise` keeps the compiler from
-// fusing them), then corrects q. A q already rounded to nearest stays as it is.
+// fusing them), then corrects q. A q already rounded to nearest stays as it is. Where the
+// device's own '/' rounds to nearest (lavapipe), DIV_RN is 0 and '/' is taken as it is: the
+// same bits in every kernel, whatever its compiler makes of the correction there.
+layout(constant_id = 90) const uint DIV_RN = 1;     // set per device by KernelCache
+
 float div_rn(float a, float b) {
+    if (DIV_RN == 0) return a / b;
     precise const float q = a / b;
     if (isinf(q) || q == 0.0) return q;
     precise const float cq = 4097.0 * q, qh = cq - (cq - q), ql = q - qh;
