@@ -26,7 +26,8 @@ from shaders.registry import WEIGHT_TYPES
 from .. import arch as architectures
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu import vk
-from ..gpu.builder import Builder, HiddenBuilder
+from ..gpu.builder import Builder
+from ..gpu.hidden import HiddenBuilder
 from ..gpu.graph import Graph
 from ..gpu.kernels import KernelCache
 from ..gpu.paths import Paths, Tuning, flash_attn_mode
