@@ -7,7 +7,9 @@ Run by hand where llama-cpp-python is installed (CI has none; the tests only rea
 
 Every case records the exact prompt ids llama.cpp was fed, 64 greedy ids (pure argmax of
 the last logits after each llama_decode; stopped early only by an end-of-generation token,
-which is kept as the last id), their text, and the top 10 logits after the prompt.
+which is kept as the last id), their text, the top 10 logits after the prompt and the top 20
+log-probabilities after it (a float64 log-softmax of all of llama.cpp's float32 logits, the
+numbers `hotseat precision` measures engines against).
 
 Plain prompts are tokenized as the shared references are: add_special=True,
 parse_special=False. Chat prompts for SmolLM2 are rendered with the GGUF chat template the
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 OUT = ROOT / "tests" / "data"
 N_GREEDY = 64
 N_CTX = 2048
+N_TOP_LOGPROBS = 20
 
 LONG = """\
 The history of the printing press is, in many ways, the history of modern Europe. Before
@@ -82,8 +85,18 @@ def _logits(llm) -> np.ndarray:
     return np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).copy()
 
 
-def _greedy(llm, prompt_ids: list[int]) -> tuple[list[int], list[list], bool]:
-    """Argmax ids after prompt_ids, the top 10 (id, logit) after the prompt, whether EOG hit."""
+def _top_logprobs(logits: np.ndarray, k: int) -> list[list]:
+    """The k most likely (id, log-probability), best first: log-softmax in float64."""
+    x = logits.astype(np.float64)
+    m = x.max()
+    lse = m + np.log(np.exp(x - m).sum())
+    order = np.argsort(-x, kind="stable")[:k]
+    return [[int(i), float(x[i] - lse)] for i in order]
+
+
+def _greedy(llm, prompt_ids: list[int]) -> tuple[list[int], list[list], list[list], bool]:
+    """Argmax ids after prompt_ids, the top 10 (id, logit) and top 20 (id, log-probability)
+    after the prompt, whether EOG hit."""
     import llama_cpp
 
     vocab = llama_cpp.llama_model_get_vocab(llm._model.model)
@@ -92,16 +105,17 @@ def _greedy(llm, prompt_ids: list[int]) -> tuple[list[int], list[list], bool]:
     logits = _logits(llm)
     order = np.argsort(-logits, kind="stable")[:10]
     top10 = [[int(i), float(logits[i])] for i in order]
+    top20 = _top_logprobs(logits, N_TOP_LOGPROBS)
     out: list[int] = []
     while len(out) < N_GREEDY:
         tok = int(np.argmax(logits))
         out.append(tok)
         if llama_cpp.llama_vocab_is_eog(vocab, tok):
-            return out, top10, True
+            return out, top10, top20, True
         if len(out) < N_GREEDY:
             llm.eval([tok])
             logits = _logits(llm)
-    return out, top10, False
+    return out, top10, top20, False
 
 
 def _render_jinja(llm, messages: list[dict]) -> tuple[str, bool]:
@@ -147,10 +161,10 @@ def make(name: str, path: str) -> dict:
     cases = []
 
     def record(case: dict, prompt_ids: list[int]) -> None:
-        ids, top10, eog = _greedy(llm, prompt_ids)
+        ids, top10, top20, eog = _greedy(llm, prompt_ids)
         case.update(prompt_ids=prompt_ids, n_prompt_tokens=len(prompt_ids), greedy_ids=ids,
                     greedy_text=llm.detokenize(ids, special=True).decode("utf-8", "replace"),
-                    stopped_at_eog=eog, last_logits_top10=top10)
+                    stopped_at_eog=eog, last_logits_top10=top10, last_logprobs_top20=top20)
         cases.append(case)
         print(f"  {case['kind']:5s} {case['name']:10s} {len(prompt_ids):4d} prompt ids, "
               f"{len(ids)} greedy", file=sys.stderr)
@@ -180,6 +194,8 @@ def make(name: str, path: str) -> dict:
                      "type_k": "f16", "type_v": "f16", "sampling": "argmax of llama_get_logits"},
         "n_vocab": llm.n_vocab(),
         "n_greedy": N_GREEDY,
+        "n_top_logprobs": N_TOP_LOGPROBS,
+        "llama_print_system_info": llama_cpp.llama_print_system_info().decode().strip(),
         "cases": cases,
     }
 
