@@ -9,11 +9,12 @@ Two checks per model, over the prompts llama.cpp's CPU build answered
 - Teacher-forced greedy: the prompt, then llama.cpp's greedy ids one at a time through the KV
   cache, as decoding runs. A step agrees where our argmax is llama.cpp's id, or ties with it
   (our logit of its id within NEAR_TIE of our best).
-- The distribution after the prompt: over llama.cpp's ten best ids, each id's log-probability
-  less the best one's (logit gaps: the normaliser cancels), against the CPU build's; the
-  figure is the largest difference. With --vs-llama-server the same figure for llama-server
-  on the same file and device, from its log-probabilities; ours, the largest over the
-  prompts, should be no larger than its largest (within ALLOWANCE).
+- The distribution after the prompt: the log-probabilities of the CPU build's twenty best
+  ids (`last_logprobs_top20`; older data with only the ten best logits gives each id's logit
+  less the best one's, where the normaliser cancels) against the CPU's; the figure is the
+  largest difference. With --vs-llama-server the same figure for llama-server on the same
+  file and device, from its log-probabilities; ours, the largest over the prompts, should be
+  no larger than its largest (within ALLOWANCE).
 
 Exit status 0 when both checks hold for every model, 1 when one does not.
 """
@@ -49,10 +50,25 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run_precision)
 
 
-def gaps(logits: np.ndarray, ids: list[int]) -> np.ndarray:
-    """logits[ids] less logits[ids[0]]: log-probability differences to the first id."""
-    v = np.asarray(logits, np.float64)[ids]
-    return v - v[0]
+def reference(case: dict) -> tuple[list[int], np.ndarray, bool]:
+    """(ids, values, logprobs): the CPU build's top-20 log-probabilities where stored, else
+    its top-10 logits."""
+    pairs = case.get("last_logprobs_top20") or case["last_logits_top10"]
+    return ([int(t) for t, _ in pairs], np.array([v for _, v in pairs], np.float64),
+            "last_logprobs_top20" in case)
+
+
+def distance(values: np.ndarray, want: np.ndarray, logprobs: bool) -> float:
+    """Largest |values - want|; for logits, of each less the first (log-probability gaps)."""
+    if not logprobs:
+        values, want = values - values[0], want - want[0]
+    return float(np.abs(values - want).max())
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    v = np.asarray(logits, np.float64)
+    m = v.max()
+    return v - m - np.log(np.exp(v - m).sum())
 
 
 def step_verdict(logits: np.ndarray, want: int) -> tuple[str, float]:
@@ -69,10 +85,10 @@ def check_case(run, case: dict, steps: int) -> dict:
     prompt, greedy = case["prompt_ids"], case["greedy_ids"]
     if steps:
         greedy = greedy[:steps]
-    top = [int(t) for t, _ in case["last_logits_top10"]]
-    cpu = np.array([v for _, v in case["last_logits_top10"]], np.float64)
+    ids, cpu, logprobs = reference(case)
     logits = run(prompt, 0)
-    distance = float(np.abs(gaps(logits, top) - (cpu - cpu[0])).max())
+    ours = (log_softmax(logits) if logprobs else np.asarray(logits, np.float64))[ids]
+    dist = distance(ours, cpu, logprobs)
     verdicts = []
     for i, want in enumerate(greedy):
         if i:
@@ -82,23 +98,21 @@ def check_case(run, case: dict, steps: int) -> dict:
     return {"name": case["name"], "steps": len(verdicts),
             "same": sum(v == "same" for v, _ in verdicts),
             "ties": sum(v == "tie" for v, _ in verdicts), "differs": bad,
-            "gap_distance": distance}
+            "gap_distance": dist}
 
 
 def peer_distance(peer, case: dict) -> float | None:
-    """llama-server's gap distance after the prompt, or None where its log-probabilities miss
-    one of the CPU's ten ids."""
+    """llama-server's distance after the prompt, or None where its log-probabilities miss one
+    of the CPU's ids."""
     reply = peer._post("/completion", {
         "prompt": case["prompt_ids"], "n_predict": 1, "n_probs": PEER_PROBS,
         "temperature": 0.0, "cache_prompt": False, "post_sampling_probs": False}, 300)
     got = {int(t["id"]): float(t["logprob"])
            for t in reply["completion_probabilities"][0]["top_logprobs"]}
-    top = [int(t) for t, _ in case["last_logits_top10"]]
-    if any(t not in got for t in top):
+    ids, cpu, logprobs = reference(case)
+    if any(t not in got for t in ids):
         return None
-    cpu = np.array([v for _, v in case["last_logits_top10"]], np.float64)
-    theirs = np.array([got[t] for t in top])
-    return float(np.abs((theirs - theirs[0]) - (cpu - cpu[0])).max())
+    return distance(np.array([got[t] for t in ids]), cpu, logprobs)
 
 
 def check_model(dev, kernels, path: str, data: dict, steps: int, prompts: int,
@@ -160,9 +174,9 @@ def run_precision(args) -> int:
         return 0 if ok else 1
     for r in reports:
         print(f"{r['model']} on {r['device']}: teacher-forced greedy (ties under {NEAR_TIE} "
-              f"logits) and the largest log-probability gap difference over llama.cpp CPU's "
-              f"ten best ids after the prompt")
-        print("| prompt | steps | same | ties | differs | gap distance | llama-server's |")
+              f"logits) and the largest difference from llama.cpp CPU's top log-probabilities "
+              f"after the prompt")
+        print("| prompt | steps | same | ties | differs | distance | llama-server's |")
         print("|---|---:|---:|---:|---|---:|---:|")
         for c in r["cases"]:
             peer = c.get("peer_gap_distance")
@@ -171,7 +185,7 @@ def run_precision(args) -> int:
             print(f"| {c['name']} | {c['steps']} | {c['same']} | {c['ties']} | "
                   f"{c['differs'] or ''} | {c['gap_distance']:.3f} | {peer_s} |")
         peer = r["peer_gap_distance"]
-        print(f"{r['model']}: largest gap distance {r['gap_distance']:.3f}"
+        print(f"{r['model']}: largest distance {r['gap_distance']:.3f}"
               + (f" (llama-server's {peer:.3f})" if peer is not None else "")
               + f": {'holds' if r['ok'] else 'FAILS'}")
     print("precision holds" if ok else "precision check fails", file=sys.stderr)

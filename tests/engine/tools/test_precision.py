@@ -19,8 +19,18 @@ def test_a_step_agrees_on_the_same_id_or_a_near_tie():
     assert verdict == "differs" and gap == pytest.approx(2.0)
 
 
+def test_top20_log_probabilities_are_compared_as_such():
+    case = {"name": "t", "prompt_ids": [1, 2], "greedy_ids": [3],
+            "last_logits_top10": [[3, 9.0]], "last_logprobs_top20": [[3, -0.5], [5, -1.5]]}
+    logits = np.log(np.array([0.1, 0.1, 0.1, 0.4, 0.1, 0.2]))     # log-probabilities already
+    row = precision.check_case(lambda ids, pos: logits + 7.0, case, 0)
+    assert row["gap_distance"] == pytest.approx(max(abs(np.log(0.4) + 0.5),
+                                                    abs(np.log(0.2) + 1.5)))
+
+
 def test_gap_distance_ignores_a_shift_of_all_logits():
-    """Log-probability differences: adding a constant (the normaliser) changes nothing."""
+    """Older data (top-10 logits): log-probability differences, so adding a constant (the
+    normaliser) changes nothing."""
     case = {"name": "t", "prompt_ids": [1, 2], "greedy_ids": [3],
             "last_logits_top10": [[3, 9.0], [5, 7.5], [0, 7.0]]}
     logits = np.zeros(8)
