@@ -7,7 +7,6 @@
 //   into `stats`. LP adjacent lanes share a position, each taking every LP-th vec4 of the dot.
 // PASS 1: the softmax over all splits (the max of their maxes, their sums rescaled to it),
 //   p = exp(score - max) / sum, and the split's sum of p * v into `part`.
-// GGML = 1 rounds q and p to f16 as ggml's CPU attention does (see attention.comp).
 // Options: scores soft-capped (softcap > 0), a sink logit per head (SINKS), as split.glsl says.
 #include "common.glsl"
 #include "round.glsl"
@@ -17,9 +16,8 @@
 layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4 * LP
 layout(constant_id = 2) const uint LP = 4;          // PASS 0: lanes per position (<= SG)
-layout(constant_id = 3) const uint GGML = 0;
-layout(constant_id = 4) const uint PASS = 0;
-layout(constant_id = 5) const uint SINKS = 0;
+layout(constant_id = 3) const uint PASS = 0;
+layout(constant_id = 4) const uint SINKS = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -57,10 +55,7 @@ void main() {
     if (PASS == 0) {
         const uint G = WG / LP;
         const uint lane = t % LP, g = t / LP;
-        [[unroll]] for (uint i = 0; i < DL; i++) {
-            const vec4 x = q4[h * D4 + lane + LP * i];
-            qv[i] = GGML != 0 ? f16_rne(x) : x;
-        }
+        [[unroll]] for (uint i = 0; i < DL; i++) qv[i] = q4[h * D4 + lane + LP * i];
         float m = -1.0 / 0.0, l = 0.0;
         if (SINKS != 0 && s == 0 && g == 0) { m = sinks[h]; l = 1.0; }
         for (uint kp = a + g; kp < b; kp += G) {
@@ -102,8 +97,7 @@ void main() {
     [[unroll]] for (uint i = 0; i < DV; i++) acc[i] = vec4(0.0);
     if (g < NS) {
         for (uint kp = a + g; kp < b; kp += NS) {
-            float pr = exp(scores[h * p.n_ctx + kp] - M) * inv;
-            if (GGML != 0) pr = f16_rne(pr);
+            const float pr = exp(scores[h * p.n_ctx + kp] - M) * inv;
             const uint vb = (kp * p.n_head_kv + kvh) * D4 + u;
             [[unroll]] for (uint i = 0; i < DV; i++) {
                 if (u + TS * i < D4) acc[i] += pr * vec4(v4[vb + TS * i]);

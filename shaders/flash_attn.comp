@@ -49,6 +49,8 @@ const uint D4 = HD / 4;
 const uint DL = D4 / LP;                            // vec4 per lane
 const uint MIXED = 0, MASKED = 1, VISIBLE = 2;
 const float NEG = -3.4028234e38 / 2.0;              // a running max that never makes NaN
+const uint WG = gl_WorkGroupSize.x;
+const uint KV_STEPS = (BC * D4 + WG - 1) / WG, MASK_STEPS = (BR * BC + WG - 1) / WG;
 
 shared f16vec4 ksh[BC * D4];
 shared f16vec4 vsh[BC * D4];
@@ -81,15 +83,23 @@ void main() {
             const uint c_ = SKIP != 0 ? cls[tile * (p.stride / BC) + j] : MIXED;
             if (c_ == MASKED) continue;
             barrier();                               // the last block's reads are done
-            for (uint idx = t; idx < BC * D4; idx += gl_WorkGroupSize.x) {
-                const uint kp = j * BC + idx / D4;
-                const uint src = (kp * p.n_head_kv + kvh) * D4 + idx % D4;
-                ksh[idx] = kp < n_kv ? k4[src] : f16vec4(0.0);
-                if (pass == 1) vsh[idx] = kp < n_kv ? v4[src] : f16vec4(0.0);
+            // the block's loads in a fixed number of steps (unrolled: a driver that bounds
+            // loop iterations counts only the walk over blocks)
+            [[unroll]] for (uint u = 0; u < KV_STEPS; u++) {
+                const uint idx = t + u * WG;
+                if (idx < BC * D4) {
+                    const uint kp = j * BC + idx / D4;
+                    const uint src = (kp * p.n_head_kv + kvh) * D4 + idx % D4;
+                    ksh[idx] = kp < n_kv ? k4[src] : f16vec4(0.0);
+                    if (pass == 1) vsh[idx] = kp < n_kv ? v4[src] : f16vec4(0.0);
+                }
             }
             if (c_ != VISIBLE) {
-                for (uint idx = t; idx < BR * BC; idx += gl_WorkGroupSize.x)
-                    msh[idx] = mask[(tile * BR + idx / BC) * p.stride + j * BC + idx % BC];
+                [[unroll]] for (uint u = 0; u < MASK_STEPS; u++) {
+                    const uint idx = t + u * WG;
+                    if (idx < BR * BC)
+                        msh[idx] = mask[(tile * BR + idx / BC) * p.stride + j * BC + idx % BC];
+                }
             }
             barrier();
 

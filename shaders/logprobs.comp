@@ -1,9 +1,11 @@
 #version 450
 // Log-softmax of one row of logits, for logprobs: out[0] = lse = log(sum(exp(x))), then the
 // k largest logits as log-probabilities (x - lse), largest first, then their indices (lowest
-// index first on ties, as argmax.comp). One workgroup: each lane keeps its k best of a
-// strided slice, sorted; subgroups and shared memory join the maximum and the sum of
-// exponentials; then k rounds take the best head among the lanes. Floats go out as bits.
+// index first on ties, as argmax.comp). One workgroup, one pass over x: each lane keeps its
+// running max and sum of exponentials and its TOP_MAX best of a strided slice, sorted (the
+// insertion is unrolled: a driver that bounds loop iterations counts one loop a value);
+// subgroups and shared memory join the lanes' sums; then k rounds take the best head among
+// the lanes. Floats go out as bits.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #define TOP_MAX 20          // OpenAI's most top_logprobs (engine/residency/model.py's TOP_LOGPROBS)
@@ -52,43 +54,45 @@ void main() {
     const uint k = min(p.k, TOP_MAX);
     float tv[TOP_MAX];
     uint ti[TOP_MAX];
-    for (uint j = 0; j < TOP_MAX; j++) {
+    [[unroll]] for (uint j = 0; j < TOP_MAX; j++) {
         tv[j] = -1.0 / 0.0;
         ti[j] = 0xFFFFFFFFu;
     }
-    // this lane's k best, in order; a later equal value stays behind (its index is higher)
+    float m = -1.0 / 0.0, s = 0.0;      // this lane's max and sum of exp(x - m)
     for (uint i = gl_LocalInvocationID.x; i < p.n; i += gl_WorkGroupSize.x) {
         const float v = x[p.x_offset + i];
-        if (k == 0 || !(v > tv[k - 1])) continue;
-        uint j = k - 1;
-        while (j > 0 && v > tv[j - 1]) {
-            tv[j] = tv[j - 1];
-            ti[j] = ti[j - 1];
-            j--;
+        if (v > m) {
+            s = s * exp(m - v) + 1.0;
+            m = v;
+        } else if (v > -1.0 / 0.0) {
+            s += exp(v - m);
         }
-        tv[j] = v;
-        ti[j] = i;
+        // into this lane's sorted list; an equal value stays behind (its index is higher)
+        if (v > tv[TOP_MAX - 1]) {
+            float cv = v;
+            uint ci = i;
+            [[unroll]] for (uint j = 0; j < TOP_MAX; j++) {
+                if (cv > tv[j]) {
+                    const float tf = tv[j];
+                    const uint tu = ti[j];
+                    tv[j] = cv;
+                    ti[j] = ci;
+                    cv = tf;
+                    ci = tu;
+                }
+            }
+        }
     }
-    // the maximum: the best of the lanes' own maxima (k >= 1), else a pass of its own
-    float m = -1.0 / 0.0;
-    if (k > 0) {
-        m = tv[0];
-    } else {
-        for (uint i = gl_LocalInvocationID.x; i < p.n; i += gl_WorkGroupSize.x)
-            m = max(m, x[p.x_offset + i]);
-    }
+    float mx = m;
     uint unused = 0;
-    best_of_all(m, unused);
-    float s = 0.0;
-    for (uint i = gl_LocalInvocationID.x; i < p.n; i += gl_WorkGroupSize.x)
-        s += exp(x[p.x_offset + i] - m);
-    const float lse = m + log(sum_of_all(s));
+    best_of_all(mx, unused);
+    const float lse = mx + log(sum_of_all(s > 0.0 ? s * exp(m - mx) : 0.0));
     if (gl_LocalInvocationID.x == 0) o[p.o_offset] = floatBitsToUint(lse);
     // k rounds: the best head among the lanes goes out, its lane moves on to its next
     uint head = 0;
     for (uint r = 0; r < k; r++) {
-        float v = head < k ? tv[head] : -1.0 / 0.0;
-        uint idx = head < k ? ti[head] : 0xFFFFFFFFu;
+        float v = head < TOP_MAX ? tv[head] : -1.0 / 0.0;
+        uint idx = head < TOP_MAX ? ti[head] : 0xFFFFFFFFu;
         const uint mine = idx;
         best_of_all(v, idx);
         if (idx == mine && idx != 0xFFFFFFFFu) head++;

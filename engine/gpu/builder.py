@@ -269,17 +269,18 @@ class Builder:
         sk = sinks.binding() if sinks is not None else q
         opt = dict(softcap=float(softcap))
         spec = dict(SINKS=int(sinks is not None))
-        if n == 1:
+        kernel = p.decode_attention if n == 1 else p.prefill_attention
+        if kernel in ("attn_decode", "attn_split"):
             if self.seqs:
                 raise ValueError("a pass of packed sequences has more than one token")
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
-                                  scale, window, sk, opt, spec)
-        elif p.prefill_attention == "flash_attn_cm":
+                                  scale, window, sk, opt, spec, kernel)
+        elif kernel == "flash_attn_cm":
             self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step, sk],
                       (-(-n // 64), n_head, 1), spec=dict(HD=head_dim, SEQS=self.seqs, **spec),
                       n_head=n_head,
                       n_head_kv=n_head_kv, n_tokens=n, window=window, scale=scale, **opt)
-        elif p.prefill_attention == "flash_attn":
+        elif kernel == "flash_attn":
             self._flash_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, n,
                                   scale, window, sk, opt, spec)
         else:
@@ -292,10 +293,10 @@ class Builder:
         self._wrote(out)
 
     def _split_attention(self, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, scale,
-                         window, sk, opt, spec) -> None:
+                         window, sk, opt, spec, kernel: str) -> None:
         rs = self.rs
         splits = self.t.decode_splits(rs.n_ctx)
-        if self.paths(head_dim).decode_attention == "attn_decode":   # one pass, f32 probs
+        if kernel == "attn_decode":   # one pass
             if not self._counted:     # each replay starts from 0, whatever came before it
                 self.g.fill(rs.split_done, 0)
                 self._counted = True
@@ -309,7 +310,7 @@ class Builder:
         for pass_ in (0, 1):
             self.g.op("attn_split", bufs, (splits, n_head, 1),
                       spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim),
-                                GGML=int(self.t.ggml_numerics), PASS=pass_, **spec),
+                                PASS=pass_, **spec),
                       n_head=n_head, n_head_kv=n_head_kv, n_ctx=rs.n_ctx, window=window,
                       n_split=splits, min_chunk=self.t.split_chunk, scale=scale, **opt)
         self.g.op("attn_combine", [rs.split_out, out], (n_head, 1, 1), head_dim=head_dim,
@@ -381,15 +382,15 @@ class Builder:
         self._wrote(x)
 
     def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
-        self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
+        self.g.op("argmax", [x, out], (1, 1, 1), spec=dict(WG=self.t.reduce_wg(count)), n=count,
                   x_offset=0)
 
     def logprobs(self, x: vk.Buffer, out: vk.Buffer, count: int, k: int,
                  out_offset: int = 0) -> None:
         """out[out_offset:] = lse, the k best of x[:count] as log-probabilities, their ids
         (shaders/logprobs.comp)."""
-        self.g.op("logprobs", [x, out], (1, 1, 1), spec=dict(WG=self.t.argmax_wg), n=count,
-                  x_offset=0, k=k, o_offset=out_offset)
+        self.g.op("logprobs", [x, out], (1, 1, 1), spec=dict(WG=self.t.reduce_wg(count)),
+                  n=count, x_offset=0, k=k, o_offset=out_offset)
 
     def mul(self, a: View, b: View, out: vk.Buffer, sigmoid: bool = False) -> None:
         """out[r, i] = a[r, i] * b[r, i] over 2-D row views; out contiguous. b may hold one

@@ -8,7 +8,7 @@ import os
 import re
 from dataclasses import asdict, dataclass
 
-from . import vk
+from . import limits, vk
 from .kernels import compiled
 
 
@@ -55,7 +55,7 @@ class Tuning:
     norm_wg: int = 256      # lanes per row of rms_norm
     fuse_decode: bool = True  # one token: the norm before a product, and the GLU before
                               # the down product, go into the product's reading of x
-    argmax_wg: int = 1024   # lanes of the one argmax workgroup
+    argmax_wg: int = 1024   # lanes of the one argmax (and logprobs) workgroup, at least
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
     cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
@@ -77,6 +77,9 @@ class Tuning:
                                  # the faster on both devices measured: on the H200, a
                                  # 35B-A3B shape's pp512 2154 t/s against 1996 by chunks of
                                  # 64, pp2048 1835 against 1721 ($HOTSEAT_DELTA_CHUNK picks)
+    loop_ticks: int = 0          # the driver's bound on a subgroup's loop iterations, all
+                                 # loops of a dispatch together (limits.py); 0: none
+    max_ctx: int = limits.MAX_CTX    # the longest context this device's kernels take
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
@@ -87,7 +90,9 @@ class Tuning:
     @classmethod
     def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
                  flash_attn: str = "auto", coopmat: bool = False) -> "Tuning":
+        driver = limits.for_device(info)
         common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
+                      loop_ticks=driver.loop_ticks, max_ctx=driver.max_ctx,
                       amd_gcn=is_amd_gcn(info), coopmat=coopmat,
                       prefill_tokens=512 if coopmat else 0, max_shared=max_shared,
                       # where the matrix units can take prefill, their f16 inputs cannot
@@ -163,8 +168,21 @@ class Tuning:
 
     def decode_splits(self, n_ctx: int) -> int:
         """KV splits per head for decode: about one per 128 positions of context, so long
-        contexts fill the GPU; a pass uses only as many as min chunks of split_chunk allow."""
-        return max(1, min(self.split_max, MAX_SPLITS, n_ctx // 128))
+        contexts fill the GPU; a pass uses only as many as min chunks of split_chunk allow.
+        Under a loop bound, enough that one split's walk (a lane per position in the worst
+        case, a head of 256) stays within half of it."""
+        splits = max(1, min(self.split_max, n_ctx // 128))
+        if self.loop_ticks:
+            splits = max(splits, -(-n_ctx // (self.loop_ticks // 2)))
+        return min(splits, MAX_SPLITS)
+
+    def reduce_wg(self, n: int) -> int:
+        """Lanes of a one-workgroup reduction over n values (argmax, logprobs): argmax_wg,
+        widened under a loop bound until a lane's walk takes at most half of it."""
+        wg = self.argmax_wg
+        while self.loop_ticks and wg < 1024 and -(-n // wg) > self.loop_ticks // 2:
+            wg *= 2
+        return wg
 
     def paths(self, head_dim: int) -> "Paths":
         """The kernels a model with heads of head_dim takes on this device."""
@@ -174,8 +192,11 @@ class Tuning:
             head_dim=head_dim,
             decode_matmul="mul_mat_vec" if self.matvec else "mul_mat",
             prefill_matmul="mul_mat_cm" if self.fast_prefill else "mul_mat",
-            decode_attention="attn_decode" if self.matvec and not self.ggml_numerics
-            else "attn_split",
+            # with ggml's rounding a token's attention has the same bits whichever pass
+            # computes it: decode takes the prefill's kernel, so a cached prefix followed by
+            # one token gives the answer of the whole prompt
+            decode_attention=prefill_attn if self.ggml_numerics
+            else "attn_decode" if self.matvec else "attn_split",
             prefill_attention=prefill_attn,
             moe_prefill="mul_mat_moe" if self.moe_grouped else "mul_mat_id",
             numerics="ggml" if self.ggml_numerics else "device",
@@ -189,7 +210,8 @@ class Paths:
     decode_matmul: str       # mul_mat_vec | mul_mat (one token)
     prefill_matmul: str      # mul_mat_cm (matrix units) | mul_mat (register tiles);
                              # a product whose row length is no multiple of 16 takes mul_mat
-    decode_attention: str    # attn_decode (one pass per split) | attn_split (two, f16 probs)
+    decode_attention: str    # attn_decode (one pass per split) | attn_split (two) | with
+                             # ggml numerics, prefill_attention's kernel
     prefill_attention: str   # flash_attn_cm | flash_attn (tiled) | attention (per token)
     moe_prefill: str         # mul_mat_moe (grouped by expert) | mul_mat_id (per token)
     numerics: str            # ggml (llama.cpp's CPU rounding) | device

@@ -22,13 +22,14 @@ from shaders.registry import WEIGHT_TYPES
 
 from .. import arch as architectures
 from ..formats.gguf_file import GGUFFile, ModelFileError
+from ..gpu.limits import MAX_CTX
 from ..gpu.paths import Tuning, flash_attn_mode
 from ..gpu.runstate import RunState
 from .model import run_state_sizes, weight_layout
 
 TYPICAL_ALIGN = 256            # minStorageBufferOffsetAlignment of common GPUs, or less
 TYPICAL_RANGE = 4 << 30        # maxStorageBufferRange of most discrete GPUs
-MIN_CTX, MAX_CTX = 16, 1 << 20  # what Model accepts
+MIN_CTX = 16                    # what Model accepts (up to the device's Tuning.max_ctx)
 NAMES_SHOWN = 8                # tensor names in one problem line; the JSON lists them all
 
 
@@ -151,8 +152,10 @@ def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
                                 f"{' or '.join(allowed)}")
         sized = not missing and not wrong
 
-    if not MIN_CTX <= n_ctx <= MAX_CTX:
-        problems.append(f"context size {n_ctx} out of range ({MIN_CTX} to {MAX_CTX})")
+    max_ctx = target.tuning.max_ctx
+    if not MIN_CTX <= n_ctx <= max_ctx:
+        problems.append(f"context size {n_ctx} out of range ({MIN_CTX} to {max_ctx}"
+                        f"{' on ' + target.name if max_ctx < MAX_CTX else ''})")
         sized = False
     trained = out["context"]["trained"]
     if isinstance(trained, int) and n_ctx > trained:

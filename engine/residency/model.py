@@ -100,12 +100,14 @@ class Model:
         self.config = self.arch.Config.from_gguf(self.gguf)
         self.config.validate(path)
         _check_tensors(self.gguf, self.config)
-        if not 16 <= n_ctx <= 1 << 20:
-            raise ValueError(f"context size {n_ctx} out of range")
+        self.tuning = Tuning.for_device(dev, flash_attn or default_flash_attn())
+        if not 16 <= n_ctx <= self.tuning.max_ctx:
+            self.gguf.close()
+            raise ValueError(f"context size {n_ctx} out of range (16 to "
+                             f"{self.tuning.max_ctx} on {dev.name})")
         self.n_ctx = n_ctx
         self.config = self.config.at_context(n_ctx)      # phi3's LongRoPE: by context size
         self.name = name or path.rsplit("/", 1)[-1]
-        self.tuning = Tuning.for_device(dev, flash_attn or default_flash_attn())
         # recurrent layers (lfm2's short convolutions, gated delta nets): states that a run
         # carries forward and cannot rewind
         self.recurrent = RunState.recurrent_bytes(**self._run_state_args()) > 0

@@ -62,8 +62,9 @@ def test_follows_llamacpp(dev, kc, case, paths):
     try:
         if paths != "device":
             assert m.uses_flash_attn == (paths == "flash")
-            assert m.paths.decode_attention == ("attn_decode" if paths == "gpu"
-                                                else "attn_split")
+            assert m.paths.decode_attention == ("attn_decode" if paths == "gpu" else
+                                                "flash_attn" if paths == "flash" else
+                                                "attention")
         logits = teacher_forced(m, case)
     finally:
         m.close()
