@@ -38,7 +38,12 @@ layout(push_constant) uniform Push {
 } p;
 
 float column_sum(float x) {
-    [[unroll]] for (uint off = L / 2; off > 0; off /= 2) x += subgroupShuffleXor(x, off);
+    // off = L/2, L/4, ..., 1, as a loop of a constant count (one that unrolls: a driver
+    // that bounds loop iterations counts a halving loop's)
+    [[unroll]] for (uint b = 0; b < 6; b++) {
+        const uint off = 32u >> b;
+        if (off < L) x += subgroupShuffleXor(x, off);
+    }
     return x;
 }
 

@@ -109,7 +109,7 @@ void main() {
                 float d = 0.0;
                 [[unroll]] for (uint i = 0; i < DL; i++)
                     d += dot(qv[i], vec4(ksh[c * D4 + lane + LP * i]));
-                [[unroll]] for (uint o = 1; o < LP; o *= 2) d += subgroupShuffleXor(d, o);
+                LANES_ADD(d, LP);
                 s[c] = soft_cap(d * p.scale, p.softcap);
                 if (c_ != VISIBLE) s[c] += float(msh[r * BC + c]);
                 mx = max(mx, s[c]);

@@ -223,7 +223,8 @@ void prepare(uint c, inout vec4 xv[NV], out float xs[4]) {
 #else
         pos += float((c & 3) * 64);
 #endif
-        [[unroll]] for (uint m = 1; m <= 2; m <<= 1) {
+        [[unroll]] for (uint b = 0; b < 2; b++) {
+            const uint m = 1u << b;
             const float oa = subgroupShuffleXor(amax, m), ov = subgroupShuffleXor(vmax, m);
             const float op = subgroupShuffleXor(pos, m);
             if (oa > amax || (oa == amax && op < pos)) { amax = oa; vmax = ov; pos = op; }

@@ -195,7 +195,11 @@ class Builder:
         fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
         if fmt is not None:
             x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
-        tiles = moe_tile_groups(n, n_used, n_expert, nt)
+        # under a loop bound: enough tiles that an expert every token picks walks them within
+        # half of it (each of its tiles is a walk over K)
+        walk = -(-n_in // (8 * self.t.subgroup)) + 2
+        tiles = moe_tile_groups(n, n_used, n_expert, nt,
+                                self.t.loop_ticks // 2 // walk if self.t.loop_ticks else 0)
         rs = self.rs
         for buf, first, count in w.bindings():          # parts of whole experts
             self.g.op("mul_mat_moe", [buf, x, rs.moe_groups, rs.moe_perm, y],
@@ -597,12 +601,16 @@ def moe_tile_slots(n: int, n_used: int, n_expert: int, nt_max: int) -> int:
     return nt
 
 
-def moe_tile_groups(n: int, n_used: int, n_expert: int, nt: int) -> int:
+def moe_tile_groups(n: int, n_used: int, n_expert: int, nt: int, max_loops: int = 0) -> int:
     """Token-tile workgroups per expert of mul_mat_moe (tiles of nt slots): twice what an even
     routing needs (an expert with more tokens loops over its tiles), at most what one expert
-    can get (n: a token takes an expert once)."""
-    even = -(-n * n_used // (n_expert * nt))
-    return max(1, min(-(-n // nt), 2 * even))
+    can get (n: a token takes an expert once); with max_loops, enough that such an expert's
+    workgroups take at most that many tiles each."""
+    most = -(-n // nt)
+    tiles = max(1, min(most, 2 * -(-n * n_used // (n_expert * nt))))
+    if max_loops:
+        tiles = max(tiles, min(most, -(-most // max_loops)))
+    return tiles
 
 
 def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:

@@ -29,6 +29,6 @@ vec4 qv[DL];
 float qk_dot(uint kb) {
     float d = 0.0;
     [[unroll]] for (uint i = 0; i < DL; i++) d += dot(qv[i], vec4(k4[kb + LP * i]));
-    [[unroll]] for (uint o = 1; o < LP; o *= 2) d += subgroupShuffleXor(d, o);
+    LANES_ADD(d, LP);
     return d;
 }

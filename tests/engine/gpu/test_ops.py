@@ -116,3 +116,21 @@ def test_matvec_shape_per_shape_and_by_setting(monkeypatch):
         monkeypatch.setenv("HOTSEAT_MATVEC", bad)
         with pytest.raises(ValueError, match="HOTSEAT_MATVEC"):
             t.matvec_shape("Q4_K", 4096, 64)
+
+
+@pytest.mark.parametrize("n_in", [4096, 28672, 1 << 20])
+def test_loop_bounded_drivers_get_walks_within_the_bound(n_in):
+    """Under llvmpipe's loop bound: an expert that every token of a pass picks gets tiles
+    enough that each workgroup's walks over K stay within half of it; decode attention gets
+    splits enough at any context; reductions widen with the vocabulary."""
+    t = Tuning.for_info(gpu("llvmpipe (LLVM 15.0.6, 256 bits)", MESA_CPU, "cpu"), subgroup=8)
+    assert t.loop_ticks == 65535
+    walk = -(-n_in // 64) + 2
+    for n, k, n_expert in [(256, 8, 256), (256, 1, 256), (255, 1, 256), (256, 8, 8)]:
+        nt = moe_tile_slots(n, k, n_expert, t.mm_tokens)
+        tiles = moe_tile_groups(n, k, n_expert, nt, t.loop_ticks // 2 // walk)
+        assert -(-(-(-n // nt)) // tiles) * (walk + 1) + 1 < t.loop_ticks
+    for n_ctx in (2048, 1 << 16, t.max_ctx):
+        assert -(-n_ctx // t.decode_splits(n_ctx)) <= t.loop_ticks // 2
+    for n in (49152, 262144, 1 << 22):
+        assert -(-n // t.reduce_wg(n)) <= t.loop_ticks // 2
