@@ -200,15 +200,18 @@ def test_products_over_the_longest_rows(dev, kc, wtype):
                   n_vocab=64, n_ctx=16, max_tokens=n)
     bw, bx = buf(dev, raw, kind="weights"), buf(dev, x)
     tensor = Tensor(wtype, (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)], [bw])
+    t = replace(t, ggml_numerics=False)
     try:
         for tokens in (1, n):
             by = buf(dev, nbytes=4 * tokens * n_out)
             g = Graph(dev, kc, "t")
-            Builder(g, {}, rs, replace(t, ggml_numerics=False)).matmul(tensor, bx, by, tokens)
+            Builder(g, {}, rs, t).matmul(tensor, bx, by, tokens)
             g.replay()
             g.close()
             got = read(dev, by)[:tokens * n_out].reshape(tokens, n_out)
-            assert nmse(got, x[:tokens] @ w.T) < 1e-9, tokens
+            # the matrix units take x as f16 (a relative error of 2^-11 per value)
+            f16 = tokens > 1 and t.paths(64).prefill_matmul == "mul_mat_cm"
+            assert nmse(got, x[:tokens] @ w.T) < (1e-5 if f16 else 1e-9), tokens
             dev.allocator.free(by)
     finally:
         rs.close()
