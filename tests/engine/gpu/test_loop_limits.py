@@ -239,3 +239,20 @@ def test_norm_of_the_widest_embedding(dev, kc):
         rs.close()
     want = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * gamma
     assert nmse(got, want) < 1e-10
+
+
+def test_a_longer_context_than_the_device_takes_is_refused(dev, kc, smollm2_path):
+    """`hotseat check` lists it as a problem and a load refuses it, naming the device."""
+    from engine.residency.check import Target, check_file
+    from engine.residency.model import Model
+
+    t = Tuning.for_device(dev)
+    if t.max_ctx >= limits.MAX_CTX:
+        pytest.skip(f"{dev.name} takes any context up to {limits.MAX_CTX}")
+    report = check_file(smollm2_path, t.max_ctx + 1, Target.of_device(dev))
+    assert not report["runs"]
+    assert any(f"out of range (16 to {t.max_ctx} on {dev.name})" in p
+               for p in report["problems"])
+    assert check_file(smollm2_path, t.max_ctx, Target.of_device(dev))["runs"]
+    with pytest.raises(ValueError, match=f"16 to {t.max_ctx} on"):
+        Model(dev, kc, smollm2_path, n_ctx=t.max_ctx + 1)

@@ -18,8 +18,8 @@ from tests.conftest import DATA
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
-N_NEW = 4           # greedy tokens compared after each prompt
-NARROW = 40         # prompts up to this long also run in passes of 2 and of 3 tokens
+N_NEW = 3           # greedy tokens compared after each prompt
+NARROW = 20         # prompts up to this long also run in passes of 2 and of 3 tokens
 
 
 def cases(model: str) -> list[dict]:
