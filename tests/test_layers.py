@@ -19,7 +19,7 @@ LAYERS = {
     "engine.formats": 1,     # GGUF files, bundled model files
     "engine.text": 2,        # tokenizers, chat templates, sampling
     "engine.gpu": 2,         # Vulkan, kernels, graphs, ops
-    "engine.arch": 3,        # the model architectures and their numpy reference
+    "engine.arch": 3,        # the model architectures
     "engine.residency": 4,   # loaded models, the VRAM arbiter, the cross-process arena
     "engine.facade": 5,      # the facade's surface (a Protocol) and its shared types
     "engine.api": 5,         # the facade every front end uses

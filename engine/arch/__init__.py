@@ -1,8 +1,8 @@
 """The model architectures, one module each, picked by a GGUF file's `general.architecture`.
 
 Each module reads top to bottom: a `Config` from GGUF keys, the tensors by their GGUF names,
-`forward()` in the ops of engine/gpu/builder.py. reference.py is the numpy forward pass of all of
-them, written apart from them, that the tests check them against.
+`forward()` in the ops of engine/gpu/builder.py. tests/helpers/reference.py is the numpy
+forward pass of all of them, written apart from them, that the tests check them against.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.arch.reference import ReferenceModel
+from tests.helpers.reference import ReferenceModel
 from engine.formats.gguf_file import GGUFFile
 from engine.residency import model as model_mod
 from engine.residency.loop import Timings, generate
@@ -119,7 +119,7 @@ def test_config_and_tensors(lfm2_path):
 
 @pytest.mark.parametrize("ggml_numerics", [False, True])
 def test_logits_match_reference(dev, kc, lfm2_path, small_chunks, ggml_numerics):
-    """A prompt prefilled in three chunks, then decode steps, against engine/arch/reference.py:
+    """A prompt prefilled in three chunks, then decode steps, against tests/helpers/reference.py:
     plain f32 (the engine's f16 KV cache alone leaves ~1e-9), and llama.cpp's activation
     rounding on both sides."""
     tol = 1e-4 if ggml_numerics else 1e-7

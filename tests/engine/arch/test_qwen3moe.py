@@ -118,11 +118,11 @@ def test_config_reads_the_qwen3moe_keys(moe_path):
 
 @pytest.mark.parametrize("ggml_numerics", [False, True])
 def test_logits_match_numpy_reference(dev, kc, moe_path, ggml_numerics):
-    """Prefill and one decode step against engine/arch/reference.py: plain float32 (the GPU's f16
+    """Prefill and one decode step against tests/helpers/reference.py: plain float32 (the GPU's f16
     KV cache is the only difference), and with llama.cpp's activation rounding on both sides
     (measured ~1e-13; one Q8 rounding step landing the other way on a last-bit difference in
     summation order costs ~1e-4, a wrong expert or weight far more)."""
-    from engine.arch.reference import ReferenceModel
+    from tests.helpers.reference import ReferenceModel
 
     m = Model(dev, kc, moe_path, n_ctx=64)
     m.tuning.ggml_numerics = ggml_numerics
@@ -141,7 +141,7 @@ def test_logits_match_numpy_reference(dev, kc, moe_path, ggml_numerics):
 
 @pytest.mark.parametrize("ggml_numerics", [False, True])
 def test_greedy_tokens_agree_with_reference(dev, kc, moe_path, ggml_numerics):
-    from engine.arch.reference import ReferenceModel
+    from tests.helpers.reference import ReferenceModel
 
     m = Model(dev, kc, moe_path, n_ctx=64)
     m.tuning.ggml_numerics = ggml_numerics

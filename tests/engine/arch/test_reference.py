@@ -18,7 +18,7 @@ import math
 import numpy as np
 import pytest
 
-from engine.arch.reference import ReferenceModel
+from tests.helpers.reference import ReferenceModel
 from engine.formats.gguf_file import GGUFFile
 from tests.conftest import DATA, load_reference
 

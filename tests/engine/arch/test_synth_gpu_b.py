@@ -157,8 +157,8 @@ def write_gemma3(path: str, final_softcap: float, seed: int = 3) -> None:
 
 def test_gemma3_final_softcap_follows_the_reference(dev, kc, tmp_path):
     """A gemma3 file with final_logit_softcapping loads (it was refused) and its capped
-    logits follow engine/arch/reference.py in float32, after a prompt and a decode step."""
-    from engine.arch.reference import ReferenceModel
+    logits follow tests/helpers/reference.py in float32, after a prompt and a decode step."""
+    from tests.helpers.reference import ReferenceModel
     from engine.formats.gguf_file import GGUFFile
 
     cap, prompt = 3.0, [5, 17, 200, 33, 4, 91, 150]
@@ -190,7 +190,7 @@ def test_config_reads_what_the_reference_reads(name):
     rope_from_gguf against the reference's llama-context.cpp reading), scales, soft-caps,
     experts: each from its own reading of the GGUF keys."""
     from engine import arch
-    from engine.arch.reference import Config as RefConfig
+    from tests.helpers.reference import Config as RefConfig
     from engine.formats.gguf_file import GGUFFile
 
     with GGUFFile(sr.DATA / f"{name}.gguf") as g:

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.arch.reference import HYBRID_ARCHS, ReferenceModel
-from engine.arch.reference_hybrid import HybridConfig, open_model
+from tests.helpers.reference import HYBRID_ARCHS, ReferenceModel
+from tests.helpers.reference_hybrid import HybridConfig, open_model
 from engine.formats.gguf_file import GGUFFile
 from engine.text.tokenizer import Tokenizer
 from tests.helpers import synth_reference as sr

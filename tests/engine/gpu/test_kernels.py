@@ -869,7 +869,7 @@ def test_activation_tables_follow_ggml_vec_dot_types():
     """Each weight type's rounding in every path (mul_mat inline or through quantize_act,
     mul_mat_vec) is its vec_dot_type in ggml-cpu (reference.VEC_DOT); K-blocked types take
     256-weight rows in quarters."""
-    from engine.arch.reference import VEC_DOT
+    from tests.helpers.reference import VEC_DOT
     from engine.gpu.kernels import ACT_FORMAT, ACT_INLINE, MATVEC_ACT, MATVEC_CHUNK
 
     inline, fmt = {1: "Q8_0", 2: "Q8_1"}, {0: "Q8_0", 2: "Q8_K", 3: "F16", 4: "BF16", None: "F32"}
@@ -893,9 +893,9 @@ def test_iq_grids_are_gguf_pys():
 
 def ggml_cpu_product(wtype: str, raw: np.ndarray, w: np.ndarray, x: np.ndarray) -> np.ndarray:
     """x @ w.T as ggml's CPU backend computes it: x rounded to the weight type's vec_dot_type
-    (engine/arch/reference.py's table and formats), Q8_1's block sums s = fp16(d * sum q)
+    (tests/helpers/reference.py's table and formats), Q8_1's block sums s = fp16(d * sum q)
     multiplying the Q4_1 / Q5_1 block minimums."""
-    from engine.arch import reference as ref
+    from tests.helpers import reference as ref
 
     act = ref.VEC_DOT[wtype]
     if act != "Q8_1":

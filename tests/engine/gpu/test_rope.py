@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.arch import reference
+from tests.helpers import reference
 from engine.gpu.rope import Rope, rope_table
 
 CASES = {

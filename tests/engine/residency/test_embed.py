@@ -1,5 +1,5 @@
 """Embeddings: the GPU's final-normed hidden states against the numpy reference forward
-(engine/arch/reference.py), pooling, a batch against its inputs one by one, and the prompt
+(tests/helpers/reference.py), pooling, a batch against its inputs one by one, and the prompt
 cache after an embedding."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.arch.reference import ReferenceModel
+from tests.helpers.reference import ReferenceModel
 from engine.formats.gguf_file import GGUFFile
 from engine.residency import embed
 from engine.residency.loop import generate

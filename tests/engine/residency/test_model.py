@@ -108,11 +108,11 @@ def test_smollm2_cases_follow_llama_cpp(smollm2):
 
 @pytest.mark.parametrize("ggml_numerics", [False, True])
 def test_logits_match_numpy_reference(smollm2, smollm2_path, ggml_numerics):
-    """The GPU forward pass against engine/arch/reference.py, in plain f32 and with llama.cpp's
+    """The GPU forward pass against tests/helpers/reference.py, in plain f32 and with llama.cpp's
     activation rounding on both sides. Rounded runs part ways chaotically once one rounding
     decision flips on a last-bit difference (measured: NMSE ~1e-2 after 30 layers), so that
     comparison only catches gross errors; the f32 one is tight."""
-    from engine.arch.reference import ReferenceModel
+    from tests.helpers.reference import ReferenceModel
 
     tol = 3e-2 if ggml_numerics else 1e-5
     prompt = [1, 504, 3458, 282, 4649, 314, 7042, 28, 284, 260]

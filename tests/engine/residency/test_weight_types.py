@@ -1,6 +1,6 @@
 """Each weight type added to the engine, through a whole model: a small random qwen3moe whose
 embeddings, attention, experts and head all hold that type loads (the loader takes the type)
-and its logits follow engine/arch/reference.py in float32. (With llama.cpp's activation
+and its logits follow tests/helpers/reference.py in float32. (With llama.cpp's activation
 rounding, such a random model's logits move by 1e-4 to 1e-1 in NMSE on the last bit of a
 rounding or a near-tie in the router, existing types alike, so that rounding is held to the
 reference per product instead: test_kernels.py's test_products_round_like_ggml_cpu.)"""
@@ -83,7 +83,7 @@ def nmse(got, want) -> float:
 
 @pytest.mark.parametrize("wtype", NEW_TYPES)
 def test_model_of_one_weight_type(dev, kc, tmp_path, wtype):
-    from engine.arch.reference import ReferenceModel
+    from tests.helpers.reference import ReferenceModel
 
     path = str(tmp_path / f"tiny-{wtype}.gguf")
     write_model(path, wtype)

@@ -26,8 +26,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..formats.gguf_file import GGUFFile, ModelFileError
-from .reference import HYBRID_ARCHS, Linear, ReferenceModel, rms_norm, rope, silu
+from engine.formats.gguf_file import GGUFFile, ModelFileError
+from tests.helpers.reference import HYBRID_ARCHS, Linear, ReferenceModel, rms_norm, rope, silu
 
 ARCHS = HYBRID_ARCHS
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..formats.gguf_file import GGUFFile, ModelFileError
+from engine.formats.gguf_file import GGUFFile, ModelFileError
 
 ARCHS = ("llama", "gemma3", "lfm2", "qwen3moe", "qwen2", "qwen3", "mistral3", "phi3", "gemma2",
          "gpt-oss")
