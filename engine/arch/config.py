@@ -12,11 +12,14 @@ through `extra()`. `validate()` turns a corrupt header into one clear ModelFileE
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import numpy as np
+
+from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu.rope import Rope
@@ -114,13 +117,45 @@ class Config:
             shapes["output.weight"] = (self.n_embd, self.n_vocab)
         return shapes
 
-    def attention_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
-        """Layer `layer`'s input norm and Q, K, V and output projections."""
+    def attention_shapes(self, layer: int, qk_norm: bool = False,
+                         norm: bool = True) -> dict[str, tuple[int, ...]]:
+        """Layer `layer`'s input norm (unless norm is False) and Q, K, V and output
+        projections; with qk_norm, the per-head norms of q and k."""
         b, e, q, kv = f"blk.{layer}.", self.n_embd, self.n_head * self.head_dim, \
             self.n_head_kv * self.head_dim
-        return {b + "attn_norm.weight": (e,), b + "attn_q.weight": (e, q),
-                b + "attn_k.weight": (e, kv), b + "attn_v.weight": (e, kv),
-                b + "attn_output.weight": (q, e)}
+        shapes = {b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv),
+                  b + "attn_v.weight": (e, kv), b + "attn_output.weight": (q, e)}
+        if norm:
+            shapes[b + "attn_norm.weight"] = (e,)
+        if qk_norm:
+            shapes.update({b + "attn_q_norm.weight": (self.head_dim,),
+                           b + "attn_k_norm.weight": (self.head_dim,)})
+        return shapes
+
+    def ffn_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
+        """Layer `layer`'s feed-forward norm and gate, up and down projections."""
+        b, e, f = f"blk.{layer}.", self.n_embd, self.n_ff
+        return {b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, f),
+                b + "ffn_up.weight": (e, f), b + "ffn_down.weight": (f, e)}
+
+    def rope_tables(self) -> tuple[Rope, ...]:
+        """Every rope the layers use (RunState precomputes their angles): the file's one."""
+        return (self.rope,)
+
+    def attn_windows(self) -> tuple[int, ...]:
+        """The sliding windows of the attention layers (0: full causal), one mask each."""
+        return (0,)
+
+    def layer_rope(self, i: int) -> Rope:
+        return self.rope
+
+    def layer_window(self, i: int) -> int:
+        return 0
+
+    def expert_tensors(self, layer: int) -> list[str]:
+        """The expert tensors of one layer, in the order a fractional cpu_moe places them
+        (gate first); none where the model has no experts."""
+        return []
 
     @classmethod
     def extra(cls, g: GGUFFile, common: dict) -> dict:
@@ -211,3 +246,56 @@ def check_hyperparameters(c, path: str, extra: list[str] = ()) -> None:
         problems.append(f"vocab size {c.n_vocab}")
     if problems:
         raise ModelFileError(path, "absurd or unsupported hyperparameters: " + ", ".join(problems))
+
+
+# -- what most architectures share, used as they are or named in their modules ---------------
+
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # cpu_moe's placement order
+
+
+class SlidingWindows:
+    """For a Config whose is_local(i) layers attend to the last `window` tokens only, with a
+    rope of their own base (rope_base_local) and the file's scaling (gemma2, gpt-oss)."""
+
+    def local_rope(self) -> Rope:
+        return dataclasses.replace(self.rope, base=self.rope_base_local)
+
+    def layer_rope(self, i: int) -> Rope:
+        return self.local_rope() if self.is_local(i) else self.rope
+
+    def layer_window(self, i: int) -> int:
+        return self.window if self.is_local(i) else 0
+
+    def rope_tables(self) -> tuple[Rope, ...]:
+        return tuple({self.layer_rope(i): None for i in range(self.n_layer)})
+
+    def attn_windows(self) -> tuple[int, ...]:
+        return tuple(sorted({self.layer_window(i) for i in range(self.n_layer)}))
+
+
+def whole_rope_problems(c: Config) -> list[str]:
+    """For a graph that turns every pair of a head: a partial rope is not read."""
+    if c.rope_dims != c.head_dim:
+        return [f"rope dimension_count {c.rope_dims} (head dim {c.head_dim})"]
+    return []
+
+
+def moe_problems(c: Config) -> list[str]:
+    """What a mixture of experts' counts may not be (the router kernel's bounds)."""
+    extra = []
+    if not 0 < c.n_expert <= MOE_MAX_EXPERT:
+        extra.append(f"expert_count {c.n_expert}")
+    if not 0 < c.n_expert_used <= min(c.n_expert, MOE_MAX_USED):
+        extra.append(f"expert_used_count {c.n_expert_used}")
+    return extra
+
+
+class Experts:
+    """For a Config of a mixture of experts whose graph turns every pair of a head
+    (qwen3moe, gpt-oss): its expert tensors and the counts the kernels take."""
+
+    def expert_tensors(self, layer: int) -> list[str]:
+        return [f"blk.{layer}.{n}.weight" for n in EXPERT_TENSORS]
+
+    def problems(self) -> list[str]:
+        return super().problems() + moe_problems(self) + whole_rope_problems(self)

@@ -11,24 +11,25 @@ Gemma's (1 + w), so they are used as stored.
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..formats.gguf_file import GGUFFile
-from . import config
+from . import blocks, config
 from ..gpu.builder import Builder
-from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
 
 
 @dataclass(frozen=True)
-class Config(config.Config):
+class Config(config.SlidingWindows, config.Config):
     window: int                # sliding window of the local layers, in tokens
     swa_layers: tuple[bool, ...]
     rope_base_local: float     # sliding-window layers (rope_base: global layers)
     attn_scale: float
     attn_softcap: float        # 0: none
     final_softcap: float       # 0: none
+
+    QK_NORM: ClassVar[bool] = False    # per-head RMS norms on q and k (gemma3)
 
     DEFAULTS = {"context_length": 8192, "rope.freq_base": 10000.0,
                 "attention.layer_norm_rms_epsilon": 1e-6}
@@ -55,66 +56,24 @@ class Config(config.Config):
         shapes = self.io_shapes()
         for i in range(self.n_layer):
             b = f"blk.{i}."
-            shapes.update({
-                **self.attention_shapes(i),
-                b + "post_attention_norm.weight": (e,),
-                b + "ffn_norm.weight": (e,),
-                b + "ffn_gate.weight": (e, self.n_ff),
-                b + "ffn_up.weight": (e, self.n_ff),
-                b + "ffn_down.weight": (self.n_ff, e),
-                b + "post_ffw_norm.weight": (e,),
-            })
+            shapes.update({**self.attention_shapes(i), **self.ffn_shapes(i),
+                           b + "post_attention_norm.weight": (e,),
+                           b + "post_ffw_norm.weight": (e,)})
         return shapes
 
 
-def local_rope(c: Config) -> Rope:
-    """The sliding-window layers' rope: the file's scaling, their own base."""
-    return dataclasses.replace(c.rope, base=c.rope_base_local)
 
 
-def rope_tables(c: Config) -> tuple[Rope, ...]:
-    """Every rope the layers use; RunState precomputes their angles."""
-    return tuple({local_rope(c) if c.is_local(i) else c.rope: None
-                  for i in range(c.n_layer)})
 
 
-def attn_windows(c: Config) -> tuple[int, ...]:
-    """The sliding windows of the attention layers (0: full causal); one mask each."""
-    return tuple(sorted({c.window if c.is_local(i) else 0 for i in range(c.n_layer)}))
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits."""
-    w = b.weights
-    x = rs.x                                                   # [n, n_embd] residual stream
-    b.get_rows(w["token_embd.weight"], rs.ids, x, n, scale=c.n_embd ** 0.5)
+    blocks.embed(b, c, rs, n, scale=c.n_embd ** 0.5)
     for i in range(c.n_layer):
-        p = f"blk.{i}."
-        local = c.is_local(i)
-        # attention, soft-capped; the local layers slide, with their own rope base
-        b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "attn_q.weight"], rs.xn, rs.q, n)       # [n, n_head, head_dim]
-        b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)       # [n, n_head_kv, head_dim]
-        b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)       # [n, n_head_kv, head_dim]
-        b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                   c.head_dim, n, local_rope(c) if local else c.rope, neox=True)
-        b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
-                    c.head_dim, n, scale=c.attn_scale, window=c.window if local else 0,
-                    softcap=c.attn_softcap)                    # [n, n_head * head_dim]
-        b.matmul(w[p + "attn_output.weight"], rs.att, rs.xn, n)   # [n, n_embd]
-        b.rms_norm(rs.xn, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
-        b.add(x, rs.xn, x, n * c.n_embd)
-        # feed-forward
-        b.rms_norm(x, w[p + "ffn_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "ffn_gate.weight"], rs.xn, rs.gate, n)  # [n, n_ff]
-        b.matmul(w[p + "ffn_up.weight"], rs.xn, rs.up, n)      # [n, n_ff]
-        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff, gelu=True)
-        b.matmul(w[p + "ffn_down.weight"], rs.gate, rs.xn, n)  # [n, n_embd]
-        b.rms_norm(rs.xn, w[p + "post_ffw_norm.weight"], rs.xn, n, c.rms_eps)
-        b.add(x, rs.xn, x, n * c.n_embd)
-    # only the last token's logits are needed, soft-capped
-    b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
-    head = w["token_embd.weight" if c.tied_output else "output.weight"]
-    b.matmul(head, rs.xn, rs.logits, 1, x_row=n - 1)           # [1, n_vocab]
-    if c.final_softcap:
-        b.softcap(rs.logits, c.n_vocab, c.final_softcap)
+        blocks.attention(b, c, rs, i, n, c.layer_rope(i), neox=True,
+                         scale=c.attn_scale, window=c.layer_window(i),
+                         softcap=c.attn_softcap, qk_norm=c.QK_NORM, post_norm=True)
+        blocks.ffn(b, c, rs, i, n, gelu=True, post_norm=True)
+    blocks.head(b, c, rs, n, softcap=c.final_softcap)

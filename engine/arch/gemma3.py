@@ -9,23 +9,26 @@ Gemma's (1 + w), so they are used as stored.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..formats.gguf_file import GGUFFile
 from . import config
-from ..gpu.builder import Builder
+from .gemma2 import forward  # noqa: F401 (the same graph, with this Config's flags)
 from ..gpu.rope import Rope
-from ..gpu.runstate import RunState
 
 SWA_PATTERN = 6          # every sixth layer attends globally
 LOCAL_ROPE_BASE = 10000.0
 
 
 @dataclass(frozen=True)
-class Config(config.Config):
+class Config(config.SlidingWindows, config.Config):
     rope_base_local: float     # sliding-window layers (rope_base: global layers)
     window: int
     attn_scale: float
     final_softcap: float       # 0: none
+
+    attn_softcap: ClassVar[float] = 0.0     # gemma2's graph, without its attention soft-cap
+    QK_NORM: ClassVar[bool] = True          # and with per-head Q/K norms
 
     DEFAULTS = {"context_length": 32768, "rope.freq_base": 1e6,
                 "attention.layer_norm_rms_epsilon": 1e-6}
@@ -40,79 +43,20 @@ class Config(config.Config):
             final_softcap=float(g.get(f"{a}.final_logit_softcapping", 0.0) or 0.0),
         )
 
+    def local_rope(self) -> Rope:
+        """The sliding-window layers' rope: base 10000, unscaled (the global layers take
+        the file's scaling: Gemma 3 4B and larger declare linear 8)."""
+        return Rope(self.rope_base_local, self.rope.n_dims)
+
     def is_local(self, layer: int) -> bool:
         return (layer + 1) % SWA_PATTERN != 0
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
-        e, hd = self.n_embd, self.head_dim
-        shapes = {"token_embd.weight": (e, self.n_vocab), "output_norm.weight": (e,)}
+        """Every tensor the forward pass reads, with its ggml shape (row length first)."""
+        shapes = self.io_shapes()
         for i in range(self.n_layer):
             b = f"blk.{i}."
-            shapes.update({
-                b + "attn_norm.weight": (e,),
-                b + "attn_q.weight": (e, self.n_head * hd),
-                b + "attn_k.weight": (e, self.n_head_kv * hd),
-                b + "attn_v.weight": (e, self.n_head_kv * hd),
-                b + "attn_q_norm.weight": (hd,),
-                b + "attn_k_norm.weight": (hd,),
-                b + "attn_output.weight": (self.n_head * hd, e),
-                b + "post_attention_norm.weight": (e,),
-                b + "ffn_norm.weight": (e,),
-                b + "ffn_gate.weight": (e, self.n_ff),
-                b + "ffn_up.weight": (e, self.n_ff),
-                b + "ffn_down.weight": (self.n_ff, e),
-                b + "post_ffw_norm.weight": (e,),
-            })
+            shapes.update({**self.attention_shapes(i, qk_norm=True), **self.ffn_shapes(i),
+                           b + "post_attention_norm.weight": (self.n_embd,),
+                           b + "post_ffw_norm.weight": (self.n_embd,)})
         return shapes
-
-def rope_tables(c: Config) -> tuple[Rope, ...]:
-    """Every rope the layers use; RunState precomputes their angles: the global layers'
-    (with the file's scaling: Gemma 3 4B and larger declare linear 8) and the sliding-window
-    layers' (base 10000, unscaled)."""
-    return (c.rope, local_rope(c))
-
-
-def local_rope(c: Config) -> Rope:
-    return Rope(c.rope_base_local, c.rope.n_dims)
-
-
-def attn_windows(c: Config) -> tuple[int, ...]:
-    """The sliding windows of the attention layers (0: full causal); one mask each."""
-    return tuple(sorted({c.window if c.is_local(i) else 0 for i in range(c.n_layer)}))
-
-
-def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
-    """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits."""
-    w = b.weights
-    x = rs.x                                                   # [n, n_embd] residual stream
-    b.get_rows(w["token_embd.weight"], rs.ids, x, n, scale=c.n_embd ** 0.5)
-    for i in range(c.n_layer):
-        p = f"blk.{i}."
-        local = c.is_local(i)
-        rope = local_rope(c) if local else c.rope
-        # attention
-        b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "attn_q.weight"], rs.xn, rs.q, n)       # [n, n_head, head_dim]
-        b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)       # [n, n_head_kv, head_dim]
-        b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)       # [n, n_head_kv, head_dim]
-        b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n * c.n_head, c.rms_eps)
-        b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
-        b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                   c.head_dim, n, rope, neox=True)
-        b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
-                    c.head_dim, n, scale=c.attn_scale, window=c.window if local else 0)
-        b.matmul(w[p + "attn_output.weight"], rs.att, rs.xn, n)   # [n, n_embd]
-        b.rms_norm(rs.xn, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
-        b.add(x, rs.xn, x, n * c.n_embd)
-        # feed-forward
-        b.rms_norm(x, w[p + "ffn_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "ffn_gate.weight"], rs.xn, rs.gate, n)  # [n, n_ff]
-        b.matmul(w[p + "ffn_up.weight"], rs.xn, rs.up, n)      # [n, n_ff]
-        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff, gelu=True)
-        b.matmul(w[p + "ffn_down.weight"], rs.gate, rs.xn, n)  # [n, n_embd]
-        b.rms_norm(rs.xn, w[p + "post_ffw_norm.weight"], rs.xn, n, c.rms_eps)
-        b.add(x, rs.xn, x, n * c.n_embd)
-    b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
-    b.matmul(w["token_embd.weight"], rs.xn, rs.logits, 1, x_row=n - 1)   # [1, n_vocab] tied
-    if c.final_softcap:
-        b.softcap(rs.logits, c.n_vocab, c.final_softcap)

@@ -13,22 +13,17 @@ bias is weighted and summed into the residual. Routing stays on the device, as q
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
 
 from ..formats.gguf_file import GGUFFile
-from . import config
+from . import blocks, config
 from ..gpu.builder import Builder
-from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
-
-EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # placement order
 
 
 @dataclass(frozen=True)
-class Config(config.Config):
+class Config(config.Experts, config.SlidingWindows, config.Config):
     n_expert: int              # n_ff is one expert's feed-forward length
     n_expert_used: int
     window: int                # sliding window of the local layers, in tokens
@@ -79,79 +74,14 @@ class Config(config.Config):
         return {n: ("F32",) for n in self.tensor_shapes()
                 if n.endswith(".bias") or n.endswith("attn_sinks.weight")}
 
-    def problems(self) -> list[str]:
-        extra = []
-        if not 0 < self.n_expert <= MOE_MAX_EXPERT:
-            extra.append(f"expert_count {self.n_expert}")
-        if not 0 < self.n_expert_used <= min(self.n_expert, MOE_MAX_USED):
-            extra.append(f"expert_used_count {self.n_expert_used}")
-        if self.rope_dims != self.head_dim:
-            extra.append(f"rope dimension_count {self.rope_dims} (head dim {self.head_dim})")
-        return extra
-
-
-def expert_tensors(c: Config, layer: int) -> list[str]:
-    """The expert tensors of one layer, in the order a fractional cpu_moe places them."""
-    return [f"blk.{layer}.{n}.weight" for n in EXPERT_TENSORS]
-
-
-def local_rope(c: Config) -> Rope:
-    """The sliding-window layers' rope: the file's scaling (YaRN), their own base."""
-    return dataclasses.replace(c.rope, base=c.rope_base_local)
-
-
-def rope_tables(c: Config) -> tuple[Rope, ...]:
-    """Every rope the layers use; RunState precomputes their angles."""
-    return tuple({local_rope(c) if c.is_local(i) else c.rope: None
-                  for i in range(c.n_layer)})
-
-
-def attn_windows(c: Config) -> tuple[int, ...]:
-    """The sliding windows of the attention layers (0: full causal); one mask each."""
-    return tuple(sorted({c.window if c.is_local(i) else 0 for i in range(c.n_layer)}))
-
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits."""
-    w = b.weights
-    k = c.n_expert_used
-    x = rs.x                                                   # [n, n_embd] residual stream
-    b.get_rows(w["token_embd.weight"], rs.ids, x, n)
+    blocks.embed(b, c, rs, n)
     for i in range(c.n_layer):
-        p = f"blk.{i}."
-        local = c.is_local(i)
-        # attention: biased projections, sinks; the local layers slide
-        b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "attn_q.weight"], rs.xn, rs.q, n)       # [n, n_head, head_dim]
-        b.add_bias(rs.q, w[p + "attn_q.bias"], n)
-        b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)       # [n, n_head_kv, head_dim]
-        b.add_bias(rs.k, w[p + "attn_k.bias"], n)
-        b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)       # [n, n_head_kv, head_dim]
-        b.add_bias(rs.v, w[p + "attn_v.bias"], n)
-        b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                   c.head_dim, n, local_rope(c) if local else c.rope, neox=True)
-        b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
-                    c.head_dim, n, scale=c.head_dim ** -0.5, window=c.window if local else 0,
-                    sinks=w[p + "attn_sinks.weight"])          # [n, n_head * head_dim]
-        b.matmul(w[p + "attn_output.weight"], rs.att, rs.xn, n)   # [n, n_embd]
-        b.add_bias(rs.xn, w[p + "attn_output.bias"], n)
-        b.add(x, rs.xn, x, n * c.n_embd)
-        # mixture of experts, each product with its expert's bias
-        b.rms_norm(x, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "ffn_gate_inp.weight"], rs.xn, rs.router, n)   # [n, n_expert]
-        b.add_bias(rs.router, w[p + "ffn_gate_inp.bias"], n)
-        b.moe_router(rs.router, rs.expert_ids, rs.expert_w, n, c.n_expert, k,
-                     softmax_chosen=True)                      # [n, k] each
-        b.matmul_id(w[p + "ffn_gate_exps.weight"], rs.xn, rs.expert_ids, rs.gate, n, k)
-        b.add_id(rs.gate, w[p + "ffn_gate_exps.bias"], rs.expert_ids, n * k)  # [n, k, n_ff]
-        b.matmul_id(w[p + "ffn_up_exps.weight"], rs.xn, rs.expert_ids, rs.up, n, k)
-        b.add_id(rs.up, w[p + "ffn_up_exps.bias"], rs.expert_ids, n * k)      # [n, k, n_ff]
-        b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff, clamped=True)
-        b.matmul_id(w[p + "ffn_down_exps.weight"], rs.gate, rs.expert_ids, rs.moe_out, n, k,
-                    per_slot=True)                             # [n, k, n_embd]
-        b.add_id(rs.moe_out, w[p + "ffn_down_exps.bias"], rs.expert_ids, n * k)
-        b.moe_combine(rs.moe_out, rs.expert_w, x, n, c.n_embd, k)
-    # only the last token's logits are needed
-    b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
-    head = w["token_embd.weight" if c.tied_output else "output.weight"]
-    b.matmul(head, rs.xn, rs.logits, 1, x_row=n - 1)           # [1, n_vocab]
+        blocks.attention(b, c, rs, i, n, c.layer_rope(i), neox=True,
+                         scale=c.head_dim ** -0.5, window=c.layer_window(i),
+                         sinks=True, qkv_bias=True, out_bias=True)
+        blocks.moe(b, c, rs, i, n, norm="post_attention_norm", biases=True, clamped=True,
+                   softmax_chosen=True)
+    blocks.head(b, c, rs, n)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..formats.gguf_file import GGUFFile
-from . import config
+from . import blocks, config
 from ..gpu.builder import Builder
 from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
@@ -53,7 +53,7 @@ class Config(config.Config):
 
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Every tensor the forward pass reads, with its ggml shape (row length first)."""
-        e, hd = self.n_embd, self.head_dim
+        e = self.n_embd
         shapes = {"token_embd.weight": (e, self.n_vocab), "token_embd_norm.weight": (e,)}
         if not self.tied_output:
             shapes["output.weight"] = (e, self.n_vocab)
@@ -67,21 +67,15 @@ class Config(config.Config):
                     b + "shortconv.out_proj.weight": (e, e),
                 })
             else:
-                shapes.update({
-                    b + "attn_q.weight": (e, self.n_head * hd),
-                    b + "attn_k.weight": (e, self.n_head_kv * hd),
-                    b + "attn_v.weight": (e, self.n_head_kv * hd),
-                    b + "attn_q_norm.weight": (hd,),
-                    b + "attn_k_norm.weight": (hd,),
-                    b + "attn_output.weight": (self.n_head * hd, e),
-                })
-            shapes.update({
-                b + "ffn_norm.weight": (e,),
-                b + "ffn_gate.weight": (e, self.n_ff),
-                b + "ffn_up.weight": (e, self.n_ff),
-                b + "ffn_down.weight": (self.n_ff, e),
-            })
+                shapes.update(self.attention_shapes(i, qk_norm=True, norm=False))
+            shapes.update(self.ffn_shapes(i))
         return shapes
+
+    def attn_windows(self) -> tuple[int, ...]:
+        return (self.window,)
+
+    def rope_tables(self) -> tuple[Rope, ...]:
+        return (self.rope,) if self.kv_layers else ()
 
     def tensor_types(self) -> dict[str, tuple[str, ...]]:
         """Tensors that only some weight types can hold: ssm_conv reads its kernel as f32."""
@@ -99,14 +93,8 @@ class Config(config.Config):
         return extra
 
 
-def attn_windows(c: Config) -> tuple[int, ...]:
-    """The sliding windows of the attention layers (0: full causal); one mask each."""
-    return (c.window,)
 
 
-def rope_tables(c: Config) -> tuple[Rope, ...]:
-    """Every rope the layers use; RunState precomputes their angles."""
-    return (c.rope,) if c.kv_layers else ()
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
@@ -122,9 +110,9 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     b.get_rows(w["token_embd.weight"], rs.ids, x, n)
     for i in range(c.n_layer):
         p = f"blk.{i}."
-        b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
         if i in c.conv_layers:
             # short convolution, as llama.cpp builds it
+            b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
             b.matmul(w[p + "shortconv.in_proj.weight"], rs.xn, rs.bcx, n)  # [n, 3 * n_embd]
             b.mul(chunk(0), chunk(2), rs.bx)                   # [n, n_embd] B * x
             state = View(rs.conv_state[i], (c.d_conv, e, 1))   # [n_embd, d_conv]
@@ -135,24 +123,7 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
             b.mul(chunk(1), View(rs.conv, (e, n, 1)), rs.conv)  # [n, n_embd] C * conv
             b.matmul(w[p + "shortconv.out_proj.weight"], rs.conv, x, n, accumulate=True)
         else:
-            # attention
-            b.matmul(w[p + "attn_q.weight"], rs.xn, rs.q, n)   # [n, n_head, head_dim]
-            b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)   # [n, n_head_kv, head_dim]
-            b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)   # [n, n_head_kv, head_dim]
-            b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n * c.n_head, c.rms_eps)
-            b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
-            b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                       c.head_dim, n, c.rope, neox=True)
-            b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
-                        c.head_dim, n, scale=c.head_dim ** -0.5, window=c.window)
-            b.matmul(w[p + "attn_output.weight"], rs.att, x, n, accumulate=True)
-        # feed-forward
-        b.rms_norm(x, w[p + "ffn_norm.weight"], rs.xn, n, c.rms_eps)
-        b.matmul(w[p + "ffn_gate.weight"], rs.xn, rs.gate, n)  # [n, n_ff]
-        b.matmul(w[p + "ffn_up.weight"], rs.xn, rs.up, n)      # [n, n_ff]
-        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff)
-        b.matmul(w[p + "ffn_down.weight"], rs.gate, x, n, accumulate=True)
-    # only the last token's logits are needed
-    b.rms_norm(x, w["token_embd_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
-    head = w["token_embd.weight" if c.tied_output else "output.weight"]
-    b.matmul(head, rs.xn, rs.logits, 1, x_row=n - 1)           # [1, n_vocab]
+            blocks.attention(b, c, rs, i, n, c.rope, neox=True, scale=c.head_dim ** -0.5,
+                             window=c.window, qk_norm=True)
+        blocks.ffn(b, c, rs, i, n)
+    blocks.head(b, c, rs, n, norm="token_embd_norm")           # its output norm

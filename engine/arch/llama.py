@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..formats.gguf_file import GGUFFile
-from . import config
+from . import blocks, config
 from ..gpu.builder import Builder
-from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
 
 
@@ -33,6 +32,8 @@ class Config(config.Config):
     ROPE_FREQS = True          # llama 3.1 and later: rope_freqs divides low frequencies
     NEOX: ClassVar[bool] = False       # rotate halves, not adjacent pairs (qwen2, qwen3)
     QK_NORM: ClassVar[bool] = False    # per-head RMS norms on q and k (qwen3)
+    FUSED: ClassVar[bool] = False      # Q | K | V in one weight, gate | up in one (phi3)
+    MOE: ClassVar[bool] = False        # a mixture of experts for the feed-forward (qwen3moe)
     # the biases llama.cpp's graph for the architecture adds where the file has them
     BIASES: ClassVar[tuple[str, ...]] = ("attn_q", "attn_k", "attn_v", "attn_output")
 
@@ -58,21 +59,14 @@ class Config(config.Config):
         shapes = self.io_shapes()
         for i in range(self.n_layer):
             b = f"blk.{i}."
-            shapes.update({
-                **self.attention_shapes(i),
-                b + "ffn_norm.weight": (e,),
-                b + "ffn_gate.weight": (e, self.n_ff),
-                b + "ffn_up.weight": (e, self.n_ff),
-                b + "ffn_down.weight": (self.n_ff, e),
-            })
+            shapes.update({**self.attention_shapes(i, qk_norm=self.QK_NORM),
+                           **self.ffn_shapes(i)})
             if self.qkv_bias:
                 shapes.update({b + "attn_q.bias": (self.n_head * hd,),
                                b + "attn_k.bias": (self.n_head_kv * hd,),
                                b + "attn_v.bias": (self.n_head_kv * hd,)})
             if self.out_bias:
                 shapes[b + "attn_output.bias"] = (e,)
-            if self.QK_NORM:
-                shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
         return shapes
 
 
@@ -82,49 +76,17 @@ def unread_biases(g: GGUFFile, read: tuple[str, ...]) -> tuple[str, ...]:
     names = {re.sub(r"^blk\.\d+\.", "", n) for n in g.tensors if n.endswith(".bias")}
     return tuple(sorted(names - {f"{r}.bias" for r in read}))
 
-def rope_tables(c: Config) -> tuple[Rope, ...]:
-    """Every rope the layers use; RunState precomputes their angles."""
-    return (c.rope,)
-
-
-def attn_windows(c: Config) -> tuple[int, ...]:
-    """The sliding windows of the attention layers (0: full causal); one mask each."""
-    return (0,)
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits."""
-    w = b.weights
-    x = rs.x                                                   # [n, n_embd] residual stream
-    b.get_rows(w["token_embd.weight"], rs.ids, x, n)
+    blocks.embed(b, c, rs, n)
     for i in range(c.n_layer):
-        p = f"blk.{i}."
-        # attention
-        b.norm_matmuls(x, w[p + "attn_norm.weight"], c.rms_eps, rs.xn, n, [
-            (w[p + "attn_q.weight"], rs.q),                    # [n, n_head * head_dim]
-            (w[p + "attn_k.weight"], rs.k),                    # [n, n_head_kv * head_dim]
-            (w[p + "attn_v.weight"], rs.v)])                   # [n, n_head_kv * head_dim]
-        if c.qkv_bias:
-            b.add_bias(rs.q, w[p + "attn_q.bias"], n)
-            b.add_bias(rs.k, w[p + "attn_k.bias"], n)
-            b.add_bias(rs.v, w[p + "attn_v.bias"], n)
-        if c.QK_NORM:                                          # per head
-            b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n * c.n_head, c.rms_eps)
-            b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
-        b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                   c.head_dim, n, c.rope, neox=c.NEOX, temp_scale=c.attn_temp_scale,
-                   temp_floor=c.attn_temp_floor)
-        b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
-                    c.head_dim, n, scale=c.head_dim ** -0.5)  # [n, n_head * head_dim]
-        b.matmul(w[p + "attn_output.weight"], rs.att, x, n, accumulate=True)
-        if c.out_bias:
-            b.add_bias(x, w[p + "attn_output.bias"], n)
-        # feed-forward
-        b.norm_matmuls(x, w[p + "ffn_norm.weight"], c.rms_eps, rs.xn, n, [
-            (w[p + "ffn_gate.weight"], rs.gate),               # [n, n_ff]
-            (w[p + "ffn_up.weight"], rs.up)])                  # [n, n_ff]
-        b.swiglu_matmul(w[p + "ffn_down.weight"], rs.gate, rs.up, x, n, c.n_ff)
-    # only the last token's logits are needed
-    b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
-    head = w["token_embd.weight" if c.tied_output else "output.weight"]
-    b.matmul(head, rs.xn, rs.logits, 1, x_row=n - 1)           # [1, n_vocab]
+        blocks.attention(b, c, rs, i, n, c.rope, neox=c.NEOX, scale=c.head_dim ** -0.5,
+                         qkv_bias=c.qkv_bias, out_bias=c.out_bias, qk_norm=c.QK_NORM,
+                         fused_qkv=c.FUSED, temp=(c.attn_temp_scale, c.attn_temp_floor))
+        if c.MOE:
+            blocks.moe(b, c, rs, i, n)
+        else:
+            blocks.ffn(b, c, rs, i, n, fused_up=c.FUSED)
+    blocks.head(b, c, rs, n)

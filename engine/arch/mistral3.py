@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..formats.gguf_file import GGUFFile
 from . import llama
-from .llama import attn_windows, forward, rope_tables  # noqa: F401  (the llama graph)
+from .llama import forward  # noqa: F401  (the llama graph)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import llama
-from .llama import attn_windows, forward, rope_tables  # noqa: F401  (the llama graph)
+from .llama import forward  # noqa: F401  (the llama graph)
 
 
 @dataclass(frozen=True)

@@ -54,18 +54,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
-
 from ..formats.gguf_file import GGUFFile, ModelFileError
-from . import config
+from . import blocks, config
 from ..gpu.builder import Builder, DeltaGates, DeltaHeads
-from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
 from ..gpu.tensors import View
 
 ARCHS = ("qwen3next", "qwen35", "qwen35moe")
 MOE_ARCHS = ("qwen3next", "qwen35moe")
-EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")   # placement order
 
 
 @dataclass(frozen=True)
@@ -220,11 +216,9 @@ class Config(config.Config):
     # -- tensors ----------------------------------------------------------------------------
     def attention_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
         """A full-attention layer: Q and its gate in one projection, Q/K norms."""
-        b, e, hd = f"blk.{layer}.", self.n_embd, self.head_dim
-        shapes = super().attention_shapes(layer)
-        shapes[b + "attn_q.weight"] = (e, 2 * self.n_head * hd)      # per head: q | gate
-        shapes.update({b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,)})
-        return shapes
+        shapes = super().attention_shapes(layer, qk_norm=True)
+        shapes[f"blk.{layer}.attn_q.weight"] = (self.n_embd, 2 * self.n_head * self.head_dim)
+        return shapes                                                  # per head: q | gate
 
     def delta_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
         """A gated delta-net layer (its input norm included)."""
@@ -283,6 +277,9 @@ class Config(config.Config):
                 out[f"blk.{i}.{n}"] = ("F32",)
         return out
 
+    def expert_tensors(self, layer: int) -> list[str]:
+        return config.Experts.expert_tensors(self, layer) if self.moe else []
+
     def problems(self) -> list[str]:
         extra = []
         if self.legacy_ssm_in:
@@ -314,28 +311,16 @@ class Config(config.Config):
             extra.append(f"rope.dimension_sections {list(self.rope_sections)} leave some "
                          f"rotated pairs unturned (not read)")
         if self.moe:
-            if not 0 < self.n_expert <= MOE_MAX_EXPERT:
-                extra.append(f"expert_count {self.n_expert}")
-            if not 0 < self.n_expert_used <= min(self.n_expert, MOE_MAX_USED):
-                extra.append(f"expert_used_count {self.n_expert_used}")
+            extra += config.moe_problems(self)
             if self.n_ff_shexp <= 0 or self.n_ff_shexp % 32:
                 extra.append(f"expert_shared_feed_forward_length {self.n_ff_shexp}")
         return extra
 
 
-def expert_tensors(c: Config, layer: int) -> list[str]:
-    """The expert tensors of one layer, in the order a fractional cpu_moe places them."""
-    return [f"blk.{layer}.{n}.weight" for n in EXPERT_TENSORS] if c.moe else []
 
 
-def attn_windows(c: Config) -> tuple[int, ...]:
-    """The sliding windows of the attention layers (0: full causal); one mask each."""
-    return (0,)
 
 
-def rope_tables(c: Config) -> tuple[Rope, ...]:
-    """Every rope the layers use; the partial rope turns the first rope_dims of a head."""
-    return (c.rope,)
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
@@ -352,18 +337,12 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
             delta_net(b, c, rs, n, p, heads)
         else:
             gated_attention(b, c, rs, n, i)
-        b.rms_norm(x, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
         if c.moe:
+            b.rms_norm(x, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
             moe(b, c, rs, n, p)
         else:
-            b.matmul(w[p + "ffn_gate.weight"], rs.xn, rs.gate, n)  # [n, n_ff]
-            b.matmul(w[p + "ffn_up.weight"], rs.xn, rs.up, n)      # [n, n_ff]
-            b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff)
-            b.matmul(w[p + "ffn_down.weight"], rs.gate, x, n, accumulate=True)
-    # only the last token's logits are needed
-    b.rms_norm(x, w["output_norm.weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
-    head = w["token_embd.weight" if c.tied_output else "output.weight"]
-    b.matmul(head, rs.xn, rs.logits, 1, x_row=n - 1)           # [1, n_vocab]
+            blocks.ffn(b, c, rs, i, n, norm="post_attention_norm")
+    blocks.head(b, c, rs, n)
 
 
 def delta_net(b: Builder, c: Config, rs: RunState, n: int, p: str, heads: DeltaHeads) -> None:

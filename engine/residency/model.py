@@ -69,7 +69,7 @@ def run_state_sizes(arch, cfg, n_ctx: int, tuning: Tuning) -> dict:
     chunk = tuning.prefill_tokens or PREFILL_CHUNK
     block = tuning.flash_block(cfg.head_dim) \
         if tuning.use_flash_attn(cfg.head_dim, chunk) else None
-    return run_state_args(cfg, n_ctx, chunk, arch.rope_tables(cfg), arch.attn_windows(cfg),
+    return run_state_args(cfg, n_ctx, chunk, cfg.rope_tables(), cfg.attn_windows(),
                           block)
 
 
@@ -114,10 +114,9 @@ class Model:
         self.profile = False                    # record graphs with per-op timestamps
         try:
             # read by the GPU from host memory
+            experts = self.config.expert_tensors
             self.host_tensors = placement.host_tensors(
-                cpu_moe, self.config.n_layer,
-                None if not hasattr(self.arch, "expert_tensors")
-                else lambda i: self.arch.expert_tensors(self.config, i),
+                cpu_moe, self.config.n_layer, experts if experts(0) else None,
                 f"{self.name} ({self.gguf.arch})")
         except PlacementError:
             self.gguf.close()

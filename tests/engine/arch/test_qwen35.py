@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.arch import ARCHITECTURES, for_file, qwen35
+from engine.arch import ARCHITECTURES, config, for_file, qwen35
 from engine.formats.gguf_file import GGUFFile, ModelFileError
 from tests.helpers import synth_reference as sr
 
@@ -45,7 +45,7 @@ def test_qwen3next():
     assert (c.n_expert, c.n_expert_used, c.n_ff, c.n_ff_shexp) == (4, 2, 64, 64)
     assert (c.head_dim, c.rope_dims, c.rope_sections) == (64, 16, ())
     assert c.rope_positions() == (True,) * 8
-    assert qwen35.expert_tensors(c, 0) == [f"blk.0.{n}.weight" for n in qwen35.EXPERT_TENSORS]
+    assert c.expert_tensors(0) == [f"blk.0.{n}.weight" for n in config.EXPERT_TENSORS]
     # the shared expert's gate as conversions store it, [n_embd, 1]; 1-D in qwen35moe-f16
     assert c.shexp_gate_2d and c.tensor_shapes()["blk.0.ffn_gate_inp_shexp.weight"] == (128, 1)
     assert not _config("qwen35moe-f16").shexp_gate_2d
@@ -58,7 +58,7 @@ def test_qwen35_dense_with_an_mtp_block():
     assert [c.k_head(h) for h in range(4)] == [0, 1, 0, 1]              # tiled
     assert (c.moe, c.n_ff, c.rope_sections) == (False, 192, (3, 3, 2, 0))
     assert c.rope_positions() == (True,) * 8
-    assert qwen35.expert_tensors(c, 0) == []
+    assert c.expert_tensors(0) == []
 
 
 def test_qwen35moe_layers_from_the_list():
