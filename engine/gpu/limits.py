@@ -16,12 +16,15 @@ that no subgroup reaches the limit. The worst case of each, in ticks per subgrou
     attn_split            ceil(n_ctx / splits) + 8                  Tuning.decode_splits
     flash_attn            2 * ceil(n_ctx / BC) + 3                  tile loads unrolled
     mul_mat, mul_mat_id   ceil(K / 64) + 1
-    mul_mat_moe           tiles * (ceil(K / 64) + 2) + 1            at most 16 tiles
+    mul_mat_moe           walks * (ceil(K / 64) + 3) + 1            walks per workgroup
+                                                                    bounded (Builder)
     moe_router            ~ top_k * n_expert / 8
     rms_norm              2 * ceil(n_embd / wg) + 3
     delta_net             n_tokens + 1 (a pass's width)
 
-tests/engine/gpu/test_loop_limits.py runs each of them at the worst size on the device.
+tests/engine/gpu/test_loop_limits.py runs those whose walks grow with the vocabulary, the
+context, the experts or a row's length at the largest the device takes; the README's "Driver
+limits" has the whole table.
 """
 from __future__ import annotations
 
