@@ -97,14 +97,17 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
         b.add_bias(rs.router, w[p + "ffn_gate_inp.bias"], n)
     b.moe_router(rs.router, rs.expert_ids, rs.expert_w, n, c.n_expert, k,
                  softmax_chosen=softmax_chosen)                # [n, k] each
-    for name, y, x_in, per_slot in (("gate", rs.gate, rs.xn, False), ("up", rs.up, rs.xn, False),
-                                    ("down", rs.moe_out, rs.gate, True)):
-        if name == "down":
-            b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff, clamped=clamped)
+
+    def experts(name: str, x_in, y, per_slot: bool = False) -> None:
         b.matmul_id(w[p + f"ffn_{name}_exps.weight"], x_in, rs.expert_ids, y, n, k,
-                    per_slot=per_slot)                         # [n, k, n_ff | n_embd]
+                    per_slot=per_slot)
         if biases:
             b.add_id(y, w[p + f"ffn_{name}_exps.bias"], rs.expert_ids, n * k)
+
+    experts("gate", rs.xn, rs.gate)                            # [n, k, n_ff]
+    experts("up", rs.xn, rs.up)                                # [n, k, n_ff]
+    b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff, clamped=clamped)
+    experts("down", rs.gate, rs.moe_out, per_slot=True)        # [n, k, n_embd]
     b.moe_combine(rs.moe_out, rs.expert_w, x, n, c.n_embd, k)
 
 

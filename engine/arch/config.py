@@ -146,12 +146,6 @@ class Config:
         """The sliding windows of the attention layers (0: full causal), one mask each."""
         return (0,)
 
-    def layer_rope(self, i: int) -> Rope:
-        return self.rope
-
-    def layer_window(self, i: int) -> int:
-        return 0
-
     def expert_tensors(self, layer: int) -> list[str]:
         """The expert tensors of one layer, in the order a fractional cpu_moe places them
         (gate first); none where the model has no experts."""
