@@ -4,7 +4,7 @@ connections, memory over load/unload cycles, and a fuzz of bad requests and file
 bundled model over HTTP; generations are a few tokens each.
 
 HOTSEAT_LEAK_CYCLES sets the measured load/unload cycles of the memory test (default 10,
-after 12 of warm-up; the issue's 50 take about 20 s more here)."""
+after 20 of warm-up; the issue's 50 take about 20 s more here)."""
 from __future__ import annotations
 
 import http.client
@@ -35,7 +35,7 @@ PROMPT = "The capital of France is"
 GREEDY = SamplingParams(temperature=0.0)
 CHUNK = 16                               # the prefill chunk in the cancellation test
 LONG = 16 * CHUNK                        # its prompt: 16 chunks
-LEAK_WARMUP = 12
+LEAK_WARMUP = 20
 LEAK_CYCLES = int(os.environ.get("HOTSEAT_LEAK_CYCLES", "10"))
 
 
@@ -306,9 +306,13 @@ def test_an_idle_connection_is_closed(server):
 # -- memory over load/unload cycles -------------------------------------------------------
 
 def test_load_unload_cycles_do_not_grow_memory(smollm2_path):
-    """A `hotseat serve` process driven over HTTP: after a warm-up (the first cycles fill
-    the allocator's pools and the interpreter's caches) RSS stays flat and the device
-    allocations do not change. Before the fix every cycle kept 2 to 4 MiB."""
+    """A `hotseat serve` process driven over HTTP: after a warm-up RSS stays flat and the
+    device allocations do not change. Before the fix every cycle kept 2 to 4 MiB.
+
+    The warm-up covers the first ~14 cycles, over which lavapipe's and the C allocator's
+    pools fill by about 1 MiB a cycle and then stop. After it a leak shows in every cycle,
+    so the median cycle is judged; the allocator still takes the odd one-time step of a
+    few MiB (a thread's arena), which the looser bound on the sum allows."""
     proc = hotseat_serve("--budget-mib", "1024")
     try:
         line = proc.stdout.readline().strip()
@@ -329,11 +333,17 @@ def test_load_unload_cycles_do_not_grow_memory(smollm2_path):
         for _ in range(LEAK_WARMUP):
             cycle()
         rss0, vram0 = rss(), request(url, "GET", "/api/vram", key=None)[2]
+        seen = [rss0]
         for _ in range(LEAK_CYCLES):
             cycle()
-        grown, vram = rss() - rss0, request(url, "GET", "/api/vram", key=None)[2]
-        assert grown < (10 << 20) + LEAK_CYCLES * (64 << 10), \
-            f"RSS grew {grown / 2**20:.1f} MiB in {LEAK_CYCLES} cycles"
+            seen.append(rss())
+        vram = request(url, "GET", "/api/vram", key=None)[2]
+        steps = sorted(b - a for a, b in zip(seen, seen[1:]))
+        median, grown = steps[len(steps) // 2], seen[-1] - rss0
+        assert median <= 64 << 10, \
+            f"RSS grew in most cycles: median {median >> 10} KiB, steps {steps}"
+        assert grown < (16 << 20) + LEAK_CYCLES * (64 << 10), \
+            f"RSS grew {grown / 2**20:.1f} MiB in {LEAK_CYCLES} cycles, steps {steps}"
         for key in ("allocated_bytes", "spare_bytes", "granted_bytes"):
             assert vram[key] == vram0[key], key
         got, _, out = request(url, "GET", "/api/models", key=None)
