@@ -11,6 +11,7 @@ from __future__ import annotations
 from ..gpu.builder import Builder
 from ..gpu.rope import Rope
 from ..gpu.runstate import RunState
+from ..gpu.tensors import View
 from .config import Config
 
 
@@ -22,74 +23,101 @@ def embed(b: Builder, c: Config, rs: RunState, n: int, scale: float = 1.0) -> No
 def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *,
               neox: bool, scale: float, window: int = 0, softcap: float = 0.0,
               sinks: bool = False, qkv_bias: bool = False, out_bias: bool = False,
-              qk_norm: bool = False, post_norm: bool = False, fused_qkv: bool = False,
+              qk_norm: str = "", norm: str | None = "attn_norm", post_norm: bool = False,
+              fused_qkv: bool = False, gated: bool = False, residual: float = 1.0,
               temp: tuple[float, int] = (0.0, 0)) -> None:
-    """x += attn_output(attention(rope(norm(x) @ q, k, v))) for layer i; with post_norm
-    (gemma) the output is normed before the add. Options: biases on q, k, v and the output,
-    per-head RMS norms on q and k, one fused QKV weight (phi3: row slices of it), attention
-    soft-capping, sinks (gpt-oss), a sliding window, q's temperature (mistral3)."""
-    w, p, x = b.weights, f"blk.{i}.", rs.x
-    nq, nkv = c.n_head * c.head_dim, c.n_head_kv * c.head_dim
+    """x += attn_output(attention(rope(norm(x) @ q, k, v))) for layer i. Options: the input
+    norm's tensor (None: none, olmo2), biases on q, k, v and the output, RMS norms on q and
+    k ("head": per head; "whole": over the whole projection, olmo2), one fused QKV weight
+    (phi3: row slices of it), attention soft-capping, sinks (gpt-oss), a sliding window, q's
+    temperature (mistral3), a sigmoid gate on the output that the q projection gives per
+    head beside q (gated: Qwen3.5); the output normed (post_norm: gemma, olmo2) or scaled
+    (residual: granite) before the add."""
+    w, p, x, hd = b.weights, f"blk.{i}.", rs.x, c.head_dim
+    nq, nkv, rows = c.n_head * hd, c.n_head_kv * hd, n * c.n_head
     if fused_qkv:                                              # Q | K | V rows of one weight
         qkv = w[p + "attn_qkv.weight"]
         proj = [qkv.row_slice(0, nq), qkv.row_slice(nq, nq + nkv),
                 qkv.row_slice(nq + nkv, nq + 2 * nkv)]
     else:
         proj = [w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]]
-    b.norm_matmuls(x, w[p + "attn_norm.weight"], c.rms_eps, rs.xn, n,
-                   list(zip(proj, (rs.q, rs.k, rs.v))))      # [n, n_head(_kv) * head_dim]
+    products = list(zip(proj, (rs.qg if gated else rs.q, rs.k, rs.v)))
+    if norm is None:
+        for weight, y in products:
+            b.matmul(weight, x, y, n)
+    else:
+        b.norm_matmuls(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n, products)
+    if gated:                                                  # per head q | gate: q apart
+        b.cpy(View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows)), View(rs.q, (hd, rows, 1)))
     if qkv_bias:
         for name, y in (("attn_q", rs.q), ("attn_k", rs.k), ("attn_v", rs.v)):
             b.add_bias(y, w[p + name + ".bias"], n)
-    if qk_norm:                                                # per head
-        b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n * c.n_head, c.rms_eps)
-        b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
+    if qk_norm:                                    # rows of a head, or of a whole projection
+        whole = qk_norm == "whole"
+        b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n if whole else rows, c.rms_eps)
+        b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n if whole else n * c.n_head_kv,
+                   c.rms_eps)
     b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
                c.head_dim, n, rope, neox=neox, temp_scale=temp[0], temp_floor=temp[1])
     b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                 c.head_dim, n, scale=scale, window=window, softcap=softcap,
                 sinks=w[p + "attn_sinks.weight"] if sinks else None)
+    if gated:                                                  # * sigmoid(the gate)
+        b.mul(View(rs.att, (hd, rows, 1)),
+              View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows), hd), rs.att, sigmoid=True)
     out = w[p + "attn_output.weight"]
-    if post_norm or out_bias:                                  # into xn, then onto x
+    if post_norm or out_bias or residual != 1.0:               # into xn, then onto x
         b.matmul(out, rs.att, rs.xn, n)                        # [n, n_embd]
         if out_bias:
             b.add_bias(rs.xn, w[p + "attn_output.bias"], n)
         if post_norm:
             b.rms_norm(rs.xn, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
-        b.add(x, rs.xn, x, n * c.n_embd)
+        b.add(x, rs.xn, x, n * c.n_embd, scale=residual)
     else:
         b.matmul(out, rs.att, x, n, accumulate=True)
 
 
 def ffn(b: Builder, c: Config, rs: RunState, i: int, n: int, *, gelu: bool = False,
-        post_norm: bool = False, fused_up: bool = False, norm: str = "ffn_norm") -> None:
+        post_norm: bool = False, fused_up: bool = False, norm: str | None = "ffn_norm",
+        residual: float = 1.0) -> None:
     """x += down(act(norm(x) @ gate) * (norm(x) @ up)) for layer i: SwiGLU, or GeGLU (gelu);
-    gate | up as rows of one weight (fused_up, phi3); with post_norm (gemma) the output is
-    normed before the add; `norm` names the norm's tensor."""
+    gate | up as rows of one weight (fused_up, phi3); `norm` names the norm's tensor (None:
+    none, olmo2); the output normed (post_norm: gemma, olmo2) or scaled (residual: granite)
+    before the add."""
     w, p, x = b.weights, f"blk.{i}.", rs.x
     if fused_up:
         up = w[p + "ffn_up.weight"]
         gate, up = up.row_slice(0, c.n_ff), up.row_slice(c.n_ff, 2 * c.n_ff)
     else:
         gate, up = w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]
-    b.norm_matmuls(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n,
-                   [(gate, rs.gate), (up, rs.up)])            # [n, n_ff] each
-    down = w[p + "ffn_down.weight"]
-    if gelu or post_norm:
-        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff, gelu=gelu)
-        b.matmul(down, rs.gate, rs.xn if post_norm else x, n, accumulate=not post_norm)
-        if post_norm:
-            b.rms_norm(rs.xn, w[p + "post_ffw_norm.weight"], rs.xn, n, c.rms_eps)
-            b.add(x, rs.xn, x, n * c.n_embd)
+    if norm is None:
+        b.matmul(gate, x, rs.gate, n)
+        b.matmul(up, x, rs.up, n)
     else:
-        b.swiglu_matmul(down, rs.gate, rs.up, x, n, c.n_ff)
+        b.norm_matmuls(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n,
+                       [(gate, rs.gate), (up, rs.up)])        # [n, n_ff] each
+    down = w[p + "ffn_down.weight"]
+    apart = post_norm or residual != 1.0          # the output is normed or scaled before the add
+    y = rs.xn if apart else x                                  # [n, n_embd]
+    if gelu:
+        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff, gelu=True)
+        b.matmul(down, rs.gate, y, n, accumulate=not apart)
+    else:
+        b.swiglu_matmul(down, rs.gate, rs.up, y, n, c.n_ff, accumulate=not apart)
+    if post_norm:
+        b.rms_norm(rs.xn, w[p + "post_ffw_norm.weight"], rs.xn, n, c.rms_eps)
+    if apart:
+        b.add(x, rs.xn, x, n * c.n_embd, scale=residual)
 
 
 def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn_norm",
-        biases: bool = False, clamped: bool = False, softmax_chosen: bool = False) -> None:
+        biases: bool = False, clamped: bool = False, softmax_chosen: bool = False,
+        shared: bool = False) -> None:
     """x += sum over the k experts the router picks of weight * down(SwiGLU(norm(x))) for
     layer i. Options: biases on the router and each expert's products (gpt-oss), with its
-    clamped SwiGLU and softmax over the chosen experts only; the norm's tensor name."""
+    clamped SwiGLU and softmax over the chosen experts only; a shared expert of
+    c.n_ff_shexp beside them, scaled by the sigmoid of its own gate (Qwen3.5); the norm's
+    tensor name."""
     w, p, x, k = b.weights, f"blk.{i}.", rs.x, c.n_expert_used
     b.rms_norm(x, w[p + norm + ".weight"], rs.xn, n, c.rms_eps)
     b.matmul(w[p + "ffn_gate_inp.weight"], rs.xn, rs.router, n)       # [n, n_expert]
@@ -109,15 +137,32 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
     b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff, clamped=clamped)
     experts("down", rs.gate, rs.moe_out, per_slot=True)        # [n, k, n_embd]
     b.moe_combine(rs.moe_out, rs.expert_w, x, n, c.n_embd, k)
+    if shared:                   # scaled by sigmoid(its gate) before its (linear) down product
+        fs = c.n_ff_shexp
+        b.matmul(w[p + "ffn_gate_inp_shexp.weight"], rs.xn, rs.sh_w, n)  # [n, 1]
+        b.matmul(w[p + "ffn_gate_shexp.weight"], rs.xn, rs.sh_gate, n)   # [n, n_ff_shexp]
+        b.matmul(w[p + "ffn_up_shexp.weight"], rs.xn, rs.sh_up, n)
+        b.silu_mul(rs.sh_gate, rs.sh_up, rs.sh_gate, n * fs)
+        b.mul(View(rs.sh_gate, (fs, n, 1)), View(rs.sh_w, (fs, n, 1), (0, 1, n)), rs.sh_gate,
+              sigmoid=True)
+        b.matmul(w[p + "ffn_down_shexp.weight"], rs.sh_gate, x, n, accumulate=True)
 
 
 def head(b: Builder, c: Config, rs: RunState, n: int, softcap: float = 0.0,
-         norm: str = "output_norm") -> None:
+         norm: str = "output_norm", scale: float = 1.0) -> None:
     """rs.logits = norm(x[n - 1]) @ output (or the tied embeddings): the last token's only,
-    soft-capped where softcap > 0; `norm` names the norm's tensor."""
+    scaled where scale != 1 (granite), soft-capped where softcap > 0 (gemma2); `norm` names
+    the norm's tensor. In an embeddings pass (b.hidden) every token's norm(x) in rs.xn
+    instead: its hidden states."""
     w = b.weights
-    b.rms_norm(rs.x, w[norm + ".weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
-    out = w["token_embd.weight" if c.tied_output else "output.weight"]
-    b.matmul(out, rs.xn, rs.logits, 1, x_row=n - 1)           # [1, n_vocab]
-    if softcap:
-        b.softcap(rs.logits, c.n_vocab, softcap)
+    if b.hidden:
+        b.rms_norm(rs.x, w[norm + ".weight"], rs.xn, n, c.rms_eps)        # [n, n_embd]
+    else:
+        b.rms_norm(rs.x, w[norm + ".weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
+        out = w["token_embd.weight" if c.tied_output else "output.weight"]
+        b.matmul(out, rs.xn, rs.logits, 1, x_row=n - 1)       # [1, n_vocab]
+        if scale != 1.0:
+            b.scale(rs.logits, c.n_vocab, scale)
+        if softcap:
+            b.softcap(rs.logits, c.n_vocab, softcap)
+    b.ended = True

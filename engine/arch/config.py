@@ -23,6 +23,7 @@ from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu.rope import Rope
+from ..gpu.runstate import Extra
 
 
 @dataclass(frozen=True)
@@ -117,10 +118,11 @@ class Config:
             shapes["output.weight"] = (self.n_embd, self.n_vocab)
         return shapes
 
-    def attention_shapes(self, layer: int, qk_norm: bool = False,
+    def attention_shapes(self, layer: int, qk_norm: str = "",
                          norm: bool = True) -> dict[str, tuple[int, ...]]:
         """Layer `layer`'s input norm (unless norm is False) and Q, K, V and output
-        projections; with qk_norm, the per-head norms of q and k."""
+        projections; with qk_norm, the norms of q and k ("head": per head, "whole": over
+        the whole projection)."""
         b, e, q, kv = f"blk.{layer}.", self.n_embd, self.n_head * self.head_dim, \
             self.n_head_kv * self.head_dim
         shapes = {b + "attn_q.weight": (e, q), b + "attn_k.weight": (e, kv),
@@ -128,15 +130,20 @@ class Config:
         if norm:
             shapes[b + "attn_norm.weight"] = (e,)
         if qk_norm:
-            shapes.update({b + "attn_q_norm.weight": (self.head_dim,),
-                           b + "attn_k_norm.weight": (self.head_dim,)})
+            whole = qk_norm == "whole"
+            shapes.update({b + "attn_q_norm.weight": (q if whole else self.head_dim,),
+                           b + "attn_k_norm.weight": (kv if whole else self.head_dim,)})
         return shapes
 
-    def ffn_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
-        """Layer `layer`'s feed-forward norm and gate, up and down projections."""
+    def ffn_shapes(self, layer: int, norm: bool = True) -> dict[str, tuple[int, ...]]:
+        """Layer `layer`'s feed-forward norm (unless norm is False) and gate, up and down
+        projections."""
         b, e, f = f"blk.{layer}.", self.n_embd, self.n_ff
-        return {b + "ffn_norm.weight": (e,), b + "ffn_gate.weight": (e, f),
-                b + "ffn_up.weight": (e, f), b + "ffn_down.weight": (f, e)}
+        shapes = {b + "ffn_gate.weight": (e, f), b + "ffn_up.weight": (e, f),
+                  b + "ffn_down.weight": (f, e)}
+        if norm:
+            shapes[b + "ffn_norm.weight"] = (e,)
+        return shapes
 
     def rope_tables(self) -> tuple[Rope, ...]:
         """Every rope the layers use (RunState precomputes their angles): the file's one."""
@@ -150,6 +157,15 @@ class Config:
         """The expert tensors of one layer, in the order a fractional cpu_moe places them
         (gate first); none where the model has no experts."""
         return []
+
+    def state(self) -> Extra:
+        """What the forward pass needs beyond a KV cache on every layer and llama's
+        activations (RunState allocates it): nothing."""
+        return Extra()
+
+    def tensor_types(self) -> dict[str, tuple[str, ...]]:
+        """The tensors that must be of given types (read as F32 rows, say): none."""
+        return {}
 
     @classmethod
     def extra(cls, g: GGUFFile, common: dict) -> dict:
@@ -290,6 +306,9 @@ class Experts:
 
     def expert_tensors(self, layer: int) -> list[str]:
         return [f"blk.{layer}.{n}.weight" for n in EXPERT_TENSORS]
+
+    def state(self) -> Extra:
+        return Extra(n_expert=self.n_expert, n_expert_used=self.n_expert_used)
 
     def problems(self) -> list[str]:
         return super().problems() + moe_problems(self) + whole_rope_problems(self)

@@ -29,7 +29,7 @@ class Config(config.SlidingWindows, config.Config):
     attn_softcap: float        # 0: none
     final_softcap: float       # 0: none
 
-    QK_NORM: ClassVar[bool] = False    # per-head RMS norms on q and k (gemma3)
+    QK_NORM: ClassVar[str] = ""       # "head": per-head RMS norms on q and k (gemma3)
 
     DEFAULTS = {"context_length": 8192, "rope.freq_base": 10000.0,
                 "attention.layer_norm_rms_epsilon": 1e-6}

@@ -28,7 +28,7 @@ class Config(config.SlidingWindows, config.Config):
     final_softcap: float       # 0: none
 
     attn_softcap: ClassVar[float] = 0.0     # gemma2's graph, without its attention soft-cap
-    QK_NORM: ClassVar[bool] = True          # and with per-head Q/K norms
+    QK_NORM: ClassVar[str] = "head"        # and with per-head Q/K norms
 
     DEFAULTS = {"context_length": 32768, "rope.freq_base": 1e6,
                 "attention.layer_norm_rms_epsilon": 1e-6}
@@ -56,7 +56,7 @@ class Config(config.SlidingWindows, config.Config):
         shapes = self.io_shapes()
         for i in range(self.n_layer):
             b = f"blk.{i}."
-            shapes.update({**self.attention_shapes(i, qk_norm=True), **self.ffn_shapes(i),
+            shapes.update({**self.attention_shapes(i, qk_norm="head"), **self.ffn_shapes(i),
                            b + "post_attention_norm.weight": (self.n_embd,),
                            b + "post_ffw_norm.weight": (self.n_embd,)})
         return shapes

@@ -19,7 +19,7 @@ from ..formats.gguf_file import GGUFFile
 from . import blocks, config
 from ..gpu.builder import Builder
 from ..gpu.rope import Rope
-from ..gpu.runstate import RunState
+from ..gpu.runstate import Extra, RunState
 from ..gpu.tensors import View
 
 
@@ -67,7 +67,7 @@ class Config(config.Config):
                     b + "shortconv.out_proj.weight": (e, e),
                 })
             else:
-                shapes.update(self.attention_shapes(i, qk_norm=True, norm=False))
+                shapes.update(self.attention_shapes(i, qk_norm="head", norm=False))
             shapes.update(self.ffn_shapes(i))
         return shapes
 
@@ -76,6 +76,10 @@ class Config(config.Config):
 
     def rope_tables(self) -> tuple[Rope, ...]:
         return (self.rope,) if self.kv_layers else ()
+
+    def state(self) -> Extra:
+        """K and V on the attention layers only; a conv state on the others."""
+        return Extra(kv_layers=self.kv_layers, conv_layers=self.conv_layers, d_conv=self.d_conv)
 
     def tensor_types(self) -> dict[str, tuple[str, ...]]:
         """Tensors that only some weight types can hold: ssm_conv reads its kernel as f32."""
@@ -91,10 +95,6 @@ class Config(config.Config):
         if not 1 <= self.d_conv <= 64:
             extra.append(f"shortconv.l_cache {self.d_conv + 1}")
         return extra
-
-
-
-
 
 
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
@@ -124,6 +124,6 @@ def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
             b.matmul(w[p + "shortconv.out_proj.weight"], rs.conv, x, n, accumulate=True)
         else:
             blocks.attention(b, c, rs, i, n, c.rope, neox=True, scale=c.head_dim ** -0.5,
-                             window=c.window, qk_norm=True)
+                             window=c.window, qk_norm="head")
         blocks.ffn(b, c, rs, i, n)
     blocks.head(b, c, rs, n, norm="token_embd_norm")           # its output norm

@@ -31,7 +31,7 @@ class Config(config.Config):
 
     ROPE_FREQS = True          # llama 3.1 and later: rope_freqs divides low frequencies
     NEOX: ClassVar[bool] = False       # rotate halves, not adjacent pairs (qwen2, qwen3)
-    QK_NORM: ClassVar[bool] = False    # per-head RMS norms on q and k (qwen3)
+    QK_NORM: ClassVar[str] = ""       # "head": per-head RMS norms on q and k (qwen3)
     FUSED: ClassVar[bool] = False      # Q | K | V in one weight, gate | up in one (phi3)
     MOE: ClassVar[bool] = False        # a mixture of experts for the feed-forward (qwen3moe)
     # the biases llama.cpp's graph for the architecture adds where the file has them

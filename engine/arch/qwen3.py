@@ -14,5 +14,5 @@ from .llama import forward  # noqa: F401  (the llama graph)
 class Config(llama.Config):
     ROPE_FREQS = False
     NEOX = True
-    QK_NORM = True
+    QK_NORM = "head"
     BIASES = ()

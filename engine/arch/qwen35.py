@@ -52,13 +52,11 @@ The attention gate and the shared expert's are `mul` with a sigmoid.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from . import blocks, config
 from ..gpu.builder import Builder, DeltaGates, DeltaHeads
-from ..gpu.runstate import RunState
-from ..gpu.tensors import View
+from ..gpu.runstate import Extra, RunState
 
 ARCHS = ("qwen3next", "qwen35", "qwen35moe")
 MOE_ARCHS = ("qwen3next", "qwen35moe")
@@ -85,7 +83,6 @@ class Config(config.Config):
     # (llama.cpp takes it as its [n_embd]); False: stored 1-D
     shexp_gate_2d: bool = False
 
-    q_gate: ClassVar[bool] = True  # attn_q gives per head q | gate (RunState.qg)
     DEFAULTS = {"context_length": 262144, "rope.freq_base": 10000000.0,
                 "attention.layer_norm_rms_epsilon": None}
 
@@ -216,7 +213,7 @@ class Config(config.Config):
     # -- tensors ----------------------------------------------------------------------------
     def attention_shapes(self, layer: int) -> dict[str, tuple[int, ...]]:
         """A full-attention layer: Q and its gate in one projection, Q/K norms."""
-        shapes = super().attention_shapes(layer, qk_norm=True)
+        shapes = super().attention_shapes(layer, qk_norm="head")
         shapes[f"blk.{layer}.attn_q.weight"] = (self.n_embd, 2 * self.n_head * self.head_dim)
         return shapes                                                  # per head: q | gate
 
@@ -280,6 +277,15 @@ class Config(config.Config):
     def expert_tensors(self, layer: int) -> list[str]:
         return config.Experts.expert_tensors(self, layer) if self.moe else []
 
+    def state(self) -> Extra:
+        """K and V on the full-attention layers; conv and delta-rule states on the others;
+        q's gate beside q; the experts and the shared one (MoE)."""
+        return Extra(kv_layers=self.kv_layers, n_expert=self.n_expert,
+                     n_expert_used=self.n_expert_used, n_ff_shexp=self.n_ff_shexp, q_gate=True,
+                     delta_layers=self.delta_layers, delta_conv_dim=self.conv_channels,
+                     delta_width=self.conv_kernel, delta_heads=self.n_v_heads,
+                     delta_head_dim=self.ssm_d_state)
+
     def problems(self) -> list[str]:
         extra = []
         if self.legacy_ssm_in:
@@ -317,90 +323,41 @@ class Config(config.Config):
         return extra
 
 
-
-
-
-
-
-
 def forward(b: Builder, c: Config, rs: RunState, n: int) -> None:
     """Tokens rs.ids[:n] at positions step.pos0.. -> logits of the last token in rs.logits;
     the delta-net layers' conv and recurrent states move on by n tokens."""
-    w = b.weights
-    x = rs.x                                                   # [n, n_embd] residual stream
     heads = DeltaHeads(c.n_v_heads, c.n_k_heads, c.ssm_d_state, tiled=not c.grouped_v_heads)
-    b.get_rows(w["token_embd.weight"], rs.ids, x, n)
+    blocks.embed(b, c, rs, n)
     for i in range(c.n_layer):
-        p = f"blk.{i}."
-        b.rms_norm(x, w[p + "attn_norm.weight"], rs.xn, n, c.rms_eps)
         if i in c.delta_layers:
-            delta_net(b, c, rs, n, p, heads)
-        else:
-            gated_attention(b, c, rs, n, i)
+            delta_net(b, c, rs, i, n, heads)
+        else:                                  # Q/K norms, partial NeoX rope, sigmoid gate
+            blocks.attention(b, c, rs, i, n, c.rope, neox=True, scale=c.head_dim ** -0.5,
+                             qk_norm="head", gated=True)
         if c.moe:
-            b.rms_norm(x, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
-            moe(b, c, rs, n, p)
+            blocks.moe(b, c, rs, i, n, norm="post_attention_norm", shared=True)
         else:
             blocks.ffn(b, c, rs, i, n, norm="post_attention_norm")
     blocks.head(b, c, rs, n)
 
 
-def delta_net(b: Builder, c: Config, rs: RunState, n: int, p: str, heads: DeltaHeads) -> None:
-    """x += one gated delta-net layer of rs.xn."""
-    w = b.weights
-    b.matmul(w[p + "attn_qkv.weight"], rs.xn, rs.dn_qkv, n)    # [n, conv_channels] q | k | v
-    b.matmul(w[p + "attn_gate.weight"], rs.xn, rs.dn_z, n)     # [n, d_inner] z
+def delta_net(b: Builder, c: Config, rs: RunState, i: int, n: int, heads: DeltaHeads) -> None:
+    """x += one gated delta-net layer of norm(x), layer i."""
+    w, p = b.weights, f"blk.{i}."
+    products = [(w[p + "attn_qkv.weight"], rs.dn_qkv),        # [n, conv_channels] q | k | v
+                (w[p + "attn_gate.weight"], rs.dn_z)]          # [n, d_inner] z
     if c.arch == "qwen3next":
-        b.matmul(w[p + "ssm_ba.weight"], rs.xn, rs.dn_ba, n)   # [n, 2 H_v] per k head b | a
+        products.append((w[p + "ssm_ba.weight"], rs.dn_ba))   # [n, 2 H_v] per k head b | a
         gates = DeltaGates.fused(rs.dn_ba, heads)
     else:
-        b.matmul(w[p + "ssm_beta.weight"], rs.xn, rs.dn_ba, n)     # [n, H_v]
-        b.matmul(w[p + "ssm_alpha.weight"], rs.xn, rs.dn_alpha, n)  # [n, H_v]
+        products += [(w[p + "ssm_beta.weight"], rs.dn_ba),    # [n, H_v]
+                     (w[p + "ssm_alpha.weight"], rs.dn_alpha)]  # [n, H_v]
         gates = DeltaGates.separate(rs.dn_ba, rs.dn_alpha, heads)
-    layer = int(p.split(".")[1])
-    b.delta_conv(rs.dn_qkv, w[p + "ssm_conv1d.weight"], rs.conv_state[layer], rs.dn_conv, n,
+    b.norm_matmuls(rs.x, w[p + "attn_norm.weight"], c.rms_eps, rs.xn, n, products)
+    b.delta_conv(rs.dn_qkv, w[p + "ssm_conv1d.weight"], rs.conv_state[i], rs.dn_conv, n,
                  heads, c.rms_eps)                             # [n, conv_channels]
     b.delta_net(rs.dn_conv, gates, w[p + "ssm_dt.bias"], w[p + "ssm_a"],
-                rs.delta_state[layer], rs.dn_out, n, heads)    # [n, H_v, d]
+                rs.delta_state[i], rs.dn_out, n, heads)        # [n, H_v, d]
     b.norm_gated(rs.dn_out, w[p + "ssm_norm.weight"], rs.dn_z, rs.dn_out, n * c.n_v_heads,
                  c.rms_eps)
     b.matmul(w[p + "ssm_out.weight"], rs.dn_out, rs.x, n, accumulate=True)
-
-
-def gated_attention(b: Builder, c: Config, rs: RunState, n: int, i: int) -> None:
-    """x += one full-attention layer of rs.xn: Q/K norms, partial NeoX rope, sigmoid gate."""
-    w, p, hd, rows = b.weights, f"blk.{i}.", c.head_dim, n * c.n_head
-    b.matmul(w[p + "attn_q.weight"], rs.xn, rs.qg, n)         # [n, n_head, q | gate]
-    b.matmul(w[p + "attn_k.weight"], rs.xn, rs.k, n)          # [n, n_head_kv, head_dim]
-    b.matmul(w[p + "attn_v.weight"], rs.xn, rs.v, n)          # [n, n_head_kv, head_dim]
-    b.cpy(View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows)), View(rs.q, (hd, rows, 1)))
-    b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, rows, c.rms_eps)
-    b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n * c.n_head_kv, c.rms_eps)
-    b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv, hd, n,
-               c.rope, neox=True)                              # the first rope_dims dims
-    b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv, hd, n,
-                scale=hd ** -0.5)                              # [n, n_head * head_dim]
-    b.mul(View(rs.att, (hd, rows, 1)), View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows),
-                                            hd), rs.att, sigmoid=True)   # * sigmoid(gate)
-    b.matmul(w[p + "attn_output.weight"], rs.att, rs.x, n, accumulate=True)
-
-
-def moe(b: Builder, c: Config, rs: RunState, n: int, p: str) -> None:
-    """x += the routed experts (qwen3moe's) and the shared expert of rs.xn."""
-    w, k, fs = b.weights, c.n_expert_used, c.n_ff_shexp
-    b.matmul(w[p + "ffn_gate_inp.weight"], rs.xn, rs.router, n)   # [n, n_expert]
-    b.moe_router(rs.router, rs.expert_ids, rs.expert_w, n, c.n_expert, k)  # [n, k] each
-    b.matmul_id(w[p + "ffn_gate_exps.weight"], rs.xn, rs.expert_ids, rs.gate, n, k)
-    b.matmul_id(w[p + "ffn_up_exps.weight"], rs.xn, rs.expert_ids, rs.up, n, k)
-    b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff)        # [n, k, n_ff]
-    b.matmul_id(w[p + "ffn_down_exps.weight"], rs.gate, rs.expert_ids, rs.moe_out, n, k,
-                per_slot=True)                                 # [n, k, n_embd]
-    b.moe_combine(rs.moe_out, rs.expert_w, rs.x, n, c.n_embd, k)
-    # the shared expert, scaled by sigmoid(its gate) before the (linear) down projection
-    b.matmul(w[p + "ffn_gate_inp_shexp.weight"], rs.xn, rs.sh_w, n)  # [n, 1]
-    b.matmul(w[p + "ffn_gate_shexp.weight"], rs.xn, rs.sh_gate, n)   # [n, n_ff_shexp]
-    b.matmul(w[p + "ffn_up_shexp.weight"], rs.xn, rs.sh_up, n)
-    b.silu_mul(rs.sh_gate, rs.sh_up, rs.sh_gate, n * fs)
-    b.mul(View(rs.sh_gate, (fs, n, 1)), View(rs.sh_w, (fs, n, 1), (0, 1, n)), rs.sh_gate,
-          sigmoid=True)
-    b.matmul(w[p + "ffn_down_shexp.weight"], rs.sh_gate, rs.x, n, accumulate=True)

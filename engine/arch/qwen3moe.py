@@ -25,7 +25,7 @@ class Config(config.Experts, llama.Config):
 
     ROPE_FREQS = False
     NEOX = True
-    QK_NORM = True
+    QK_NORM = "head"
     MOE = True
     BIASES = ()
 
@@ -50,7 +50,7 @@ class Config(config.Experts, llama.Config):
         for i in range(self.n_layer):
             b = f"blk.{i}."
             shapes.update({
-                **self.attention_shapes(i, qk_norm=True),
+                **self.attention_shapes(i, qk_norm="head"),
                 b + "ffn_norm.weight": (e,),
                 b + "ffn_gate_inp.weight": (e, x),
                 b + "ffn_gate_exps.weight": (e, f, x),

@@ -22,7 +22,7 @@ class Builder:
     """Records a forward pass on a Graph; one method per op."""
 
     def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning,
-                 paths: Paths | None = None):
+                 paths: Paths | None = None, *, hidden: bool = False):
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
         self._paths = paths       # the model's table; else per head size from the tuning
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
@@ -32,6 +32,11 @@ class Builder:
         # 1: the pass packs several sequences (rope_qkv, prefill attention and attn_mask read
         # step.seq_first, the first slot of each token's sequence); 0: one sequence
         self.seqs = 0
+        # an embeddings pass: the architecture's head leaves every token's final-normed
+        # state in rs.xn and computes no logits (engine/arch/blocks.py's head), then says
+        # so in `ended`
+        self.hidden = hidden
+        self.ended = False
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
         """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
@@ -141,14 +146,14 @@ class Builder:
             self.matmul(w, xn, y, n)
 
     def swiglu_matmul(self, w: Tensor, gate: vk.Buffer, up: vk.Buffer, y: vk.Buffer, n: int,
-                      n_ff: int) -> None:
-        """y += (silu(gate) * up) @ w^T, the feed-forward's down product; gate is
+                      n_ff: int, accumulate: bool = True) -> None:
+        """y (+)= (silu(gate) * up) @ w^T, the feed-forward's down product; gate is
         overwritten. For one token the GLU goes into the product."""
         if self._fusing(n, [w]):
-            self._matvec(w, gate, y, True, 0, xform=2, x2=up)
+            self._matvec(w, gate, y, accumulate, 0, xform=2, x2=up)
             return
         self.silu_mul(gate, up, gate, n * n_ff)
-        self.matmul(w, gate, y, n, accumulate=True)
+        self.matmul(w, gate, y, n, accumulate=accumulate)
 
     def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
                   n_used: int, per_slot: bool = False) -> None:
@@ -371,9 +376,16 @@ class Builder:
         self.g.op("softcap", [x], _groups_1d(count), n=count, cap=float(cap))
         self._wrote(x)
 
-    def add(self, a: vk.Buffer, b: vk.Buffer, out: vk.Buffer, count: int) -> None:
-        self.g.op("add", [a, b, out], _groups_1d(count), n=count, b_len=count)
+    def add(self, a: vk.Buffer, b: vk.Buffer, out: vk.Buffer, count: int,
+            scale: float = 1.0) -> None:
+        """out = a + scale * b (the product rounded first, as ggml's scale then add)."""
+        self.g.op("add", [a, b, out], _groups_1d(count), n=count, b_len=count, scale=scale)
         self._wrote(out)
+
+    def scale(self, x: vk.Buffer, count: int, scale: float) -> None:
+        """x *= scale, in place."""
+        self.g.op("scale", [x], _groups_1d(count), n=count, scale=scale)
+        self._wrote(x)
 
     def add_bias(self, x: vk.Buffer, bias: Tensor, n: int) -> None:
         """x[n, len(bias)] += bias, in place (the biases of qwen2's, phi3's and gpt-oss's
@@ -382,7 +394,7 @@ class Builder:
             raise ValueError(f"a bias must be F32, got {bias.wtype}")
         width = bias.shape[0]
         self.g.op("add", [x, bias.binding(), x], _groups_1d(n * width), n=n * width,
-                  b_len=width)
+                  b_len=width, scale=1.0)
         self._wrote(x)
 
     def argmax(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:

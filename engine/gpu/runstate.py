@@ -2,6 +2,9 @@
 cache, recurrent states and the small host-visible buffers for per-step values."""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import numpy as np
 
 from . import vk
@@ -265,35 +268,39 @@ class RunState:
             self.dev.allocator.free(b)
 
 
+@dataclass(frozen=True)
+class Extra:
+    """What an architecture's Config declares (`state()`) beyond what every model has (a KV
+    cache on every layer, llama's activations): RunState allocates from it, by these names.
+
+    kv_layers: the attention layers (None: every layer); conv_layers of d_conv inputs over
+    n_embd channels (lfm2's short convolutions); experts (n_ff is then one expert's) and a
+    shared expert of n_ff_shexp; q_gate: the q projection gives per head q | gate; gated
+    delta-net layers with their conv (delta_conv_dim channels, delta_width taps) and a state
+    of delta_heads matrices of delta_head_dim squared."""
+    kv_layers: tuple[int, ...] | None = None
+    conv_layers: tuple[int, ...] = ()
+    d_conv: int = 0
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_shexp: int = 0
+    q_gate: bool = False
+    delta_layers: tuple[int, ...] = ()
+    delta_conv_dim: int = 0
+    delta_width: int = 0
+    delta_heads: int = 0
+    delta_head_dim: int = 0
+
+
 def run_state_args(c, n_ctx: int, max_tokens: int, rope: tuple = (), windows: tuple = (0,),
                    flash_block: tuple[int, int] | None = None) -> dict:
-    """RunState's sizes for a model config. Hybrid configs name their attention layers
-    (`kv_layers`) and their short-convolution layers (`conv_layers`, of `d_conv` inputs);
-    with experts, c.n_ff is one expert's. Gated delta-net configs name their `delta_layers`
-    (see delta_run_state_args)."""
-    delta = delta_run_state_args(c)
+    """RunState's sizes for a model config (engine/arch/config.py's): the common shapes, and
+    what its `state()` declares beyond them."""
     return dict(n_layer=c.n_layer, n_embd=c.n_embd, n_head=c.n_head,
                 q_dim=c.n_head * c.head_dim, kv_dim=c.n_head_kv * c.head_dim, n_ff=c.n_ff,
                 n_vocab=c.n_vocab, n_ctx=n_ctx, max_tokens=max_tokens, rope=rope,
-                kv_layers=getattr(c, "kv_layers", None),
-                conv_layers=getattr(c, "conv_layers", ()), d_conv=getattr(c, "d_conv", 0),
-                n_expert=getattr(c, "n_expert", 0),
-                n_expert_used=getattr(c, "n_expert_used", 0), windows=windows,
-                flash_block=flash_block, q_gate=bool(getattr(c, "q_gate", False)),
-                n_ff_shexp=getattr(c, "n_ff_shexp", 0), **delta)
-
-
-def delta_run_state_args(c) -> dict:
-    """RunState's delta_* arguments for a config with gated delta-net layers: from its
-    `delta_state_sizes()` where it has one, else from engine/arch/qwen35.py's names
-    (delta_layers, conv_channels, conv_kernel, n_v_heads, ssm_d_state)."""
-    if hasattr(c, "delta_state_sizes"):
-        return c.delta_state_sizes()
-    if not getattr(c, "delta_layers", ()):
-        return {}
-    return dict(delta_layers=tuple(c.delta_layers), delta_conv_dim=c.conv_channels,
-                delta_width=c.conv_kernel, delta_heads=c.n_v_heads,
-                delta_head_dim=c.ssm_d_state)
+                windows=windows, flash_block=flash_block,
+                **dataclasses.asdict(c.state()))
 
 
 def _mask_shape(max_tokens: int, n_ctx: int, block: tuple[int, int]) -> tuple[int, int]:

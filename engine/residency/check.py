@@ -144,7 +144,7 @@ def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
         if wrong:
             problems.append(f"{_tensors(len(wrong))} of the wrong shape: " + _names(
                 [f"{n} {a} (expected {b})" for n, (a, b) in wrong.items()]))
-        only = cfg.tensor_types() if hasattr(cfg, "tensor_types") else {}
+        only = cfg.tensor_types()
         for n, allowed in only.items():
             t = g.tensors.get(n)
             if t is not None and t.type_name in WEIGHT_TYPES and t.type_name not in allowed:
@@ -165,7 +165,7 @@ def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
 
     if sized:
         try:
-            out["vram"], out["ram"] = _sizes(g, module, cfg, n_ctx, target)
+            out["vram"], out["ram"] = _sizes(g, cfg, n_ctx, target)
         except ModelFileError as exc:        # a tensor no storage buffer of the device holds
             problems.append(exc.problem)
     vram = out["vram"]
@@ -191,11 +191,11 @@ def _check_tokenizer(g: GGUFFile, problems: list[str]) -> None:
         problems.append(f"unusable tokenizer metadata ({exc})")
 
 
-def _sizes(g: GGUFFile, module, cfg, n_ctx: int, target: Target) -> tuple[dict, dict]:
+def _sizes(g: GGUFFile, cfg, n_ctx: int, target: Target) -> tuple[dict, dict]:
     """(VRAM warm, host RAM) as a loaded Model's warm_bytes() and host_shadow_bytes() say."""
     layout = weight_layout(g, cfg, frozenset(), target.storage_align, target.max_storage_range)
     weights = sum(layout.device_arenas)
-    args = run_state_sizes(module, cfg, n_ctx, target.tuning)
+    args = run_state_sizes(cfg, n_ctx, target.tuning)
     state = RunState.bytes_for(**args)
     layers = args["n_layer"] if args["kv_layers"] is None else len(args["kv_layers"])
     kv = 2 * (2 * n_ctx * args["kv_dim"]) * layers          # K and V, f16

@@ -27,7 +27,6 @@ from .. import arch as architectures
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu import vk
 from ..gpu.builder import Builder
-from ..gpu.hidden import HiddenBuilder
 from ..gpu.graph import Graph
 from ..gpu.kernels import KernelCache
 from ..gpu.paths import Paths, Tuning, flash_attn_mode
@@ -63,8 +62,8 @@ def weight_layout(g: GGUFFile, cfg, on_host: frozenset[str], storage_align: int,
                                  max_storage_range)
 
 
-def run_state_sizes(arch, cfg, n_ctx: int, tuning: Tuning) -> dict:
-    """RunState's sizes for a model of `arch` and `cfg` at n_ctx on a device of this tuning:
+def run_state_sizes(cfg, n_ctx: int, tuning: Tuning) -> dict:
+    """RunState's sizes for a model of config `cfg` at n_ctx on a device of this tuning:
     what a warm Model allocates and warm_bytes() counts (`hotseat check` reads them too)."""
     chunk = tuning.prefill_tokens or PREFILL_CHUNK
     block = tuning.flash_block(cfg.head_dim) \
@@ -74,7 +73,7 @@ def run_state_sizes(arch, cfg, n_ctx: int, tuning: Tuning) -> dict:
 
 
 def _check_tensors(g: GGUFFile, cfg) -> None:
-    only = cfg.tensor_types() if hasattr(cfg, "tensor_types") else {}
+    only = cfg.tensor_types()
     for name, shape in cfg.tensor_shapes().items():
         t = g.tensor(name)                      # raises "missing tensor"
         if t.shape != shape:
@@ -210,7 +209,7 @@ class Model:
         return self.tuning.prefill_tokens or PREFILL_CHUNK
 
     def _run_state_args(self) -> dict:
-        return run_state_sizes(self.arch, self.config, self.n_ctx, self.tuning)
+        return run_state_sizes(self.config, self.n_ctx, self.tuning)
 
     def restore(self, progress: Callable[[int, int], None] | None = None) -> dict:
         """Make the model warm: weights from the GGUF memmap, KV from its host shadow.
@@ -624,7 +623,7 @@ class Model:
         """The hidden states of several token lists, as hidden() gives each, from one pass:
         packed one after the other into the cache from slot 0, each token at its own
         sequence's position and seeing only the earlier tokens of its own sequence
-        (step.seq_first, HiddenBuilder.seqs). Their total must fit a pass (`chunk`) and the
+        (step.seq_first, Builder.seqs). Their total must fit a pass (`chunk`) and the
         context; a recurrent model (one state per pass) takes one sequence at a time. The
         prompt cache then holds the first sequence, the only one at its true positions."""
         lens = [len(x) for x in seqs]
@@ -676,13 +675,15 @@ class Model:
 
     def _record_hidden(self, n: int) -> Graph:
         g = Graph(self.dev, self.kernels, f"{self.name}/hidden{n}", profile=self.profile)
-        b = HiddenBuilder(g, self.weights, self.rs, self.tuning, self.paths, n_tokens=n)
+        b = Builder(g, self.weights, self.rs, self.tuning, self.paths, hidden=True)
+        # a pass may pack several sequences (the host writes step.seq_first); one of a single
+        # token takes decode's attention, which has no such bound, so it must be alone
+        b.seqs = int(n > 1)
         self.arch.forward(b, self.config, self.rs, n)
-        try:
-            b.check()
-        except RuntimeError:
+        if not b.ended:
             g.close()
-            raise
+            raise RuntimeError(f"{self.gguf.arch}: the forward pass did not end in the head "
+                               f"block, which gives the hidden states")
         g.copy(self.rs.xn, 0, self._hidden_out, 0, 4 * n * self.config.n_embd)
         return g.finish()
 

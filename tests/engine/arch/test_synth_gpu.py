@@ -106,9 +106,9 @@ def test_phi3_picks_longrope_factors_by_context():
 def test_llama_like_options():
     q2, q3, m3 = (_config(s) for s in ("qwen2-yarn-f16", "qwen3-linear-f16",
                                        "mistral3-yarn-f16"))
-    assert (q2.qkv_bias, q2.out_bias, q2.NEOX, q2.QK_NORM) == (True, False, True, False)
+    assert (q2.qkv_bias, q2.out_bias, q2.NEOX, q2.QK_NORM) == (True, False, True, "")
     assert (q3.qkv_bias, q3.NEOX, q3.QK_NORM, q3.head_dim, q3.n_head) == \
-        (False, True, True, 128, 3)
+        (False, True, "head", 128, 3)
     assert (m3.qkv_bias, m3.NEOX, m3.attn_temp_scale, m3.attn_temp_floor) == \
         (False, False, 0.5, 16)
     assert q2.attn_temp_scale == q3.attn_temp_scale == 0.0

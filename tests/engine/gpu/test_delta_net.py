@@ -4,18 +4,23 @@ convolution with its state, the delta rule token by token (delta_net) and by chu
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from engine.arch import qwen35
+from engine.formats.gguf_file import GGUFFile
 from engine.gpu import vk
 from engine.gpu.builder import Builder, DeltaGates, DeltaHeads
 from engine.gpu.graph import Graph
 from engine.gpu.paths import Tuning
-from engine.gpu.runstate import RunState
+from engine.gpu.runstate import RunState, run_state_args
 from engine.gpu.tensors import Tensor
 
 from .test_kernels import buf, nmse, read
+
+SYNTH = Path(__file__).resolve().parents[2] / "data" / "synth"
 
 pytestmark = pytest.mark.gpu
 EPS = 1e-6
@@ -405,18 +410,17 @@ def test_decode_resumes_from_restored_states(dev, kc):
 
 
 def test_run_state_args_of_a_hybrid_config():
-    """A config with qwen35.py's names sizes the run state's delta layers."""
-    from types import SimpleNamespace
-
-    from engine.gpu.runstate import run_state_args
-
-    c = SimpleNamespace(n_layer=4, n_embd=64, n_head=2, head_dim=32, n_head_kv=1, n_ff=96,
-                        n_vocab=50, kv_layers=(3,), delta_layers=(0, 1, 2), conv_kernel=4,
-                        conv_channels=128, n_v_heads=4, n_k_heads=2, ssm_d_state=16)
+    """qwen35's Config declares its delta layers' states, and the run state is sized by it."""
+    with GGUFFile(str(SYNTH / "qwen35-f16.gguf")) as g:
+        c = qwen35.Config.from_gguf(g)
     args = run_state_args(c, n_ctx=32, max_tokens=8)
+    assert args["kv_layers"] == c.kv_layers and args["q_gate"]
     assert (args["delta_layers"], args["delta_conv_dim"], args["delta_width"],
-            args["delta_heads"], args["delta_head_dim"]) == ((0, 1, 2), 128, 4, 4, 16)
-    assert RunState.recurrent_bytes(**args) == 3 * 4 * (128 * 3 + 4 * 16 * 16)
+            args["delta_heads"], args["delta_head_dim"]) == \
+        (c.delta_layers, c.conv_channels, c.conv_kernel, c.n_v_heads, c.ssm_d_state)
+    per_layer = 4 * (c.conv_channels * (c.conv_kernel - 1) + c.n_v_heads * c.ssm_d_state ** 2)
+    assert RunState.recurrent_bytes(**args) == len(c.delta_layers) * per_layer == \
+        c.recurrent_bytes()
 
 
 # -- a whole delta-net layer between its projections -----------------------------------------

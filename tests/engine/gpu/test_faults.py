@@ -290,7 +290,7 @@ def test_the_environment_variable_arms_faults_in_a_new_process():
             vk.upload(dev, bufs[0], a)
             vk.upload(dev, bufs[1], b)
             try:
-                run_once(dev, kc, "add", bufs, (5, 1, 1), n=300, b_len=300)
+                run_once(dev, kc, "add", bufs, (5, 1, 1), n=300, b_len=300, scale=1.0)
             except vk.DeviceFault as exc:
                 print(i, "fault", exc.kind, exc.where, dev.faults)
                 continue

@@ -696,8 +696,21 @@ def test_add(dev, kc):
     rng = np.random.default_rng(6)
     a, b = (rng.standard_normal(300).astype(np.float32) for _ in range(2))
     ba, bb, bo = buf(dev, a), buf(dev, b), buf(dev, nbytes=a.nbytes)
-    run_once(dev, kc, "add", [ba, bb, bo], (5, 1, 1), n=300, b_len=300)
+    run_once(dev, kc, "add", [ba, bb, bo], (5, 1, 1), n=300, b_len=300, scale=1.0)
     assert np.array_equal(read(dev, bo), a + b)
+
+
+def test_scaled_add_and_scale_round_as_ggml(dev, kc):
+    """out = a + fl(s * b), the product rounded before the sum (ggml_scale, then ggml_add:
+    no fused multiply-add); x *= s in place."""
+    rng = np.random.default_rng(11)
+    a, b = (rng.standard_normal(4096).astype(np.float32) for _ in range(2))
+    s = np.float32(0.22)
+    ba, bb, bo = buf(dev, a), buf(dev, b), buf(dev, nbytes=a.nbytes)
+    run_once(dev, kc, "add", [ba, bb, bo], (64, 1, 1), n=4096, b_len=4096, scale=float(s))
+    assert np.array_equal(read(dev, bo), a + s * b)
+    run_once(dev, kc, "scale", [bb], (64, 1, 1), n=4096, scale=float(s))
+    assert np.array_equal(read(dev, bb), b * s)
 
 
 def test_add_bias_to_every_row(dev, kc):
@@ -705,7 +718,7 @@ def test_add_bias_to_every_row(dev, kc):
     x = rng.standard_normal((5, 60)).astype(np.float32)
     bias = rng.standard_normal(60).astype(np.float32)
     bx, bb = buf(dev, x), buf(dev, bias)
-    run_once(dev, kc, "add", [bx, bb, bx], (5, 1, 1), n=300, b_len=60)
+    run_once(dev, kc, "add", [bx, bb, bx], (5, 1, 1), n=300, b_len=60, scale=1.0)
     assert np.array_equal(read(dev, bx).reshape(5, 60), x + bias)
 
 

@@ -112,7 +112,7 @@ def written(tmp_path_factory) -> dict[str, str]:
 
 @pytest.mark.parametrize("case", SYNTH_FILES + ["lfm2", "qwen3moe"])
 def test_every_architecture_gives_the_references_hidden_states(dev, kc, written, case):
-    """Every architecture ends its forward pass as HiddenBuilder expects (it checks), and
+    """Every architecture ends its forward pass in the head block (the model checks), and
     its hidden states are the reference's."""
     path = written.get(case) or str(SYNTH / f"{case}.gguf")
     m = Model(dev, kc, path, n_ctx=64)
