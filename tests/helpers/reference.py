@@ -33,7 +33,7 @@ import numpy as np
 from engine.formats.gguf_file import GGUFFile, ModelFileError
 
 ARCHS = ("llama", "gemma3", "lfm2", "qwen3moe", "qwen2", "qwen3", "mistral3", "phi3", "gemma2",
-         "gpt-oss")
+         "gpt-oss", "olmo2")
 # gated delta-net hybrids: reference_hybrid.py (its open_model returns a HybridModel)
 HYBRID_ARCHS = ("qwen3next", "qwen35", "qwen35moe")
 # the architectures whose graph is llama's: norm, attention (biases, Q/K norms where the file
@@ -99,7 +99,7 @@ class Config:
         head_dim = int(key("attention.key_length", n_embd // n_head))
         n_vocab = int(g.tensor("token_embd.weight").shape[1])
         rope_base = float(key("rope.freq_base", 10000.0))
-        if arch in LLAMA_LIKE or arch in ("phi3", "gemma2", "gpt-oss"):
+        if arch in LLAMA_LIKE or arch in ("phi3", "gemma2", "gpt-oss", "olmo2"):
             return cls._from_gguf_rope_scaled(g, arch, key, n_layer, n_embd, n_head, head_dim,
                                               n_vocab, rope_base)
         if arch == "lfm2":
@@ -137,7 +137,7 @@ class Config:
     def _from_gguf_rope_scaled(cls, g: GGUFFile, arch: str, key, n_layer: int, n_embd: int,
                                n_head: int, head_dim: int, n_vocab: int, rope_base: float
                                ) -> "Config":
-        """llama, qwen2, qwen3, mistral3, phi3, gemma2, gpt-oss: the keys their
+        """llama, qwen2, qwen3, mistral3, phi3, gemma2, gpt-oss, olmo2: the keys their
         load_arch_hparams read, the defaults llama_hparams has, the rope llama-context.cpp
         derives from them."""
         f32 = np.float32
@@ -540,6 +540,8 @@ class ReferenceModel:
             logits = self._forward_gemma3(tok, pos)
         elif self.config.arch == "lfm2":
             logits = self._forward_lfm2(tok, pos)
+        elif self.config.arch == "olmo2":
+            logits = self._forward_olmo2(tok, pos)
         else:
             logits = self._forward_qwen3moe(tok, pos)
         self.state.n_past = start_pos + len(tokens)
@@ -655,6 +657,23 @@ class ReferenceModel:
             h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
             h = silu(L.ffn_gate(h)) * L.ffn_up(h)                           # [T, n_ff]
             x = x + L.ffn_down(h)                                           # [T, n_embd]
+        return self._logits(x)                                              # [T, n_vocab]
+
+    # -- olmo2 ------------------------------------------------------------------------------
+    def _forward_olmo2(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        c, W = self.config, self.weights
+        x = W.token_embd.w[tok]                                             # [T, n_embd]
+        T = len(tok)
+        for il, L in enumerate(W.blk):
+            q, k, v = self._qkv(L, x)                   # no norm before: x itself
+            # Q and K normed over the whole projection, then split into heads
+            q = rms_norm(q.reshape(T, -1), L.attn_q_norm, c.rms_eps).reshape(q.shape)
+            k = rms_norm(k.reshape(T, -1), L.attn_k_norm, c.rms_eps).reshape(k.shape)
+            q, k = self._rope(q, pos, il), self._rope(k, pos, il)
+            att = self._attention(il, q, k, v, pos, c.attn_scale)           # [T, n_head * hd]
+            x = x + rms_norm(self._out(L, att), L.post_attention_norm, c.rms_eps)
+            h = silu(L.ffn_gate(x)) * L.ffn_up(x)                           # [T, n_ff]
+            x = x + rms_norm(L.ffn_down(h), L.post_ffw_norm, c.rms_eps)     # [T, n_embd]
         return self._logits(x)                                              # [T, n_vocab]
 
     # -- phi3 -------------------------------------------------------------------------------

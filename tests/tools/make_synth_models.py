@@ -318,6 +318,24 @@ def make_gpt_oss(path: Path, vocab: dict, f32: bool = False,
     finish(w)
 
 
+def make_olmo2(path: Path, vocab: dict) -> None:
+    """No norms before attention and feed-forward, post-norms after both, Q/K norms over the
+    whole projection (256 and 128 wide: 4 heads of 64, 2 KV heads), NeoX rope, untied."""
+    r, nh, nkv, hd, ff = Rand(path.stem), 4, 2, 64, 256
+    w = writer(path, "olmo2", vocab, n_head=nh, n_head_kv=nkv, head_dim=hd, n_ff=ff,
+               rope_base=500000.0)
+    embeddings(w, r, tied=False)
+    for il in range(N_LAYER):
+        p = f"blk.{il}."
+        attention(w, r, il, nh, nkv, hd)
+        w.add_tensor(p + "attn_q_norm.weight", r.norm(nh * hd))
+        w.add_tensor(p + "attn_k_norm.weight", r.norm(nkv * hd))
+        w.add_tensor(p + "post_attention_norm.weight", r.norm(N_EMBD))
+        dense_ffn(w, r, il, ff)
+        w.add_tensor(p + "post_ffw_norm.weight", r.norm(N_EMBD))
+    finish(w)
+
+
 MISTRAL3_ORIG_CTX = 16
 
 
@@ -549,6 +567,7 @@ ARCH_MODELS = {
     "qwen3next-f16": make_qwen3next,
     "qwen35-f16": make_qwen35,
     "qwen35moe-f16": make_qwen35moe,
+    "olmo2-f16": make_olmo2,
 }
 
 # file stem -> (llama_ftype, the one ggml type every quantized tensor gets)

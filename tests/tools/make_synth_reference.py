@@ -56,6 +56,7 @@ CASES = {
     "qwen35-f16": ("qwen35-f16", 512),
     "qwen35moe-f16": ("qwen35moe-f16", 512),
     "qwen35-q8_0": ("qwen35-q8_0", 512),
+    "olmo2-f16": ("olmo2-f16", 512),
 }
 
 

@@ -19,7 +19,7 @@ from tests.helpers import synth_reference as sr
 
 pytestmark = pytest.mark.gpu
 
-ARCHS = ("qwen2", "qwen3", "phi3", "mistral3")
+ARCHS = ("qwen2", "qwen3", "phi3", "mistral3", "olmo2")
 WEIGHT_TYPES = ("q2_k", "q3_k", "q5_1", "iq4_nl", "iq4_xs", "bf16")
 CASES = [n for n in sr.case_names()
          if n.split("-")[0] in ARCHS or n in {f"llama-{t}" for t in WEIGHT_TYPES}]
@@ -159,6 +159,8 @@ def rewrite(src: str, dst: str, kv: dict | None = None, tensors: dict | None = N
      "LongRoPE scaling is not supported for qwen2"),
     ("phi3-longrope-f16", dict(drop=("blk.1.attn_qkv.weight",)),
      "missing tensor 'blk.1.attn_qkv.weight'"),
+    ("olmo2-f16", dict(kv={"olmo2.attention.sliding_window": "4096"}),
+     r"sliding-window layers \(Olmo 3's, window 4096\)"),
 ])
 def test_unsupported_files_say_why(dev, kc, tmp_path, src, change, message):
     from engine.formats.gguf_file import ModelFileError
@@ -171,5 +173,5 @@ def test_unsupported_files_say_why(dev, kc, tmp_path, src, change, message):
 
 def test_an_unchanged_copy_loads(dev, kc, tmp_path):
     """The copies above fail for their change alone."""
-    for src in ("qwen2-yarn-f16", "phi3-longrope-f16"):
+    for src in ("qwen2-yarn-f16", "phi3-longrope-f16", "olmo2-f16"):
         Model(dev, kc, rewrite(src, str(tmp_path / f"{src}.gguf")), n_ctx=256).close()
