@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from ..formats.gguf_file import GGUFFile, ModelFileError
 from .contract import Architecture
-from . import (gemma2, gemma3, gpt_oss, lfm2, llama, mistral3, olmo2, phi3, qwen2, qwen3, qwen3moe,
-               qwen35)
+from . import (gemma2, gemma3, gpt_oss, granite, lfm2, llama, mistral3, olmo2, phi3, qwen2, qwen3,
+               qwen3moe, qwen35)
 
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": llama, "gemma3": gemma3, "lfm2": lfm2, "qwen3moe": qwen3moe,
     "qwen2": qwen2, "qwen3": qwen3, "mistral3": mistral3, "phi3": phi3, "gemma2": gemma2,
     "gpt-oss": gpt_oss, "qwen3next": qwen35, "qwen35": qwen35, "qwen35moe": qwen35,
-    "olmo2": olmo2}
+    "olmo2": olmo2, "granite": granite}
 
 
 def for_file(gguf: GGUFFile) -> Architecture:

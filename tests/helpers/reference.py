@@ -33,16 +33,16 @@ import numpy as np
 from engine.formats.gguf_file import GGUFFile, ModelFileError
 
 ARCHS = ("llama", "gemma3", "lfm2", "qwen3moe", "qwen2", "qwen3", "mistral3", "phi3", "gemma2",
-         "gpt-oss", "olmo2")
+         "gpt-oss", "olmo2", "granite")
 # gated delta-net hybrids: reference_hybrid.py (its open_model returns a HybridModel)
 HYBRID_ARCHS = ("qwen3next", "qwen35", "qwen35moe")
 # the architectures whose graph is llama's: norm, attention (biases, Q/K norms where the file
 # has them), norm, SwiGLU feed-forward
-LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral3")
+LLAMA_LIKE = ("llama", "qwen2", "qwen3", "mistral3", "granite")
 # llama_model_rope_type: these rotate adjacent pairs, the others halves (NeoX)
-ROPE_NORM = ("llama", "mistral3")
+ROPE_NORM = ("llama", "mistral3", "granite")
 # the graphs that pass rope factors (rope_freqs, or LongRoPE's long/short) to ggml_rope_ext
-ROPE_FACTORS = ("llama", "mistral3", "phi3")
+ROPE_FACTORS = ("llama", "mistral3", "phi3", "granite")
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,8 @@ class Config:
     n_ctx_orig: int = 0         # rope.scaling.original_context_length (else context_length)
     attn_softcap: float = 0.0   # gemma2: scores = c * tanh(scores / c); 0: none
     attn_temp_scale: float = 0.0        # mistral3: Q *= 1 + s * log(1 + floor(pos / n_ctx_orig))
+    residual_scale: float = 1.0 # granite: each sublayer's output times this before the add
+    logit_scale: float = 1.0    # granite: the logits divided by this
 
     @property
     def rope_dims(self) -> int:
@@ -137,7 +139,7 @@ class Config:
     def _from_gguf_rope_scaled(cls, g: GGUFFile, arch: str, key, n_layer: int, n_embd: int,
                                n_head: int, head_dim: int, n_vocab: int, rope_base: float
                                ) -> "Config":
-        """llama, qwen2, qwen3, mistral3, phi3, gemma2, gpt-oss, olmo2: the keys their
+        """llama, qwen2, qwen3, mistral3, granite, phi3, gemma2, gpt-oss, olmo2: the keys their
         load_arch_hparams read, the defaults llama_hparams has, the rope llama-context.cpp
         derives from them."""
         f32 = np.float32
@@ -183,6 +185,12 @@ class Config:
             embd_scale = math.sqrt(n_embd)
             attn_softcap = float(key("attn_logit_softcapping", 50.0))
             final_softcap = float(key("final_logit_softcapping", 30.0))
+        residual_scale = logit_scale = 1.0
+        if arch == "granite":           # granite.cpp: a scale of 0 is none
+            attn_scale = float(key("attention.scale", 0.0)) or attn_scale
+            embd_scale = float(key("embedding_scale", 0.0)) or 1.0
+            residual_scale = float(key("residual_scale", 0.0)) or 1.0
+            logit_scale = float(key("logit_scale"))
         # phi3.cpp reads attention.sliding_window but turns the window off: all layers global
         return cls(arch, n_layer, n_embd, n_head, n_head_kv, head_dim, n_ff, n_vocab,
                    float(key("attention.layer_norm_rms_epsilon")), rope_base, rope_base_swa,
@@ -195,7 +203,8 @@ class Config:
                    yarn_ext_factor=ext_factor, yarn_attn_factor=float(attn_factor),
                    yarn_beta_fast=beta_fast or 32.0, yarn_beta_slow=beta_slow or 1.0,
                    n_ctx_orig=n_ctx_orig, attn_softcap=attn_softcap,
-                   attn_temp_scale=temp_scale)
+                   attn_temp_scale=temp_scale, residual_scale=residual_scale,
+                   logit_scale=logit_scale)
 
 
 def _swa_pattern(pattern, n_layer: int) -> tuple[bool, ...]:
@@ -641,6 +650,9 @@ class ReferenceModel:
     def _forward_llama(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:
         c, W = self.config, self.weights
         x = W.token_embd.w[tok]                                             # [T, n_embd]
+        if c.embd_scale != 1.0:                         # granite
+            x = x * np.float32(c.embd_scale)
+        scaled = lambda y: y if c.residual_scale == 1.0 else y * np.float32(c.residual_scale)
         for il, L in enumerate(W.blk):
             h = rms_norm(x, L.attn_norm, c.rms_eps)                         # [T, n_embd]
             q, k, v = self._qkv(L, h)                   # [T, n_head | n_head_kv, hd]
@@ -653,11 +665,14 @@ class ReferenceModel:
                 t = np.log(np.floor(pos / c.n_ctx_orig) + 1.0) * c.attn_temp_scale + 1.0
                 q = q * t.astype(np.float32)[:, None, None]
             att = self._attention(il, q, k, v, pos, c.attn_scale)           # [T, n_head * hd]
-            x = x + self._out(L, att)                                       # [T, n_embd]
+            x = x + scaled(self._out(L, att))                               # [T, n_embd]
             h = rms_norm(x, L.ffn_norm, c.rms_eps)                          # [T, n_embd]
             h = silu(L.ffn_gate(h)) * L.ffn_up(h)                           # [T, n_ff]
-            x = x + L.ffn_down(h)                                           # [T, n_embd]
-        return self._logits(x)                                              # [T, n_vocab]
+            x = x + scaled(L.ffn_down(h))                                   # [T, n_embd]
+        logits = self._logits(x)                                            # [T, n_vocab]
+        if c.logit_scale != 1.0:                        # granite: ggml_scale by 1 / it
+            logits = logits * (np.float32(1.0) / np.float32(c.logit_scale))
+        return logits
 
     # -- olmo2 ------------------------------------------------------------------------------
     def _forward_olmo2(self, tok: np.ndarray, pos: np.ndarray) -> np.ndarray:

@@ -336,6 +336,31 @@ def make_olmo2(path: Path, vocab: dict) -> None:
     finish(w)
 
 
+def make_granite(path: Path, vocab: dict) -> None:
+    """llama's graph with Granite's four scales: embeddings x 12, each sublayer's output
+    x 0.22 before the residual add, attention scores x 0.03 (not 1/sqrt(64)), logits / 8;
+    an output bias on the attention; adjacent-pair rope; untied (the embeddings small, so
+    that x 12 they stay beside what the layers add)."""
+    r, nh, nkv, hd, ff = Rand(path.stem), 4, 2, 64, 256
+    w = writer(path, "granite", vocab, n_head=nh, n_head_kv=nkv, head_dim=hd, n_ff=ff)
+    w.add_embedding_scale(12.0)
+    w.add_residual_scale(0.22)
+    w.add_attention_scale(0.03)
+    w.add_logit_scale(8.0)
+    emb = 0.04 * r.rng.standard_normal((N_VOCAB, N_EMBD), dtype=np.float32)
+    w.add_tensor("token_embd.weight", emb.astype(r.dtype))
+    w.add_tensor("output_norm.weight", r.norm(N_EMBD))
+    w.add_tensor("output.weight", r.mat(N_VOCAB, N_EMBD, scale=24.0))    # logits std ~3 / 8
+    for il in range(N_LAYER):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", r.norm(N_EMBD))
+        attention(w, r, il, nh, nkv, hd)
+        w.add_tensor(p + "attn_output.bias", r.vec(N_EMBD, 0.1))
+        w.add_tensor(p + "ffn_norm.weight", r.norm(N_EMBD))
+        dense_ffn(w, r, il, ff)
+    finish(w)
+
+
 MISTRAL3_ORIG_CTX = 16
 
 
@@ -568,6 +593,7 @@ ARCH_MODELS = {
     "qwen35-f16": make_qwen35,
     "qwen35moe-f16": make_qwen35moe,
     "olmo2-f16": make_olmo2,
+    "granite-f16": make_granite,
 }
 
 # file stem -> (llama_ftype, the one ggml type every quantized tensor gets)

@@ -57,6 +57,7 @@ CASES = {
     "qwen35moe-f16": ("qwen35moe-f16", 512),
     "qwen35-q8_0": ("qwen35-q8_0", 512),
     "olmo2-f16": ("olmo2-f16", 512),
+    "granite-f16": ("granite-f16", 512),
 }
 
 

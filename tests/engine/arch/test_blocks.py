@@ -21,7 +21,7 @@ pytestmark = pytest.mark.gpu
 # itself, so their norm stays a dispatch
 DENSE_FFN = {"llama": True, "qwen2": True, "qwen3": True, "mistral3": True, "phi3": True,
              "gemma2": False, "gpt-oss": None, "qwen35": True, "qwen35moe": None,
-             "qwen3next": None, "olmo2": True}
+             "qwen3next": None, "olmo2": True, "granite": True}
 # no norm before the attention and the feed-forward: nothing to fuse into their products
 NO_INPUT_NORMS = {"olmo2"}
 

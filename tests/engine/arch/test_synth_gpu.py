@@ -19,7 +19,7 @@ from tests.helpers import synth_reference as sr
 
 pytestmark = pytest.mark.gpu
 
-ARCHS = ("qwen2", "qwen3", "phi3", "mistral3", "olmo2")
+ARCHS = ("qwen2", "qwen3", "phi3", "mistral3", "olmo2", "granite")
 WEIGHT_TYPES = ("q2_k", "q3_k", "q5_1", "iq4_nl", "iq4_xs", "bf16")
 CASES = [n for n in sr.case_names()
          if n.split("-")[0] in ARCHS or n in {f"llama-{t}" for t in WEIGHT_TYPES}]
@@ -161,6 +161,8 @@ def rewrite(src: str, dst: str, kv: dict | None = None, tensors: dict | None = N
      "missing tensor 'blk.1.attn_qkv.weight'"),
     ("olmo2-f16", dict(kv={"olmo2.attention.sliding_window": "4096"}),
      r"sliding-window layers \(Olmo 3's, window 4096\)"),
+    ("granite-f16", dict(tensors={"blk.0.ffn_up.bias": np.zeros(256, np.float32)}),
+     r"bias tensors this graph does not add \(ffn_up.bias\)"),
 ])
 def test_unsupported_files_say_why(dev, kc, tmp_path, src, change, message):
     from engine.formats.gguf_file import ModelFileError
@@ -173,5 +175,5 @@ def test_unsupported_files_say_why(dev, kc, tmp_path, src, change, message):
 
 def test_an_unchanged_copy_loads(dev, kc, tmp_path):
     """The copies above fail for their change alone."""
-    for src in ("qwen2-yarn-f16", "phi3-longrope-f16", "olmo2-f16"):
+    for src in ("qwen2-yarn-f16", "phi3-longrope-f16", "olmo2-f16", "granite-f16"):
         Model(dev, kc, rewrite(src, str(tmp_path / f"{src}.gguf")), n_ctx=256).close()
