@@ -47,7 +47,7 @@ from .gpu.kernels import KernelCache
 from .gpu.paths import flash_attn_mode
 from .gpu.runstate import TOP_LOGPROBS
 from .residency import embed as embedding
-from .residency import loop
+from .residency import loop, promptcache
 from .residency.arbiter import Arbiter, PinnedError
 from .residency.arena import Arena
 from .residency.pool import SharedPool
@@ -89,14 +89,18 @@ class Engine:
     def __init__(self, device: str | None = None, n_ctx: int = DEFAULT_CTX,
                  budget_bytes: int | None = None, full_release: bool = True,
                  arena: Arena | bool | None = None, flash_attn: str | None = None,
-                 wake_on_free: bool = False, arena_label: str = ""):
+                 wake_on_free: bool = False, arena_label: str = "",
+                 prompt_cache: bool = True):
         """flash_attn: prefill attention, "auto" (tiled where it pays: AMD GCN, heads of 256
         and more), "on" or "off"; None: $HOTSEAT_FLASH_ATTN, else "auto". arena: True joins
         the user's arena (closed with the engine), an Arena joins that one (the caller
         closes it), None or False none; arena_label says what this process is in `hotseat
         ps` ("serve http://...", "tray"). wake_on_free: take a free token back by itself
-        after the arena took the GPU (engine/residency/turns.py)."""
+        after the arena took the GPU (engine/residency/turns.py). prompt_cache: keep each
+        model's prompt cache across restarts (residency/promptcache.py; the benchmarks,
+        which time loads and cold prompts, keep none)."""
         self.flash_attn = flash_attn_mode(flash_attn) if flash_attn else default_flash_attn()
+        self.prompt_cache = prompt_cache
         owned = arena is True
         arena = Arena() if arena is True else arena or None
         try:
@@ -264,6 +268,8 @@ class Engine:
                     self.arbiter.acquire(name, model.warm_bytes())   # budget before upload
                     try:
                         self._game_gate(name, model)
+                        if self.prompt_cache:       # the KV it had before a restart
+                            promptcache.load(model)
                         model.restore(progress)
                     except GaveUp:     # another program holds the VRAM: loaded cold
                         self.arbiter.release(name, full=True)
@@ -356,7 +362,10 @@ class Engine:
 
     def unload(self, name: str) -> None:
         def job():
-            self._get(name).model.close()
+            model = self._get(name).model
+            if self.prompt_cache:               # for the next load of it
+                promptcache.save(model)
+            model.close()
             self.arbiter.unregister(name)
             del self.models[name]
             self._idle_by_name.pop(name, None)

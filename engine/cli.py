@@ -232,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     _precision.add_parser(sub)
     from .tools import client as _client
     _client.add_parsers(sub)
+    from .tools import cache as _cache
+    _cache.add_parser(sub)
     return p
 
 

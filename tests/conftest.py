@@ -24,6 +24,24 @@ def _private_arena(tmp_path_factory):
     finally:
         os.environ.pop("HOTSEAT_ARENA", None)
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_prompt_cache(tmp_path_factory):
+    """The engine keeps prompt caches across restarts in the user's cache folder: tests
+    (and their processes) keep none, so that no test sees another's; the prompt cache's
+    own tests turn it on in folders of their own."""
+    saved = {k: os.environ.get(k) for k in ("HOTSEAT_CACHE_DIR", "HOTSEAT_CACHE_MIB")}
+    os.environ["HOTSEAT_CACHE_DIR"] = str(tmp_path_factory.mktemp("hotseat") / "prompt-cache")
+    os.environ["HOTSEAT_CACHE_MIB"] = "0"
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
 DATA = Path(__file__).resolve().parent / "data"

@@ -67,7 +67,7 @@ def run_bench(args) -> int:
     n_ctx = max(2048, args.n_prompt + args.n_gen + 8)
     results = []
     with Engine(n_ctx=n_ctx, flash_attn=args.flash_attn, arena=arena_enabled(args),
-                arena_label=f"bench {os.path.basename(path)}") as eng:
+                arena_label=f"bench {os.path.basename(path)}", prompt_cache=False) as eng:
         name = eng.load(path, cpu_moe=args.cpu_moe)
         prompt = bench_prompt(eng.tokenizer(name), args.n_prompt)
 

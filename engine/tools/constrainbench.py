@@ -69,8 +69,8 @@ def run_constrained_bench(args) -> int:
     n_gen = max(args.n_gen, 1)
     max_new = 8 * n_gen            # the JSON ends by itself: room for it to
     with Engine(n_ctx=max(2048, args.n_prompt + max_new + 8), flash_attn=args.flash_attn,
-                arena=arena_enabled(args), arena_label=f"bench {os.path.basename(path)}") \
-            as eng:
+                arena=arena_enabled(args), arena_label=f"bench {os.path.basename(path)}",
+                prompt_cache=False) as eng:
         name = eng.load(path, cpu_moe=args.cpu_moe)
         tok = eng.tokenizer(name)
         prompt = bench_prompt(tok, args.n_prompt)

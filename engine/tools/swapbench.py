@@ -66,7 +66,7 @@ def run_swap_bench(args) -> int:
     full = bool(args.evict_kv)
     greedy = SamplingParams(temperature=0.0)
     with Engine(n_ctx=args.ctx, full_release=full, flash_attn=args.flash_attn,
-                arena=arena_enabled(args), arena_label="swap-bench") as eng:
+                arena=arena_enabled(args), arena_label="swap-bench", prompt_cache=False) as eng:
         names = []
         for i, p in enumerate(paths):
             base = os.path.splitext(os.path.basename(p))[0]
@@ -210,9 +210,11 @@ def run_process_swap_bench(args) -> int:
     if args.flash_attn:
         extra += ["--flash-attn", args.flash_attn]
     ledger = os.path.join(arena_dir, "ledger.jsonl")
+    # the servers keep no prompt cache across runs: each run's first prompt starts cold
+    env = {**os.environ, "HOTSEAT_CACHE_MIB": "0"}
     procs = [ServeProcess([paths[i % len(paths)]], ctx=args.ctx,
                           arena_dir=os.path.join(arena_dir, "arena"), ledger=ledger,
-                          extra=extra)
+                          extra=extra, env=env)
              for i in range(args.processes)]
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": args.n,
             "temperature": 0}
