@@ -74,6 +74,34 @@ def default_budget(dev: vk.Device) -> int:
     return max(heap - max(int(heap * BUDGET_MARGIN), MIN_MARGIN), heap // 2)
 
 
+def default_host_budget() -> int:
+    """RAM for every model's shadows together: $HOTSEAT_HOST_BUDGET_MIB, else half the
+    memory the system has available when the engine starts."""
+    value = os.environ.get("HOTSEAT_HOST_BUDGET_MIB")
+    if value:
+        try:
+            mib = int(value)
+        except ValueError:
+            raise ValueError(f"HOTSEAT_HOST_BUDGET_MIB must be a whole number of MiB, got "
+                             f"{value!r}") from None
+        if mib < 0:
+            raise ValueError(f"HOTSEAT_HOST_BUDGET_MIB must not be negative, got {mib}")
+        return mib << 20
+    return available_memory() // 2
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (Linux), else the free physical pages."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
 @dataclass
 class Loaded:
     name: str
@@ -90,7 +118,7 @@ class Engine:
                  budget_bytes: int | None = None, full_release: bool = True,
                  arena: Arena | bool | None = None, flash_attn: str | None = None,
                  wake_on_free: bool = False, arena_label: str = "",
-                 prompt_cache: bool = True):
+                 prompt_cache: bool = True, host_budget_bytes: int | None = None):
         """flash_attn: prefill attention, "auto" (tiled where it pays: AMD GCN, heads of 256
         and more), "on" or "off"; None: $HOTSEAT_FLASH_ATTN, else "auto". arena: True joins
         the user's arena (closed with the engine), an Arena joins that one (the caller
@@ -98,7 +126,9 @@ class Engine:
         ps` ("serve http://...", "tray"). wake_on_free: take a free token back by itself
         after the arena took the GPU (engine/residency/turns.py). prompt_cache: keep each
         model's prompt cache across restarts (residency/promptcache.py; the benchmarks,
-        which time loads and cold prompts, keep none)."""
+        which time loads and cold prompts, keep none). host_budget_bytes: RAM for every
+        model's shadows together, past which the least recently used move to disk (None:
+        default_host_budget())."""
         self.flash_attn = flash_attn_mode(flash_attn) if flash_attn else default_flash_attn()
         self.prompt_cache = prompt_cache
         owned = arena is True
@@ -113,7 +143,9 @@ class Engine:
         self.n_ctx = n_ctx
         self.models: dict[str, Loaded] = {}
         self.arbiter = Arbiter(default_budget(self.dev) if budget_bytes is None else budget_bytes,
-                               full_release)
+                               full_release, default_host_budget() if host_budget_bytes is None
+                               else host_budget_bytes)
+        promptcache.remove_stale_spills()       # what crashed processes left
         # freed device blocks are kept for the next model while within the budget: a switch
         # then needs no new device allocation (the arena and close() trim them)
         self.dev.allocator.spare_limit = self.arbiter.budget
@@ -528,6 +560,8 @@ class Engine:
                  "pinned": m.name in pinned,
                  "device_bytes": m.model.device_bytes(),
                  "host_shadow_bytes": m.model.host_shadow_bytes(),
+                 # its shadows' anonymous RAM (the host budget's), and its KV on disk
+                 "ram_bytes": m.model.ram_bytes(), "disk_bytes": m.model.disk_bytes(),
                  "pinned_host_bytes": m.model.pinned_bytes(),
                  "cpu_moe": m.model.cpu_moe,
                  # llama.cpp's quantization id (LlamaFileType), None where the file has none
@@ -553,7 +587,12 @@ class Engine:
                "device": self.dev.name, "heap_bytes": self.dev.device_heap_bytes,
                # weights the GPU reads from host memory: outside the budget
                "host_weight_bytes": sum(m.model.host_weight_bytes
-                                        for m in list(self.models.values()))}
+                                        for m in list(self.models.values())),
+               # every model's shadows in RAM under the host budget, and on disk below it
+               "host_budget_bytes": self.arbiter.host_budget,
+               "host_used_bytes": sum(m.model.ram_bytes() for m in list(self.models.values())),
+               "host_disk_bytes": sum(m.model.disk_bytes()
+                                      for m in list(self.models.values()))}
         driver = self.dev.memory_budget()
         if driver is not None:
             out["driver_budget_bytes"], out["driver_usage_bytes"] = driver

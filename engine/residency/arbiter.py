@@ -8,6 +8,11 @@ not free enough); pinned models
 are never released, and when they alone leave no room the request fails with a clear
 `BudgetError`. Only the arbiter evicts. Every change is appended to `ledger`, so a test can
 check that the granted total never exceeded the budget.
+
+The host budget bounds the RAM of every model's shadows together (`ram_bytes()`: KV shadows,
+recurrent states, weight copies). After each release that leaves more, the least recently
+used unpinned models move their KV shadows to disk (`spill()`) until they fit; a pinned
+model's stay in RAM.
 """
 from __future__ import annotations
 
@@ -32,13 +37,19 @@ class Releasable(Protocol):
 
     def device_bytes(self) -> dict[str, int]: ...
 
+    def ram_bytes(self) -> int: ...
+
+    def spill(self) -> int: ...
+
 
 class Arbiter:
-    def __init__(self, budget_bytes: int, full_release: bool = True):
+    def __init__(self, budget_bytes: int, full_release: bool = True,
+                 host_budget: int | None = None):
         if budget_bytes <= 0:
             raise ValueError(f"VRAM budget must be positive, got {budget_bytes}")
         self.budget = int(budget_bytes)
         self.full_release = full_release
+        self.host_budget = host_budget          # None: no bound
         self._held: dict[str, int] = {}
         self._models: dict[str, Releasable] = {}
         self._order: list[str] = []          # least recently used first
@@ -119,7 +130,38 @@ class Arbiter:
         """The one place a model releases device memory; the bytes it keeps."""
         model = self._models[name]
         model.release(full=full, discard=discard)
+        self.fit_host()
         return sum(model.device_bytes().values())
+
+    @property
+    def host_used(self) -> int:
+        return sum(m.ram_bytes() for m in self._models.values())
+
+    def fit_host(self) -> list[str]:
+        """Move the least recently used unpinned models' shadows to disk until the host
+        budget holds them all; the names moved."""
+        with self._lock:
+            if self.host_budget is None:
+                return []
+            total, moved = self.host_used, []
+            for name in list(self._order):                  # least recently used first
+                if total <= self.host_budget:
+                    break
+                if name in self.pinned or not self._models[name].ram_bytes():
+                    continue
+                freed = self._models[name].spill()
+                if freed:
+                    total -= freed
+                    moved.append(name)
+                    self._log(name, "spill", freed)
+            return moved
+
+    def set_host_budget(self, nbytes: int | None) -> None:
+        with self._lock:
+            if nbytes is not None and nbytes < 0:
+                raise ValueError(f"host budget must not be negative, got {nbytes}")
+            self.host_budget = nbytes
+            self.fit_host()
 
     def release_all(self) -> list[str]:
         """Release every model that holds device memory fully, pinned ones too (the arena

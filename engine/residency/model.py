@@ -32,7 +32,7 @@ from ..gpu.kernels import KernelCache
 from ..gpu.paths import Paths, Tuning, flash_attn_mode
 from ..gpu.runstate import LOGPROB_WORDS, TOP_LOGPROBS, RunState, run_state_args
 from ..gpu.tensors import Tensor
-from . import placement
+from . import placement, promptcache
 from .placement import PlacementError  # noqa: F401  (raised by Model())
 
 PREFILL_CHUNK = 256           # most prompt tokens a prefill pass takes (where no matrix units)
@@ -135,6 +135,9 @@ class Model:
         self.rs: RunState | None = None        # activations and KV cache while resident
         # while fully evicted: (host-visible buffer or None, used bytes per layer, layer keys)
         self.kv_shadow: tuple[vk.Buffer | None, int, list[str]] | None = None
+        # the KV shadow moved to a file (promptcache's) under the host budget: read back at
+        # the next restore
+        self.kv_on_disk: str | None = None
         # the recurrent states (RunState.recurrent_states: conv and delta-rule states by key),
         # captured at every release (they are read-write, so the device copy is not a cache
         # of anything) and written back on restore
@@ -231,6 +234,8 @@ class Model:
                 moved += n
             t1 = time.perf_counter()
             made_rs = self.rs is None
+            if made_rs and self.kv_on_disk is not None:
+                self._read_spilled()
             if made_rs:
                 self.rs = RunState(self.dev, self.name, **self._run_state_args())
                 if self.kv_shadow is not None:
@@ -340,6 +345,50 @@ class Model:
                 vk.copy_buffer(cmd, buf, 0, host, i * used, used)
         self.kv_shadow = (host, used, [layer for layer, _ in pairs])
         return used * len(pairs)
+
+    # -- the disk tier (the arbiter's host budget) --------------------------------------------
+    def ram_bytes(self) -> int:
+        """Anonymous host memory this model's shadows hold: the KV shadow, the recurrent
+        states and their checkpoint, host-visible weight copies. The GGUF file's own pages
+        (the weights read in place, or imported) are the page cache's, not counted."""
+        kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
+        rec = sum(c.nbytes for c in self.recurrent_shadow.values()) \
+            if self.recurrent_shadow else 0
+        if self.checkpoint is not None:
+            rec += sum(c.nbytes for c in self.checkpoint[1].values())
+        return kv + rec + sum(b.nbytes for b in self.shadow)
+
+    def disk_bytes(self) -> int:
+        """Bytes of its KV shadow in a file (the disk tier)."""
+        try:
+            return os.path.getsize(self.kv_on_disk) if self.kv_on_disk else 0
+        except OSError:
+            return 0
+
+    def spill(self) -> int:
+        """Move the KV host shadow to a file of the cache folder; the RAM freed (0 where there
+        is none, the model is recurrent or the file cannot be written: it stays in RAM)."""
+        if self.rs is not None or not self.kv_shadow or self.kv_shadow[0] is None \
+                or self.recurrent:
+            return 0
+        path = promptcache.save(self, spill=True)
+        if path is None:
+            return 0
+        freed = self.kv_shadow[0].nbytes
+        self._kv_restored()                     # the host copy goes: the file holds it
+        self.kv_on_disk = str(path)
+        return freed
+
+    def _read_spilled(self) -> None:
+        """The spilled KV back into a host shadow for the restore; where its file is gone or
+        damaged the prompt cache is emptied (the prompt is computed again)."""
+        path, self.kv_on_disk = self.kv_on_disk, None
+        tokens = list(self.cache_tokens)
+        if not promptcache.load(self, path) or self.cache_tokens != tokens:
+            if self.kv_shadow is not None:
+                self._kv_restored()
+            self.cache_tokens = []
+        promptcache.remove(path)                # the warm model holds it now
 
     def _restore_kv(self) -> int:
         """The KV host shadow back into the fresh cache (one submit); bytes moved."""
@@ -741,6 +790,9 @@ class Model:
         if self.kv_shadow is not None and self.kv_shadow[0] is not None:
             self.dev.allocator.free(self.kv_shadow[0])
         self.kv_shadow = None
+        if self.kv_on_disk is not None and self.kv_on_disk.endswith(promptcache.SPILL):
+            promptcache.remove(self.kv_on_disk)  # kept as the prompt cache, it was renamed
+        self.kv_on_disk = None
         self.recurrent_shadow = None
         self.checkpoint = None
         self.gguf.close()

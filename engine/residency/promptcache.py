@@ -38,6 +38,7 @@ log = logging.getLogger("hotseat")
 
 MAGIC = b"HOTSEAT-KV\x00\x01"
 SUFFIX = ".kv"
+SPILL = ".spill"                 # a KV shadow under the host budget (engine/residency/model.py)
 DEFAULT_LIMIT_MIB = 4096
 _SOURCES: str | None = None      # the kernels' digest, computed once
 
@@ -94,19 +95,51 @@ def identity(model) -> dict:
     }
 
 
-def path_for(model) -> Path:
-    """The file of a model's cache, named by its identity."""
+def path_for(model, spill: bool = False) -> Path:
+    """The file of a model's cache, named by its identity; spill: the file its KV shadow
+    moves to under the host budget, this process's and this name's alone."""
     name = hashlib.sha256(json.dumps(identity(model), sort_keys=True).encode()).hexdigest()
-    return cache_dir() / (name[:32] + SUFFIX)
+    if not spill:
+        return cache_dir() / (name[:32] + SUFFIX)
+    who = hashlib.sha256(model.name.encode()).hexdigest()[:8]
+    return cache_dir() / f"{name[:32]}-{os.getpid()}-{who}{SPILL}"
+
+
+def remove_stale_spills() -> int:
+    """Remove the spill files of processes that are gone (a crash left them); how many."""
+    folder = cache_dir()
+    n = 0
+    for p in folder.glob("*" + SPILL) if folder.is_dir() else ():
+        try:
+            pid = int(p.name.split("-")[1])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            remove(p)
+            n += 1
+        except (ValueError, IndexError, PermissionError, OSError):
+            pass
+    return n
 
 
 # -- saving ----------------------------------------------------------------------------------
 
-def save(model) -> Path | None:
+def save(model, spill: bool = False) -> Path | None:
     """Write the model's KV cache and tokens to its file (a warning and None where it cannot
-    be written); nothing for an empty cache or a recurrent model."""
-    if model.recurrent or not model.cache_tokens or (model.rs is None and not model.kv_shadow) \
-            or not limit_bytes():
+    be written); nothing for an empty cache or a recurrent model. A model whose KV shadow
+    was spilled has its spill file kept as its cache. spill: to its spill file, from its
+    host shadow, whatever the folder's bound."""
+    if model.recurrent or not model.cache_tokens or (not spill and not limit_bytes()):
+        return None
+    target = path_for(model, spill)
+    if model.kv_on_disk is not None:                    # it is in a file already
+        try:
+            os.replace(model.kv_on_disk, target)
+        except OSError:
+            return None
+        model.kv_on_disk = str(target)
+        trim()
+        return target
+    if model.rs is None and not model.kv_shadow:
         return None
     layers, used, chunks = _kv_rows(model)
     if not used:
@@ -114,15 +147,17 @@ def save(model) -> Path | None:
     header = {"model": model.name, "path": model.gguf.path, "identity": identity(model),
               "tokens": list(model.cache_tokens), "layers": layers, "row_bytes": used,
               "saved": time.time()}
-    target = path_for(model)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         _write(target, header, chunks)
     except OSError as exc:
-        log.warning("prompt cache of %s not saved in %s: %s", model.name, target.parent,
+        what = "KV shadow of %s not moved to disk in %s (it stays in RAM): %s" if spill \
+            else "prompt cache of %s not saved in %s: %s"
+        log.warning(what, model.name, target.parent,
                     os.strerror(exc.errno) if exc.errno else exc)
         return None
-    trim()
+    if not spill:
+        trim()
     return target
 
 
@@ -167,13 +202,13 @@ def _write(target: Path, header: dict, chunks: list[np.ndarray]) -> None:
 
 # -- loading ---------------------------------------------------------------------------------
 
-def load(model) -> int:
+def load(model, path: str | Path | None = None) -> int:
     """Give a cold model, whose run state is not made yet, the KV cache and tokens of its
-    file (the next restore uploads them); the tokens taken. A file that does not belong
-    to it, or is damaged, is removed with a log line."""
+    file (or of `path`: its spill file), which the next restore uploads; the tokens taken.
+    A file that does not belong to it, or is damaged, is removed with a log line."""
     if model.recurrent or model.rs is not None or model.kv_shadow is not None:
         return 0
-    path = path_for(model)
+    path = Path(path) if path is not None else path_for(model)
     if not path.exists():
         return 0
     try:
@@ -190,7 +225,7 @@ def load(model) -> int:
             raise _Unusable("its KV layout is not this model's")
     except (_Unusable, OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("prompt cache %s ignored and removed: %s", path, exc)
-        _remove(path)
+        remove(path)
         return 0
     host = model.dev.allocator.alloc(len(data), f"{model.name}/kv_shadow", "shadow", host=True)
     host.view[:len(data)] = np.frombuffer(data, np.uint8)
@@ -227,9 +262,9 @@ def _row_bytes(model) -> int:
     return 2 * model.config.n_head_kv * model.config.head_dim      # f16 K (or V) of a token
 
 
-def _remove(path: Path) -> None:
+def remove(path: str | Path) -> None:
     try:
-        path.unlink()
+        Path(path).unlink()
     except OSError:
         pass
 
@@ -265,7 +300,7 @@ def trim(limit: int | None = None) -> list[str]:
     gone = []
     while files and total > limit:
         e = files.pop()                                 # the least recently used
-        _remove(Path(e["file"]))
+        remove(Path(e["file"]))
         total -= e["bytes"]
         gone.append(e["file"])
     return gone
@@ -278,6 +313,6 @@ def clear() -> int:
         return 0
     n = 0
     for p in list(folder.glob("*" + SUFFIX)) + list(folder.glob(".part-*")):
-        _remove(p)
+        remove(p)
         n += p.suffix == SUFFIX
     return n

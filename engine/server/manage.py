@@ -144,6 +144,7 @@ def _entry(s: dict) -> dict:
             "state": s["state"], "pinned": s["pinned"], "device_bytes": s["device_bytes"],
             "device_bytes_total": sum(s["device_bytes"].values()),
             "host_shadow_bytes": s["host_shadow_bytes"],
+            "ram_bytes": s["ram_bytes"], "disk_bytes": s["disk_bytes"],
             "pinned_host_bytes": s.get("pinned_host_bytes", 0), "warm_bytes": s["warm_bytes"],
             "cpu_moe": s["cpu_moe"], "host_weight_bytes": s["host_weight_bytes"],
             "cached_tokens": s["cached_tokens"], "last_restore": s.get("last_restore")}

@@ -41,6 +41,10 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
     s.add_argument("--budget-mib", type=int, metavar="N",
                    help="VRAM budget for all models together, in MiB (default: the device's "
                         "memory less a margin)")
+    s.add_argument("--host-budget-mib", type=int, metavar="N",
+                   help="RAM for every model's host shadows together, in MiB; past it the "
+                        "least recently used KV shadows move to disk (default: "
+                        "$HOTSEAT_HOST_BUDGET_MIB, else half the available memory)")
     s.add_argument("--evict-kv", action="store_true",
                    help="full eviction (KV to host too) instead of weights-only")
     from ..args import add_arena_arguments, add_cpu_moe_argument
@@ -90,8 +94,12 @@ def cmd_serve(args) -> int:
         raise ValueError(f"--budget-mib must be positive, got {args.budget_mib}")
     paths = [resolve(m) for m in (args.model or [None])]
     logging.basicConfig(level=logging.WARNING, format="hotseat: %(levelname)s: %(message)s")
+    if args.host_budget_mib is not None and args.host_budget_mib < 0:
+        raise ValueError(f"--host-budget-mib must not be negative, got {args.host_budget_mib}")
     budget = None if args.budget_mib is None else args.budget_mib << 20
+    host = None if args.host_budget_mib is None else args.host_budget_mib << 20
     eng = Engine(n_ctx=args.ctx, budget_bytes=budget, full_release=args.evict_kv,
+                 host_budget_bytes=host,
                  flash_attn=args.flash_attn, arena=arena_enabled(args),
                  wake_on_free=args.wake_on_free, arena_label="serve (starting)")
     try:

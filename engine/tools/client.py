@@ -101,11 +101,12 @@ def _emit_json(obj: Any) -> None:
 
 def format_ps(models: list[dict], vram: dict) -> str:
     """The table `hotseat ps` prints, and a line with the VRAM budget and its use."""
-    rows = [("NAME", "ARCH", "STATE", "PINNED", "VRAM", "HOST SHADOW", "CONTEXT")]
+    rows = [("NAME", "ARCH", "STATE", "PINNED", "VRAM", "HOST SHADOW", "RAM", "DISK",
+             "CONTEXT")]
     for m in models:
         rows.append((m["name"], m["arch"], m["state"], "yes" if m["pinned"] else "no",
                      _mib(sum(m["device_bytes"].values())), _mib(m["host_shadow_bytes"]),
-                     str(m["n_ctx"])))
+                     _mib(m["ram_bytes"]), _mib(m["disk_bytes"]), str(m["n_ctx"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     line = (f"VRAM budget {_mib(vram['budget_bytes'])}: {_mib(vram['granted_bytes'])} granted, "
@@ -116,7 +117,9 @@ def format_ps(models: list[dict], vram: dict) -> str:
     game = vram.get("game_mode") or {}
     if game.get("watching"):
         line += f"; game mode keeps {_mib(game['margin_bytes'])} free for other programs"
-    return "\n".join(lines + [line]) + "\n"
+    host = (f"host budget {_mib(vram['host_budget_bytes'])}: {_mib(vram['host_used_bytes'])} "
+            f"of shadows in RAM, {_mib(vram['host_disk_bytes'])} on disk")
+    return "\n".join(lines + [line, host]) + "\n"
 
 
 def _clock(t: float) -> str:

@@ -434,6 +434,7 @@ class FakeEngine:
                      "state": m.state, "pinned": m.name in self.pinned,
                      "device_bytes": dict(m.device_bytes),
                      "host_shadow_bytes": MODEL_BYTES["weights"] if m.state == "cold" else 0,
+                     "ram_bytes": 0, "disk_bytes": 0,
                      "warm_bytes": self._warm_bytes(m), "cpu_moe": m.cpu_moe,
                      "host_weight_bytes": 0, "cached_tokens": m.cached_tokens,
                      "file_type": self._file_types.get(m.path),
@@ -446,7 +447,9 @@ class FakeEngine:
             used = self._used()
             return {"budget_bytes": self.budget, "granted_bytes": used,
                     "allocated_bytes": used, "spare_bytes": 0, "device": self.device_name,
-                    "heap_bytes": HEAP_BYTES, "host_weight_bytes": 0}
+                    "heap_bytes": HEAP_BYTES, "host_weight_bytes": 0,
+                    "host_budget_bytes": HEAP_BYTES, "host_used_bytes": 0,
+                    "host_disk_bytes": 0}
 
     def arena_status(self) -> dict | None:
         """What Engine.arena_status() returns: None where the engine has no arena."""
@@ -533,6 +536,7 @@ def fake_status(name: str, state: str = "warm", pinned: bool = False, **over) ->
          "state": state, "pinned": pinned,
          "device_bytes": dict(MODEL_BYTES) if state == "warm" else {},
          "host_shadow_bytes": 0 if state == "warm" else MODEL_BYTES["weights"],
+         "ram_bytes": 0, "disk_bytes": 0,
          "warm_bytes": sum(MODEL_BYTES.values()), "cached_tokens": 0,
          "quant": "Q4_K_M", "file_bytes": 100 * MiB}
     d.update(over)

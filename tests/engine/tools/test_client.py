@@ -113,12 +113,16 @@ def test_ps(served):
 
     lines = ok(hotseat("ps", "--url", url, "--api-key", KEY, key=None)).splitlines()
     assert lines[0].split() == ["NAME", "ARCH", "STATE", "PINNED", "VRAM", "HOST", "SHADOW",
-                                "CONTEXT"]
+                                "RAM", "DISK", "CONTEXT"]
     vram, shadow = m["device_bytes_total"] / (1 << 20), m["host_shadow_bytes"] / (1 << 20)
+    assert m["ram_bytes"] == m["disk_bytes"] == 0                      # warm: no shadows
     assert lines[1].split() == [first, "llama", "warm", "no", f"{vram:.0f}", "MiB",
-                                f"{shadow:.0f}", "MiB", str(CTX)]
+                                f"{shadow:.0f}", "MiB", "0", "MiB", "0", "MiB", str(CTX)]
     assert lines[0].index("STATE") == lines[1].index("warm")            # columns line up
     assert lines[2].startswith(f"VRAM budget {BUDGET_MIB} MiB: {vram:.0f} MiB granted, ")
+    host = out["vram"]["host_budget_bytes"] / (1 << 20)
+    assert lines[3] == f"host budget {host:.0f} MiB: 0 MiB of shadows in RAM, 0 MiB on disk"
+    lines = lines[:3] + lines[4:]
     # the GPU arena (the tests' own, see tests/conftest.py): this server holds the token
     arena = out["arena"]
     assert arena["state"] == "holder" and arena["dir"] == os.environ["HOTSEAT_ARENA"]
@@ -199,8 +203,9 @@ def test_ps_says_why_game_mode_gave_the_gpu_up():
         "needed)\n")
     assert format_game(None) == format_game({"state": "holder", "gave_up": None}) == ""
     vram = {"budget_bytes": 8 << 30, "granted_bytes": 0, "allocated_bytes": 0,
-            "device": "GPU", "game_mode": {"watching": True, "margin_bytes": 512 << 20}}
-    assert format_ps([], vram).splitlines()[-1].endswith(
+            "device": "GPU", "game_mode": {"watching": True, "margin_bytes": 512 << 20},
+            "host_budget_bytes": 4 << 30, "host_used_bytes": 0, "host_disk_bytes": 0}
+    assert format_ps([], vram).splitlines()[-2].endswith(
         "; game mode keeps 512 MiB free for other programs")
     vram["game_mode"]["watching"] = False
     assert "game mode" not in format_ps([], vram)

@@ -1,0 +1,96 @@
+"""The host budget: every model's shadows in RAM together stay under it, the least recently
+used KV shadows moving to disk first and a pinned model's never; a model whose KV is on disk
+comes back with its prompt cache and answers as a fresh run does; the status and /api/vram
+show the tiers."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from engine.api import Engine
+from engine.text.sampling import SamplingParams
+
+pytestmark = pytest.mark.gpu
+
+GREEDY = SamplingParams(temperature=0.0)
+PROMPTS = {"a": "The capital of France is", "b": "Water boils at a temperature of",
+           "c": "The largest planet in the solar system is", "d": "Bread is made from"}
+
+
+def ask(eng: Engine, name: str):
+    return eng.generate(name, prompt=PROMPTS[name], max_tokens=8, sampling=GREEDY)
+
+
+def by_name(eng: Engine) -> dict[str, dict]:
+    return {s["name"]: s for s in eng.status()}
+
+
+@pytest.fixture(scope="module")
+def fresh(smollm2_path) -> dict[str, list[int]]:
+    """Each prompt's answer from a fresh engine with the one model."""
+    out = {}
+    with Engine(n_ctx=256, prompt_cache=False) as eng:
+        for name in PROMPTS:
+            eng.load(smollm2_path, name=name)
+            out[name] = ask(eng, name).tokens
+            eng.unload(name)
+    return out
+
+
+def test_the_least_recently_used_go_to_disk_and_come_back(smollm2_path, fresh, tmp_path,
+                                                          monkeypatch):
+    monkeypatch.setenv("HOTSEAT_CACHE_DIR", str(tmp_path / "cache"))
+    with Engine(n_ctx=256, prompt_cache=False) as probe:
+        probe.load(smollm2_path, name="probe")
+        warm = by_name(probe)["probe"]["warm_bytes"]
+    budget = 512 << 10                        # RAM for one KV shadow of these prompts
+    # a pinned and warm, and one other warm at a time
+    with Engine(n_ctx=256, budget_bytes=2 * warm + warm // 2, full_release=True,
+                host_budget_bytes=budget) as eng:
+        for name in PROMPTS:
+            eng.load(smollm2_path, name=name)
+        eng.pin("a")
+        for name in PROMPTS:                  # b, c, d take turns: each release a KV shadow
+            assert ask(eng, name).tokens == fresh[name]
+        s = by_name(eng)
+        assert s["a"]["state"] == s["d"]["state"] == "warm"
+        # c, the most recently released, in RAM; b, older, on disk
+        assert s["c"]["ram_bytes"] > 0 and s["c"]["disk_bytes"] == 0
+        assert s["b"]["ram_bytes"] == 0 and s["b"]["disk_bytes"] > 0
+        vram = eng.vram()
+        assert vram["host_budget_bytes"] == budget
+        assert vram["host_used_bytes"] == s["c"]["ram_bytes"] <= budget
+        assert vram["host_disk_bytes"] == s["b"]["disk_bytes"]
+        # everything released (what the arena or game mode does), the pinned one too: its
+        # shadow stays in RAM; the others' go to disk, the least recently used first
+        eng.device_job(lambda dev: eng.arbiter.release_all())
+        s = by_name(eng)
+        assert s["a"]["ram_bytes"] > 0 and s["a"]["disk_bytes"] == 0
+        assert all(s[n]["ram_bytes"] == 0 and s[n]["disk_bytes"] > 0 for n in "bcd")
+        spills = [e for e in os.listdir(tmp_path / "cache") if e.endswith(".spill")]
+        assert len(spills) == 3
+        # b comes back from disk: its prompt cache too, and the same answer
+        again = ask(eng, "b")
+        assert again.tokens == fresh["b"]
+        assert again.timings["cached_tokens"] == len(again.prompt_tokens) - 1
+        assert by_name(eng)["b"]["disk_bytes"] == 0
+        for name in "acd":                    # and every other answer stays the fresh one
+            assert ask(eng, name).tokens == fresh[name]
+    # the spill files go with their models
+    assert not [e for e in os.listdir(tmp_path / "cache") if e.endswith(".spill")]
+
+
+def test_a_spill_file_that_is_gone_costs_only_the_prompt_cache(smollm2_path, fresh, tmp_path,
+                                                              monkeypatch):
+    monkeypatch.setenv("HOTSEAT_CACHE_DIR", str(tmp_path / "cache"))
+    with Engine(n_ctx=256, full_release=True, host_budget_bytes=0) as eng:
+        eng.load(smollm2_path, name="a")
+        ask(eng, "a")
+        eng.evict("a", full=True)
+        s = by_name(eng)["a"]
+        assert s["ram_bytes"] == 0 and s["disk_bytes"] > 0
+        for e in (tmp_path / "cache").glob("*.spill"):
+            e.unlink()
+        again = ask(eng, "a")
+    assert again.tokens == fresh["a"] and again.timings["cached_tokens"] == 0
