@@ -55,7 +55,8 @@ class HotseatApp(QObject):
         s = self.settings
         self.bridge = EngineBridge(engine_factory, budget_bytes=s.budget_bytes,
                                    full_release=s.full_release, port=s.port,
-                                   flash_attn=s.flash_attn, host=s.host, api_key=s.api_key)
+                                   flash_attn=s.flash_attn, host=s.host, api_key=s.api_key,
+                                   host_budget_bytes=s.host_budget_bytes)
         self.bridge.set_idle_evict_s(s.idle_evict_min * 60)
         self.window = MainWindow(self.bridge, s)
         self.tray = Tray(self.bridge, use_system_tray=use_system_tray)
@@ -153,6 +154,8 @@ class HotseatApp(QObject):
             self.bridge.set_port(int(value))
         elif key == "budget_mib":
             self.bridge.set_budget_bytes(s.budget_bytes)
+        elif key == "host_budget_mib":
+            self.bridge.set_host_budget_bytes(s.host_budget_bytes)
         elif key == "release_mode":
             self.bridge.set_full_release(s.full_release)
         elif key == "flash_attn":

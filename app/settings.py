@@ -36,6 +36,7 @@ class Settings:
     models: list[ModelEntry] = field(default_factory=list)   # reloaded at start, in order
     port: int = DEFAULT_PORT
     budget_mib: int = 0                  # 0: the engine's default (device heap less a margin)
+    host_budget_mib: int = 0             # RAM for the models' shadows; 0: the engine's default
     release_mode: str = "full"           # "full": weights, KV and compute; "weights": weights only
     watched_folder: str = ""             # "" : no folder watched
     endpoint: bool = False               # start the local endpoint at start-up
@@ -61,6 +62,10 @@ class Settings:
     def budget_bytes(self) -> int | None:
         return self.budget_mib << 20 if self.budget_mib > 0 else None
 
+    @property
+    def host_budget_bytes(self) -> int | None:
+        return self.host_budget_mib << 20 if self.host_budget_mib > 0 else None
+
     def as_dict(self) -> dict:
         return asdict(self)
 
@@ -81,7 +86,7 @@ def settings_path() -> str:
 def _valid(name: str, value) -> bool:
     if name == "port":
         return type(value) is int and 0 <= value <= 65535
-    if name == "budget_mib":
+    if name in ("budget_mib", "host_budget_mib"):
         return type(value) is int and value >= 0
     if name == "release_mode":
         return value in RELEASE_MODES

@@ -131,6 +131,7 @@ class Engine:
         default_host_budget())."""
         self.flash_attn = flash_attn_mode(flash_attn) if flash_attn else default_flash_attn()
         self.prompt_cache = prompt_cache
+        host_budget = default_host_budget() if host_budget_bytes is None else host_budget_bytes
         owned = arena is True
         arena = Arena() if arena is True else arena or None
         try:
@@ -143,8 +144,7 @@ class Engine:
         self.n_ctx = n_ctx
         self.models: dict[str, Loaded] = {}
         self.arbiter = Arbiter(default_budget(self.dev) if budget_bytes is None else budget_bytes,
-                               full_release, default_host_budget() if host_budget_bytes is None
-                               else host_budget_bytes)
+                               full_release, host_budget)
         promptcache.remove_stale_spills()       # what crashed processes left
         # freed device blocks are kept for the next model while within the budget: a switch
         # then needs no new device allocation (the arena and close() trim them)
@@ -483,6 +483,13 @@ class Engine:
             raise ValueError(f"VRAM budget must be positive, got {budget}")
         self.arbiter.budget = budget
         self.dev.allocator.spare_limit = budget
+        return budget
+
+    def set_host_budget(self, budget_bytes: int | None) -> int:
+        budget = default_host_budget() if budget_bytes is None else int(budget_bytes)
+        if budget < 0:
+            raise ValueError(f"host budget must not be negative, got {budget}")
+        self._on_thread("host budget", lambda: self.arbiter.set_host_budget(budget))
         return budget
 
     def set_full_release(self, full: bool) -> None:

@@ -131,6 +131,11 @@ class EngineAPI(Protocol):
     def default_budget(self) -> int:
         """The budget the engine takes when not told: the device heap less a margin."""
 
+    def set_host_budget(self, budget_bytes: int | None) -> int:
+        """The RAM for every model's host shadows together, in bytes (None: half the memory
+        available at start, or $HOTSEAT_HOST_BUDGET_MIB); past it the least recently used
+        KV shadows move to disk. The budget now in force."""
+
     def set_full_release(self, full: bool) -> None:
         """Whether releases for other models free everything (KV shadowed on the host) or
         only the weights."""

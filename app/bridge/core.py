@@ -70,10 +70,12 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
     def __init__(self, engine_factory: Callable[..., object] | None = None, *,
                  budget_bytes: int | None = None, full_release: bool = True,
                  port: int = 8080, flash_attn: str = "auto", host: str = HOST,
-                 api_key: str = "", parent: QObject | None = None):
+                 api_key: str = "", host_budget_bytes: int | None = None,
+                 parent: QObject | None = None):
         super().__init__(parent)
         self._factory = engine_factory or real_engine
         self._budget_bytes = budget_bytes
+        self._host_budget_bytes = host_budget_bytes
         self._full_release = full_release
         self._flash_attn = flash_attn
         self._port = int(port)
@@ -245,6 +247,10 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         """The VRAM budget; None: the engine's default. Applies to the next acquisition."""
         self._submit("control", lambda: self._set_budget(budget_bytes))
 
+    def set_host_budget_bytes(self, budget_bytes: int | None) -> None:
+        """The RAM for every model's host shadows; None: the engine's default."""
+        self._submit("control", lambda: self._set_host_budget(budget_bytes))
+
     @Slot(bool)
     def set_full_release(self, full: bool) -> None:
         self._submit("control", lambda: self._set_full_release(bool(full)))
@@ -305,7 +311,8 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         try:
             self._engine = self._factory(budget_bytes=self._budget_bytes,
                                          full_release=self._full_release,
-                                         flash_attn=self._flash_attn)
+                                         flash_attn=self._flash_attn,
+                                         host_budget_bytes=self._host_budget_bytes)
         except Exception as exc:
             self._open_error = f"Cannot open the GPU: {message(exc)}"
             log.warning("%s", self._open_error)
@@ -384,6 +391,12 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         self._budget_bytes = budget
         if self._engine is not None:
             self._engine.set_budget(budget)
+            self._emit_status()
+
+    def _set_host_budget(self, budget: int | None) -> None:
+        self._host_budget_bytes = budget
+        if self._engine is not None:
+            self._engine.set_host_budget(budget)
             self._emit_status()
 
     def _set_full_release(self, full: bool) -> None:

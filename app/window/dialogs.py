@@ -49,6 +49,14 @@ class PreferencesDialog(QDialog):
         self.budget_spin.setSingleStep(256)
         self.budget_spin.setSuffix(" MiB")
         self.budget_spin.setSpecialValueText("automatic")
+        self.host_budget_spin = QSpinBox()
+        self.host_budget_spin.setRange(0, MAX_BUDGET_MIB)
+        self.host_budget_spin.setSingleStep(256)
+        self.host_budget_spin.setSuffix(" MiB")
+        self.host_budget_spin.setSpecialValueText("automatic")
+        self.host_budget_spin.setToolTip("RAM for the copies of the models not on the GPU; "
+                                         "past it the least recently used go to disk. "
+                                         "Automatic: half the memory free at start")
         self.release_combo = QComboBox()
         for mode in RELEASE_MODES:
             self.release_combo.addItem(RELEASE_LABELS[mode], mode)
@@ -95,6 +103,7 @@ class PreferencesDialog(QDialog):
         form.addRow("", self.lan_warning)
         form.addRow("", self.lan_nokey_check)
         form.addRow("VRAM budget", self.budget_spin)
+        form.addRow("RAM budget", self.host_budget_spin)
         form.addRow("Eviction", self.release_combo)
         form.addRow("Evict when unused for", self.idle_spin)
         form.addRow("Flash attention", self.flash_combo)
@@ -109,6 +118,7 @@ class PreferencesDialog(QDialog):
 
         self.port_spin.editingFinished.connect(self.on_port_edited)
         self.budget_spin.editingFinished.connect(self.on_budget_edited)
+        self.host_budget_spin.editingFinished.connect(self.on_host_budget_edited)
         self.idle_spin.editingFinished.connect(self.on_idle_edited)
         self.release_combo.currentIndexChanged.connect(self.on_release_mode_changed)
         self.flash_combo.currentIndexChanged.connect(self.on_flash_attn_changed)
@@ -125,14 +135,16 @@ class PreferencesDialog(QDialog):
 
     def apply_settings(self, s: Settings) -> None:
         """Show s without emitting setting_changed."""
-        widgets = (self.port_spin, self.budget_spin, self.release_combo, self.flash_combo,
-                   self.folder_edit, self.autostart_check, self.idle_spin, self.key_edit,
+        widgets = (self.port_spin, self.budget_spin, self.host_budget_spin, self.release_combo,
+                   self.flash_combo, self.folder_edit, self.autostart_check, self.idle_spin,
+                   self.key_edit,
                    self.lan_check, self.lan_nokey_check, self.notify_check)
         for w in widgets:
             w.blockSignals(True)
         try:
             self.port_spin.setValue(s.port)
             self.budget_spin.setValue(s.budget_mib)
+            self.host_budget_spin.setValue(s.host_budget_mib)
             self.release_combo.setCurrentIndex(max(0, self.release_combo.findData(
                 s.release_mode)))
             self.flash_combo.setCurrentIndex(max(0, self.flash_combo.findData(s.flash_attn)))
@@ -147,6 +159,7 @@ class PreferencesDialog(QDialog):
             for w in widgets:
                 w.blockSignals(False)
         self._applied = {"port": s.port, "budget_mib": s.budget_mib,
+                         "host_budget_mib": s.host_budget_mib,
                          "release_mode": s.release_mode, "flash_attn": s.flash_attn,
                          "watched_folder": s.watched_folder, "autostart": s.autostart,
                          "idle_evict_min": s.idle_evict_min, "api_key": s.api_key,
@@ -174,6 +187,10 @@ class PreferencesDialog(QDialog):
     @Slot()
     def on_budget_edited(self) -> None:
         self._edited("budget_mib", self.budget_spin.value())
+
+    @Slot()
+    def on_host_budget_edited(self) -> None:
+        self._edited("host_budget_mib", self.host_budget_spin.value())
 
     @Slot()
     def on_idle_edited(self) -> None:

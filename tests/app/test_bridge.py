@@ -152,8 +152,11 @@ def test_budget_and_release_mode_reach_the_engine(qtbot, make_bridge):
     until(qtbot, lambda: fake.full_release is True)
     bridge.set_budget_bytes(None)                        # back to the engine's own choice
     until(qtbot, lambda: bridge.rec.vram[-1]["budget_bytes"] == fake.default_budget())
+    bridge.set_host_budget_bytes(64 << 20)
+    until(qtbot, lambda: fake.host_budget == 64 << 20)
     assert [c for c in fake.calls if c[0].startswith("set_")] == [
-        ("set_budget", 256 << 20), ("set_full_release", True), ("set_budget", None)]
+        ("set_budget", 256 << 20), ("set_full_release", True), ("set_budget", None),
+        ("set_host_budget", 64 << 20)]
 
 
 def test_flash_attn_reaches_the_engine(qtbot, make_bridge):

@@ -11,9 +11,10 @@ def test_preferences_show_and_emit(qtbot):
     qtbot.addWidget(d)
     s = Settings(port=9001, budget_mib=4096, release_mode="weights", watched_folder="/models",
                  autostart=True, flash_attn="off", idle_evict_min=10, api_key="k",
-                 notifications=False)
+                 notifications=False, host_budget_mib=2048)
     d.apply_settings(s)
     assert d.port_spin.value() == 9001 and d.budget_spin.value() == 4096
+    assert d.host_budget_spin.value() == 2048
     assert d.release_combo.currentData() == "weights" and d.flash_combo.currentData() == "off"
     assert d.folder_edit.text() == "/models" and d.autostart_check.isChecked()
     assert d.idle_spin.value() == 10 and d.key_edit.text() == "k"
@@ -25,6 +26,8 @@ def test_preferences_show_and_emit(qtbot):
     d.port_spin.editingFinished.emit()                       # unchanged: no repeat
     d.budget_spin.setValue(0)
     d.budget_spin.editingFinished.emit()
+    d.host_budget_spin.setValue(512)
+    d.host_budget_spin.editingFinished.emit()
     d.release_combo.setCurrentIndex(d.release_combo.findData("full"))
     d.flash_combo.setCurrentIndex(d.flash_combo.findData("auto"))
     d.folder_edit.setText("/other ")
@@ -33,7 +36,8 @@ def test_preferences_show_and_emit(qtbot):
     d.idle_spin.setValue(0)
     d.idle_spin.editingFinished.emit()
     d.notify_check.setChecked(True)
-    assert got == [("port", 9002), ("budget_mib", 0), ("release_mode", "full"),
+    assert got == [("port", 9002), ("budget_mib", 0), ("host_budget_mib", 512),
+                   ("release_mode", "full"),
                    ("flash_attn", "auto"), ("watched_folder", "/other"), ("autostart", False),
                    ("idle_evict_min", 0), ("notifications", True)]
     assert d.budget_spin.text() == "automatic" and d.idle_spin.text() == "never"

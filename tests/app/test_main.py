@@ -85,6 +85,9 @@ def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
     w.budget_spin.setValue(512)
     w.budget_spin.editingFinished.emit()
     until(qtbot, lambda: eng.budget == 512 << 20)
+    w.host_budget_spin.setValue(768)
+    w.host_budget_spin.editingFinished.emit()
+    until(qtbot, lambda: eng.host_budget == 768 << 20)
     w.release_combo.setCurrentIndex(w.release_combo.findData("weights"))
     until(qtbot, lambda: eng.full_release is False)
     w.flash_combo.setCurrentIndex(w.flash_combo.findData("on"))
@@ -99,11 +102,14 @@ def test_settings_edits_are_saved_and_applied(qtbot, start_app, tmp_path):
     s = saved()
     assert (s["budget_mib"], s["release_mode"], s["port"], s["watched_folder"],
             s["autostart"], s["flash_attn"]) == (512, "weights", 9123, str(tmp_path), True, "on")
+    assert s["host_budget_mib"] == 768
     hs.close()
 
     hs2, eng2 = start_app()                                    # restored into engine and UI
     assert eng2.budget == 512 << 20 and eng2.full_release is False
+    assert eng2.host_budget == 768 << 20
     p2 = hs2.window.preferences
+    assert p2.host_budget_spin.value() == 768
     assert eng2.flash_attn == "on" and p2.flash_combo.currentData() == "on"
     assert hs2.bridge.port == 9123 and p2.port_spin.value() == 9123
     assert p2.autostart_check.isChecked() and hs2.watcher.folder == str(tmp_path)

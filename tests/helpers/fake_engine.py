@@ -92,11 +92,12 @@ class FakeEngine:
     def __init__(self, device: str | None = None, n_ctx: int = 2048,
                  budget_bytes: int | None = None, full_release: bool = True,
                  load_delay_s: float = 0.0, flash_attn: str | None = None,
-                 token_delay_s: float = 0.0):
+                 token_delay_s: float = 0.0, host_budget_bytes: int | None = None):
         self.n_ctx = n_ctx
         self.flash_attn = flash_attn or "auto"
         self.budget = int(budget_bytes or FAKE_BUDGET)
         self.full_release = full_release
+        self.host_budget = HEAP_BYTES if host_budget_bytes is None else host_budget_bytes
         self.pinned: set[str] = set()
         self.idle_s = 0.0
         self.idle_by_name: dict[str, float] = {}
@@ -258,6 +259,15 @@ class FakeEngine:
         with self._lock:
             self.calls.append(("set_budget", budget_bytes))
             self.budget = budget
+        return budget
+
+    def set_host_budget(self, budget_bytes: int | None) -> int:
+        budget = HEAP_BYTES if budget_bytes is None else int(budget_bytes)
+        if budget < 0:
+            raise ValueError(f"host budget must not be negative, got {budget}")
+        with self._lock:
+            self.host_budget = budget
+            self.calls.append(("set_host_budget", budget_bytes))
         return budget
 
     def default_budget(self) -> int:
@@ -448,7 +458,7 @@ class FakeEngine:
             return {"budget_bytes": self.budget, "granted_bytes": used,
                     "allocated_bytes": used, "spare_bytes": 0, "device": self.device_name,
                     "heap_bytes": HEAP_BYTES, "host_weight_bytes": 0,
-                    "host_budget_bytes": HEAP_BYTES, "host_used_bytes": 0,
+                    "host_budget_bytes": self.host_budget, "host_used_bytes": 0,
                     "host_disk_bytes": 0}
 
     def arena_status(self) -> dict | None:

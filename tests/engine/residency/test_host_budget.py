@@ -94,3 +94,26 @@ def test_a_spill_file_that_is_gone_costs_only_the_prompt_cache(smollm2_path, fre
             e.unlink()
         again = ask(eng, "a")
     assert again.tokens == fresh["a"] and again.timings["cached_tokens"] == 0
+
+
+def test_a_lower_budget_takes_effect_at_once(smollm2_path, fresh, tmp_path, monkeypatch):
+    """Engine.set_host_budget (the tray's setting): the shadows over it go to disk now;
+    HOTSEAT_HOST_BUDGET_MIB is the default."""
+    monkeypatch.setenv("HOTSEAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOTSEAT_HOST_BUDGET_MIB", "64")
+    with Engine(n_ctx=256, full_release=True) as eng:
+        assert eng.vram()["host_budget_bytes"] == 64 << 20
+        eng.load(smollm2_path, name="a")
+        ask(eng, "a")
+        eng.evict("a", full=True)
+        assert by_name(eng)["a"]["ram_bytes"] > 0
+        assert eng.set_host_budget(0) == 0
+        s = by_name(eng)["a"]
+        assert s["ram_bytes"] == 0 and s["disk_bytes"] > 0
+        assert eng.set_host_budget(None) == 64 << 20
+        with pytest.raises(ValueError, match="must not be negative"):
+            eng.set_host_budget(-1)
+        assert ask(eng, "a").tokens == fresh["a"]
+    monkeypatch.setenv("HOTSEAT_HOST_BUDGET_MIB", "lots")
+    with pytest.raises(ValueError, match="HOTSEAT_HOST_BUDGET_MIB must be a whole number"):
+        Engine(n_ctx=256)
