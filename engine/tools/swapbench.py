@@ -5,7 +5,9 @@ GGUF memmap for weights, the KV host copy after full eviction), answer a repeate
 (its shared prefix comes from the surviving prompt cache: `cached_tokens`), then release it
 and read its residual device bytes. Reported per model: median restore time, bytes moved,
 achieved host-to-device bandwidth against the device's measured copy bandwidth, cold
-residual, cached tokens, and how long a reload from disk (parse + upload) takes instead.
+residual, cached tokens, how long a reload from disk (parse + upload) takes instead, and
+a restore's time and rate from each tier of the host shadows (restore_tiers: KV in RAM or
+on disk, the GGUF's pages in the page cache or not).
 
 With `--processes N` the models take turns between N `hotseat serve` processes on one
 private arena instead (run_process_swap_bench): the time to the first token after a swap.
@@ -112,6 +114,7 @@ def run_swap_bench(args) -> int:
                 per[n]["release_s"].append(rel["seconds"])
                 per[n]["residual"].append(next(sum(s["device_bytes"].values())
                                                for s in eng.status() if s["name"] == n))
+        tiers = {n: restore_tiers(eng, n, p) for n, p in zip(names, paths)}
         # reload from disk for comparison: parse the file and upload again
         reload_s = {}
         for n, p in zip(names, paths):
@@ -154,6 +157,7 @@ def run_swap_bench(args) -> int:
             "cached_tokens": r["cached"],
             "outputs_identical_across_cycles": all(a == answers[n][0] for a in answers[n]),
             "reload_from_disk_s": reload_s[n],
+            "tiers": tiers[n],
         })
     if args.json:
         print(json.dumps(report))
@@ -174,7 +178,47 @@ def run_swap_bench(args) -> int:
                   f"{m['ttft_after_swap_vs_ideal'] or 0:.2f}x the ideal), "
                   f"identical outputs {m['outputs_identical_across_cycles']}, reload from "
                   f"disk {1e3 * m['reload_from_disk_s']:.0f} ms")
+            print("  restore by tier: " + ", ".join(
+                f"{tier} {1e3 * t['restore_s_median']:.1f} ms ({t['GBps']:.2f} GB/s)"
+                for tier, t in m["tiers"].items()))
     return 0
+
+
+TIER_REPEATS = 3
+
+
+def restore_tiers(eng, name: str, path: str) -> dict:
+    """A full eviction then a restore, REPEATS times from each tier, with the prompt cache
+    the cycles left: "ram" (the KV shadow in RAM, the weights from the page cache), "disk"
+    (the KV shadow moved to disk under a host budget of 0), "file" (the GGUF's pages
+    dropped from the page cache first, posix_fadvise DONTNEED: the weights from the disk,
+    as far as the kernel drops them). Per tier: the median restore time, the bytes it moved
+    (weights and KV) and their rate."""
+    out = {}
+    for tier in ("ram", "disk", "file"):
+        times, moved = [], []
+        for _ in range(TIER_REPEATS):
+            eng.set_host_budget(0 if tier == "disk" else None)
+            eng.evict(name, full=True)
+            if tier == "file":
+                drop_page_cache(path)
+            info = eng.warm(name)
+            times.append(info["seconds"])
+            moved.append(info["bytes"])
+        restore, nbytes = statistics.median(times), int(statistics.median(moved))
+        out[tier] = {"restore_s_median": restore, "bytes": nbytes,
+                     "GBps": nbytes / restore / 1e9 if restore else 0.0}
+    eng.set_host_budget(None)
+    return out
+
+
+def drop_page_cache(path: str) -> None:
+    """Ask the kernel to drop a file's clean pages from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
 
 
 # -- several processes on one arena ----------------------------------------------------------
