@@ -366,15 +366,28 @@ class Model:
             return 0
 
     def spill(self) -> int:
-        """Move the KV host shadow to a file of the cache folder; the RAM freed (0 where there
-        is none, the model is recurrent or the file cannot be written: it stays in RAM)."""
+        """Free the host shadows a file can hold instead; the RAM freed. Weight copies hold
+        the GGUF file's own bytes: they go, and the next restore reads the file again
+        (through the page cache; the file's imported pages are let go with them and
+        imported again). The KV host shadow moves to a file of the cache folder (not for a
+        recurrent model, nor where the file cannot be written: it stays in RAM)."""
+        freed = 0
+        if self.shadow:
+            freed += sum(b.nbytes for b in self.shadow)
+            for b in self.shadow:
+                self.dev.allocator.free(b)
+            self.shadow = []
+            if self.pinned is not None:
+                self.pinned.close()
+                self.pinned = None
+            self._sources = None                # the next upload makes them again
         if self.rs is not None or not self.kv_shadow or self.kv_shadow[0] is None \
                 or self.recurrent:
-            return 0
+            return freed
         path = promptcache.save(self, spill=True)
         if path is None:
-            return 0
-        freed = self.kv_shadow[0].nbytes
+            return freed
+        freed += self.kv_shadow[0].nbytes
         self._kv_restored()                     # the host copy goes: the file holds it
         self.kv_on_disk = str(path)
         return freed

@@ -117,3 +117,27 @@ def test_a_lower_budget_takes_effect_at_once(smollm2_path, fresh, tmp_path, monk
     monkeypatch.setenv("HOTSEAT_HOST_BUDGET_MIB", "lots")
     with pytest.raises(ValueError, match="HOTSEAT_HOST_BUDGET_MIB must be a whole number"):
         Engine(n_ctx=256)
+
+
+def test_weight_copies_go_and_come_back_from_the_file(smollm2_path, fresh, tmp_path,
+                                                      monkeypatch):
+    """A discrete GPU's path (copies from host memory, no file import): the host-visible
+    weight copy is the RAM a cold model holds; over the budget it goes, and the next restore
+    reads the file again."""
+    from engine.residency.model import Model
+
+    monkeypatch.setattr(Model, "write_in_place", False)
+    monkeypatch.setattr(Model, "pin_host", False)
+    monkeypatch.setenv("HOTSEAT_CACHE_DIR", str(tmp_path / "cache"))
+    with Engine(n_ctx=256, full_release=True, host_budget_bytes=1 << 40) as eng:
+        eng.load(smollm2_path, name="a")
+        ask(eng, "a")
+        eng.evict("a", full=True)
+        assert by_name(eng)["a"]["ram_bytes"] > 90 << 20   # the weights' copy and the KV
+        eng.set_host_budget(0)
+        s = by_name(eng)["a"]
+        assert s["ram_bytes"] == 0 and s["disk_bytes"] > 0
+        again = ask(eng, "a")
+        assert again.tokens == fresh["a"]
+        assert again.timings["cached_tokens"] == len(again.prompt_tokens) - 1
+        assert by_name(eng)["a"]["ram_bytes"] > 90 << 20   # made again from the file
