@@ -141,7 +141,11 @@ def save(model, spill: bool = False) -> Path | None:
         return target
     if model.rs is None and not model.kv_shadow:
         return None
-    layers, used, chunks = _kv_rows(model)
+    try:
+        layers, used, chunks = _kv_rows(model)
+    except vk.VulkanError as exc:            # a failed device: its KV is not to be trusted
+        log.warning("prompt cache of %s not saved: %s", model.name, exc)
+        return None
     if not used:
         return None
     header = {"model": model.name, "path": model.gguf.path, "identity": identity(model),

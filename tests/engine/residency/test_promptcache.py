@@ -225,3 +225,23 @@ def test_serve_keeps_the_prompt_cache_across_a_restart(smollm2_path, folder):
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] >= 990
     assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == n_prompt - 1
     assert again["choices"][0]["text"] == first["choices"][0]["text"]
+
+
+def test_a_lost_device_does_not_stop_the_unload(smollm2_path, folder, caplog):
+    """The KV of a device that failed is neither read nor saved, and the unload goes on."""
+    from engine.facade import EngineFault
+    from engine.gpu import vk
+
+    caplog.set_level(logging.WARNING, "hotseat")
+    with Engine(n_ctx=256) as eng:
+        eng.load(smollm2_path, name="m")
+        answer(eng)
+        vk.inject("submit", "device_lost", nth=1)
+        try:
+            with pytest.raises(EngineFault):
+                answer(eng, prompt=PROMPT + " and")
+        finally:
+            vk.clear_faults()
+        eng.unload("m")
+        assert eng.status() == []
+    assert not list(folder.glob("*.kv"))
