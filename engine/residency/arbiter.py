@@ -12,8 +12,8 @@ check that the granted total never exceeded the budget.
 The host budget bounds the RAM of every model's shadows together (`ram_bytes()`: KV shadows,
 recurrent states, weight copies). After each release that leaves more, the least recently
 used unpinned models free what a file can hold instead (`spill()`: weight copies, which
-the GGUF file holds, and KV shadows, which go to a file) until they fit; a pinned model's
-stay in RAM.
+the GGUF file holds, and KV shadows and recurrent states, which go to files) until they
+fit; a pinned model's stay in RAM.
 """
 from __future__ import annotations
 

@@ -138,6 +138,8 @@ class Model:
         # the KV shadow moved to a file (promptcache's) under the host budget: read back at
         # the next restore
         self.kv_on_disk: str | None = None
+        # the recurrent states and their checkpoint moved to a file (an .npz) the same way
+        self.recurrent_on_disk: str | None = None
         # the recurrent states (RunState.recurrent_states: conv and delta-rule states by key),
         # captured at every release (they are read-write, so the device copy is not a cache
         # of anything) and written back on restore
@@ -236,6 +238,8 @@ class Model:
             made_rs = self.rs is None
             if made_rs and self.kv_on_disk is not None:
                 self._read_spilled()
+            if self.recurrent_on_disk is not None:
+                self._read_spilled_states()
             if made_rs:
                 self.rs = RunState(self.dev, self.name, **self._run_state_args())
                 if self.kv_shadow is not None:
@@ -359,18 +363,21 @@ class Model:
         return kv + rec + sum(b.nbytes for b in self.shadow)
 
     def disk_bytes(self) -> int:
-        """Bytes of its KV shadow in a file (the disk tier)."""
-        try:
-            return os.path.getsize(self.kv_on_disk) if self.kv_on_disk else 0
-        except OSError:
-            return 0
+        """Bytes of its KV shadow and recurrent states in files (the disk tier)."""
+        total = 0
+        for path in (self.kv_on_disk, self.recurrent_on_disk):
+            try:
+                total += os.path.getsize(path) if path else 0
+            except OSError:
+                pass
+        return total
 
     def spill(self) -> int:
         """Free the host shadows a file can hold instead; the RAM freed. Weight copies hold
         the GGUF file's own bytes: they go, and the next restore reads the file again
         (through the page cache; the file's imported pages are let go with them and
-        imported again). The KV host shadow moves to a file of the cache folder (not for a
-        recurrent model, nor where the file cannot be written: it stays in RAM)."""
+        imported again). The KV host shadow, and a recurrent model's states and checkpoint,
+        move to files of the cache folder (where a file cannot be written, they stay)."""
         freed = 0
         if self.shadow:
             freed += sum(b.nbytes for b in self.shadow)
@@ -381,8 +388,8 @@ class Model:
                 self.pinned.close()
                 self.pinned = None
             self._sources = None                # the next upload makes them again
-        if self.rs is not None or not self.kv_shadow or self.kv_shadow[0] is None \
-                or self.recurrent:
+        freed += self._spill_states()
+        if self.rs is not None or not self.kv_shadow or self.kv_shadow[0] is None:
             return freed
         path = promptcache.save(self, spill=True)
         if path is None:
@@ -391,6 +398,41 @@ class Model:
         self._kv_restored()                     # the host copy goes: the file holds it
         self.kv_on_disk = str(path)
         return freed
+
+    def _spill_states(self) -> int:
+        """The recurrent states and the checkpoint into one .npz beside the KV's; RAM freed."""
+        if self.state == "warm" or self.recurrent_on_disk is not None or (
+                self.recurrent_shadow is None and self.checkpoint is None):
+            return 0                            # a warm model's checkpoint is in use
+        arrays = {f"state/{k}": v for k, v in (self.recurrent_shadow or {}).items()}
+        if self.checkpoint is not None:
+            arrays["checkpoint_tokens"] = np.asarray(self.checkpoint[0], np.int64)
+            arrays.update((f"checkpoint/{k}", v) for k, v in self.checkpoint[1].items())
+        path = promptcache.save_states(self, arrays)
+        if path is None:
+            return 0
+        freed = sum(a.nbytes for k, a in arrays.items() if k != "checkpoint_tokens")
+        self.recurrent_on_disk = str(path)
+        self.recurrent_shadow, self.checkpoint = None, None
+        return freed
+
+    def _read_spilled_states(self) -> None:
+        """The recurrent states and checkpoint back from their file; where it is gone or
+        damaged the prompt cache goes (the states belong to its end)."""
+        path, self.recurrent_on_disk = self.recurrent_on_disk, None
+        arrays = promptcache.load_states(path)
+        promptcache.remove(path)
+        if arrays is None:
+            self.cache_tokens, self.checkpoint = [], None
+            if self.kv_shadow is not None:
+                self._kv_restored()
+            return
+        states = {k.split("/", 1)[1]: v for k, v in arrays.items() if k.startswith("state/")}
+        self.recurrent_shadow = states or None
+        if "checkpoint_tokens" in arrays:
+            self.checkpoint = ([int(t) for t in arrays["checkpoint_tokens"]],
+                               {k.split("/", 1)[1]: v for k, v in arrays.items()
+                                if k.startswith("checkpoint/")})
 
     def _read_spilled(self) -> None:
         """The spilled KV back into a host shadow for the restore; where its file is gone or
@@ -805,7 +847,9 @@ class Model:
         self.kv_shadow = None
         if self.kv_on_disk is not None and self.kv_on_disk.endswith(promptcache.SPILL):
             promptcache.remove(self.kv_on_disk)  # kept as the prompt cache, it was renamed
-        self.kv_on_disk = None
+        if self.recurrent_on_disk is not None:
+            promptcache.remove(self.recurrent_on_disk)
+        self.kv_on_disk = self.recurrent_on_disk = None
         self.recurrent_shadow = None
         self.checkpoint = None
         self.gguf.close()

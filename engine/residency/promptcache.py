@@ -128,7 +128,8 @@ def save(model, spill: bool = False) -> Path | None:
     be written); nothing for an empty cache or a recurrent model. A model whose KV shadow
     was spilled has its spill file kept as its cache. spill: to its spill file, from its
     host shadow, whatever the folder's bound."""
-    if model.recurrent or not model.cache_tokens or (not spill and not limit_bytes()):
+    if (model.recurrent and not spill) or not model.cache_tokens \
+            or (not spill and not limit_bytes()):
         return None
     target = path_for(model, spill)
     if model.kv_on_disk is not None:                    # it is in a file already
@@ -204,13 +205,45 @@ def _write(target: Path, header: dict, chunks: list[np.ndarray]) -> None:
         raise
 
 
+def save_states(model, arrays: dict[str, np.ndarray]) -> Path | None:
+    """A recurrent model's states under the host budget: an .npz beside its KV's spill
+    file (a warning and None where it cannot be written)."""
+    target = path_for(model, spill=True).with_suffix(".states" + SPILL)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".part-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                np.savez(f, **arrays)
+            os.replace(tmp, target)
+        except BaseException:
+            remove(tmp)
+            raise
+    except OSError as exc:
+        log.warning("recurrent states of %s not moved to disk in %s (they stay in RAM): %s",
+                    model.name, target.parent, os.strerror(exc.errno) if exc.errno else exc)
+        return None
+    return target
+
+
+def load_states(path: str | Path) -> dict[str, np.ndarray] | None:
+    """save_states()' arrays; None (with a log line) where the file is gone or damaged."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("recurrent states %s lost: %s", path, exc)
+        return None
+
+
 # -- loading ---------------------------------------------------------------------------------
 
 def load(model, path: str | Path | None = None) -> int:
     """Give a cold model, whose run state is not made yet, the KV cache and tokens of its
     file (or of `path`: its spill file), which the next restore uploads; the tokens taken.
     A file that does not belong to it, or is damaged, is removed with a log line."""
-    if model.recurrent or model.rs is not None or model.kv_shadow is not None:
+    if (model.recurrent and path is None) or model.rs is not None \
+            or model.kv_shadow is not None:
         return 0
     path = Path(path) if path is not None else path_for(model)
     if not path.exists():

@@ -141,3 +141,31 @@ def test_weight_copies_go_and_come_back_from_the_file(smollm2_path, fresh, tmp_p
         assert again.tokens == fresh["a"]
         assert again.timings["cached_tokens"] == len(again.prompt_tokens) - 1
         assert by_name(eng)["a"]["ram_bytes"] > 90 << 20   # made again from the file
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_recurrent_states_go_to_disk_and_come_back(tmp_path, monkeypatch, full):
+    """A gated delta-net hybrid (the synthetic Qwen3.5): its recurrent states and their
+    checkpoint, and after a full release its KV, go to disk under a budget of 0; the prompt
+    cache comes back with them, and the answer is a fresh run's."""
+    from pathlib import Path
+
+    path = str(Path(__file__).resolve().parents[2] / "data" / "synth" / "qwen35-f16.gguf")
+    monkeypatch.setenv("HOTSEAT_CACHE_DIR", str(tmp_path / "cache"))
+    prompt = "The quick brown fox jumps over the lazy dog"
+    with Engine(n_ctx=256, prompt_cache=False) as eng:
+        eng.load(path, name="q")
+        want = eng.generate("q", prompt=prompt, max_tokens=8, sampling=GREEDY).tokens
+    with Engine(n_ctx=256, full_release=full, host_budget_bytes=1 << 40) as eng:
+        eng.load(path, name="q")
+        first = eng.generate("q", prompt=prompt, max_tokens=8, sampling=GREEDY)
+        assert first.tokens == want
+        eng.evict("q", full=full)
+        assert by_name(eng)["q"]["ram_bytes"] > 0        # the states (and the KV: full)
+        eng.set_host_budget(0)
+        s = by_name(eng)["q"]
+        assert s["ram_bytes"] == 0 and s["disk_bytes"] > 0
+        again = eng.generate("q", prompt=prompt, max_tokens=8, sampling=GREEDY)
+        assert again.tokens == want and again.timings["cached_tokens"] > 0
+        assert by_name(eng)["q"]["disk_bytes"] == 0
+    assert not list((tmp_path / "cache").glob("*.spill"))
