@@ -30,6 +30,8 @@ CHOICES = ("none", "auto", "required")
 
 
 def call_id() -> str:
+    """A call's id: made here, unique per call. An id the model writes is never passed on:
+    a small model copies the last call's, and an agent then takes two calls for one."""
     return "call_" + secrets.token_hex(12)
 
 
@@ -201,7 +203,7 @@ class ToolRequest:
 
 
 def openai_call(c: ToolCall) -> dict:
-    return {"id": c.id or call_id(), "type": "function",
+    return {"id": call_id(), "type": "function",
             "function": {"name": c.name, "arguments": c.arguments}}
 
 
@@ -258,7 +260,7 @@ class ToolStream:
             if i >= len(self.calls):
                 if not c.name:
                     break
-                cid = c.id or call_id()
+                cid = call_id()
                 self.calls.append([cid, c.name, ""])
                 out.append({"tool_calls": [{"index": i, "id": cid, "type": "function",
                                             "function": {"name": c.name, "arguments": ""}}]})

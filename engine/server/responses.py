@@ -232,7 +232,7 @@ class ResponsesRoutes:
             p = req.tools.parse(out.text)
             if p.content:
                 output.append(message_item(p.content))
-            output += [call_item(c.name, c.arguments, c.id or call_id()) for c in p.calls]
+            output += [call_item(c.name, c.arguments, call_id()) for c in p.calls]
         else:
             output.append(message_item(out.text))
         return json_response(_final(base, out, output))

@@ -8,6 +8,7 @@ Generation is slow on lavapipe: the real-model tests ask for a few tokens each."
 from __future__ import annotations
 
 import json
+import re
 
 import openai
 import pytest
@@ -30,6 +31,17 @@ ASK = [{"role": "user", "content": "What is the weather in Paris and the time in
 TWO_CALLS = ('{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}, '
              '"id": "call_w1"}, {"name": "get_time", "arguments": {"zone": "Asia/Tokyo"}, '
              '"id": "call_t2"}]}')
+
+
+SEEN_IDS: set[str] = set()
+
+
+def assert_server_ids(ids: list[str]) -> None:
+    """The server makes every call's id, unique across answers: the ids the model wrote
+    (call_w1, call_t2) never reach the client."""
+    assert all(re.fullmatch(r"call_[0-9a-f]{24}", i) for i in ids), ids
+    assert len(set(ids)) == len(ids) and not SEEN_IDS & set(ids)
+    SEEN_IDS.update(ids)
 
 
 class ScriptTokenizer(FakeTokenizer):
@@ -80,9 +92,10 @@ def test_calls_come_back_as_tool_calls(fake):
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None
     calls = c.message.tool_calls
-    assert [(t.id, t.type, t.function.name, json.loads(t.function.arguments)) for t in calls] \
-        == [("call_w1", "function", "get_weather", {"city": "Paris"}),
-            ("call_t2", "function", "get_time", {"zone": "Asia/Tokyo"})]
+    assert [(t.type, t.function.name, json.loads(t.function.arguments)) for t in calls] \
+        == [("function", "get_weather", {"city": "Paris"}),
+            ("function", "get_time", {"zone": "Asia/Tokyo"})]
+    assert_server_ids([t.id for t in calls])
     # parallel_tool_calls=false keeps one
     r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER, TIME],
                                        parallel_tool_calls=False, tool_choice="required")
@@ -110,6 +123,7 @@ def test_streamed_calls_have_openai_chunk_shape(fake):
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert [(c["name"], json.loads(c["args"])) for c in calls.values()] == \
         [("get_weather", {"city": "Paris"}), ("get_time", {"zone": "Asia/Tokyo"})]
+    assert_server_ids([c["id"] for c in calls.values()])
     assert not any(ch.choices[0].delta.content for ch in chunks)   # the JSON is not content
 
 
@@ -146,9 +160,10 @@ def test_responses_function_calls_and_events(fake):
     flat = [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]
     r = client.responses.create(model="m", input="weather?", tools=flat)
     assert r.status == "completed" and r.object == "response"
-    assert [(o.type, o.name, o.call_id, json.loads(o.arguments)) for o in r.output] == [
-        ("function_call", "get_weather", "call_w1", {"city": "Paris"}),
-        ("function_call", "get_time", "call_t2", {"zone": "Asia/Tokyo"})]
+    assert [(o.type, o.name, json.loads(o.arguments)) for o in r.output] == [
+        ("function_call", "get_weather", {"city": "Paris"}),
+        ("function_call", "get_time", {"zone": "Asia/Tokyo"})]
+    assert_server_ids([o.call_id for o in r.output])
     events = list(client.responses.create(model="m", input="weather?", tools=flat,
                                           stream=True))
     kinds = [e.type for e in events]
