@@ -189,9 +189,18 @@ class ToolRequest:
             p.calls = p.calls[:1]
         return p
 
-    def message(self, text: str) -> tuple[dict, bool]:
-        """The assistant message of a whole answer, and whether it calls tools."""
+    def final(self, text: str, cut: bool = False) -> Parsed:
+        """The parse of a whole answer. cut: it ended at max_tokens, and a call it was
+        writing is not one: only the text before it is content (never the call's raw text)."""
         p = self.parse(text)
+        if cut and not p.calls:
+            p = self.parse(text, partial=True)
+            p.calls = []
+        return p
+
+    def message(self, text: str, cut: bool = False) -> tuple[dict, bool]:
+        """The assistant message of a whole answer, and whether it calls tools."""
+        p = self.final(text, cut)
         msg: dict = {"role": "assistant", "content": p.content or None}
         if p.reasoning:
             msg["reasoning_content"] = p.reasoning
@@ -243,9 +252,10 @@ class ToolStream:
         self.text += piece
         return self._diff(self.req.parse(self.text, partial=True))
 
-    def finish(self) -> tuple[list[dict], bool]:
-        """The last deltas, from the parse of the whole text, and whether it called tools."""
-        p = self.req.parse(self.text)
+    def finish(self, cut: bool = False) -> tuple[list[dict], bool]:
+        """The last deltas, from the parse of the whole text, and whether it called tools
+        (cut: ToolRequest.final's)."""
+        p = self.req.final(self.text, cut)
         return self._diff(p), bool(p.calls)
 
     def _diff(self, p: Parsed) -> list[dict]:

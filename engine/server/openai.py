@@ -368,7 +368,7 @@ class OpenAIRoutes:
         if chat:
             message, called = {"role": "assistant", "content": text}, False
             if req.tools is not None:
-                message, called = req.tools.message(text)
+                message, called = req.tools.message(text, out.finish_reason == "length")
             choice = {"index": 0, "message": message, "logprobs": lp,
                       "finish_reason": "tool_calls" if called else FINISH[out.finish_reason]}
             obj = "chat.completion"
@@ -496,7 +496,7 @@ class OpenAIRoutes:
                 return resp
             finish = FINISH[out.finish_reason]
             if tool_stream is not None:
-                deltas, called = tool_stream.finish()
+                deltas, called = tool_stream.finish(out.finish_reason == "length")
                 for delta in deltas:
                     await send(chunk(delta, None))
                 finish = "tool_calls" if called else finish

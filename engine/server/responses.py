@@ -229,8 +229,8 @@ class ResponsesRoutes:
             return json_response({}, CLIENT_GONE_STATUS)
         output = []
         if req.tools is not None:
-            p = req.tools.parse(out.text)
-            if p.content:
+            p = req.tools.final(out.text, out.finish_reason == "length")
+            if p.content or not p.calls:        # an empty answer is an empty message
                 output.append(message_item(p.content))
             output += [call_item(c.name, c.arguments, call_id()) for c in p.calls]
         else:
@@ -341,7 +341,7 @@ class ResponsesRoutes:
                 self._left.add(id(request))
                 return resp
             if tools is not None:
-                for delta in tools.finish()[0]:
+                for delta in tools.finish(out.finish_reason == "length")[0]:
                     await apply(delta)
             if open_item is None and not output:   # an empty answer is an empty message
                 await apply({"content": ""})

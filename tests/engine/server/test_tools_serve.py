@@ -52,6 +52,7 @@ class ScriptedEngine(FakeEngine):
     """Answers `script`, four characters a piece, and keeps the prompts it was given."""
 
     script = ""
+    finish = "stop"
 
     def tokenizer(self, name=None):
         self._get(name)
@@ -66,7 +67,7 @@ class ScriptedEngine(FakeEngine):
             if on_text is not None:
                 on_text(text[i:i + 4])
         out = FakeCompletion(list(tokens or [1]), text)
-        out.finish_reason = "stop"
+        out.finish_reason = self.finish
         return out
 
 
@@ -105,6 +106,39 @@ def test_calls_come_back_as_tool_calls(fake):
                                        tool_choice="none")
     assert r.choices[0].message.content == TWO_CALLS and not r.choices[0].message.tool_calls
     assert r.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize("script,content", [
+    ('{"tool_calls": [{"name": "get_weather", "arguments": {"ci', ""),    # a call, cut
+    ('{"tool_call": {"name": "get_wea', ""),
+    ('{"response": "It is sunny in Par', "It is sunny in Par"),          # a reply, cut
+])
+def test_a_call_cut_short_never_reaches_the_client_as_content(fake, script, content):
+    """At max_tokens mid-call: finish_reason "length", and the content is the text before
+    the call (none here), never the call's raw JSON; in the answer, its stream and
+    /v1/responses alike. A reply cut short keeps what it wrote."""
+    eng, client = fake
+    eng.script, eng.finish = script, "length"
+    try:
+        r = client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER])
+        c = r.choices[0]
+        assert c.finish_reason == "length" and not c.message.tool_calls
+        assert (c.message.content or "") == content
+        chunks = list(client.chat.completions.create(model="m", messages=ASK, tools=[WEATHER],
+                                                     stream=True))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks) == content
+        assert chunks[-1].choices[0].finish_reason == "length"
+        flat = [{"type": "function", **WEATHER["function"]}]
+        for stream in (False, True):
+            got = client.responses.create(model="m", input="weather?", tools=flat,
+                                          stream=stream)
+            if stream:
+                got = [e for e in got if e.type == "response.incomplete"][0].response
+            assert got.status == "incomplete"
+            assert [o.type for o in got.output] == ["message"]
+            assert got.output[0].content[0].text == content
+    finally:
+        eng.finish = "stop"
 
 
 def test_streamed_calls_have_openai_chunk_shape(fake):
