@@ -355,12 +355,16 @@ class Model:
         """Anonymous host memory this model's shadows hold: the KV shadow, the recurrent
         states and their checkpoint, host-visible weight copies. The GGUF file's own pages
         (the weights read in place, or imported) are the page cache's, not counted."""
+        return self._state_shadow_bytes() + sum(b.nbytes for b in self.shadow)
+
+    def _state_shadow_bytes(self) -> int:
+        """The KV shadow, the recurrent states and their checkpoint, in host memory."""
         kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
         rec = sum(c.nbytes for c in self.recurrent_shadow.values()) \
             if self.recurrent_shadow else 0
         if self.checkpoint is not None:
             rec += sum(c.nbytes for c in self.checkpoint[1].values())
-        return kv + rec + sum(b.nbytes for b in self.shadow)
+        return kv + rec
 
     def disk_bytes(self) -> int:
         """Bytes of its KV shadow and recurrent states in files (the disk tier)."""
@@ -529,12 +533,7 @@ class Model:
         """Host memory that backs a restore: the device weights' host-visible copy (or the
         mapped GGUF file), any KV shadow and the recurrent states. Host-placed weights are
         counted apart, in host_weight_bytes."""
-        kv = self.kv_shadow[0].nbytes if self.kv_shadow and self.kv_shadow[0] else 0
-        rec = sum(c.nbytes for c in self.recurrent_shadow.values()) \
-            if self.recurrent_shadow else 0
-        if self.checkpoint is not None:
-            rec += sum(c.nbytes for c in self.checkpoint[1].values())
-        return self.weight_bytes + kv + rec
+        return self.weight_bytes + self._state_shadow_bytes()
 
     def _drop_graphs(self) -> None:
         for g in list(self._decode.values()) + list(self._prefill.values()) + \

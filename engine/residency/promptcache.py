@@ -95,10 +95,12 @@ def identity(model) -> dict:
     }
 
 
-def path_for(model, spill: bool = False) -> Path:
-    """The file of a model's cache, named by its identity; spill: the file its KV shadow
-    moves to under the host budget, this process's and this name's alone."""
-    name = hashlib.sha256(json.dumps(identity(model), sort_keys=True).encode()).hexdigest()
+def path_for(model, spill: bool = False, ident: dict | None = None) -> Path:
+    """The file of a model's cache, named by its identity (`ident`, where the caller has it
+    already); spill: the file its KV shadow moves to under the host budget, this process's
+    and this name's alone."""
+    ident = identity(model) if ident is None else ident
+    name = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()
     if not spill:
         return cache_dir() / (name[:32] + SUFFIX)
     who = hashlib.sha256(model.name.encode()).hexdigest()[:8]
@@ -131,7 +133,8 @@ def save(model, spill: bool = False) -> Path | None:
     if (model.recurrent and not spill) or not model.cache_tokens \
             or (not spill and not limit_bytes()):
         return None
-    target = path_for(model, spill)
+    ident = identity(model)                     # hashes the file's header: once
+    target = path_for(model, spill, ident)
     if model.kv_on_disk is not None:                    # it is in a file already
         try:
             os.replace(model.kv_on_disk, target)
@@ -149,7 +152,7 @@ def save(model, spill: bool = False) -> Path | None:
         return None
     if not used:
         return None
-    header = {"model": model.name, "path": model.gguf.path, "identity": identity(model),
+    header = {"model": model.name, "path": model.gguf.path, "identity": ident,
               "tokens": list(model.cache_tokens), "layers": layers, "row_bytes": used,
               "saved": time.time()}
     try:
@@ -245,12 +248,13 @@ def load(model, path: str | Path | None = None) -> int:
     if (model.recurrent and path is None) or model.rs is not None \
             or model.kv_shadow is not None:
         return 0
-    path = Path(path) if path is not None else path_for(model)
+    want = identity(model)                      # hashes the file's header: once
+    path = Path(path) if path is not None else path_for(model, ident=want)
     if not path.exists():
         return 0
     try:
         header, data = _read(path)
-        want, got = identity(model), header["identity"]
+        got = header["identity"]
         if got != want:
             why = ", ".join(k for k in sorted(set(got) | set(want)) if got.get(k) != want.get(k))
             raise _Unusable(f"made with another {why}")

@@ -537,22 +537,12 @@ class ReferenceModel:
             self.state.reset_conv()
         tok = np.asarray(tokens, dtype=np.int64)
         pos = np.arange(start_pos, start_pos + len(tokens))
-        if self.config.arch in LLAMA_LIKE:
-            logits = self._forward_llama(tok, pos)
-        elif self.config.arch == "phi3":
-            logits = self._forward_phi3(tok, pos)
-        elif self.config.arch == "gemma2":
-            logits = self._forward_gemma2(tok, pos)
-        elif self.config.arch == "gpt-oss":
-            logits = self._forward_gpt_oss(tok, pos)
-        elif self.config.arch == "gemma3":
-            logits = self._forward_gemma3(tok, pos)
-        elif self.config.arch == "lfm2":
-            logits = self._forward_lfm2(tok, pos)
-        elif self.config.arch == "olmo2":
-            logits = self._forward_olmo2(tok, pos)
-        else:
-            logits = self._forward_qwen3moe(tok, pos)
+        forward = self._forward_llama if self.config.arch in LLAMA_LIKE else {
+            "phi3": self._forward_phi3, "gemma2": self._forward_gemma2,
+            "gpt-oss": self._forward_gpt_oss, "gemma3": self._forward_gemma3,
+            "lfm2": self._forward_lfm2, "olmo2": self._forward_olmo2,
+            "qwen3moe": self._forward_qwen3moe}[self.config.arch]
+        logits = forward(tok, pos)
         self.state.n_past = start_pos + len(tokens)
         return logits
 
