@@ -151,11 +151,20 @@ def test_the_folder_bound_drops_the_least_recently_used(folder, monkeypatch):
     monkeypatch.setenv("HOTSEAT_CACHE_MIB", "-1")
     with pytest.raises(ValueError, match="HOTSEAT_CACHE_MIB must not be negative"):
         promptcache.limit_bytes()
+    monkeypatch.setenv("HOTSEAT_CACHE_MIB", "lots")
+    with pytest.raises(ValueError, match="HOTSEAT_CACHE_MIB must be a whole number of MiB"):
+        promptcache.limit_bytes()
 
 
 def hotseat(*args: str, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True,
                           text=True, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)}, timeout=300)
+
+
+def test_serve_refuses_a_negative_host_budget():
+    out = hotseat("serve", "--port", "0", "--host-budget-mib", "-1", env=dict(os.environ))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.strip() == "hotseat: error: --host-budget-mib must not be negative, got -1"
 
 
 def test_cache_ls_and_clear(smollm2_path, folder):
