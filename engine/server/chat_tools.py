@@ -27,6 +27,10 @@ from .errors import bad, boolean, show
 
 NAME = re.compile(r"[A-Za-z0-9_\-.]{1,64}")
 CHOICES = ("none", "auto", "required")
+# The most tokens an answer that must be a call may take, whatever room the context leaves:
+# a string argument has no end of its own, and a call still open here ends with
+# finish_reason "length" and no content, as one cut by max_tokens does.
+CALL_TOKENS = 4096
 
 
 def call_id() -> str:
@@ -180,6 +184,10 @@ class ToolRequest:
                 self.family.grammar(tools, parallel, token_of, required=False)
             self.constraint = tool_constraint(tok, self.grammar)
         return ids
+
+    def limit(self, max_tokens: int) -> int:
+        """The completion's token budget: bounded by CALL_TOKENS where a call is due."""
+        return min(max_tokens, CALL_TOKENS) if self.choice == "required" else max_tokens
 
     def parse(self, text: str, partial: bool = False) -> Parsed:
         if not self.parses or self.family is None:

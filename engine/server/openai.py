@@ -34,7 +34,7 @@ from .errors import (
     over_budget,
     show,
 )
-from .chat_tools import ToolRequest, ToolStream, parse_tools, tool_message
+from .chat_tools import CALL_TOKENS, ToolRequest, ToolStream, parse_tools, tool_message
 from .metrics import CLIENT_GONE_STATUS
 from .slots import queued
 from .structured import parse_constraint
@@ -54,7 +54,7 @@ CHAT_ROLES = {"system": "system", "developer": "system", "user": "user",
               "assistant": "assistant", "tool": "tool"}
 FINISH = {"stop": "stop", "length": "length", "cancelled": "stop"}
 MAX_TOKENS_HEADER = "X-Hotseat-Max-Tokens"   # set when the client gave no max_tokens and
-                                             # the context's room limits the completion
+                                             # the room left (or a call's bound) limits it
 MAX_TEMPERATURE = 2.0                    # OpenAI's range: [0, 2]
 
 
@@ -333,8 +333,10 @@ class OpenAIRoutes:
         headers = {}
         if req.max_tokens is None:            # the server's choice: limited to the room left
             max_tokens = room if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
-            if max_tokens == room:
-                headers[MAX_TOKENS_HEADER] = str(room)
+            if req.tools is not None:
+                max_tokens = req.tools.limit(max_tokens)
+            if max_tokens == room or max_tokens == CALL_TOKENS:
+                headers[MAX_TOKENS_HEADER] = str(max_tokens)
         elif req.max_tokens > room:           # the client's: refused, as OpenAI does
             raise bad(f"{req.max_tokens_param} is too large: {req.max_tokens}. The context of "
                       f"{slot.name!r} ({slot.n_ctx} tokens) holds at most {room} completion "
@@ -342,7 +344,7 @@ class OpenAIRoutes:
                       f"whereas you provided {req.max_tokens}.", req.max_tokens_param,
                       "invalid_value")
         else:
-            max_tokens = req.max_tokens
+            max_tokens = req.max_tokens if req.tools is None else req.tools.limit(req.max_tokens)
         meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
                 "created": int(time.time()), "model": slot.name,
                 "system_fingerprint": "hotseat"}

@@ -213,6 +213,8 @@ class ResponsesRoutes:
                       f"after the {len(ids)} of the input.", "max_output_tokens",
                       "invalid_value")
         max_tokens = room if req.max_tokens is None else req.max_tokens
+        if req.tools is not None:
+            max_tokens = req.tools.limit(max_tokens)
         base = {"id": _id("resp"), "object": "response", "created_at": int(time.time()),
                 "model": slot.name, "error": None, "incomplete_details": None, **echo}
         async with queued(slot, self.turn):

@@ -29,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .constrain import Grammar
+from .constrain import JSON_OPTIONS, Grammar
 
 TokenOf = Callable[[str], "int | None"]     # a marker's token id, None when it is plain text
 
@@ -148,8 +148,45 @@ def _tok(marker: str, token_of: TokenOf) -> str:
     return _lit(marker) if i is None else f"<[{i}]>"
 
 
-def _schema(tool: dict) -> str:
-    return "%json " + json.dumps(_params(tool), ensure_ascii=False)
+def closed(schema):
+    """A schema as OpenAI's strict mode reads it: an object that lists its properties takes
+    no others unless it says so (`additionalProperties`). Without this a sampled call adds
+    keys of its own ("type", "response", ...) and may never close. Branches of an allOf are
+    left open: there each one sees only part of the object."""
+    if isinstance(schema, list):
+        return [closed(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k in ("properties", "patternProperties", "$defs", "definitions",
+                 "dependentSchemas") and isinstance(v, dict):
+            out[k] = {name: closed(sub) for name, sub in v.items()}
+        elif k in ("items", "additionalProperties", "anyOf", "oneOf", "prefixItems",
+                   "contains", "not", "if", "then", "else"):
+            out[k] = closed(v)
+        else:
+            out[k] = v
+    if "properties" in out and "additionalProperties" not in out \
+            and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
+
+
+COMPACT = {**JSON_OPTIONS, "item_separator": ",", "key_separator": ":"}
+
+
+def _json(schema: dict, options: dict = JSON_OPTIONS) -> str:
+    """A `%json` rule of a closed schema, written without free whitespace (the separators
+    of `options`, constrain.py's JSON_OPTIONS by default): a call always closes, in as few
+    tokens as its content needs."""
+    s = closed(schema)
+    s["x-guidance"] = {**options, **s.get("x-guidance", {})}
+    return "%json " + json.dumps(s, ensure_ascii=False)
+
+
+def _schema(tool: dict, options: dict = JSON_OPTIONS) -> str:
+    return _json(_params(tool), options)
 
 
 def _calls_rule(n: int, parallel: bool, sep: str = "") -> str:
@@ -514,7 +551,7 @@ class GptOss(Family):
         for i, t in enumerate(tools):
             to = _lit("commentary to=functions." + t["function"]["name"] + " ")
             rules.append(f'call_{i}: {ch} {to} {con} "json" {msg} args_{i}\n'
-                         f'args_{i}: {_schema(t)}\n')
+                         f'args_{i}: {_schema(t, COMPACT)}\n')     # as gpt-oss writes it
         return "".join(rules)
 
 
@@ -696,7 +733,8 @@ class Generic(Family):
 
     @staticmethod
     def schema(tools: list[dict], parallel: bool, required: bool) -> dict:
-        """The JSON schema llama.cpp's generic format constrains the answer to."""
+        """The JSON schema of llama.cpp's generic format, less the call's "id" (the server
+        makes ids: one the model wrote would be dropped, so it is not sampled)."""
         calls = []
         for t in tools:
             f = t["function"]
@@ -706,9 +744,6 @@ class Generic(Family):
                  "required": ["name", "arguments"]}
             if f.get("description"):
                 s["description"] = f["description"]
-            if parallel:
-                s["properties"]["id"] = {"type": "string", "minLength": 4}
-                s["required"].append("id")
             calls.append(s)
         item = calls[0] if len(calls) == 1 else {"anyOf": calls}
         call = {"type": "object",
@@ -724,8 +759,7 @@ class Generic(Family):
     def grammar(self, tools, parallel, token_of, required: bool = True):
         """With required=False, a reply ({"response": ...}) is allowed too: llama.cpp
         constrains the generic format's answers always, not only where a call is due."""
-        return "start: answer\nanswer: %json " + \
-            json.dumps(self.schema(tools, parallel, required), ensure_ascii=False) + "\n"
+        return "start: answer\nanswer: " + _json(self.schema(tools, parallel, required)) + "\n"
 
 
 # -- choosing the family -------------------------------------------------------------------

@@ -17,6 +17,7 @@ from engine.text.toolcalls import (
     Hermes,
     Llama3,
     Mistral,
+    closed,
     family_of,
     json_end,
     prepare_messages,
@@ -369,8 +370,8 @@ CASES = [  # family, a call in its syntax, parallel calls, an output that is not
      '<tool_call|>',
      '<|tool_call>call:get_time{}<tool_call|>'),
     (Generic(), '{"tool_call": {"name": "get_weather", "arguments": {"city": "Paris"}}}',
-     '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}, "id": "c001"}, '
-     '{"name": "search", "arguments": ' + json.dumps(NESTED) + ', "id": "c002"}]}',
+     '{"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}, '
+     '{"name": "search", "arguments": ' + json.dumps(NESTED) + '}]}',
      '{"response": "Hello"}'),
 ]
 
@@ -391,6 +392,51 @@ def test_grammar_accepts_calls_the_parser_reads(family, one, many, wrong):
                                                 ("search", NESTED)]
     named = family.grammar([SEARCH], False, token_of)        # tool_choice names one
     assert not accepts(named, one, markers)
+
+
+@pytest.mark.parametrize("family,one,many,wrong", CASES, ids=lambda c: getattr(c, "name", ""))
+def test_call_grammars_close(family, one, many, wrong):
+    """Arguments keep to the function's schema as strict mode reads it: no key it does not
+    list, and no whitespace beyond the family's own separators, so a sampled call cannot
+    pad itself or grow keys until max_tokens runs out."""
+    SPECIAL.clear()
+    g = family.grammar([WEATHER, SEARCH], False, token_of)
+    if isinstance(family, Gemma4):              # not JSON: its shape only is constrained
+        return
+    sep = ":" if isinstance(family, GptOss) else ": "
+    city = '"city"' + sep + '"Paris"'
+    assert city in one
+    assert not accepts(g, one.replace(city, city + ("," if sep == ":" else ", ")
+                                      + '"type"' + sep + '"function"'), family.markers)
+    assert not accepts(g, one.replace(city, city.replace(sep, sep + "   ")), family.markers)
+    assert not accepts(g, one.replace(city, city.replace(sep, "\n" + sep)), family.markers)
+
+
+def test_generic_calls_take_no_model_written_id():
+    g = Generic().grammar([WEATHER], True, token_of)
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}'
+    assert accepts(g, '{"tool_calls": [' + call + '}]}', ())
+    assert not accepts(g, '{"tool_calls": [' + call + ', "id": "1234"}]}', ())
+    assert not accepts(g, '{"tool_calls": [' + call + '}], "response": "x"}', ())
+
+
+def test_closed_schema_shuts_listed_objects_only():
+    open_obj = {"type": "object"}
+    assert closed(open_obj) == open_obj                 # no properties listed: any object
+    s = {"type": "object", "properties": {
+        "a": {"type": "object", "properties": {"b": {"type": "string"}}},
+        "c": {"type": "array", "items": {"type": "object", "properties": {}}},
+        "d": {"type": "object", "properties": {}, "additionalProperties": {"type": "number"}},
+        "e": {"allOf": [{"type": "object", "properties": {"x": {}}}]}},
+        "$defs": {"p": {"type": "object", "properties": {"q": {}}}}}
+    c = closed(s)
+    assert c["additionalProperties"] is False
+    assert c["properties"]["a"]["additionalProperties"] is False
+    assert c["properties"]["c"]["items"]["additionalProperties"] is False
+    assert c["properties"]["d"]["additionalProperties"] == {"type": "number"}
+    assert "additionalProperties" not in c["properties"]["e"]["allOf"][0]
+    assert c["$defs"]["p"]["additionalProperties"] is False
+    assert "additionalProperties" not in s           # the tool's own schema is not changed
 
 
 def test_generic_streams_the_response_string():
