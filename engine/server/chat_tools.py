@@ -8,11 +8,13 @@ text turned back into `message.tool_calls`, whole or as streamed deltas.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..text.sampling import SamplingParams
 from ..text.toolcalls import (
     Family,
     Generic,
@@ -188,6 +190,16 @@ class ToolRequest:
     def limit(self, max_tokens: int) -> int:
         """The completion's token budget: bounded by CALL_TOKENS where a call is due."""
         return min(max_tokens, CALL_TOKENS) if self.choice == "required" else max_tokens
+
+    def sampling(self, s: SamplingParams) -> SamplingParams:
+        """The sampling of an answer held to the call grammar: without repetition penalties,
+        since a call repeats its own keys, quotes and brackets by design. With Ollama's
+        default repeat_penalty 1.1, SmolLM2 left a string argument open until max_tokens
+        ('"city": "London, UK}}}]}  # Use JSON format...')."""
+        if self.constraint is None:
+            return s
+        return dataclasses.replace(s, repeat_penalty=1.0, frequency_penalty=0.0,
+                                   presence_penalty=0.0)
 
     def parse(self, text: str, partial: bool = False) -> Parsed:
         if not self.parses or self.family is None:

@@ -48,7 +48,11 @@ What maps to what:
 - `format` ("json" or a JSON schema) constrains decoding as /v1's response_format does
   (engine/text/constrain.py); /api/embed and /api/embeddings are the engine's embeddings
   (pooled, normalized hidden states), as /v1/embeddings serves them.
-- images, tools, think and logprobs are refused with a message saying so.
+- `tools` on /api/chat go through the same call grammar and parsers as /v1's
+  (chat_tools.py); calls come back as `message.tool_calls` in Ollama's shape (arguments an
+  object, an id the server made), whole, in the line before the last when streamed. Role
+  "tool" messages answer the assistant's calls before them in order.
+- images, think and logprobs are refused with a message saying so.
 
 Streaming is the default, as in Ollama: one JSON object per line (application/x-ndjson), the
 last with "done": true, the timings and done_reason; an error after the first line is sent
@@ -67,6 +71,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..text.constrain import ConstraintError, Grammar
+from .chat_tools import ToolRequest, ToolStream, call_id, parse_tools
 from .errors import ApiError, bad, boolean, integer, json_response
 from .metrics import CLIENT_GONE_STATUS
 from .ollama_values import (
@@ -272,14 +277,17 @@ class OllamaRoutes:
         body = json_object(await self._body(request))
         asked = model_name(body)
         refuse_unserved(body)
+        tools = None
         if chat:
-            if body.get("tools"):
-                raise bad("tools are not supported on /api/chat in this build", "tools",
-                          "unsupported_parameter")
             messages = parse_chat_messages(body.get("messages"))
+            tools = parse_tools(body, has_tool_messages=any(
+                m["role"] == "tool" or m.get("tool_calls") for m in messages))
             empty = not messages
             truncate = boolean(body, "truncate", True)
         else:
+            if body.get("tools"):
+                raise bad("tools are taken on /api/chat (as in Ollama), not /api/generate",
+                          "tools", "unsupported_parameter")
             prompt = body.get("prompt") or ""
             system = body.get("system") or ""
             for key, v in (("prompt", prompt), ("system", system)):
@@ -311,17 +319,22 @@ class OllamaRoutes:
         slot = self._ollama_slot(asked)
         check_yield(self.engine, wait)
         constraint = None if schema is None else format_constraint(schema)
+        if tools is not None and tools.parses and constraint is not None:
+            raise bad("format and tools cannot be used together: a tool call has its own "
+                      "grammar", "format", "invalid_value")
 
         if empty:                             # Ollama's load / unload request
             return await self._load_or_unload(slot, asked, chat, keep_alive, wait)
 
         window = slot.n_ctx if opts.num_ctx is None else min(opts.num_ctx, slot.n_ctx)
         if chat:
-            ids = await self._chat_ids(slot, messages, window, truncate)
+            ids = await self._chat_ids(slot, messages, window, truncate, tools)
         else:
             ids = await self._generate_ids(slot, prompt, system, raw, context, window)
         room = window - len(ids)
         max_tokens = room if opts.num_predict <= 0 else min(opts.num_predict, room)
+        if tools is not None:
+            max_tokens = tools.limit(max_tokens)
         headers = {}
         if opts.num_ctx is not None:
             headers[NUM_CTX_HEADER] = str(window)
@@ -329,17 +342,21 @@ class OllamaRoutes:
             headers[IGNORED_HEADER] = ", ".join(opts.ignored)
         req = GenRequest(model=slot.name, messages=None, prompt=None, max_tokens=max_tokens,
                          sampling=opts.sampling, stop=opts.stop, stream=stream,
-                         include_usage=False, logit_bias=[], constraint=constraint)
+                         include_usage=False, logit_bias=[], constraint=constraint,
+                         tools=tools)
         head = {"model": asked}
 
-        def piece_obj(text: str) -> dict:
+        def piece_obj(text: str, calls: list[dict] | None = None) -> dict:
+            msg = {"role": "assistant", "content": text}
+            if calls:
+                msg["tool_calls"] = calls
             return {**head, "created_at": now_iso(),
-                    **({"message": {"role": "assistant", "content": text}} if chat
-                       else {"response": text}), "done": False}
+                    **({"message": msg} if chat else {"response": text}), "done": False}
 
-        def final_obj(out: Completion, load_s: float, text: str) -> dict:
+        def final_obj(out: Completion, load_s: float, text: str,
+                      calls: list[dict] | None = None) -> dict:
             t = out.timings
-            obj = {**piece_obj(text), "done": True,
+            obj = {**piece_obj(text, calls), "done": True,
                    "done_reason": "length" if out.finish_reason == "length" else "stop"}
             if not chat and not raw:
                 obj["context"] = list(out.prompt_tokens) + list(out.tokens)
@@ -359,27 +376,37 @@ class OllamaRoutes:
             if stream:
                 return await self._ollama_stream(request, slot, req, ids, max_tokens,
                                                   headers, piece_obj, final_obj, load_s,
-                                                  keep_alive)
+                                                  keep_alive, tools)
             out = await self._complete(request, slot, req, ids, max_tokens, None,
                                        wait=wait)
             if not (out.finish_reason == "cancelled" and _gone(request)):
                 await self._keep_alive(slot, keep_alive, headers)
         if out.finish_reason == "cancelled" and _gone(request):
             return json_response({}, CLIENT_GONE_STATUS)
-        return json_response(final_obj(out, load_s, out.text), headers=headers)
+        if tools is None or not tools.parses:
+            return json_response(final_obj(out, load_s, out.text), headers=headers)
+        p = tools.final(out.text, out.finish_reason == "length")
+        return json_response(final_obj(out, load_s, p.content, ollama_calls(p.calls)),
+                             headers=headers)
 
     async def _chat_ids(self, slot: ModelSlot, messages: list[dict], window: int,
-                        truncate: bool) -> list[int]:
-        """The conversation's tokens; the oldest messages after the system ones are dropped
-        (the last one never) until it fits the window with room for one token."""
+                        truncate: bool, tools: ToolRequest | None = None) -> list[int]:
+        """The conversation's tokens (the tools rendered, where there are some); the oldest
+        messages after the system ones are dropped (the last one never) until it fits the
+        window with room for one token."""
+        def tokens(msgs: list[dict]) -> list[int]:
+            if tools is not None:
+                return tools.prompt(self.engine, slot.name, msgs)
+            return self.engine.prompt_tokens(slot.name, messages=msgs)
+
         def work() -> tuple[list[int], int]:
             system = [m for m in messages if m["role"] == "system"]
             rest = [m for m in messages if m["role"] != "system"]
-            ids = self.engine.prompt_tokens(slot.name, messages=messages)
+            ids = tokens(messages)
             dropped = 0
             while truncate and len(ids) >= window and dropped < len(rest) - 1:
                 dropped += 1
-                ids = self.engine.prompt_tokens(slot.name, messages=system + rest[dropped:])
+                ids = tokens(system + rest[dropped:])
             return ids, dropped
         ids, _ = await self._tokens(slot, work, "messages")
         if len(ids) >= window:
@@ -474,7 +501,11 @@ class OllamaRoutes:
     async def _ollama_stream(self, request: web.Request, slot: ModelSlot, req, ids: list[int],
                              max_tokens: int, headers: dict, piece_obj: Callable,
                              final_obj: Callable, load_s: float,
-                             keep_alive: float | None) -> web.StreamResponse:
+                             keep_alive: float | None,
+                             tools: ToolRequest | None = None) -> web.StreamResponse:
+        """Pieces of text as they come. With tools, content streams as it is known not to
+        start a call, and the calls come whole in one line before the last, as Ollama
+        sends them."""
         from aiohttp import web
 
         loop = asyncio.get_running_loop()
@@ -487,10 +518,17 @@ class OllamaRoutes:
         async def send(obj: dict) -> None:
             await resp.write((json.dumps(obj, ensure_ascii=False) + "\n").encode())
 
+        parsing = ToolStream(tools) if tools is not None and tools.parses else None
+
         async def pump() -> None:
             try:
                 while (piece := await pieces.get()) is not None:
-                    await send(piece_obj(piece))
+                    if parsing is None:
+                        await send(piece_obj(piece))
+                        continue
+                    for d in parsing.feed(piece):
+                        if d.get("content"):
+                            await send(piece_obj(d["content"]))
             except ConnectionError:
                 cancel.set()
                 raise
@@ -509,6 +547,12 @@ class OllamaRoutes:
                 self._left.add(id(request))
                 return resp
             await self._keep_alive(slot, keep_alive)
+            if parsing is not None:
+                rest, _ = parsing.finish(out.finish_reason == "length")
+                text = "".join(d.get("content", "") for d in rest)
+                calls = tools.final(parsing.text, out.finish_reason == "length").calls
+                if text or calls:
+                    await send(piece_obj(text, ollama_calls(calls)))
             await send(final_obj(out, load_s, ""))
             await resp.write_eof()
         except ApiError as exc:                # the headers are sent: report in the stream
@@ -585,6 +629,13 @@ class OllamaRoutes:
                 if lists else []
             await self._keep_alive(slot, keep_alive)
         return vectors, sum(map(len, lists)), load_s
+
+
+def ollama_calls(calls) -> list[dict]:
+    """Calls in Ollama's shape: arguments as an object; the id is the server's."""
+    return [{"id": call_id(), "function": {"index": i, "name": c.name,
+                                           "arguments": json.loads(c.arguments)}}
+            for i, c in enumerate(calls)]
 
 
 def _gone(request: web.Request) -> bool:

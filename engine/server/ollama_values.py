@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import re
@@ -12,12 +13,13 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from ..text.sampling import SamplingError, SamplingParams
+from .chat_tools import call_id
 from .errors import bad, integer, number, show
 
 # Ollama's defaults for what a request leaves out (its Modelfile documentation)
 OLLAMA_SAMPLING = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, min_p=0.0,
                                  repeat_penalty=1.1, repeat_last_n=64)
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 # -- names ---------------------------------------------------------------------------------
@@ -155,19 +157,20 @@ def parse_format(v: Any) -> dict | None:
 
 
 def parse_chat_messages(v: Any) -> list[dict]:
+    """Ollama's messages as the OpenAI routes hold them. An assistant's tool_calls carry
+    their arguments as objects and no ids; a role "tool" message (its `tool_name` optional)
+    answers the calls before it in order, so each gets the id of the call it answers."""
     if v is None:
         return []
     if not isinstance(v, list):
         raise bad("messages must be a list", "messages", "invalid_type")
-    out = []
+    out: list[dict] = []
+    pending: list[str] = []                     # ids of calls not yet answered, in order
     for i, m in enumerate(v):
         p = f"messages[{i}]"
         if not isinstance(m, dict):
             raise bad(f"{p} must be an object", p, "invalid_type")
         role = m.get("role")
-        if role == "tool" or m.get("tool_calls"):
-            raise bad(f"{p}: tool calls are not supported on /api/chat", p,
-                      "unsupported_parameter")
         if role not in ROLES:
             raise bad(f"{p}.role must be one of {', '.join(ROLES)}, got {show(role)}",
                       f"{p}.role", "invalid_value")
@@ -179,8 +182,38 @@ def parse_chat_messages(v: Any) -> list[dict]:
             content = ""
         if not isinstance(content, str):
             raise bad(f"{p}.content must be a string", f"{p}.content", "invalid_type")
-        out.append({"role": role, "content": content})
+        msg: dict = {"role": role, "content": content}
+        if role == "assistant" and m.get("tool_calls"):
+            msg["tool_calls"] = [_call(c, f"{p}.tool_calls[{k}]")
+                                 for k, c in enumerate(_list(m["tool_calls"], p))]
+            pending = [c["id"] for c in msg["tool_calls"]]
+        elif role == "tool":
+            msg["tool_call_id"] = pending.pop(0) if pending else call_id()
+            name = m.get("tool_name", m.get("name"))
+            if isinstance(name, str) and name:
+                msg["name"] = name
+        out.append(msg)
     return out
+
+
+def _list(v: Any, p: str) -> list:
+    if not isinstance(v, list):
+        raise bad(f"{p}.tool_calls must be a list", f"{p}.tool_calls", "invalid_type")
+    return v
+
+
+def _call(c: Any, p: str) -> dict:
+    f = c.get("function") if isinstance(c, dict) else None
+    if not isinstance(f, dict) or not isinstance(f.get("name"), str) \
+            or not isinstance(f.get("arguments", {}), (dict, str)):
+        raise bad(f"{p} must be {{\"function\": {{\"name\": ..., \"arguments\": {{...}}}}}}", p,
+                  "invalid_value")
+    args = f.get("arguments", {})
+    cid = c.get("id")
+    return {"id": cid if isinstance(cid, str) and cid else call_id(), "type": "function",
+            "function": {"name": f["name"],
+                         "arguments": args if isinstance(args, str) else
+                         json.dumps(args, ensure_ascii=False)}}
 
 
 def model_name(body: dict) -> str:

@@ -392,7 +392,8 @@ class OpenAIRoutes:
         self._cancels.add(cancel)
         fut = asyncio.ensure_future(self._run(
             self.engine.generate, slot.name, tokens=ids, max_tokens=max_tokens,
-            sampling=req.sampling, stop=req.stop, on_text=on_text, cancel=cancel,
+            sampling=req.sampling if req.tools is None else req.tools.sampling(req.sampling),
+            stop=req.stop, on_text=on_text, cancel=cancel,
             **({} if wait is None else {"wait": wait}),
             **({} if req.logprobs is None else {"logprobs": req.logprobs}),
             **({"preserved_tokens": req.tools.preserved} if req.tools is not None else {}),

@@ -377,6 +377,54 @@ def test_format_constrains_the_answer_to_the_schema(client):
     assert isinstance(json.loads(text), dict)
 
 
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+USE_TOOL = [{"role": "user", "content": "Use the get_weather tool to find the weather in Paris."}]
+
+
+def test_chat_tools_loop_with_the_ollama_client(client):
+    """The ollama client's tool loop: a call in Ollama's shape (arguments an object), the
+    same streamed, then the tool's result back and an answer in words."""
+    r = client.chat(model="smollm2", messages=USE_TOOL, tools=[WEATHER],
+                    options={"temperature": 0, "num_predict": 64})
+    calls = r.message.tool_calls
+    assert r.done_reason == "stop" and not r.message.content, r.message
+    assert [(c.function.name, dict(c.function.arguments)) for c in calls] == \
+        [("get_weather", {"city": "Paris"})]
+    parts = list(client.chat(model="smollm2", messages=USE_TOOL, tools=[WEATHER], stream=True,
+                             options={"temperature": 0, "num_predict": 64}))
+    streamed = [c for p in parts for c in (p.message.tool_calls or [])]
+    assert [(c.function.name, dict(c.function.arguments)) for c in streamed] == \
+        [("get_weather", {"city": "Paris"})]
+    assert "".join(p.message.content or "" for p in parts) == "" and parts[-1].done
+    msgs = USE_TOOL + [r.message, {"role": "tool", "content": "18 C, clear",
+                                   "tool_name": "get_weather"}]
+    final = client.chat(model="smollm2", messages=msgs,
+                        options={"temperature": 0, "num_predict": 128})
+    assert final.done_reason == "stop" and final.message.content.strip()
+    assert not final.message.tool_calls
+
+
+def test_tool_results_answer_the_calls_before_them_in_order():
+    """Ollama's messages carry no call ids: each tool result takes the id of the call it
+    answers, in order, and arguments (objects in Ollama) become OpenAI's JSON text."""
+    from engine.server.ollama_values import parse_chat_messages
+
+    msgs = parse_chat_messages(USE_TOOL + [
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+            {"function": {"name": "get_weather", "arguments": {"city": "Tokyo"}}}]},
+        {"role": "tool", "content": "18 C", "tool_name": "get_weather"},
+        {"role": "tool", "content": "25 C"}])
+    calls = msgs[1]["tool_calls"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == \
+        [{"city": "Paris"}, {"city": "Tokyo"}]
+    assert [m["tool_call_id"] for m in msgs[2:]] == [c["id"] for c in calls]
+    assert msgs[2]["name"] == "get_weather" and "name" not in msgs[3]
+
+
 def test_embed_gives_unit_vectors_and_equal_texts_equal_vectors(client):
     r = client.embed(model="smollm2", input=["Paris is in France.", "Paris is in France.",
                                              "Cats sleep a lot."])
@@ -395,8 +443,16 @@ def test_embed_gives_unit_vectors_and_equal_texts_equal_vectors(client):
     ("/api/chat", {"model": "smollm2", "messages": [{"role": "robot", "content": "x"}]},
      400, "messages[0].role"),
     ("/api/chat", {"model": "smollm2", "messages": QUESTION, "think": True}, 400, "think"),
+    ("/api/generate", {"model": "smollm2", "prompt": "x",
+                       "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+    ("/api/chat", {"model": "smollm2", "messages": QUESTION, "format": "json",
+                   "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "format"),
     ("/api/chat", {"model": "smollm2", "messages": QUESTION,
-                   "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "tools"),
+                   "tools": [{"type": "function", "function": {"name": 5}}]}, 400, "tools[0]"),
+    ("/api/chat", {"model": "smollm2", "messages": [
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f",
+                                                                          "arguments": 3}}]}]},
+     400, "messages[0].tool_calls[0]"),
     ("/api/chat", {"model": "smollm2", "messages": QUESTION,
                    "options": {"temperature": "hot"}}, 400, "options.temperature"),
     ("/api/chat", {"model": "smollm2", "messages": QUESTION,
