@@ -103,10 +103,11 @@ class Access:
             return
         given = request.headers.get("Authorization", "")
         scheme, _, token = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                 self.api_key.encode()):
-            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)",
-                           None, "invalid_api_key")
+        if scheme.lower() != "bearer":          # Anthropic's clients send x-api-key
+            token = request.headers.get("x-api-key", "")
+        if not token or not hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(401, "missing or wrong API key (Authorization: Bearer KEY, or "
+                                "x-api-key: KEY)", None, "invalid_api_key")
 
     def _cors_origin(self, request: web.Request) -> str | None:
         origin = request.headers.get("Origin")

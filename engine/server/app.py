@@ -16,7 +16,8 @@ Before any route, access.py refuses a Host the server does not answer to, a brow
 not allowed with --cors-origin (403) and a body that is not JSON (415), then checks the API
 key. Idle keep-alive connections close after KEEPALIVE_S.
 
-The routes live by API: openai.py (/v1), manage.py (/api), ollama.py (Ollama's /api), with
+The routes live by API: openai.py (/v1), responses.py (/v1/responses), anthropic.py
+(/v1/messages, in Anthropic's error shape), manage.py (/api), ollama.py (Ollama's /api), with
 access.py (Host, Origin, body type, the API key, CORS), errors.py, metrics.py and slots.py (a
 model's queue); this module holds what they share and imports them, never the other way
 round.
@@ -39,6 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..facade import EngineFault
 from ..residency.loop import NonFiniteLogits
 from ..residency.arbiter import BudgetError
+from . import anthropic
 from .access import Access, WILDCARD_BINDS, allowed_host_names
 from .embeddings import EmbeddingRoutes
 from .errors import ApiError, bad, device_fault, json_response, over_budget
@@ -62,8 +64,8 @@ MAX_BODY = 4 << 20                       # bytes of request body; more is a 413
 KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
 
 
-class Server(OpenAIRoutes, ResponsesRoutes, EmbeddingRoutes, ManagementRoutes, ArenaRoutes,
-             OllamaRoutes, Access):
+class Server(OpenAIRoutes, ResponsesRoutes, anthropic.MessagesRoutes, EmbeddingRoutes,
+             ManagementRoutes, ArenaRoutes, OllamaRoutes, Access):
     """The routes' handlers and what they share: the engine, the model queues, the metrics."""
 
     def __init__(self, engine: Engine, api_key: str | None = None,
@@ -95,6 +97,8 @@ class Server(OpenAIRoutes, ResponsesRoutes, EmbeddingRoutes, ManagementRoutes, A
             ("POST", "/v1/completions", self.completions),
             ("POST", "/v1/embeddings", self.embeddings),
             ("POST", "/v1/responses", self.responses),
+            ("POST", "/v1/messages", self.messages),
+            ("POST", "/v1/messages/count_tokens", self.messages_count_tokens),
             ("GET", "/api/models", self.api_models),
             ("POST", "/api/models", self.api_load),
             ("DELETE", "/api/models/{name}", self.api_unload),
@@ -180,8 +184,11 @@ class Server(OpenAIRoutes, ResponsesRoutes, EmbeddingRoutes, ManagementRoutes, A
             return self._error(request, ApiError(500, f"internal error: {exc}"))
 
     def _error(self, request: web.Request, err: ApiError) -> web.Response:
-        """The error response, in Ollama's shape on its routes, else in OpenAI's."""
-        body = error_body(err) if is_ollama_path(request.path) else err.body()
+        """The error response, in Ollama's or Anthropic's shape on their routes, else in
+        OpenAI's."""
+        body = error_body(err) if is_ollama_path(request.path) else \
+            anthropic.error_body(err) if anthropic.is_anthropic_path(request.path) else \
+            err.body()
         return json_response(body, err.status, err.headers)
 
     # -- helpers ------------------------------------------------------------------------------
