@@ -5,11 +5,6 @@ in the API's shape."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import threading
 import urllib.error
 import urllib.request
 
@@ -18,8 +13,7 @@ import jsonschema
 import openai
 import pytest
 
-from tests.conftest import ROOT
-from tests.engine.server.test_access import SERVING
+from tests.helpers.served import served
 
 pytestmark = pytest.mark.gpu
 
@@ -34,29 +28,8 @@ USE_TOOL = [{"role": "user", "content": "Use the get_weather tool to find the we
 
 @pytest.fixture(scope="module")
 def base(smollm2_path):
-    env = {k: v for k, v in os.environ.items() if k != "HOTSEAT_API_KEY"}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", "0",
-                             "--ctx", "1024", "--api-key", KEY, "-m", smollm2_path],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env=env)
-    watchdog = threading.Timer(240, proc.kill)
-    watchdog.start()
-    try:
-        line = proc.stdout.readline().strip()
-    finally:
-        watchdog.cancel()
-    m = SERVING.match(line)
-    try:
-        assert m is not None, (line, proc.stderr.read() if proc.poll() is not None else "")
-        yield f"http://127.0.0.1:{m.group(3)}"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with served("--ctx", "1024", "--api-key", KEY, "-m", smollm2_path) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
