@@ -3,7 +3,7 @@
 
     eng = Engine()                       # opens the Vulkan device
     name = eng.load(path)                # weights uploaded, graphs recorded on first use
-    out = eng.generate(name, prompt="...", max_tokens=64, sampling=SamplingParams(0))
+    out = eng.generate(Request(name, prompt="...", max_tokens=64, sampling=SamplingParams(0)))
     eng.status()                         # models and their device bytes by kind
     eng.close()
 
@@ -40,7 +40,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from .facade import Completion, Embeddings, EngineFault, ModelExists, TokenLogprob
+from .facade import Completion, Embeddings, EngineFault, ModelExists, Request, TokenLogprob
 from .formats.gguf_file import ModelFileError
 from .gpu import vk
 from .gpu.kernels import KernelCache
@@ -58,7 +58,7 @@ from .residency.loop import Cancelled, Timings
 from .residency.model import Model, default_flash_attn
 from .residency.turns import ARENA_SLICE_S, EngineThread, Turns
 from .text.chat import ChatTemplate
-from .text.constrain import Constraint, Grammar
+from .text.constrain import Constraint
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
 
@@ -680,31 +680,26 @@ class Engine:
     def chat_template(self, name: str | None = None) -> ChatTemplate:
         return self._get(name).chat
 
-    def generate(self, name: str | None = None, prompt: str | None = None,
-                 messages: list[dict] | None = None, tokens: list[int] | None = None,
-                 max_tokens: int = 128, sampling: SamplingParams | None = None,
-                 stop: list[str] = (), on_text: Callable[[str], None] | None = None,
-                 cancel: threading.Event | None = None,
-                 wait: float | None = None, logprobs: int | None = None,
-                 preserved_tokens=(), constraint: Grammar | None = None) -> Completion:
-        """One request, run on the engine thread as one job; on_text is called there.
-        wait: with an arena, the most seconds to wait for the GPU (another process's turn,
-        a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20
-        alternatives per token (the facade's generate says how they come). constraint: a
-        grammar the output must follow (text.constrain)."""
+    def generate(self, request: Request, on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> Completion:
+        """One request, run on the engine thread as one job; on_text is called there (the
+        facade's generate says how)."""
+        r = request
+        name, logprobs, stop, constraint = r.name, r.logprobs, list(r.stop), r.constraint
         if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
                                      or not 0 <= logprobs <= TOP_LOGPROBS):
             raise ValueError(f"logprobs must be an integer from 0 to {TOP_LOGPROBS}, "
                              f"got {logprobs!r}")
         m = self._get(name)
-        prompt_ids = tokens if tokens is not None else self.prompt_tokens(name, prompt, messages)
+        prompt_ids = r.tokens if r.tokens is not None else \
+            self.prompt_tokens(name, r.prompt, r.messages)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if len(prompt_ids) >= m.model.n_ctx:
             raise ValueError(f"the prompt has {len(prompt_ids)} tokens; the context holds "
                              f"{m.model.n_ctx}")
-        max_tokens = max(0, min(int(max_tokens), m.model.n_ctx - len(prompt_ids)))
-        params = sampling or SamplingParams()
+        max_tokens = max(0, min(int(r.max_tokens), m.model.n_ctx - len(prompt_ids)))
+        params = r.sampling or SamplingParams()
         cancel = cancel if cancel is not None else threading.Event()
         t0 = time.perf_counter()
         turns = self.turns
@@ -724,7 +719,7 @@ class Engine:
                 return loop.request(m.model, m.tokenizer, prompt_ids, max_tokens, sampler,
                                     stop, on_text, cancel, turn,
                                     None if logprobs is None else entries,
-                                    frozenset(preserved_tokens), grammar)
+                                    frozenset(r.preserved_tokens), grammar)
             except Cancelled:          # the client left during the prompt or a wait for the GPU
                 return [], "", "cancelled", Timings()
             finally:
@@ -750,7 +745,7 @@ class Engine:
             for attempt in range(2):
                 try:
                     out, text, finish, timings = self._job(f"generate {m.name}", job,
-                                                           wait=wait)
+                                                           wait=r.wait)
                     break
                 except EngineFault as exc:
                     # the models were reset from their host copies: a request that has

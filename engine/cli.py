@@ -10,6 +10,7 @@ import json
 import os
 import sys
 
+from .facade import Request
 from .args import (
     add_arena_arguments,
     add_cpu_moe_argument,
@@ -96,9 +97,9 @@ def cmd_generate(args) -> int:
     try:
         messages = [{"role": "user", "content": args.prompt}] if args.chat else None
         stream = None if args.json else (lambda s: (sys.stdout.write(s), sys.stdout.flush()))
-        out = eng.generate(name, prompt=None if args.chat else args.prompt, messages=messages,
-                           max_tokens=args.n, sampling=_sampling(args), stop=args.stop or (),
-                           on_text=stream)
+        out = eng.generate(Request(name, prompt=None if args.chat else args.prompt,
+                                   messages=messages, max_tokens=args.n, sampling=_sampling(args),
+                                   stop=args.stop or ()), on_text=stream)
     finally:
         eng.close()
     if args.json:
@@ -127,6 +128,13 @@ def cmd_swap_bench(args) -> int:
     from .tools.swapbench import run_swap_bench
 
     return run_swap_bench(args)
+
+
+def cmd_serve(args) -> int:
+    from .api import Engine
+    from .server.serve import cmd_serve as serve
+
+    return serve(args, Engine)
 
 
 def cmd_kernel_bench(args) -> int:
@@ -223,7 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
     kb.set_defaults(func=cmd_kernel_bench)
 
     from .server import serve as _serve
-    add_flash_attn_argument(_serve.add_parser(sub, model_help))
+    serve = _serve.add_parser(sub, model_help)
+    add_flash_attn_argument(serve)
+    serve.set_defaults(func=cmd_serve)
     from .tools import yield_gpu
     yield_gpu.add_parser(sub)
     from .tools import check as _check

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 
 class ModelExists(ValueError):
@@ -32,6 +32,25 @@ class EngineFault(RuntimeError):
         self.lost = lost
         if lost:
             self.code = "device_lost"
+
+
+@dataclass
+class Request:
+    """One generation, as generate() takes it: the model, the prompt (text, chat messages or
+    token ids: one of the three) and how to answer, in one typed place."""
+    name: str | None = None                 # None: the only model loaded
+    prompt: str | None = None
+    messages: list[dict] | None = None
+    tokens: list[int] | None = None
+    max_tokens: int = 128                   # at most; the context's room bounds it too
+    sampling: Any = None                    # text.sampling.SamplingParams; None: its defaults
+    stop: Sequence[str] = ()                # stop strings, cut from the answer
+    logprobs: int | None = None             # 0..20 alternatives with each token; None: none
+    preserved_tokens: Sequence[int] = ()    # control tokens whose text is kept (call markers)
+    constraint: Any = None                  # a text.constrain.Grammar the answer follows
+    wait: float | None = None               # the most seconds to wait for the GPU (another
+                                            # process's turn, a yield) before ArenaBusy;
+                                            # None waits as long as it takes
 
 
 @dataclass
@@ -161,20 +180,12 @@ class EngineAPI(Protocol):
         """The model's ChatTemplate (engine/text/chat.py): tool calling reads its source
         and renders tools with it."""
 
-    def generate(self, name: str | None = None, prompt: str | None = None,
-                 messages: list[dict] | None = None, tokens: list[int] | None = None,
-                 max_tokens: int = 128, sampling=None, stop: list[str] = (),
-                 on_text: Callable[[str], None] | None = None,
-                 cancel: threading.Event | None = None,
-                 wait: float | None = None, logprobs: int | None = None,
-                 preserved_tokens=(), constraint=None) -> Completion:
-        """One request. wait: the most seconds to wait for the GPU (another process's turn,
-        a yield) before ArenaBusy; None waits as long as it takes. logprobs: 0..20, the
-        alternatives to give with each token's log-probability (Completion.logprobs); with
-        it, on_text is called as on_text(piece, [TokenLogprob]) with the tokens since the
-        last piece. preserved_tokens: control token ids whose text is kept in the output
-        (tool-call markers such as [TOOL_CALLS]). constraint: a text.constrain.Grammar the
-        output must follow (a JSON schema, a grammar), or None."""
+    def generate(self, request: Request, on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> Completion:
+        """One request (Request says what it holds). on_text(piece) gets the answer as it
+        comes; with request.logprobs it is called as on_text(piece, [TokenLogprob]) with the
+        tokens since the last piece. cancel set: the answer stops at its next token
+        (finish_reason "cancelled")."""
 
     def embed(self, name: str | None, inputs: list, pooling: str | None = None,
               cancel: threading.Event | None = None,

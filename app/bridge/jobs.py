@@ -6,6 +6,8 @@ import os
 import threading
 import time
 
+from engine.facade import Request
+
 from ..activity import Op
 from ..errors import describe, summary_of
 from .messages import NoEngine, WontRun, load_message, rate_text, sizes_text
@@ -107,8 +109,8 @@ class ModelJobs:
         from engine.text.sampling import SamplingParams
 
         try:
-            out = self._need_engine().generate(name, prompt=prompt, max_tokens=max_tokens,
-                                               sampling=SamplingParams(temperature=0.0))
+            out = self._need_engine().generate(Request(name, prompt=prompt, max_tokens=max_tokens,
+                                                       sampling=SamplingParams(temperature=0.0)))
         except (KeyError, ValueError, NoEngine) as exc:
             self.error.emit(*describe(exc))
             return
@@ -129,8 +131,8 @@ class ModelJobs:
         try:
             eng = self._need_engine()
             self.activity.start(op)
-            out = eng.generate(name, messages=messages, max_tokens=max_tokens,
-                               sampling=SamplingParams(temperature=temperature),
+            out = eng.generate(Request(name, messages=messages, max_tokens=max_tokens,
+                                       sampling=SamplingParams(temperature=temperature)),
                                on_text=on_text, cancel=cancel)
         except Exception as exc:
             info["error"] = summary_of(exc)

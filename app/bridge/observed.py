@@ -12,7 +12,7 @@ import inspect
 import threading
 from typing import Callable, Protocol
 
-from engine.facade import Completion, EngineAPI
+from engine.facade import Completion, EngineAPI, Request
 
 from .messages import rate_text
 
@@ -53,13 +53,9 @@ class ObservedEngine:
     def device_name(self) -> str:
         return self._engine.device_name
 
-    def generate(self, name: str | None = None, prompt: str | None = None,
-                 messages: list[dict] | None = None, tokens: list[int] | None = None,
-                 max_tokens: int = 128, sampling=None, stop: list[str] = (),
-                 on_text: Callable[[str], None] | None = None,
-                 cancel: threading.Event | None = None,
-                 wait: float | None = None, logprobs: int | None = None,
-                 preserved_tokens=(), constraint=None) -> Completion:
+    def generate(self, request: Request, on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> Completion:
+        name = request.name
         b = self._bridge
         op = b.activity.begin(name or "?", "generate", "endpoint")
         b.activity.start(op)
@@ -69,12 +65,7 @@ class ObservedEngine:
             if on_text is not None:
                 on_text(text, *entries)
         try:
-            out = self._engine.generate(name, prompt=prompt, messages=messages, tokens=tokens,
-                                        max_tokens=max_tokens, sampling=sampling, stop=stop,
-                                        on_text=counted, cancel=cancel, wait=wait,
-                                        logprobs=logprobs,
-                                        preserved_tokens=preserved_tokens,
-                                        constraint=constraint)
+            out = self._engine.generate(request, on_text=counted, cancel=cancel)
         finally:
             b.activity.end(op)
         b.log(f"Endpoint: {len(out.tokens)} tokens from {name}{rate_text(out.timings)}")

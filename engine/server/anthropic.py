@@ -18,7 +18,6 @@ Nothing is stored; calls run the way chat completions run them (chat_tools.py).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import threading
@@ -33,7 +32,7 @@ from .slots import queued
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from ..api import Completion
+    from ..facade import Completion
     from .slots import ModelSlot
 
 PATHS = ("/v1/messages", "/v1/messages/count_tokens")
@@ -234,12 +233,9 @@ class MessagesRoutes:
         slot = self._slot(req.model)
         check_yield(self.engine, wait)
         ids = await self._prompt_ids(slot, req)
-        room = slot.n_ctx - len(ids)
-        if req.max_tokens > room:
-            raise bad(f"max_tokens is too large: {req.max_tokens}. The context of "
-                      f"{slot.name!r} ({slot.n_ctx} tokens) holds at most {room} output tokens "
-                      f"after the {len(ids)} of the messages.", "max_tokens", "invalid_value")
-        max_tokens = req.max_tokens if req.tools is None else req.tools.limit(req.max_tokens)
+        max_tokens = slot.room(len(ids), req.max_tokens, "max_tokens", "messages")
+        if req.tools is not None:
+            max_tokens = req.tools.limit(max_tokens)
         base = {"id": "msg_" + secrets.token_hex(12), "type": "message", "role": "assistant",
                 "model": slot.name}
         async with queued(slot, self.turn):
@@ -283,8 +279,6 @@ class MessagesRoutes:
                                base: dict) -> web.StreamResponse:
         from aiohttp import web
 
-        loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
@@ -324,29 +318,15 @@ class MessagesRoutes:
                     await event("content_block_delta", index=block["index"],
                                 delta={"type": "input_json_delta", "partial_json": args})
 
-        async def pump() -> None:
-            try:
-                while (piece := await pieces.get()) is not None:
-                    for delta in (tools.feed(piece) if tools else [{"content": piece}]):
-                        await apply(delta)
-            except ConnectionError:
-                cancel.set()
-                raise
+        async def write(piece: str, _entries) -> None:
+            for delta in (tools.feed(piece) if tools else [{"content": piece}]):
+                await apply(delta)
 
-        def on_text(piece: str) -> None:        # on the worker thread
-            loop.call_soon_threadsafe(pieces.put_nowait, piece)
-
-        writer = None
         try:
             await event("message_start", message={
                 **base, "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": len(ids), "output_tokens": 0}})
-            writer = asyncio.ensure_future(pump())
-            try:
-                out = await self._complete(request, slot, req, ids, max_tokens, on_text, cancel)
-            finally:
-                pieces.put_nowait(None)
-            await writer
+            out = await self._pumped(request, slot, req, ids, max_tokens, write, cancel)
             if out.finish_reason == "cancelled" and _gone(request):
                 self._left.add(id(request))
                 return resp
@@ -363,8 +343,6 @@ class MessagesRoutes:
             await resp.write_eof()
         except ApiError as exc:                 # the headers are sent: report in the stream
             try:
-                if writer is not None:
-                    await writer
                 await event("error", error=error_body(exc)["error"])
                 await resp.write_eof()
             except ConnectionError:
@@ -372,7 +350,4 @@ class MessagesRoutes:
         except ConnectionError:
             cancel.set()
             self._left.add(id(request))
-        finally:
-            if writer is not None and not writer.done():
-                writer.cancel()
         return resp

@@ -56,7 +56,7 @@ from .turns import ArenaRoutes
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from ..api import Engine
+    from ..facade import EngineAPI
 
 log = logging.getLogger("hotseat.serve")
 
@@ -68,7 +68,7 @@ class Server(OpenAIRoutes, ResponsesRoutes, anthropic.MessagesRoutes, EmbeddingR
              ManagementRoutes, ArenaRoutes, OllamaRoutes, Access):
     """The routes' handlers and what they share: the engine, the model queues, the metrics."""
 
-    def __init__(self, engine: Engine, api_key: str | None = None,
+    def __init__(self, engine: EngineAPI, api_key: str | None = None,
                  cors_origins: list[str] | tuple[str, ...] = (), max_body: int = MAX_BODY,
                  host: str = "127.0.0.1", allow_hosts: list[str] | tuple[str, ...] = ()):
         self.engine = engine
@@ -241,7 +241,7 @@ class Server(OpenAIRoutes, ResponsesRoutes, anthropic.MessagesRoutes, EmbeddingR
 
 
 
-def make_app(engine: Engine, model_names: list[str], *, api_key: str | None = None,
+def make_app(engine: EngineAPI, model_names: list[str], *, api_key: str | None = None,
              cors_origins: list[str] | tuple[str, ...] = (), max_body: int = MAX_BODY,
              host: str = "127.0.0.1", allow_hosts: list[str] | tuple[str, ...] = (),
              keepalive_s: float = KEEPALIVE_S) -> web.Application:

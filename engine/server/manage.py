@@ -32,7 +32,7 @@ class ManagementRoutes:
                               "arena": await self._run(_arena_status, self.engine)})
 
     async def api_load(self, request: web.Request) -> web.Response:
-        from ..api import ModelExists
+        from ..facade import ModelExists
         from ..formats.bundled import resolve
         from ..formats.gguf_file import ModelFileError
         from ..residency.model import PlacementError

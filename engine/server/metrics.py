@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..api import Completion
+    from ..facade import Completion
     from .slots import ModelSlot
 
 

@@ -60,7 +60,6 @@ as a last line `{"error": "..."}`.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import math
@@ -97,7 +96,7 @@ from .slots import queued
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from ..api import Completion
+    from ..facade import Completion
     from .slots import ModelSlot
 
 log = logging.getLogger("hotseat.serve")
@@ -331,7 +330,7 @@ class OllamaRoutes:
             ids = await self._chat_ids(slot, messages, window, truncate, tools)
         else:
             ids = await self._generate_ids(slot, prompt, system, raw, context, window)
-        room = window - len(ids)
+        room = slot.room(len(ids), window=window)     # num_predict is cut to it, as Ollama does
         max_tokens = room if opts.num_predict <= 0 else min(opts.num_predict, room)
         if tools is not None:
             max_tokens = tools.limit(max_tokens)
@@ -508,8 +507,6 @@ class OllamaRoutes:
         sends them."""
         from aiohttp import web
 
-        loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
         resp = web.StreamResponse(headers={"Content-Type": NDJSON, "Cache-Control": "no-cache",
                                            **headers})
@@ -520,29 +517,16 @@ class OllamaRoutes:
 
         parsing = ToolStream(tools) if tools is not None and tools.parses else None
 
-        async def pump() -> None:
-            try:
-                while (piece := await pieces.get()) is not None:
-                    if parsing is None:
-                        await send(piece_obj(piece))
-                        continue
-                    for d in parsing.feed(piece):
-                        if d.get("content"):
-                            await send(piece_obj(d["content"]))
-            except ConnectionError:
-                cancel.set()
-                raise
+        async def write(piece: str, _entries) -> None:
+            if parsing is None:
+                await send(piece_obj(piece))
+                return
+            for d in parsing.feed(piece):
+                if d.get("content"):
+                    await send(piece_obj(d["content"]))
 
-        def on_text(piece: str) -> None:      # on the worker thread
-            loop.call_soon_threadsafe(pieces.put_nowait, piece)
-
-        writer = asyncio.ensure_future(pump())
         try:
-            try:
-                out = await self._complete(request, slot, req, ids, max_tokens, on_text, cancel)
-            finally:
-                pieces.put_nowait(None)
-            await writer
+            out = await self._pumped(request, slot, req, ids, max_tokens, write, cancel)
             if out.finish_reason == "cancelled" and _gone(request):
                 self._left.add(id(request))
                 return resp
@@ -557,7 +541,6 @@ class OllamaRoutes:
             await resp.write_eof()
         except ApiError as exc:                # the headers are sent: report in the stream
             try:
-                await writer
                 await send(error_body(exc))
                 await resp.write_eof()
             except ConnectionError:
@@ -565,9 +548,6 @@ class OllamaRoutes:
         except ConnectionError:
             cancel.set()
             self._left.add(id(request))
-        finally:
-            if not writer.done():
-                writer.cancel()
         return resp
 
     # -- embeddings ---------------------------------------------------------------------------

@@ -16,9 +16,9 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
-from ..facade import EngineFault
+from ..facade import EngineFault, Request
 from ..residency.arbiter import BudgetError
 from ..text.constrain import ConstraintError
 from ..text.sampling import BAN, SamplingError, SamplingParams
@@ -42,7 +42,7 @@ from .structured import parse_constraint
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from ..api import Completion
+    from ..facade import Completion
     from .slots import ModelSlot
 
 log = logging.getLogger("hotseat.serve")
@@ -177,6 +177,19 @@ class GenRequest:
     logprobs: int | None = None           # alternatives per token (logprobs.py); None: none
     tools: ToolRequest | None = None      # tools, tool_choice, tool messages (chat_tools.py)
     constraint: Any = None                # a text.constrain.Grammar (structured.py)
+
+    def engine_request(self, name: str, ids: list[int], max_tokens: int,
+                       wait: float | None = None) -> Request:
+        """What the engine runs for it: the prompt's tokens, and where a call is due, the
+        call grammar, its markers kept and its sampling (ToolRequest.sampling)."""
+        tools = self.tools
+        constraint = self.constraint if self.constraint is not None or tools is None \
+            else tools.constraint
+        return Request(name, tokens=ids, max_tokens=max_tokens,
+                       sampling=self.sampling if tools is None else tools.sampling(self.sampling),
+                       stop=self.stop, logprobs=self.logprobs, constraint=constraint,
+                       preserved_tokens=tools.preserved if tools is not None else (),
+                       wait=wait)
 
 
 def parse_request(body: Any, chat: bool) -> GenRequest:
@@ -329,22 +342,15 @@ class OpenAIRoutes:
                 raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
                                "model_not_found") from None
         ids = await self._prompt_ids(slot, req)
-        room = slot.n_ctx - len(ids)
+        room = slot.room(len(ids), req.max_tokens, req.max_tokens_param,
+                         "messages" if chat else "prompt")
         headers = {}
+        max_tokens = room if req.tools is None else req.tools.limit(room)
         if req.max_tokens is None:            # the server's choice: limited to the room left
-            max_tokens = room if chat else min(COMPLETIONS_DEFAULT_MAX_TOKENS, room)
-            if req.tools is not None:
-                max_tokens = req.tools.limit(max_tokens)
+            if not chat:
+                max_tokens = min(COMPLETIONS_DEFAULT_MAX_TOKENS, max_tokens)
             if max_tokens == room or max_tokens == CALL_TOKENS:
                 headers[MAX_TOKENS_HEADER] = str(max_tokens)
-        elif req.max_tokens > room:           # the client's: refused, as OpenAI does
-            raise bad(f"{req.max_tokens_param} is too large: {req.max_tokens}. The context of "
-                      f"{slot.name!r} ({slot.n_ctx} tokens) holds at most {room} completion "
-                      f"tokens after the {len(ids)} of the {'messages' if chat else 'prompt'}, "
-                      f"whereas you provided {req.max_tokens}.", req.max_tokens_param,
-                      "invalid_value")
-        else:
-            max_tokens = req.max_tokens if req.tools is None else req.tools.limit(req.max_tokens)
         meta = {"id": ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
                 "created": int(time.time()), "model": slot.name,
                 "system_fingerprint": "hotseat"}
@@ -391,15 +397,8 @@ class OpenAIRoutes:
         cancel = cancel or threading.Event()
         self._cancels.add(cancel)
         fut = asyncio.ensure_future(self._run(
-            self.engine.generate, slot.name, tokens=ids, max_tokens=max_tokens,
-            sampling=req.sampling if req.tools is None else req.tools.sampling(req.sampling),
-            stop=req.stop, on_text=on_text, cancel=cancel,
-            **({} if wait is None else {"wait": wait}),
-            **({} if req.logprobs is None else {"logprobs": req.logprobs}),
-            **({"preserved_tokens": req.tools.preserved} if req.tools is not None else {}),
-            **({"constraint": req.constraint} if req.constraint is not None else
-               {"constraint": req.tools.constraint}        # a call is due: its grammar
-               if req.tools is not None and req.tools.constraint is not None else {})))
+            self.engine.generate, req.engine_request(slot.name, ids, max_tokens, wait),
+            on_text=on_text, cancel=cancel))
         try:
             while True:
                 done, _ = await asyncio.wait({fut}, timeout=POLL_S)
@@ -428,13 +427,50 @@ class OpenAIRoutes:
         self.metrics.generation(slot.name, out)
         return out
 
+    async def _pumped(self, request: web.Request, slot: ModelSlot, req: GenRequest,
+                      ids: list[int], max_tokens: int,
+                      handle: Callable[[str, list | None], Awaitable[None]],
+                      cancel: threading.Event) -> Completion:
+        """The generation, its pieces written as they come (every streamed route's one pump):
+        on the worker thread each piece is queued with its logprob entries, and on the event
+        loop handle(piece, entries) writes it, in order. It returns once the generation and
+        every write are done; on an ApiError the pieces before it are written first. A write
+        that fails (the client left: ConnectionError) cancels the generation."""
+        loop = asyncio.get_running_loop()
+        pieces: asyncio.Queue = asyncio.Queue()
+
+        async def pump() -> None:
+            try:
+                while (piece := await pieces.get()) is not None:
+                    await handle(*piece)
+            except ConnectionError:
+                cancel.set()
+                raise
+
+        def on_text(piece: str, entries=None) -> None:      # on the worker thread
+            loop.call_soon_threadsafe(pieces.put_nowait, (piece, entries))
+
+        writer = asyncio.ensure_future(pump())
+        try:
+            try:
+                out = await self._complete(request, slot, req, ids, max_tokens, on_text, cancel)
+            finally:
+                # the worker scheduled its pieces before its result, so None comes after them
+                pieces.put_nowait(None)
+            await writer
+            return out
+        except ApiError:
+            await writer
+            raise
+        finally:
+            if not writer.done():
+                writer.cancel()
+
     async def _stream(self, request: web.Request, slot: ModelSlot, req: GenRequest,
                       ids: list[int], max_tokens: int, meta: dict, headers: dict,
                       chat: bool) -> web.StreamResponse:
         from aiohttp import web
 
-        loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache", **headers})
@@ -464,36 +500,19 @@ class OpenAIRoutes:
             data = obj_ if isinstance(obj_, str) else json.dumps(obj_, ensure_ascii=False)
             await resp.write(f"data: {data}\n\n".encode())
 
-        async def pump() -> None:
-            """Write text pieces as they come, up to the None left after the generation."""
-            try:
-                while (piece := await pieces.get()) is not None:
-                    text, entries = piece
-                    if tool_stream is None:
-                        await send(chunk(text, None, entries=entries))
-                        continue
-                    held.extend(entries or ())      # given with the next delta sent
-                    for delta in tool_stream.feed(text):    # text held while it may be a call
-                        await send(chunk(delta, None, entries=held[:]))
-                        held.clear()
-            except ConnectionError:            # the client went away: stop generating
-                cancel.set()
-                raise
+        async def write(text: str, entries) -> None:
+            if tool_stream is None:
+                await send(chunk(text, None, entries=entries))
+                return
+            held.extend(entries or ())              # given with the next delta sent
+            for delta in tool_stream.feed(text):    # text held while it may be a call
+                await send(chunk(delta, None, entries=held[:]))
+                held.clear()
 
-        def on_text(piece: str, entries=None) -> None:     # on the worker thread; entries
-            loop.call_soon_threadsafe(pieces.put_nowait, (piece, entries))   # with logprobs
-
-        writer = None
         try:
             if chat:
                 await send(chunk(None, None, first=True))
-            writer = asyncio.ensure_future(pump())
-            try:
-                out = await self._complete(request, slot, req, ids, max_tokens, on_text, cancel)
-            finally:
-                # the worker scheduled its pieces before its result, so None comes after them
-                pieces.put_nowait(None)
-            await writer
+            out = await self._pumped(request, slot, req, ids, max_tokens, write, cancel)
             if out.finish_reason == "cancelled" and _gone(request):
                 self._left.add(id(request))    # nobody to send the end to
                 return resp
@@ -510,8 +529,6 @@ class OpenAIRoutes:
             await resp.write_eof()
         except ApiError as exc:                # the headers are sent: report in the stream
             try:
-                if writer is not None:
-                    await writer
                 await send(exc.body())
                 await send("[DONE]")
                 await resp.write_eof()
@@ -520,9 +537,6 @@ class OpenAIRoutes:
         except ConnectionError:                # the client went away mid-stream
             cancel.set()
             self._left.add(id(request))
-        finally:
-            if writer is not None and not writer.done():
-                writer.cancel()
         return resp
 
 

@@ -9,7 +9,6 @@ becomes a chat request (openai.py's GenRequest) and runs the way chat completion
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import threading
@@ -25,7 +24,7 @@ from .slots import queued
 if TYPE_CHECKING:
     from aiohttp import web
 
-    from ..api import Completion
+    from ..facade import Completion
     from .slots import ModelSlot
 
 # Responses parameters that map onto chat ones; the rest of a chat request's are not taken
@@ -206,13 +205,7 @@ class ResponsesRoutes:
         slot = self._slot(req.model)
         check_yield(self.engine, wait)
         ids = await self._prompt_ids(slot, req)
-        room = slot.n_ctx - len(ids)
-        if req.max_tokens is not None and req.max_tokens > room:
-            raise bad(f"max_output_tokens is too large: {req.max_tokens}. The context of "
-                      f"{slot.name!r} ({slot.n_ctx} tokens) holds at most {room} output tokens "
-                      f"after the {len(ids)} of the input.", "max_output_tokens",
-                      "invalid_value")
-        max_tokens = room if req.max_tokens is None else req.max_tokens
+        max_tokens = slot.room(len(ids), req.max_tokens, "max_output_tokens", "input")
         if req.tools is not None:
             max_tokens = req.tools.limit(max_tokens)
         base = {"id": _id("resp"), "object": "response", "created_at": int(time.time()),
@@ -244,8 +237,6 @@ class ResponsesRoutes:
                                 base: dict) -> web.StreamResponse:
         from aiohttp import web
 
-        loop = asyncio.get_running_loop()
-        pieces: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                            "Cache-Control": "no-cache"})
@@ -315,30 +306,16 @@ class ResponsesRoutes:
                     await event("response.function_call_arguments.delta",
                                 item_id=open_item["id"], output_index=n, delta=args)
 
-        async def pump() -> None:
-            try:
-                while (piece := await pieces.get()) is not None:
-                    for delta in (tools.feed(piece) if tools else [{"content": piece}]):
-                        await apply(delta)
-            except ConnectionError:
-                cancel.set()
-                raise
+        async def write(piece: str, _entries) -> None:
+            for delta in (tools.feed(piece) if tools else [{"content": piece}]):
+                await apply(delta)
 
-        def on_text(piece: str) -> None:        # on the worker thread
-            loop.call_soon_threadsafe(pieces.put_nowait, piece)
-
-        writer = None
         try:
             await event("response.created",
                         response={**base, "status": "in_progress", "output": [], "usage": None})
             await event("response.in_progress",
                         response={**base, "status": "in_progress", "output": [], "usage": None})
-            writer = asyncio.ensure_future(pump())
-            try:
-                out = await self._complete(request, slot, req, ids, max_tokens, on_text, cancel)
-            finally:
-                pieces.put_nowait(None)
-            await writer
+            out = await self._pumped(request, slot, req, ids, max_tokens, write, cancel)
             if out.finish_reason == "cancelled" and _gone(request):
                 self._left.add(id(request))
                 return resp
@@ -354,8 +331,6 @@ class ResponsesRoutes:
             await resp.write_eof()
         except ApiError as exc:                 # the headers are sent: report in the stream
             try:
-                if writer is not None:
-                    await writer
                 await event("error", code=exc.code, message=exc.message, param=exc.param)
                 await resp.write_eof()
             except ConnectionError:
@@ -363,9 +338,6 @@ class ResponsesRoutes:
         except ConnectionError:
             cancel.set()
             self._left.add(id(request))
-        finally:
-            if writer is not None and not writer.done():
-                writer.cancel()
         return resp
 
 

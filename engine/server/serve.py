@@ -1,4 +1,5 @@
-"""`hotseat serve`: the command that loads models and serves them over HTTP."""
+"""`hotseat serve`: the command that loads models and serves them over HTTP. The engine
+comes from the caller (cli.py passes engine.api.Engine): the server knows only the facade."""
 from __future__ import annotations
 
 import argparse
@@ -8,12 +9,12 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from .listen import listen
 
 if TYPE_CHECKING:
-    from ..api import Engine
+    from ..facade import EngineAPI
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8080
@@ -50,7 +51,6 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
     from ..args import add_arena_arguments, add_cpu_moe_argument
     add_cpu_moe_argument(s)
     add_arena_arguments(s, wake=True)
-    s.set_defaults(func=cmd_serve)
     return s
 
 
@@ -75,8 +75,8 @@ def check_exposure(host: str, api_key: str | None, insecure_no_key: bool) -> str
             "this port can load, unload and run models")
 
 
-def cmd_serve(args) -> int:
-    from ..api import Engine
+def cmd_serve(args, Engine: Callable[..., EngineAPI]) -> int:
+    """Engine: what makes the engine (engine.api.Engine), called with its settings."""
     from ..args import arena_enabled
     from ..formats.bundled import resolve
 
@@ -109,7 +109,7 @@ def cmd_serve(args) -> int:
         eng.close()
 
 
-async def _serve(eng: Engine, names: list[str], args) -> int:
+async def _serve(eng: EngineAPI, names: list[str], args) -> int:
     try:
         listening = await listen(eng, names, host=args.host, port=args.port,
                                  api_key=args.api_key, cors_origins=args.cors_origin or (),

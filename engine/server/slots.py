@@ -7,7 +7,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import AsyncIterator
 
-from .errors import ApiError
+from .errors import ApiError, bad
 
 
 @dataclass
@@ -19,6 +19,23 @@ class ModelSlot:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     depth: int = 0                        # requests holding or waiting for the lock
     closed: bool = False                  # unloaded; requests still queued get a 404
+
+    def room(self, n_prompt: int, asked: int | None = None, param: str = "max_tokens",
+             what: str = "prompt", window: int | None = None) -> int:
+        """The most tokens an answer may take after a prompt of n_prompt tokens: what the
+        client asked for, or (None) all the room the context (or a narrower `window`)
+        leaves. Asking for more than that room is a 400 naming `param`, as OpenAI answers
+        it; every route computes its budget here."""
+        n_ctx = self.n_ctx if window is None else window
+        left = n_ctx - n_prompt
+        if asked is None:
+            return left
+        if asked > left:
+            raise bad(f"{param} is too large: {asked}. The context of {self.name!r} "
+                      f"({n_ctx} tokens) holds at most {left} completion tokens after the "
+                      f"{n_prompt} of the {what}, whereas you provided {asked}.", param,
+                      "invalid_value")
+        return asked
 
 
 @contextlib.asynccontextmanager

@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from ..facade import Request
 from ..gpu import vk
 
 PROMPT = "Name three rivers of Europe and the seas they flow into."
@@ -82,8 +83,8 @@ def run_swap_bench(args) -> int:
         answers: dict[str, list] = {n: [] for n in names}
         def ask(n: str, t0: float):
             first: list[float] = []
-            out = eng.generate(n, messages=[{"role": "user", "content": PROMPT}],
-                               max_tokens=args.n, sampling=greedy,
+            out = eng.generate(Request(n, messages=[{"role": "user", "content": PROMPT}],
+                                       max_tokens=args.n, sampling=greedy),
                                on_text=lambda _: first or first.append(time.perf_counter()))
             return out, (first[0] if first else time.perf_counter()) - t0
 

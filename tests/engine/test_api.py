@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from engine.api import Engine
+from engine.facade import Request
 from engine.residency.arbiter import BudgetError
 from engine.text.sampling import SamplingParams
 from tests.conftest import load_reference
@@ -31,7 +32,8 @@ def test_budget_for_one_model_swaps_and_keeps_answers(smollm2_path, ref):
         assert cold_a["host_shadow_bytes"] > 0
         want = ref["greedy_ids"][:6]
         for name in (a, b, a, b):
-            out = eng.generate(name, tokens=ref["prompt_ids"], max_tokens=6, sampling=GREEDY)
+            out = eng.generate(Request(name, tokens=ref["prompt_ids"], max_tokens=6,
+                                       sampling=GREEDY))
             assert out.tokens == want
         # the second turn of each model reused its prompt cache across the swap
         assert out.timings["cached_tokens"] == len(ref["prompt_ids"]) - 1
@@ -55,7 +57,7 @@ def test_pin_evict_and_over_budget_error(smollm2_path, ref):
         s = eng.status()[0]
         assert s["state"] == "cold" and s["device_bytes"].get("weights", 0) == 0
         assert s["device_bytes"]["kv"] > 0                  # weights-only keeps the KV
-        out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY)
+        out = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY))
         assert out.tokens == ref["greedy_ids"][:3] and eng.status()[0]["state"] == "warm"
 
 
@@ -69,7 +71,7 @@ def test_two_architectures_in_one_process(smollm2_path, gemma3_path):
         assert {s["arch"] for s in eng.status()} == {"llama", "gemma3"}
         assert eng.prompt_tokens(b, prompt=gem["text"]) == gem["prompt_ids"]
         for name, ref in ((a, smol), (b, gem), (a, smol)):
-            out = eng.generate(name, prompt=ref["text"], max_tokens=8, sampling=GREEDY)
+            out = eng.generate(Request(name, prompt=ref["text"], max_tokens=8, sampling=GREEDY))
             assert out.tokens == ref["greedy_ids"][:8], name
 
 
@@ -88,8 +90,8 @@ def test_releases_run_on_the_engine_thread_and_status_answers_meanwhile(smollm2_
         out = {}
 
         def request():
-            out["c"] = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=40,
-                                    sampling=GREEDY)
+            out["c"] = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=40,
+                                            sampling=GREEDY))
             done.set()
         t = threading.Thread(target=request)
         t.start()
@@ -136,10 +138,10 @@ def test_set_flash_attn_runs_on_the_engine_thread(smollm2_path, ref):
             eng.set_flash_attn("sometimes")
         eng.set_flash_attn("on")
         assert eng.flash_attn == "on"
-        assert len(eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3,
-                                sampling=GREEDY).tokens) == 3
+        assert len(eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=3,
+                                        sampling=GREEDY)).tokens) == 3
         eng.set_flash_attn("off")
-        out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY)
+        out = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY))
         assert out.tokens == ref["greedy_ids"][:3]
 
 
@@ -179,10 +181,11 @@ def test_arena_status_through_a_yield(smollm2_path, ref, tmp_path):
             assert st["processes"][0]["state"] == "yielded"
             assert eng.status()[0]["state"] == "cold"
             with pytest.raises(ArenaBusy, match="yielded to other programs until") as exc:
-                eng.generate("a", tokens=ref["prompt_ids"], max_tokens=2, sampling=GREEDY,
-                             wait=0)
+                eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=2, sampling=GREEDY,
+                                     wait=0))
             assert 0 < exc.value.retry_after <= 3
-            out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=3, sampling=GREEDY)
+            out = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=3,
+                                       sampling=GREEDY))
             assert time.time() >= st["until"] and out.tokens == ref["greedy_ids"][:3]
             assert eng.arena_status()["state"] == "holder"
         assert not arena.held and arena.members() == []
@@ -218,7 +221,7 @@ def test_non_finite_logits_end_the_request_clearly_and_the_engine_goes_on(
     with Engine(n_ctx=256) as eng:
         name = eng.load(smollm2_path)
         with pytest.raises(NonFiniteLogits, match="non-finite logits at token 3 of the answer"):
-            eng.generate(name, tokens=ref["prompt_ids"], max_tokens=8, sampling=sampling)
+            eng.generate(Request(name, tokens=ref["prompt_ids"], max_tokens=8, sampling=sampling))
         poisoned.off = True
-        out = eng.generate(name, tokens=ref["prompt_ids"], max_tokens=6, sampling=GREEDY)
+        out = eng.generate(Request(name, tokens=ref["prompt_ids"], max_tokens=6, sampling=GREEDY))
         assert out.tokens == ref["greedy_ids"][:6]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.api import Engine
+from engine.facade import Request
 from engine.text.sampling import SamplingParams
 from tests.helpers import synth_reference as sr
 
@@ -27,7 +28,7 @@ def turns(n_vocab: int, seed: int) -> list[list[int]]:
 def converse(eng: Engine, name: str, user: list[int], prompt: list[int]) -> tuple:
     """One turn: the conversation so far, the user's tokens, the model's answer appended."""
     prompt = prompt + user
-    out = eng.generate(name, tokens=prompt, max_tokens=6, sampling=GREEDY)
+    out = eng.generate(Request(name, tokens=prompt, max_tokens=6, sampling=GREEDY))
     return prompt + out.tokens, out.tokens, out.timings["cached_tokens"]
 
 

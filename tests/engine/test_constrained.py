@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from engine.api import Engine
+from engine.facade import Request
 from engine.text.constrain import Grammar
 from engine.text.sampling import SamplingParams
 
@@ -40,9 +41,9 @@ def test_sampled_outputs_always_validate(engine, schema_name):
     grammar = Grammar.json_schema(schema)
     messages = [{"role": "user", "content": "Give me an example as JSON."}]
     for i in range(PER_SCHEMA):
-        out = engine.generate(messages=messages, max_tokens=MAX_TOKENS, constraint=grammar,
-                              sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0,
-                                                      min_p=0.0, seed=1000 + i))
+        out = engine.generate(Request(messages=messages, max_tokens=MAX_TOKENS, constraint=grammar,
+                                      sampling=SamplingParams(temperature=1.0, top_k=0, top_p=1.0,
+                                                      min_p=0.0, seed=1000 + i)))
         print(f"{schema_name} {i}: {len(out.tokens)} tokens {out.text}")
         assert out.finish_reason == "stop", (out.finish_reason, out.text)
         jsonschema.validate(json.loads(out.text), schema)
@@ -51,8 +52,8 @@ def test_sampled_outputs_always_validate(engine, schema_name):
 def test_greedy_json_object_is_an_object(engine):
     """Greedy with a mask: the logits are read and masked (the device's argmax would not
     know the mask)."""
-    out = engine.generate(messages=[{"role": "user", "content": "List two colours."}],
-                          max_tokens=60, constraint=Grammar.json_object(),
-                          sampling=SamplingParams(temperature=0.0))
+    out = engine.generate(Request(messages=[{"role": "user", "content": "List two colours."}],
+                                  max_tokens=60, constraint=Grammar.json_object(),
+                                  sampling=SamplingParams(temperature=0.0)))
     assert out.finish_reason == "stop", out.text
     assert isinstance(json.loads(out.text), dict)

@@ -83,8 +83,7 @@ def test_the_wrapper_passes_everything_through():
 
 
 class _NoWait(FakeEngine):
-    def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
-                 sampling=None, stop=(), on_text=None, cancel=None):
+    def generate(self, request, on_text=None):              # no cancel
         raise AssertionError
 
 
@@ -113,3 +112,17 @@ _Missing = type("_Missing", (), {k: v for k, v in vars(FakeEngine).items()
 def test_a_stand_in_that_differs_is_found(cls, method):
     found = differences(cls)
     assert len(found) == 1 and found[0].startswith(f"{method}: "), found
+
+
+def test_the_server_knows_only_the_facade():
+    """No module of the HTTP server imports the concrete engine (engine.api): it serves any
+    EngineAPI (the tray's wrapper, the test fake); cli.py hands it the real one."""
+    import ast
+    from pathlib import Path
+
+    server = Path(__file__).parents[2] / "engine" / "server"
+    for path in sorted(server.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                target = "." * node.level + (node.module or "")
+                assert target not in ("..api", "engine.api"), f"{path.name} imports {target}"

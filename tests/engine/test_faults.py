@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from engine.api import Engine
-from engine.facade import EngineFault
+from engine.facade import EngineFault, Request
 from engine.gpu import vk
 from engine.residency.model import Model
 from engine.text.sampling import SamplingParams
@@ -46,7 +46,8 @@ def engine(request, smollm2_path, monkeypatch):
 
 
 def answer(eng: Engine, ref) -> list[int]:
-    return eng.generate("m", tokens=ref["prompt_ids"], max_tokens=N, sampling=GREEDY).tokens
+    return eng.generate(Request("m", tokens=ref["prompt_ids"], max_tokens=N,
+                                sampling=GREEDY)).tokens
 
 
 def still_works(eng: Engine, ref, want: list[int]) -> None:
@@ -80,8 +81,8 @@ def test_fault_during_decode_fails_the_request_cleanly(engine, ref):
         if len(pieces) == 1:
             vk.inject("submit", "timeout", nth=1)
     with pytest.raises(EngineFault, match="a retry gives the right answer") as err:
-        engine.generate("m", tokens=ref["prompt_ids"], max_tokens=12, sampling=GREEDY,
-                        on_text=on_text)
+        engine.generate(Request("m", tokens=ref["prompt_ids"], max_tokens=12,
+                                sampling=GREEDY), on_text=on_text)
     assert err.value.code == "device_fault" and not err.value.lost
     assert engine.status()[0]["state"] == "cold"
     assert engine.status()[0]["cached_tokens"] == 0   # its KV was only on the device

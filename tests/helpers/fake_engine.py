@@ -31,7 +31,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine.facade import Embeddings, ModelExists, TokenLogprob
+from engine.facade import Embeddings, ModelExists, Request, TokenLogprob
 from engine.formats.gguf_file import GGUFFile, ModelFileError
 from engine.residency.arbiter import BudgetError, PinnedError
 
@@ -370,16 +370,12 @@ class FakeEngine:
         self._get(name)
         return ChatTemplate(builtin="chatml")
 
-    def generate(self, name: str | None = None, prompt: str | None = None,
-                 messages: list[dict] | None = None, tokens: list[int] | None = None,
-                 max_tokens: int = 128, sampling=None, stop: list[str] = (),
-                 on_text: Callable[[str], None] | None = None,
-                 cancel: threading.Event | None = None,
-                 wait: float | None = None, logprobs: int | None = None,
-                 preserved_tokens=(), constraint=None) -> FakeCompletion:
+    def generate(self, request: Request, on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> FakeCompletion:
         """Make the model warm and answer " ok" max_tokens times, one piece per token
         (token_delay_s apart), stopping early when cancel is set; `waits` records each
         call's wait. With logprobs, each token's entry is fake_logprob(logprobs)."""
+        name, logprobs = request.name, request.logprobs
         with self._lock:
             m = self._get(name)
             m.busy += 1
@@ -387,12 +383,12 @@ class FakeEngine:
             with self._device:
                 with self._lock:
                     self.calls.append(("generate", name))
-                    self.waits.append(wait)
-                    self.constraints.append(constraint)
+                    self.waits.append(request.wait)
+                    self.constraints.append(request.constraint)
                     self._warm(m)
                 pieces = []
                 finish = "length"
-                for _ in range(max_tokens):
+                for _ in range(request.max_tokens):
                     if cancel is not None and cancel.is_set():
                         finish = "cancelled"
                         break
@@ -409,7 +405,7 @@ class FakeEngine:
                     self._touch(m)
         finally:
             m.busy -= 1
-        out = FakeCompletion(list(tokens or [1]), "".join(pieces))
+        out = FakeCompletion(list(request.tokens or [1]), "".join(pieces))
         out.finish_reason = finish
         if logprobs is not None:
             out.logprobs = [fake_logprob(logprobs) for _ in pieces]

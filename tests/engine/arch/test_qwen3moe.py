@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from engine.facade import Request
 from engine.formats.gguf_file import GGUFFile
 from engine.residency.loop import generate
 from engine.residency.model import Model, PlacementError
@@ -308,7 +309,7 @@ def test_engine_reports_host_weights_and_grants_device_bytes(moe_path, base_run)
         assert vram["host_weight_bytes"] == moved and vram["granted_bytes"] == base_warm - moved
         want = until_eog(base_tokens)
         for _ in range(2):
-            out = eng.generate("moe", tokens=PROMPT, max_tokens=8, sampling=greedy)
+            out = eng.generate(Request("moe", tokens=PROMPT, max_tokens=8, sampling=greedy))
             assert out.tokens == want
             eng.evict("moe", full=True)
             (s,) = eng.status()

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from engine.facade import Request
 from engine.residency.gamemode import GaveUp
 from tests.helpers import synth_reference as sr
 
@@ -73,7 +74,7 @@ def test_cold_within_1s_of_another_process_allocating_and_back_after_it(engine_f
     eng = engine_factory(with_arena)
     case = sr.load_case("llama-q5_1")
     eng.load(str(case.model_path), name="m")
-    before = eng.generate("m", tokens=case.prompt_ids, max_tokens=8, sampling=greedy())
+    before = eng.generate(Request("m", tokens=case.prompt_ids, max_tokens=8, sampling=greedy()))
     assert eng.status()[0]["state"] == "warm" and eng.dev.allocator.reserved_bytes() > 0
     budget0 = eng.dev.memory_budget()
     hog = subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.PIPE,
@@ -108,7 +109,7 @@ def test_cold_within_1s_of_another_process_allocating_and_back_after_it(engine_f
         else:
             assert st["enabled"] is False
         with pytest.raises(GaveUp, match="of VRAM is free, and m needs"):
-            eng.generate("m", tokens=case.prompt_ids, max_tokens=8, sampling=greedy())
+            eng.generate(Request("m", tokens=case.prompt_ids, max_tokens=8, sampling=greedy()))
         assert eng.dev.allocator.reserved_bytes() == 0
     finally:
         hog.stdin.close()
@@ -117,7 +118,8 @@ def test_cold_within_1s_of_another_process_allocating_and_back_after_it(engine_f
     deadline = t_end + 10.0
     while True:                    # the driver's budget follows the process's end at once
         try:
-            after = eng.generate("m", tokens=case.prompt_ids, max_tokens=8, sampling=greedy())
+            after = eng.generate(Request("m", tokens=case.prompt_ids, max_tokens=8,
+                                         sampling=greedy()))
             break
         except GaveUp:
             assert time.time() < deadline, "refused 10 s after the other process ended"

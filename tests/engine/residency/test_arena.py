@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.facade import Request
 from engine.residency.arena import Arena, ArenaBusy, ArenaError, parse_line
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -438,8 +439,8 @@ def _stress_worker(arena_dir: str, ledger: str, idx: int, plan: list, stall_at: 
                     write("stall")
                     time.sleep(300)
 
-            out = eng.generate(name, prompt=PROMPTS[p], max_tokens=4,
-                               sampling=SamplingParams(temperature=0.0), on_text=on_text)
+            out = eng.generate(Request(name, prompt=PROMPTS[p], max_tokens=4,
+                                       sampling=SamplingParams(temperature=0.0)), on_text=on_text)
             write("answer", model=name, prompt=p, tokens=out.tokens)
         eng.close()
         arena.close()
@@ -461,8 +462,8 @@ def test_three_engine_processes_take_turns(tmp_path, smollm2_path):
 
     with Engine(n_ctx=128) as eng:                       # the answers, computed alone
         eng.load(smollm2_path, name="alone")
-        want = [eng.generate("alone", prompt=p, max_tokens=4,
-                             sampling=SamplingParams(temperature=0.0)).tokens
+        want = [eng.generate(Request("alone", prompt=p, max_tokens=4,
+                                     sampling=SamplingParams(temperature=0.0))).tokens
                 for p in PROMPTS]
     arena_dir, ledger = str(tmp_path / "arena"), str(tmp_path / "ledger.jsonl")
     Path(ledger).touch()

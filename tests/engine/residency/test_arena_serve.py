@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.facade import Request
 from engine.tools.serveproc import ServeProcess
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]       # several real servers
@@ -39,8 +40,8 @@ def solo_answers(path: str, asks: list[tuple[str, int]]) -> dict:
 
     with Engine(n_ctx=CTX) as eng:
         name = eng.load(path)
-        return {(p, n): eng.generate(name, prompt=p, max_tokens=n,
-                                     sampling=SamplingParams(temperature=0.0)).text
+        return {(p, n): eng.generate(Request(name, prompt=p, max_tokens=n,
+                                             sampling=SamplingParams(temperature=0.0))).text
                 for p, n in asks}
 
 

@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from engine.facade import Request
 from engine.residency.gamemode import GameMode, GameWatch, GaveUp, Reading
 
 MiB = 1 << 20
@@ -255,7 +256,8 @@ def test_engine_gives_up_when_idle_and_comes_back_with_the_same_answer(smollm2_p
     with Engine(n_ctx=128, arena=None) as eng:
         assert eng._game is not None and eng.vram()["game_mode"]["watching"]
         eng.load(smollm2_path, name="a")
-        before = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=6, sampling=greedy())
+        before = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=6,
+                                      sampling=greedy()))
         assert before.tokens == ref["greedy_ids"][:6]          # llama.cpp's answer
         assert eng.arena_status() is None
         held = eng.dev.allocator.reserved_bytes()
@@ -271,12 +273,13 @@ def test_engine_gives_up_when_idle_and_comes_back_with_the_same_answer(smollm2_p
         assert "another program is using the GPU's memory" in rec["reason"]
         # the other program still holds it: a request is refused, saying what is free
         with pytest.raises(GaveUp, match=r"MiB of VRAM is free, and a needs") as exc:
-            eng.generate("a", tokens=ref["prompt_ids"], max_tokens=6, sampling=greedy())
+            eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=6, sampling=greedy()))
         assert exc.value.code == "gpu_given_up"
         assert eng.dev.allocator.reserved_bytes() == 0 and eng.status()[0]["state"] == "cold"
         assert eng.arena_status()["gave_up"]["checked"]["model"] == "a"
         game.end()
-        after = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=6, sampling=greedy())
+        after = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=6,
+                                     sampling=greedy()))
         assert after.tokens == before.tokens and after.text == before.text
         assert eng.arena_status() is None and eng.status()[0]["state"] == "warm"
         assert eng._game.releases == 1
@@ -297,8 +300,8 @@ def test_a_request_running_ends_at_its_next_safe_point(smollm2_path, ref, monkey
     try:
         with Engine(n_ctx=128, arena=arena, arena_label="game test") as eng:
             eng.load(smollm2_path, name="a")
-            full = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=16,
-                                sampling=greedy())
+            full = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=16,
+                                        sampling=greedy()))
             assert full.tokens == ref["greedy_ids"][:16]
             pieces: list[str] = []
             started = threading.Event()
@@ -311,8 +314,8 @@ def test_a_request_running_ends_at_its_next_safe_point(smollm2_path, ref, monkey
 
             def run() -> None:
                 try:
-                    eng.generate("a", tokens=ref["prompt_ids"], max_tokens=16,
-                                 sampling=greedy(), on_text=on_text)
+                    eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=16,
+                                         sampling=greedy()), on_text=on_text)
                 except BaseException as exc:   # what the test is about
                     errors.append(exc)
                 ended.append(time.monotonic())
@@ -331,8 +334,8 @@ def test_a_request_running_ends_at_its_next_safe_point(smollm2_path, ref, monkey
             assert st["state"] == "cold" and st["holder_pid"] is None and not arena.held
             assert st["gave_up"]["kind"] == "released" and st["gave_up"]["models"] == ["a"]
             game.end()
-            again = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=16,
-                                 sampling=greedy())
+            again = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=16,
+                                         sampling=greedy()))
             assert again.tokens == full.tokens
             st = eng.arena_status()
             assert st["state"] == "holder" and st["gave_up"] is None
@@ -355,7 +358,7 @@ def test_a_load_while_the_memory_is_taken_is_cold_until_it_is_free(smollm2_path,
         with pytest.raises(GaveUp):
             eng.warm("a")
         game.end()
-        out = eng.generate("a", tokens=ref["prompt_ids"], max_tokens=4, sampling=greedy())
+        out = eng.generate(Request("a", tokens=ref["prompt_ids"], max_tokens=4, sampling=greedy()))
         assert out.tokens == ref["greedy_ids"][:4] and eng.arena_status() is None
 
 

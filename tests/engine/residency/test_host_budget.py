@@ -9,6 +9,7 @@ import os
 import pytest
 
 from engine.api import Engine
+from engine.facade import Request
 from engine.text.sampling import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -19,7 +20,7 @@ PROMPTS = {"a": "The capital of France is", "b": "Water boils at a temperature o
 
 
 def ask(eng: Engine, name: str):
-    return eng.generate(name, prompt=PROMPTS[name], max_tokens=8, sampling=GREEDY)
+    return eng.generate(Request(name, prompt=PROMPTS[name], max_tokens=8, sampling=GREEDY))
 
 
 def by_name(eng: Engine) -> dict[str, dict]:
@@ -155,17 +156,17 @@ def test_recurrent_states_go_to_disk_and_come_back(tmp_path, monkeypatch, full):
     prompt = "The quick brown fox jumps over the lazy dog"
     with Engine(n_ctx=256, prompt_cache=False) as eng:
         eng.load(path, name="q")
-        want = eng.generate("q", prompt=prompt, max_tokens=8, sampling=GREEDY).tokens
+        want = eng.generate(Request("q", prompt=prompt, max_tokens=8, sampling=GREEDY)).tokens
     with Engine(n_ctx=256, full_release=full, host_budget_bytes=1 << 40) as eng:
         eng.load(path, name="q")
-        first = eng.generate("q", prompt=prompt, max_tokens=8, sampling=GREEDY)
+        first = eng.generate(Request("q", prompt=prompt, max_tokens=8, sampling=GREEDY))
         assert first.tokens == want
         eng.evict("q", full=full)
         assert by_name(eng)["q"]["ram_bytes"] > 0        # the states (and the KV: full)
         eng.set_host_budget(0)
         s = by_name(eng)["q"]
         assert s["ram_bytes"] == 0 and s["disk_bytes"] > 0
-        again = eng.generate("q", prompt=prompt, max_tokens=8, sampling=GREEDY)
+        again = eng.generate(Request("q", prompt=prompt, max_tokens=8, sampling=GREEDY))
         assert again.tokens == want and again.timings["cached_tokens"] > 0
         assert by_name(eng)["q"]["disk_bytes"] == 0
     assert not list((tmp_path / "cache").glob("*.spill"))

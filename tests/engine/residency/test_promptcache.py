@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from engine.api import Engine
+from engine.facade import Request
 from engine.residency import promptcache
 from engine.text.sampling import SamplingParams
 from tests.engine.server.test_access import SERVING
@@ -41,7 +42,7 @@ def folder(tmp_path, monkeypatch) -> Path:
 
 
 def answer(eng: Engine, name: str = "m", prompt: str = PROMPT):
-    return eng.generate(name, prompt=prompt, max_tokens=12, sampling=GREEDY)
+    return eng.generate(Request(name, prompt=prompt, max_tokens=12, sampling=GREEDY))
 
 
 def first_run(path: str, prompt: str = PROMPT, name: str = "m"):

@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from engine.server.anthropic import ERROR_TYPES, is_anthropic_path
 from engine.server.app import Server, make_app
 from engine.server.ollama import is_ollama_path
 from tests.engine.server.test_access import send
@@ -67,11 +68,16 @@ def snapshot(eng: FakeEngine):
 
 def assert_refused(status: int, code: str, words: str, method: str, path: str,
                    got: int, body) -> None:
-    """The refusal in the route's own error shape: Ollama's on its routes, else OpenAI's."""
+    """The refusal in the route's own error shape: Ollama's or Anthropic's on their routes,
+    else OpenAI's."""
     if method == "HEAD":                       # no body comes back
         assert got == status, (method, path, got)
         return
-    if is_ollama_path(path):
+    if is_anthropic_path(path):
+        assert got == status and isinstance(body, dict) and body["type"] == "error", \
+            (method, path, got, body)
+        assert body["error"]["type"] == ERROR_TYPES[status] and words in body["error"]["message"]
+    elif is_ollama_path(path):
         assert got == status and isinstance(body, dict) and set(body) == {"error"}, \
             (method, path, got, body)
         assert words in body["error"], body

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from engine.api import Engine
+from engine.facade import Request
 from engine.text.sampling import SamplingParams
 from tests.engine.server.test_access import SERVING
 from tests.engine.server.test_serve import request
@@ -54,9 +55,9 @@ def test_many_models_stay_under_the_host_budget(smollm2_path, gemma3_path, tmp_p
     for kind, path in files.items():
         with Engine(n_ctx=CTX, prompt_cache=False) as eng:
             name = eng.load(path, name=kind)
-            fresh[kind] = eng.generate(name, messages=[{"role": "user", "content": PROMPT}],
-                                       max_tokens=8, sampling=SamplingParams(temperature=0.0)
-                                       ).text
+            fresh[kind] = eng.generate(Request(name, messages=[{"role": "user", "content": PROMPT}],
+                                               max_tokens=8,
+                                               sampling=SamplingParams(temperature=0.0))).text
             warm = max(warm, eng.status()[0]["warm_bytes"])
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HOTSEAT_CACHE_DIR": str(tmp_path / "c")}
     proc = subprocess.Popen(

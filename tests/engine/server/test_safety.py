@@ -20,6 +20,7 @@ import warnings
 import pytest
 
 import engine.residency.model as model_module
+from engine.facade import Request
 from engine.gpu import vk
 from engine.api import Engine
 from engine.server.app import make_app
@@ -63,7 +64,7 @@ def base(server) -> str:
 @pytest.fixture(scope="module")
 def ref(engine):
     """The engine's own greedy answer to PROMPT, 2 tokens."""
-    out = engine.generate("m", prompt=PROMPT, max_tokens=2, sampling=GREEDY)
+    out = engine.generate(Request("m", prompt=PROMPT, max_tokens=2, sampling=GREEDY))
     assert out.tokens
     return out
 
@@ -199,8 +200,8 @@ def test_a_tiny_temperature_is_greedy_without_warnings(base, ref):
 # -- logit_bias, frequency_penalty, presence_penalty --------------------------------------
 
 def test_logit_bias_bans_and_boosts(base, engine, ref):
-    banned = engine.generate("m", prompt=PROMPT, max_tokens=2, sampling=SamplingParams(
-        temperature=0, logit_bias={ref.tokens[0]: BAN}))
+    banned = engine.generate(Request("m", prompt=PROMPT, max_tokens=2, sampling=SamplingParams(
+        temperature=0, logit_bias={ref.tokens[0]: BAN})))
     assert ref.tokens[0] not in banned.tokens and banned.text != ref.text
     for ban in (-100, False):                          # OpenAI's ban, and llama.cpp's
         got, out = post(base, "/v1/completions", completion(logit_bias={str(ref.tokens[0]): ban}))
@@ -210,8 +211,8 @@ def test_logit_bias_bans_and_boosts(base, engine, ref):
     ids = engine.tokenizer("m").encode(" banana", add_special=False, parse_special=False)
     got, out = post(base, "/v1/completions", completion(logit_bias=[[" banana", 30], [5, -2]]))
     assert got == 200, out
-    boosted = engine.generate("m", prompt=PROMPT, max_tokens=2, sampling=SamplingParams(
-        temperature=0, logit_bias={**{i: 30.0 for i in ids}, 5: -2.0}))
+    boosted = engine.generate(Request("m", prompt=PROMPT, max_tokens=2, sampling=SamplingParams(
+        temperature=0, logit_bias={**{i: 30.0 for i in ids}, 5: -2.0})))
     assert set(boosted.tokens) <= set(ids)
     assert out["choices"][0]["text"] == boosted.text
 
@@ -222,11 +223,11 @@ def test_frequency_and_presence_penalties_match_the_engine(base, engine):
     params = dict(frequency_penalty=-2.0, presence_penalty=-0.5, repeat_last_n=32)
     got, out = post(base, "/v1/completions", completion(prompt=prompt, **params))
     assert got == 200, out
-    want = engine.generate("m", prompt=prompt, max_tokens=2,
-                           sampling=SamplingParams(temperature=0, **params))
+    want = engine.generate(Request("m", prompt=prompt, max_tokens=2,
+                                   sampling=SamplingParams(temperature=0, **params)))
     assert out["choices"][0]["text"] == want.text
     assert out["usage"]["completion_tokens"] == len(want.tokens)
-    plain = engine.generate("m", prompt=prompt, max_tokens=2, sampling=GREEDY)
+    plain = engine.generate(Request("m", prompt=prompt, max_tokens=2, sampling=GREEDY))
     assert want.tokens != plain.tokens                 # the penalties did something
 
 

@@ -19,6 +19,7 @@ import openai
 import pytest
 
 from engine.api import Engine
+from engine.facade import Request
 from engine.server.app import MAX_BODY, make_app
 from engine.server.openai import MAX_TOKENS_HEADER
 from engine.text.sampling import SamplingParams
@@ -116,14 +117,14 @@ def client(base) -> openai.OpenAI:
 @pytest.fixture(scope="module")
 def chat_ref(engine, name):
     """The engine's own greedy answer to MESSAGES, 8 tokens."""
-    out = engine.generate(name, messages=MESSAGES, max_tokens=8, sampling=GREEDY)
+    out = engine.generate(Request(name, messages=MESSAGES, max_tokens=8, sampling=GREEDY))
     assert out.text
     return out
 
 
 @pytest.fixture(scope="module")
 def completion_ref(engine, name):
-    return engine.generate(name, prompt=PROMPT, max_tokens=4, sampling=GREEDY)
+    return engine.generate(Request(name, prompt=PROMPT, max_tokens=4, sampling=GREEDY))
 
 
 def request(base: str, method: str, path: str, body=None, *, raw: bytes | None = None,
@@ -584,9 +585,9 @@ def test_api_load_serve_and_unload(base, name, smollm2_path, server, engine, mon
     calls: list[str] = []
     generate = engine.generate
 
-    def recording(model, *args, **kw):
-        calls.append(model)
-        return generate(model, *args, **kw)
+    def recording(request, *args, **kw):
+        calls.append(request.name)
+        return generate(request, *args, **kw)
 
     monkeypatch.setattr(engine, "generate", recording)
     app_server = server.runners[0].app["hotseat.server"]
@@ -641,7 +642,7 @@ def res_engine(smollm2_path):
 @pytest.fixture(scope="module")
 def res_ref(res_engine):
     """The engine's own greedy answer from a (which makes a warm and b cold)."""
-    out = res_engine.generate("a", messages=MESSAGES, max_tokens=6, sampling=GREEDY)
+    out = res_engine.generate(Request("a", messages=MESSAGES, max_tokens=6, sampling=GREEDY))
     assert out.text
     return out
 

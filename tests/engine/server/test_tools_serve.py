@@ -13,6 +13,7 @@ import re
 import openai
 import pytest
 
+from engine.facade import Request
 from engine.server.app import make_app
 from engine.server.chat_tools import parse_tools
 from engine.server.openai import parse_request
@@ -58,15 +59,13 @@ class ScriptedEngine(FakeEngine):
         self._get(name)
         return ScriptTokenizer()
 
-    def generate(self, name=None, prompt=None, messages=None, tokens=None, max_tokens=128,
-                 sampling=None, stop=(), on_text=None, cancel=None, wait=None,
-                 logprobs=None, preserved_tokens=(), constraint=None):
-        self.calls.append(("generate", name))
+    def generate(self, request, on_text=None, cancel=None):
+        self.calls.append(("generate", request.name))
         text = self.script
         for i in range(0, len(text), 4):
             if on_text is not None:
                 on_text(text[i:i + 4])
-        out = FakeCompletion(list(tokens or [1]), text)
+        out = FakeCompletion(list(request.tokens or [1]), text)
         out.finish_reason = self.finish
         return out
 
@@ -299,8 +298,8 @@ def tool_ref(real):
     req = parse_request({"messages": ASK, "tools": [WEATHER]}, chat=True)
     ids = req.tools.prompt(eng, "smol", req.messages)
     constraint = {} if req.tools.constraint is None else {"constraint": req.tools.constraint}
-    out = eng.generate("smol", tokens=ids, max_tokens=N, sampling=GREEDY,
-                       preserved_tokens=req.tools.preserved, **constraint)
+    out = eng.generate(Request("smol", tokens=ids, max_tokens=N, sampling=GREEDY,
+                               preserved_tokens=req.tools.preserved, **constraint))
     return req.tools, ids, out
 
 
@@ -347,8 +346,8 @@ def test_real_tool_round_trip_renders_and_answers(real):
 def test_real_responses_text_and_events(real):
     eng, client = real
     instr = "Answer in one short sentence."
-    ref = eng.generate("smol", messages=[{"role": "system", "content": instr}] + ASK,
-                       max_tokens=N, sampling=GREEDY)
+    ref = eng.generate(Request("smol", messages=[{"role": "system", "content": instr}] + ASK,
+                               max_tokens=N, sampling=GREEDY))
     r = client.responses.create(model="smol", instructions=instr, input=ASK[0]["content"],
                                 temperature=0, max_output_tokens=N)
     assert r.output_text == ref.text and r.instructions == instr
