@@ -45,6 +45,8 @@ def _no_prompt_cache(tmp_path_factory):
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_REFERENCE = ROOT.parent / "shared" / "reference"
 DATA = Path(__file__).resolve().parent / "data"
+# llama.cpp's answers for the bundled models, which `hotseat precision` ships as package data
+LLAMACPP = Path(__file__).resolve().parents[1] / "engine" / "tools" / "reference"
 
 
 @pytest.fixture(scope="module")

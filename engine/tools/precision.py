@@ -4,7 +4,8 @@
     hotseat precision -m smollm2 --vs-llama-server # and llama-server on the same device
 
 Two checks per model, over the prompts llama.cpp's CPU build answered
-(tests/data/llamacpp_<model>.json, made by tests/tools/make_llamacpp_reference.py):
+(engine/tools/reference/llamacpp_<model>.json, made by
+tests/tools/make_llamacpp_reference.py; shipped as package data):
 
 - Teacher-forced greedy: the prompt, then llama.cpp's greedy ids one at a time through the KV
   cache, as decoding runs. A step agrees where our argmax is llama.cpp's id, or ties with it
@@ -29,7 +30,7 @@ import numpy as np
 NEAR_TIE = 0.2        # logits: a different argmax this close to ours is a tie, not an error
 ALLOWANCE = 0.02      # our gap distance may exceed llama-server's by this much (f32 noise)
 PEER_PROBS = 50       # log-probabilities asked of llama-server, to cover the CPU's ten
-DATA = os.path.join(os.path.dirname(__file__), "..", "..", "tests", "data")
+DATA = os.path.join(os.path.dirname(__file__), "reference")   # package data
 
 
 def add_parser(sub) -> None:
@@ -40,7 +41,7 @@ def add_parser(sub) -> None:
                         "(default: both bundled models)")
     p.add_argument("--data", action="append",
                    help="llama.cpp's stored answers for the --model of the same place "
-                        "(default: tests/data/llamacpp_<model>.json)")
+                        "(default: the package's reference/llamacpp_<model>.json)")
     p.add_argument("--steps", type=int, default=0,
                    help="greedy steps per prompt (default: all stored)")
     p.add_argument("--prompts", type=int, default=0, help="prompts per model (default: all)")

@@ -1,4 +1,5 @@
-"""Write tests/data/llamacpp_<model>.json: llama.cpp's greedy output for plain and chat prompts.
+"""Write engine/tools/reference/llamacpp_<model>.json: llama.cpp's greedy output for plain
+and chat prompts.
 
 Run by hand where llama-cpp-python is installed (CI has none; the tests only read the JSON):
 
@@ -31,7 +32,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-OUT = ROOT / "tests" / "data"
+OUT = ROOT / "engine" / "tools" / "reference"      # package data: hotseat precision reads it
 N_GREEDY = 64
 N_CTX = 2048
 N_TOP_LOGPROBS = 20

@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers.reference import ReferenceModel
 from engine.formats.gguf_file import GGUFFile
-from tests.conftest import DATA, load_reference
+from tests.conftest import LLAMACPP, load_reference
 
 SHARED = {"smollm2": "smollm2-135m-instruct-q4_1.json", "gemma3": "gemma3-270m-q4_k_m.json"}
 N_CHECK = 16            # greedy ids that must be reproduced
@@ -33,7 +33,7 @@ CHECKED: dict[str, int] = {"smollm2": 0, "gemma3": 0}
 
 
 def _cases(model: str) -> list:
-    path = DATA / f"llamacpp_{model}.json"
+    path = LLAMACPP / f"llamacpp_{model}.json"
     if not path.exists():
         return [pytest.param(None, marks=pytest.mark.skip(reason=f"{path.name} missing"))]
     marks = [pytest.mark.slow] if model == "gemma3" else []
@@ -138,7 +138,7 @@ def test_shared_reference_gemma3(gemma3):
     _check_shared("gemma3", gemma3)
 
 
-# -- tests/data/llamacpp_*.json -------------------------------------------------------------------
+# -- engine/tools/reference/llamacpp_*.json ------------------------------------------------------
 
 @pytest.mark.parametrize("case", _cases("smollm2"))
 def test_llamacpp_smollm2(smollm2, case):

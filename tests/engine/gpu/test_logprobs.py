@@ -79,9 +79,9 @@ def test_logprobs_of_the_engines_logits(model):
     model reads back: the top 20, in order, and the log-sum-exp, to 1e-4 nats; with greedy
     decoding and with the logits read back for sampling. Gemma 3's 262,144 logits are the
     longest walk a bundled model gives it."""
-    from tests.conftest import DATA
+    from tests.conftest import LLAMACPP
 
-    cases = __import__("json").loads((DATA / f"llamacpp_{model.name}.json").read_text())
+    cases = __import__("json").loads((LLAMACPP / f"llamacpp_{model.name}.json").read_text())
     ids = cases["cases"][0]["prompt_ids"]
     logits = model.eval(ids, 0, greedy=False)
     tok, (lse, lp, top) = model.eval(ids, 0, greedy=True, logprobs=True)

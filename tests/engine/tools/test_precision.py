@@ -58,3 +58,21 @@ def test_smollm2_agrees_with_llamacpp_on_its_first_prompts(dev, kc, smollm2_path
 def test_a_file_without_stored_answers_is_refused_clearly():
     with pytest.raises(ValueError, match="pass --data"):
         precision._data_for("/models/other.gguf", None)
+
+
+def test_the_reference_data_ships_with_the_package():
+    """`hotseat precision` reads llama.cpp's answers from inside the engine package (an
+    installed one has no tests/), declared as package data."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    root = Path(__file__).parents[3]
+    data = Path(precision.DATA).resolve()
+    assert data.is_relative_to(root / "engine")
+    files = sorted(p.name for p in data.glob("llamacpp_*.json"))
+    assert files == ["llamacpp_gemma3.json", "llamacpp_smollm2.json"]
+    globs = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["engine.tools"]
+    rel = [str((data / f).relative_to(root / "engine" / "tools")) for f in files]
+    assert all(any(fnmatch.fnmatch(r, g) for g in globs) for r in rel)
