@@ -155,7 +155,8 @@ class ToolRequest:
     parallel: bool
     family: Family | None = None          # set by prompt()
     preserved: tuple[int, ...] = ()
-    grammar: str | None = None            # the call grammar, where a call is required
+    grammar: str | None = None            # the call grammar, where a call is due (or a
+                                          # call begun under auto: lazy, from its marker)
     constraint: Any = None                # its decoding constraint (None: unavailable)
 
     @property
@@ -185,6 +186,14 @@ class ToolRequest:
                 if self.choice == "required" else \
                 self.family.grammar(tools, parallel, token_of, required=False)
             self.constraint = tool_constraint(tok, self.grammar)
+        elif self.parses and self.family.trigger is not None:
+            # auto: the answer is free, but a call the model starts (its marker is one
+            # token) keeps to the call grammar from that token on
+            start = _marker_id(tok, self.family.trigger)
+            if start is not None:
+                token_of = lambda m: _marker_id(tok, m)      # noqa: E731
+                self.grammar = self.family.grammar(self.tools, self.parallel, token_of)
+                self.constraint = tool_constraint(tok, self.grammar, (start,))
         return ids
 
     def limit(self, max_tokens: int) -> int:
@@ -196,7 +205,7 @@ class ToolRequest:
         since a call repeats its own keys, quotes and brackets by design. With Ollama's
         default repeat_penalty 1.1, SmolLM2 left a string argument open until max_tokens
         ('"city": "London, UK}}}]}  # Use JSON format...')."""
-        if self.constraint is None:
+        if self.constraint is None or self.constraint.triggers:     # free text: as asked
             return s
         return dataclasses.replace(s, repeat_penalty=1.0, frequency_penalty=0.0,
                                    presence_penalty=0.0)

@@ -48,8 +48,9 @@ class Grammar:
     """A checked grammar in llguidance's form. `param` is the request parameter it came from,
     named in errors; `kind` is one of json_schema, json_object, lark, gbnf."""
 
-    def __init__(self, kind: str, text: str, param: str):
+    def __init__(self, kind: str, text: str, param: str, triggers: frozenset[int] = frozenset()):
         self.kind, self.text, self.param = kind, text, param
+        self.triggers = triggers          # lazy: the grammar starts at one of these tokens
         bad, msgs = llguidance.LLMatcher.validate_grammar_with_warnings(text)
         if bad:
             raise ConstraintError(param, f"{param}: {_first_line(msgs[0])}")
@@ -81,12 +82,16 @@ class Grammar:
         return cls("json_object", text, param)
 
     @classmethod
-    def lark(cls, text: str, param: str = "grammar") -> "Grammar":
+    def lark(cls, text: str, param: str = "grammar",
+             triggers: frozenset[int] = frozenset()) -> "Grammar":
         """llguidance's Lark dialect: it may embed a JSON schema (`%json {...}`) and special
-        tokens (`<|im_end|>`), which tool calls need."""
+        tokens (`<|im_end|>`), which tool calls need. triggers: a lazy grammar (as
+        llama.cpp's lazy grammars): the text is free until one of these tokens is chosen,
+        and from it (the grammar's first token) on, the grammar holds."""
         if not isinstance(text, str) or not text.strip():
             raise ConstraintError(param, f"{param} must be a non-empty grammar string")
-        return cls("lark", llguidance.LLMatcher.grammar_from_lark(text), param)
+        return cls("lark", llguidance.LLMatcher.grammar_from_lark(text), param,
+                   frozenset(triggers))
 
     @classmethod
     def gbnf(cls, text: str, param: str = "grammar") -> "Grammar":
@@ -199,7 +204,9 @@ class Constraint:
         self._bits = np.zeros((self.n_vocab + 31) // 32, dtype=np.int32)
         self.mask_s: list[float] = []     # the time of each mask's computation
         self._pending: Future | None = None
-        self._start()
+        self.live = not grammar.triggers  # a lazy grammar holds from its trigger on
+        if self.live:
+            self._start()
 
     def _compute(self) -> None:
         t0 = time.perf_counter()
@@ -211,6 +218,8 @@ class Constraint:
 
     def allowed(self) -> np.ndarray:
         """bool[n_vocab]: the tokens the grammar allows next (waits for the worker)."""
+        if not self.live:
+            return np.ones(self.n_vocab, dtype=bool)
         if self._pending is not None:
             self._pending.result()
             self._pending = None
@@ -218,11 +227,16 @@ class Constraint:
             .view(bool)
 
     def apply(self, logits: np.ndarray) -> np.ndarray:
-        """The logits with every disallowed token at -inf (a new array)."""
-        return apply_mask(logits, self.allowed())
+        """The logits with every disallowed token at -inf (a new array; before a lazy
+        grammar's trigger, the logits themselves)."""
+        return apply_mask(logits, self.allowed()) if self.live else logits
 
     def advance(self, token: int) -> None:
         """Take the chosen token and start computing the next mask."""
+        if not self.live:
+            if token not in self.grammar.triggers:
+                return
+            self.live = True
         if self._pending is not None:
             self._pending.result()
             self._pending = None
@@ -233,12 +247,12 @@ class Constraint:
     @property
     def complete(self) -> bool:
         """Whether the text so far is a whole sentence of the grammar (EOS allowed)."""
-        return self._m.is_accepting()
+        return not self.live or self._m.is_accepting()
 
     @property
     def stopped(self) -> bool:
         """Whether nothing can follow: only end-of-generation is allowed, or nothing."""
-        return self._m.is_stopped()
+        return self.live and self._m.is_stopped()
 
     def close(self) -> None:
         if self._pending is not None:

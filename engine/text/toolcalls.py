@@ -122,6 +122,9 @@ class Family:
 
     name = ""
     markers: tuple[str, ...] = ()   # control-token texts kept in the output (and held back)
+    trigger: str | None = None      # the marker that starts a call and nothing else: where it
+                                    # is one token, a call under tool_choice "auto" is held
+                                    # to the grammar from it on (a lazy grammar)
 
     def parse(self, text: str, partial: bool = False) -> Parsed:
         raise NotImplementedError
@@ -273,6 +276,7 @@ class Hermes(_JsonCallsFamily):
     name = "hermes"
     start, end = "<tool_call>", "</tool_call>"
     markers = ("<tool_call>", "</tool_call>")
+    trigger = "<tool_call>"
 
     def parse(self, text: str, partial: bool = False) -> Parsed:
         reasoning, text = _think(text, partial)
@@ -374,6 +378,7 @@ class Mistral(_JsonCallsFamily):
 
     name = "mistral"
     markers = ("[TOOL_CALLS]", "[ARGS]", "[CALL_ID]")
+    trigger = "[TOOL_CALLS]"
 
     def __init__(self, style: str = "list"):
         self.style = style          # "list", "args" or "call_id": what grammar() writes
@@ -560,6 +565,7 @@ class Gemma4(Family):
 
     name = "gemma4"
     markers = ("<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>")
+    trigger = "<|tool_call>"
     Q = '<|"|>'
 
     def parse(self, text: str, partial: bool = False) -> Parsed:
@@ -883,8 +889,9 @@ def prepare_messages(messages: list[dict], tools: list[dict] | None, caps: dict[
 
 # -- constrained decoding ----------------------------------------------------------------------
 
-def tool_constraint(tokenizer, grammar: str):
+def tool_constraint(tokenizer, grammar: str, triggers: tuple[int, ...] = ()):
     """What generate(constraint=...) takes for a call grammar: engine/text/constrain.py's
     Grammar, which binds itself to the tokenizer when the generation starts. The grammar's
-    control-token markers are `<[id]>` references of `tokenizer`'s ids."""
-    return Grammar.lark(grammar, param="tool_choice")
+    control-token markers are `<[id]>` references of `tokenizer`'s ids. triggers: the
+    grammar is lazy, holding from the first of these tokens on."""
+    return Grammar.lark(grammar, param="tool_choice", triggers=frozenset(triggers))

@@ -375,3 +375,61 @@ def test_parse_tools_flat_and_nested_agree():
                         "tool_choice": {"type": "function", "name": "get_weather"}}, flat=True)
     assert nested.tools == flat.tools and nested.named == flat.named == "get_weather"
     assert nested.choice == flat.choice == "required"
+
+
+class _HermesModel:
+    """What ToolRequest.prompt reads of an engine, for a Qwen-style model whose call markers
+    are control tokens: its chat template and a byte-fallback vocabulary."""
+
+    def __init__(self):
+        from engine.text.chat import ChatTemplate
+        from engine.text.tokenizer import Tokenizer
+        from tests.engine.text.test_toolcalls import QWEN_TEMPLATE
+
+        ctl = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+        tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ctl
+        self.tok = Tokenizer(model="llama", pre="default", tokens=tokens,
+                             token_types=[2, 3, 3] + [6] * 256 + [3] * len(ctl),
+                             scores=[0.0] * len(tokens), merges=None, bos_id=1, eos_id=2,
+                             add_space_prefix=False)
+        self.template = ChatTemplate(QWEN_TEMPLATE)
+
+    def chat_template(self, name):
+        return self.template
+
+    def tokenizer(self, name):
+        return self.tok
+
+
+@pytest.mark.parametrize("choice,lazy", [("auto", True), ("required", False)])
+def test_a_call_begun_under_auto_keeps_to_the_call_grammar(choice, lazy):
+    """Under auto the answer is free until the model writes the call's start marker (one
+    token): from it on, the call grammar holds, as when a call is required. Its sampling
+    keeps the client's penalties while the text is free."""
+    from engine.text.constrain import Constraint
+
+    model = _HermesModel()
+    req = parse_request({"messages": ASK, "tools": [WEATHER], "tool_choice": choice,
+                         "repeat_penalty": 1.3}, chat=True)
+    req.tools.prompt(model, "m", req.messages)
+    start = model.tok.token_id("<tool_call>")
+    assert req.tools.constraint.triggers == ({start} if lazy else set())
+    assert (req.tools.sampling(req.sampling).repeat_penalty == 1.3) == lazy
+    c = Constraint(req.tools.constraint, model.tok)
+
+    def ids(text: str) -> list[int]:                # one byte token each
+        return [3 + b for b in text.encode()]
+    free = ids("Let me look.")
+    if lazy:
+        for t in free:
+            assert c.allowed().all()
+            c.advance(t)
+    else:
+        assert not c.allowed()[free[0]]
+    call = '\n{"name": "get_weather", "arguments": {"city": "Paris", "x": 1}}'
+    c.advance(start)
+    for t in ids(call[:call.index(', "x"')]):
+        assert c.allowed()[t]
+        c.advance(t)
+    assert not c.allowed()[ids(",")[0]] and c.allowed()[ids("}")[0]]     # no other key
+    c.close()

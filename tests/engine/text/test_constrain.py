@@ -103,6 +103,26 @@ def test_control_tokens_are_never_text():
     assert c.allowed()[tok.eos_id]                           # the empty text is a sentence
 
 
+def test_a_lazy_grammar_holds_from_its_trigger_on():
+    """A call under tool_choice auto: the text is free (the logits pass as they are) until
+    the trigger token is chosen; from it on, only the grammar's text, and the end only when
+    it is whole."""
+    tok = spm_vocab()
+    ctl, red = tok.token_id("<ctl>"), tok.token_id("red")
+    c = Constraint(Grammar.lark(f'start: <[{ctl}]> "red"', triggers=frozenset({ctl})), tok)
+    logits = np.linspace(-1, 1, tok.n_vocab, dtype=np.float32)
+    for t in (tok.token_id("gr"), red, 3 + 0x61):          # free text, whatever it is
+        assert c.apply(logits) is logits and c.allowed().all() and c.complete
+        c.advance(t)
+    c.advance(ctl)                                          # the call begins
+    allowed = c.allowed()
+    assert allowed[red] and not allowed[ctl] and not allowed[tok.eos_id]
+    assert not c.complete and np.isneginf(c.apply(logits)[tok.token_id("gr")])
+    c.advance(red)
+    assert c.complete and c.allowed()[tok.eos_id]
+    c.close()
+
+
 @pytest.fixture(scope="module")
 def smollm2(smollm2_path) -> Tokenizer:
     from engine.formats.gguf_file import GGUFFile
