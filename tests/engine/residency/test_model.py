@@ -7,7 +7,7 @@ import pytest
 from engine.formats.gguf_file import GGUFFile, ModelFileError
 from engine.residency.loop import Timings, generate
 from engine.residency.model import Model
-from tests.conftest import DATA, load_reference
+from tests.conftest import LLAMACPP, load_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -89,7 +89,7 @@ def test_smollm2_cases_follow_llama_cpp(smollm2):
     runs agree until the first near-tie (llama.cpp's own CPU and flash-attention paths part
     ways on such ties too), so only their count is reported.
     """
-    path = DATA / "llamacpp_smollm2.json"
+    path = LLAMACPP / "llamacpp_smollm2.json"
     cases = __import__("json").loads(path.read_text())["cases"]
     agree = 0
     for case in cases:

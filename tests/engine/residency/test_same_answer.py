@@ -14,7 +14,7 @@ import pytest
 
 from engine.residency.loop import Timings, generate
 from engine.residency.model import Model
-from tests.conftest import DATA
+from tests.conftest import LLAMACPP
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 
@@ -23,7 +23,7 @@ NARROW = 20         # prompts up to this long also run in passes of 2 and of 3 t
 
 
 def cases(model: str) -> list[dict]:
-    return json.loads((DATA / f"llamacpp_{model}.json").read_text())["cases"]
+    return json.loads((LLAMACPP / f"llamacpp_{model}.json").read_text())["cases"]
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
