@@ -7,10 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import signal
-import subprocess
-import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,8 +18,7 @@ import ollama
 import openai
 import pytest
 
-from tests.conftest import ROOT
-from tests.engine.server.test_access import SERVING
+from tests.helpers.served import served
 
 pytestmark = pytest.mark.gpu
 
@@ -38,29 +33,8 @@ TIMINGS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_
 @pytest.fixture(scope="module")
 def base(smollm2_path):
     """`hotseat serve` on a free port, with an API key."""
-    env = {k: v for k, v in os.environ.items() if k not in ("HOTSEAT_API_KEY", "OLLAMA_HOST")}
-    env["PYTHONPATH"] = str(ROOT)
-    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "serve", "--port", "0",
-                             "--ctx", str(N_CTX), "--api-key", KEY, "-m", smollm2_path],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env=env)
-    watchdog = threading.Timer(240, proc.kill)
-    watchdog.start()
-    try:
-        line = proc.stdout.readline().strip()
-    finally:
-        watchdog.cancel()
-    m = SERVING.match(line)
-    try:
-        assert m is not None, (line, proc.stderr.read() if proc.poll() is not None else "")
-        yield f"http://127.0.0.1:{m.group(3)}"
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    with served("--ctx", str(N_CTX), "--api-key", KEY, "-m", smollm2_path) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
