@@ -101,8 +101,8 @@ def chat_messages(body: dict) -> list[dict]:
         if role not in ("user", "assistant"):
             raise bad(f"{p}.role must be user or assistant, got {show(role)}", f"{p}.role",
                       "invalid_value")
-        text, calls = [], []
-        for k, b in enumerate(_blocks(m, i)):
+        text, calls, blocks = [], [], _blocks(m, i)
+        for k, b in enumerate(blocks):
             kind, bp = b.get("type"), f"{p}.content[{k}]"
             if kind == "text" and isinstance(b.get("text"), str):
                 text.append(b["text"])
@@ -133,7 +133,7 @@ def chat_messages(body: dict) -> list[dict]:
             msgs.append({"role": "assistant", "content": "".join(text) or None,
                          "tool_calls": calls})
         elif text or role == "assistant" or not any(
-                b.get("type") == "tool_result" for b in _blocks(m, i)):
+                b.get("type") == "tool_result" for b in blocks):
             msgs.append({"role": role, "content": "".join(text)})
     return msgs
 

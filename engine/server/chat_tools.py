@@ -276,6 +276,7 @@ class ToolStream:
     content: str = ""
     calls: list[list] = field(default_factory=list)     # [id, name, arguments sent]
     reasoning: str = ""
+    parsed: Parsed | None = None                        # the whole answer's, after finish()
 
     def feed(self, piece: str) -> list[dict]:
         self.text += piece
@@ -284,7 +285,7 @@ class ToolStream:
     def finish(self, cut: bool = False) -> tuple[list[dict], bool]:
         """The last deltas, from the parse of the whole text, and whether it called tools
         (cut: ToolRequest.final's)."""
-        p = self.req.final(self.text, cut)
+        p = self.parsed = self.req.final(self.text, cut)
         return self._diff(p), bool(p.calls)
 
     def _diff(self, p: Parsed) -> list[dict]:

@@ -534,7 +534,7 @@ class OllamaRoutes:
             if parsing is not None:
                 rest, _ = parsing.finish(out.finish_reason == "length")
                 text = "".join(d.get("content", "") for d in rest)
-                calls = tools.final(parsing.text, out.finish_reason == "length").calls
+                calls = parsing.parsed.calls
                 if text or calls:
                     await send(piece_obj(text, ollama_calls(calls)))
             await send(final_obj(out, load_s, ""))
