@@ -13,7 +13,6 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from ..text.sampling import SamplingError, SamplingParams
-from .chat_tools import call_id
 from .errors import bad, integer, number, show
 
 # Ollama's defaults for what a request leaves out (its Modelfile documentation)
@@ -159,7 +158,10 @@ def parse_format(v: Any) -> dict | None:
 def parse_chat_messages(v: Any) -> list[dict]:
     """Ollama's messages as the OpenAI routes hold them. An assistant's tool_calls carry
     their arguments as objects and no ids; a role "tool" message (its `tool_name` optional)
-    answers the calls before it in order, so each gets the id of the call it answers."""
+    answers the calls before it in order, so each gets the id of the call it answers. The
+    ids are made from the call's place (call_<message>_<call>), not drawn: the same
+    conversation is the same prompt on every turn, so its answer and its prompt cache
+    hold."""
     if v is None:
         return []
     if not isinstance(v, list):
@@ -184,11 +186,11 @@ def parse_chat_messages(v: Any) -> list[dict]:
             raise bad(f"{p}.content must be a string", f"{p}.content", "invalid_type")
         msg: dict = {"role": role, "content": content}
         if role == "assistant" and m.get("tool_calls"):
-            msg["tool_calls"] = [_call(c, f"{p}.tool_calls[{k}]")
+            msg["tool_calls"] = [_call(c, f"{p}.tool_calls[{k}]", f"call_{i}_{k}")
                                  for k, c in enumerate(_list(m["tool_calls"], p))]
             pending = [c["id"] for c in msg["tool_calls"]]
         elif role == "tool":
-            msg["tool_call_id"] = pending.pop(0) if pending else call_id()
+            msg["tool_call_id"] = pending.pop(0) if pending else f"call_{i}"
             name = m.get("tool_name", m.get("name"))
             if isinstance(name, str) and name:
                 msg["name"] = name
@@ -202,7 +204,7 @@ def _list(v: Any, p: str) -> list:
     return v
 
 
-def _call(c: Any, p: str) -> dict:
+def _call(c: Any, p: str, made: str) -> dict:
     f = c.get("function") if isinstance(c, dict) else None
     if not isinstance(f, dict) or not isinstance(f.get("name"), str) \
             or not isinstance(f.get("arguments", {}), (dict, str)):
@@ -210,7 +212,7 @@ def _call(c: Any, p: str) -> dict:
                   "invalid_value")
     args = f.get("arguments", {})
     cid = c.get("id")
-    return {"id": cid if isinstance(cid, str) and cid else call_id(), "type": "function",
+    return {"id": cid if isinstance(cid, str) and cid else made, "type": "function",
             "function": {"name": f["name"],
                          "arguments": args if isinstance(args, str) else
                          json.dumps(args, ensure_ascii=False)}}

@@ -383,15 +383,18 @@ def test_chat_tools_loop_with_the_ollama_client(client):
 
 def test_tool_results_answer_the_calls_before_them_in_order():
     """Ollama's messages carry no call ids: each tool result takes the id of the call it
-    answers, in order, and arguments (objects in Ollama) become OpenAI's JSON text."""
+    answers, in order (ids made from the call's place), and arguments (objects in Ollama)
+    become OpenAI's JSON text."""
     from engine.server.ollama_values import parse_chat_messages
 
-    msgs = parse_chat_messages(USE_TOOL + [
+    given = USE_TOOL + [
         {"role": "assistant", "content": "", "tool_calls": [
             {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
             {"function": {"name": "get_weather", "arguments": {"city": "Tokyo"}}}]},
         {"role": "tool", "content": "18 C", "tool_name": "get_weather"},
-        {"role": "tool", "content": "25 C"}])
+        {"role": "tool", "content": "25 C"}]
+    msgs = parse_chat_messages(given)
+    assert parse_chat_messages(given) == msgs     # the same prompt on every turn: no drawn ids
     calls = msgs[1]["tool_calls"]
     assert [json.loads(c["function"]["arguments"]) for c in calls] == \
         [{"city": "Paris"}, {"city": "Tokyo"}]
