@@ -322,7 +322,10 @@ class MessagesRoutes:
             for delta in (tools.feed(piece) if tools else [{"content": piece}]):
                 await apply(delta)
 
-        try:
+        async def report(exc: ApiError) -> None:
+            await event("error", error=error_body(exc)["error"])
+
+        async with self._stream_body(request, resp, cancel, report):
             await event("message_start", message={
                 **base, "content": [], "stop_reason": None, "stop_sequence": None,
                 "usage": {"input_tokens": len(ids), "output_tokens": 0}})
@@ -341,13 +344,4 @@ class MessagesRoutes:
                         usage=_usage(out))
             await event("message_stop")
             await resp.write_eof()
-        except ApiError as exc:                 # the headers are sent: report in the stream
-            try:
-                await event("error", error=error_body(exc)["error"])
-                await resp.write_eof()
-            except ConnectionError:
-                pass
-        except ConnectionError:
-            cancel.set()
-            self._left.add(id(request))
         return resp

@@ -525,7 +525,10 @@ class OllamaRoutes:
                 if d.get("content"):
                     await send(piece_obj(d["content"]))
 
-        try:
+        async def report(exc: ApiError) -> None:
+            await send(error_body(exc))
+
+        async with self._stream_body(request, resp, cancel, report):
             out = await self._pumped(request, slot, req, ids, max_tokens, write, cancel)
             if out.finish_reason == "cancelled" and _gone(request):
                 self._left.add(id(request))
@@ -539,15 +542,6 @@ class OllamaRoutes:
                     await send(piece_obj(text, ollama_calls(calls)))
             await send(final_obj(out, load_s, ""))
             await resp.write_eof()
-        except ApiError as exc:                # the headers are sent: report in the stream
-            try:
-                await send(error_body(exc))
-                await resp.write_eof()
-            except ConnectionError:
-                pass
-        except ConnectionError:
-            cancel.set()
-            self._left.add(id(request))
         return resp
 
     # -- embeddings ---------------------------------------------------------------------------

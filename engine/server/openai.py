@@ -7,6 +7,7 @@ its generation.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -466,6 +467,25 @@ class OpenAIRoutes:
             if not writer.done():
                 writer.cancel()
 
+    @contextlib.asynccontextmanager
+    async def _stream_body(self, request: web.Request, resp: web.StreamResponse,
+                           cancel: threading.Event,
+                           report: Callable[[ApiError], Awaitable[None]]):
+        """The body of a streamed answer, its headers sent (every streamed route's): an
+        ApiError is reported in the stream by report(exc), which ends it; a client gone
+        (ConnectionError) cancels the generation and is counted as gone."""
+        try:
+            yield
+        except ApiError as exc:
+            try:
+                await report(exc)
+                await resp.write_eof()
+            except ConnectionError:
+                pass
+        except ConnectionError:
+            cancel.set()
+            self._left.add(id(request))
+
     async def _stream(self, request: web.Request, slot: ModelSlot, req: GenRequest,
                       ids: list[int], max_tokens: int, meta: dict, headers: dict,
                       chat: bool) -> web.StreamResponse:
@@ -509,7 +529,11 @@ class OpenAIRoutes:
                 await send(chunk(delta, None, entries=held[:]))
                 held.clear()
 
-        try:
+        async def report(exc: ApiError) -> None:
+            await send(exc.body())
+            await send("[DONE]")
+
+        async with self._stream_body(request, resp, cancel, report):
             if chat:
                 await send(chunk(None, None, first=True))
             out = await self._pumped(request, slot, req, ids, max_tokens, write, cancel)
@@ -527,16 +551,6 @@ class OpenAIRoutes:
                 await send({**meta, "object": obj, "choices": [], "usage": _usage(out)})
             await send("[DONE]")
             await resp.write_eof()
-        except ApiError as exc:                # the headers are sent: report in the stream
-            try:
-                await send(exc.body())
-                await send("[DONE]")
-                await resp.write_eof()
-            except ConnectionError:
-                pass
-        except ConnectionError:                # the client went away mid-stream
-            cancel.set()
-            self._left.add(id(request))
         return resp
 
 

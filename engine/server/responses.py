@@ -310,7 +310,10 @@ class ResponsesRoutes:
             for delta in (tools.feed(piece) if tools else [{"content": piece}]):
                 await apply(delta)
 
-        try:
+        async def report(exc: ApiError) -> None:
+            await event("error", code=exc.code, message=exc.message, param=exc.param)
+
+        async with self._stream_body(request, resp, cancel, report):
             await event("response.created",
                         response={**base, "status": "in_progress", "output": [], "usage": None})
             await event("response.in_progress",
@@ -329,15 +332,6 @@ class ResponsesRoutes:
             await event("response.incomplete" if final["status"] == "incomplete"
                         else "response.completed", response=final)
             await resp.write_eof()
-        except ApiError as exc:                 # the headers are sent: report in the stream
-            try:
-                await event("error", code=exc.code, message=exc.message, param=exc.param)
-                await resp.write_eof()
-            except ConnectionError:
-                pass
-        except ConnectionError:
-            cancel.set()
-            self._left.add(id(request))
         return resp
 
 

@@ -13,14 +13,10 @@ import pytest
 
 from engine.server.app import make_app
 from tests.engine.server.test_serve import ServerThread
-from tests.engine.server.test_tools_serve import assert_server_ids
+from tests.engine.server.test_tools_serve import WEATHER, assert_server_ids
 
 pytestmark = pytest.mark.gpu
 
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                   "required": ["city"]}}}
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "The time in a time zone",
     "parameters": {"type": "object", "properties": {
