@@ -18,6 +18,7 @@ WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPER_BLOCKS = K_QUANTS + ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")       # 256-weight super-blocks: rows of 256k weights
                                             # (include/types.glsl's SUPER_BLOCK)
+MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0")   # mul_mat_vecq's readers
 _FMT = {"u32": "I", "f32": "f"}
 MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_USED
 
@@ -56,6 +57,9 @@ class KernelSpec:
     coopmat: bool = False                   # uses VK_KHR_cooperative_matrix: compiled by
                                             # glslang (the glslc of Debian 12 lacks it)
     step: int | None = None                 # binding of the step buffer, if it reads it
+    types: tuple[str, ...] = ()             # typed: only these weight types (else all)
+    dot4: bool = False                      # uses SPV_KHR_integer_dot_product (the device's
+                                            # VK_KHR_shader_integer_dot_product)
 
     @property
     def push_size(self) -> int:
@@ -80,6 +84,12 @@ KERNELS: dict[str, KernelSpec] = {
         (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U), ("eps", F)),
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3), ("XFORM", 4), ("MAP", 5)), typed=True,
         writes=(2,)),
+    "mul_mat_vecq": KernelSpec(
+        "mul_mat_vecq.comp", 4,
+        (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U), ("eps", F)),
+        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("XFORM", 3), ("KMAX", 4), ("UNROLL", 5)),
+        typed=True,
+        writes=(2,), types=MATVECQ_TYPES, dot4=True),
     "mul_mat_cm": KernelSpec(
         "mul_mat_cm.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
@@ -208,7 +218,7 @@ def _variants() -> dict[str, tuple[str, tuple[str, ...], str]]:
         tool = "glslang" if ks.coopmat else "glslc"
         defs = () if ks.step is None else (f"STEP_BINDING={ks.step}",)
         if ks.typed:
-            for t in WEIGHT_TYPES:
+            for t in ks.types or WEIGHT_TYPES:
                 out[variant_name(name, t)] = (ks.source, (f"TYPE_{t}",) + defs, tool)
         else:
             out[name] = (ks.source, defs, tool)

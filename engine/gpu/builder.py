@@ -3,6 +3,10 @@
 `Builder` turns calls like `b.matmul(w, x, y, n)` into recorded dispatches on a `Graph`:
 it knows each kernel's group counts and push constants, so architectures read as a list
 of tensor operations. Which kernel an op takes comes from the model's `Paths` table.
+
+Why this module is long: it is one method per op, and the ops share the state that saves
+work across them (x rounded once for several products, expert groups made once for gate,
+up and down); split by kind, that state would cross modules.
 """
 from __future__ import annotations
 
@@ -74,7 +78,7 @@ class Builder:
         on a bindable offset (Tensor.skip) takes mul_mat, which reads from a row offset."""
         p = self.paths()
         skips = w.skips()
-        if n == 1 and p.decode_matmul == "mul_mat_vec" and not any(skips):
+        if n == 1 and p.decode_matmul in ("mul_mat_vec", "mul_mat_vecq") and not any(skips):
             self._matvec(w, x, y, accumulate, x_row)
             return
         n_in, n_out = w.shape[0], w.rows
@@ -115,6 +119,9 @@ class Builder:
         """One token: mul_mat_vec, the activations rounded inside it (no quantize_act).
         xform 1 or 2 fuses the op before (mul_mat_vec.comp's XFORM) with its input x2."""
         n_in = w.shape[0]
+        if self.paths().decode_matmul == "mul_mat_vecq" and self.t.matvecq_fits(w.wtype, n_in):
+            self._matvecq(w, x, y, accumulate, x_row, xform, x2, eps)
+            return
         act = MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0
         rows, lanes, mode = self.t.matvec_shape(w.wtype, w.rows, n_in // MATVEC_CHUNK[w.wtype])
         spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate), ACT=act, XFORM=xform,
@@ -125,12 +132,29 @@ class Builder:
                       n_out=count, x_offset=x_row * n_in // 4, y_offset=first, eps=eps)
         self._wrote(y)
 
+    def _matvecq(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool, x_row: int,
+                 xform: int, x2, eps: float) -> None:
+        """One token with x rounded to int8 in shared memory (mul_mat_vecq): each workgroup
+        stages x (and the op before) once, then its subgroups walk row tiles."""
+        n_in = w.shape[0]
+        lanes, rows, ahead, groups = self.t.matvecq_shape(w.wtype, w.rows)
+        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate), XFORM=xform, KMAX=n_in,
+                    UNROLL=ahead)
+        per_tile = rows * max(1, lanes // self.t.subgroup)
+        for buf, first, count in w.bindings():
+            tiles = -(-count // per_tile)
+            self.g.op("mul_mat_vecq", [buf, x, y, x if x2 is None else x2],
+                      (min(tiles, groups) if groups else tiles, 1, 1), wtype=w.wtype,
+                      spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
+                      y_offset=first, eps=eps)
+        self._wrote(y)
+
     def _fusing(self, n: int, ws: list[Tensor]) -> bool:
         """Whether one token's products over ws can take the op before them into their
         reading of x (mul_mat_vec's XFORM): not where ggml's rounding of x is asked for,
         which must see the op's output."""
         return (n == 1 and self.t.fuse_decode and not self.t.ggml_numerics
-                and self.paths().decode_matmul == "mul_mat_vec"
+                and self.paths().decode_matmul in ("mul_mat_vec", "mul_mat_vecq")
                 and not any(any(w.skips()) for w in ws))
 
     def norm_matmuls(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,

@@ -68,7 +68,7 @@ class KernelCache:
 
     def get(self, name: str, wtype: str | None = None, **spec: int) -> tuple[object, KernelSpec]:
         ks = KERNELS[name]
-        if ks.typed and wtype not in WEIGHT_TYPES:
+        if ks.typed and wtype not in (ks.types or WEIGHT_TYPES):
             raise ValueError(f"{name}: no variant for weight type {wtype}")
         names = dict(ks.spec)
         if "SG" in names:

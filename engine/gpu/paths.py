@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 
 from . import limits, vk
 from .kernels import compiled
+from shaders.registry import MATVECQ_TYPES
 
 
 FLASH_ATTN_MODES = ("auto", "on", "off")
@@ -80,20 +81,26 @@ class Tuning:
     loop_ticks: int = 0          # the driver's bound on a subgroup's loop iterations, all
                                  # loops of a dispatch together (limits.py); 0: none
     max_ctx: int = limits.MAX_CTX    # the longest context this device's kernels take
+    dot4: bool = False           # the device has 4-wide int8 dot products: decode products
+                                 # of the types mul_mat_vecq reads take int8 activations
+                                 # there (where ggml's rounding is not asked for)
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
         coopmat = (dev.coopmat and dev.subgroup_size == 32 and compiled("mul_mat_cm")
                    and compiled("flash_attn_cm"))
-        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat)
+        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat,
+                            dot4=dev.dot4 and compiled("mul_mat_vecq")
+                            and os.environ.get("HOTSEAT_MATVECQ") != "off")
 
     @classmethod
     def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
-                 flash_attn: str = "auto", coopmat: bool = False) -> "Tuning":
+                 flash_attn: str = "auto", coopmat: bool = False,
+                 dot4: bool = False) -> "Tuning":
         driver = limits.for_device(info)
         common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
                       loop_ticks=driver.loop_ticks, max_ctx=driver.max_ctx,
-                      amd_gcn=is_amd_gcn(info), coopmat=coopmat,
+                      amd_gcn=is_amd_gcn(info), coopmat=coopmat, dot4=dot4,
                       prefill_tokens=512 if coopmat else 0, max_shared=max_shared,
                       # where the matrix units can take prefill, their f16 inputs cannot
                       # follow ggml's CPU rounding anyway: decode does not either
@@ -143,6 +150,27 @@ class Tuning:
             rows = 2 if n_out <= 2048 and chunks <= 64 else 8
         return rows, lanes, 0
 
+    @property
+    def matvecq(self) -> bool:
+        """Decode products with int8 activations (mul_mat_vecq) where the type allows."""
+        return self.dot4 and self.matvec and not self.ggml_numerics
+
+    def matvecq_fits(self, wtype: str, n_in: int) -> bool:
+        """Whether mul_mat_vecq reads this type, and x of n_in fits its shared memory (the
+        int8 values, a scale per 32 and a sum per 16)."""
+        block = 32 if wtype == "Q4_0" else 256
+        return (wtype in MATVECQ_TYPES and n_in % block == 0
+                and n_in + n_in // 8 + n_in // 4 + 128 <= self.max_shared)
+
+    def matvecq_shape(self, wtype: str, n_out: int) -> tuple[int, int, int, int]:
+        """(lanes, rows a subgroup takes at once, super-blocks read ahead, workgroups; 0 for
+        one per row tile) of a mul_mat_vecq dispatch. $HOTSEAT_MATVECQ ("Q4_K=128x2x2x0")
+        sets them per weight type, to measure a choice in a whole model."""
+        chosen = matvecq_override().get(wtype)
+        if chosen is not None:
+            return chosen
+        return 4 * self.subgroup, 2, 2, 0
+
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
         """Tiled attention for this pass? Never for decode (one token), which splits instead."""
         if n_tokens <= 1 or self.flash_attn == "off":
@@ -190,7 +218,8 @@ class Tuning:
             "flash_attn" if self.use_flash_attn(head_dim, 2) else "attention"
         return Paths(
             head_dim=head_dim,
-            decode_matmul="mul_mat_vec" if self.matvec else "mul_mat",
+            decode_matmul="mul_mat_vecq" if self.matvecq else "mul_mat_vec" if self.matvec
+            else "mul_mat",
             prefill_matmul="mul_mat_cm" if self.fast_prefill else "mul_mat",
             # with ggml's rounding a token's attention has the same bits whichever pass
             # computes it: decode takes the prefill's kernel, so a cached prefix followed by
@@ -207,7 +236,8 @@ class Tuning:
 class Paths:
     """The kernel each op takes, per phase (decode: one token; prefill: a chunk)."""
     head_dim: int
-    decode_matmul: str       # mul_mat_vec | mul_mat (one token)
+    decode_matmul: str       # mul_mat_vecq (int8 activations, where the type has a
+                             # reader; else mul_mat_vec) | mul_mat_vec | mul_mat (one token)
     prefill_matmul: str      # mul_mat_cm (matrix units) | mul_mat (register tiles);
                              # a product whose row length is no multiple of 16 takes mul_mat
     decode_attention: str    # attn_decode (one pass per split) | attn_split (two) | with
@@ -220,6 +250,25 @@ class Paths:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def matvecq_override() -> dict[str, tuple[int, int, int, int]]:
+    """$HOTSEAT_MATVECQ parsed: {type: (lanes, rows, read-ahead, workgroups)}; "off" turns
+    mul_mat_vecq off (Tuning.for_device)."""
+    out = {}
+    value = os.environ.get("HOTSEAT_MATVECQ", "")
+    for item in filter(None, "" if value == "off" else value.split(",")):
+        try:
+            wtype, shape = item.split("=")
+            lanes, rows, ahead, groups = (int(v) for v in shape.split("x"))
+        except ValueError:
+            raise ValueError(f"HOTSEAT_MATVECQ: {item!r} is not TYPE=LANESxROWSxAHEADxGROUPS"
+                             ) from None
+        if lanes < 1 or rows < 1 or ahead < 1 or groups < 0:
+            raise ValueError(f"HOTSEAT_MATVECQ: {item!r}: lanes, rows and read-ahead from 1, "
+                             "workgroups from 0")
+        out[wtype.strip()] = (lanes, rows, ahead, groups)
+    return out
 
 
 def matvec_override() -> dict[str, tuple[int, int, int]]:

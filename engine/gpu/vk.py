@@ -296,7 +296,17 @@ class Device:
         self.coopmat = (self.has_float16 and bool(f12.vulkanMemoryModel)
                         and "VK_KHR_cooperative_matrix" in dev_exts
                         and self._coopmat_16x16x16())
-        want11 = _vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=_vk.VK_TRUE)
+        # 4-wide int8 dot products (mul_mat_vecq, the decode product with int8 activations)
+        self.dot4 = False
+        if "VK_KHR_shader_integer_dot_product" in dev_exts:
+            fdot = _vk.VkPhysicalDeviceShaderIntegerDotProductFeatures()
+            _vk.vkGetPhysicalDeviceFeatures2(self.physical,
+                                             _vk.VkPhysicalDeviceFeatures2(pNext=fdot))
+            self.dot4 = bool(fdot.shaderIntegerDotProduct)
+        want11 = _vk.VkPhysicalDeviceVulkan11Features(
+            storageBuffer16BitAccess=_vk.VK_TRUE,
+            pNext=_vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(
+                shaderIntegerDotProduct=_vk.VK_TRUE) if self.dot4 else None)
         want_cm = (_vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
             pNext=want11, cooperativeMatrix=_vk.VK_TRUE) if self.coopmat else want11)
         want12 = _vk.VkPhysicalDeviceVulkan12Features(
@@ -309,7 +319,8 @@ class Device:
             shaderInt16=feats.features.shaderInt16 or None,
             shaderInt64=feats.features.shaderInt64 or None))
         enable = [e for e in ("VK_EXT_memory_budget", "VK_EXT_external_memory_host",
-                              "VK_KHR_external_memory_fd") if e in dev_exts] + (["VK_KHR_cooperative_matrix"] if self.coopmat else [])
+                              "VK_KHR_external_memory_fd", "VK_KHR_shader_integer_dot_product")
+                  if e in dev_exts and (e != "VK_KHR_shader_integer_dot_product" or self.dot4)] + (["VK_KHR_cooperative_matrix"] if self.coopmat else [])
         qinfo = _vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family,
                                             queueCount=1, pQueuePriorities=[1.0])
         self.device = _vk.vkCreateDevice(self.physical, _vk.VkDeviceCreateInfo(

@@ -88,9 +88,11 @@ MATVEC_SHAPES = (("Q4_0", 2048, 512), ("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192)
                  ("Q2_K", 4096, 14336), ("IQ4_NL", 4096, 14336), ("IQ4_XS", 4096, 14336),
                  ("MXFP4", 2880, 14336), ("IQ3_XXS", 4096, 14336), ("IQ3_S", 4096, 14336),
                  ("IQ2_XXS", 4096, 14336), ("IQ2_XS", 4096, 14336), ("IQ2_S", 4096, 14336))
-MATVEC_ROWS = (1, 2, 4, 8, 16)
-MATVEC_LANES = (32, 64, 128, 256)
-MATVEC_MAPS = {"Q4_K": (0, 1), "Q6_K": (0, 1)}     # mul_mat_vec's lane maps (MAP) per type
+# mul_mat_vecq's (lanes, rows, read-ahead, workgroups; 0: one per row tile) timed per shape
+MATVECQ_GRID = tuple((lanes, rows, ahead, groups) for lanes in (128, 256)
+                     for rows in (1, 2, 4) for ahead in (1, 2, 4) for groups in (0, 512))
+COLD_BYTES = 192 << 20   # weights a timed graph reads: past the caches of the GPUs measured
+MAX_COPIES = 256
 OPS_PER_GRAPH = 8
 WARM_UP_S = 0.2         # replays before the timed ones, for the clocks to come up
 # Byte offsets of the f16 scales in a block of each quantized type (other bytes: any bits)
@@ -120,15 +122,15 @@ def _random_weights(rng, wtype: str, n_in: int, n_out: int) -> np.ndarray:
     return raw.reshape(-1)
 
 
-def _time_records(dev, kernels, record, repeats: int) -> float:
-    """Median GPU time of one record(g) (its ops summed: W in parts is an op per part):
-    OPS_PER_GRAPH records in a row, replayed."""
+def _time_records(dev, kernels, record, repeats: int, ops: int = OPS_PER_GRAPH) -> float:
+    """Median GPU time of one record(g, i) (its ops summed: W in parts is an op per part):
+    `ops` records in a row (i = 0 .. ops - 1), replayed."""
     from ..gpu.graph import Graph
 
     g = Graph(dev, kernels, "bench", profile=dev.timestamps_ok)
     try:
-        for _ in range(OPS_PER_GRAPH):
-            record(g)
+        for i in range(ops):
+            record(g, i)
         g.finish()
         # a GPU idles at low clocks between short runs: replay until it has run for a while
         t_end = time.perf_counter() + WARM_UP_S
@@ -140,18 +142,34 @@ def _time_records(dev, kernels, record, repeats: int) -> float:
             g.replay()
             wall = time.perf_counter() - t0
             if dev.timestamps_ok:
-                times.append(sum(ns for _, ns in g.profile()) / 1e3 / OPS_PER_GRAPH)
+                times.append(sum(ns for _, ns in g.profile()) / 1e3 / ops)
             else:
-                times.append(wall * 1e6 / OPS_PER_GRAPH)
+                times.append(wall * 1e6 / ops)
         return statistics.median(times)
     finally:
         g.close()
 
 
+def _cold_copies(dev, raw: np.ndarray, label: str):
+    """(buffer, windows): raw written back to back COLD_BYTES over, so the ops of a timed
+    graph each read their own copy, from DRAM as a decode step reads its layers' weights,
+    not from the cache the previous op filled."""
+    stride = -(-raw.nbytes // dev.storage_align) * dev.storage_align
+    copies = max(2, min(MAX_COPIES, -(-COLD_BYTES // stride)))
+    b = dev.allocator.alloc(stride * copies, label, "scratch")
+    whole = np.zeros(stride * copies, np.uint8)
+    for c in range(copies):
+        whole[c * stride:c * stride + raw.nbytes] = raw
+    vk.upload(dev, b, whole)
+    return b, [(b, c * stride, raw.nbytes) for c in range(copies)]
+
+
 def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
                       types: set[str] | None = None) -> list[dict]:
-    """mul_mat_vec at every (rows, lanes) against the one-token mul_mat; outputs checked
-    against each other first."""
+    """The decode products, weights read cold (each op its own copy): mul_mat_vec at the
+    shape the device's tuning picks, and mul_mat_vecq (int8 activations) at every (lanes,
+    rows, read-ahead, workgroups) of MATVECQ_GRID where the device has it; outputs checked
+    against the one-token mul_mat first."""
     from ..gpu.kernels import MATVEC_CHUNK
     from ..gpu.paths import Tuning
 
@@ -164,53 +182,69 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
         raw = _random_weights(rng, wtype, n_in, n_out)
         x = rng.standard_normal(n_in).astype(np.float32)
         alloc = dev.allocator.alloc
-        bw = alloc(raw.nbytes, "bench/w", "scratch")
+        bw, windows = _cold_copies(dev, raw, "bench/w")
         bx = alloc(x.nbytes, "bench/x", "scratch")
         by = alloc(4 * n_out, "bench/y", "scratch")
+        ops = len(windows)
         try:
-            vk.upload(dev, bw, raw)
             vk.upload(dev, bx, x)
 
-            def plain(g):
-                g.op("mul_mat", [bw, bx, by], (-(-n_out // (t.mv_rows * t.warps)), 1, 1),
+            def plain(g, i=0):
+                g.op("mul_mat", [windows[i], bx, by],
+                     (-(-n_out // (t.mv_rows * t.warps)), 1, 1),
                      wtype=wtype, spec=dict(WG=t.subgroup * t.warps, ROWS=t.mv_rows, NT=1,
                                             ACC=0, ACT=0),
                      n_in=n_in, n_out=n_out, n_tokens=1, x_offset=0, y_offset=0, row_offset=0,
                      y_stride=n_out)
             row = {"type": wtype, "n_in": n_in, "n_out": n_out, "bytes": raw.nbytes,
-                   "mul_mat_us": _time_records(dev, kernels, plain, repeats)}
+                   "copies": ops, "mul_mat_us": _time_records(dev, kernels, plain, repeats, ops)}
             want = vk.download(dev, by).view(np.float32).copy()
-            chunks = n_in // MATVEC_CHUNK[wtype]
-            variants = []
-            for mode in MATVEC_MAPS.get(wtype, (0,)):
-                for rows in MATVEC_ROWS:
-                    for lanes in sorted({t.subgroup, *MATVEC_LANES}):
-                        if lanes % t.subgroup or lanes > max(t.subgroup, 2 * chunks) \
-                                or (mode == 1 and lanes % 16):
-                            continue
+            rows, lanes, mode = t.matvec_shape(wtype, n_out, n_in // MATVEC_CHUNK[wtype])
 
-                        def fast(g, rows=rows, lanes=lanes, mode=mode):
-                            g.op("mul_mat_vec", [bw, bx, by, bx], (-(-n_out // rows), 1, 1),
-                                 wtype=wtype,
-                                 spec=dict(WG=lanes, ROWS=rows, ACC=0, ACT=0, MAP=mode),
-                                 n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0)
-                        us = _time_records(dev, kernels, fast, repeats)
-                        got = vk.download(dev, by).view(np.float32)
-                        if not np.allclose(got, want, rtol=1e-3,
-                                           atol=1e-3 * np.abs(want).max()):
-                            raise RuntimeError(f"mul_mat_vec {wtype} {n_in}x{n_out} "
-                                               f"rows={rows} lanes={lanes} map={mode} "
-                                               "disagrees with mul_mat")
-                        variants.append({"rows": rows, "lanes": lanes, "map": mode, "us": us,
-                                         "gb_per_s": raw.nbytes / us / 1e3})
+            def vec(g, i=0):
+                g.op("mul_mat_vec", [windows[i], bx, by, bx], (-(-n_out // rows), 1, 1),
+                     wtype=wtype, spec=dict(WG=lanes, ROWS=rows, ACC=0, ACT=0, MAP=mode),
+                     n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0)
+            us = _time_records(dev, kernels, vec, repeats, ops)
+            _check(dev, by, want, 1e-3, f"mul_mat_vec {wtype} {n_in}x{n_out}")
+            row["mul_mat_vec"] = {"rows": rows, "lanes": lanes, "map": mode, "us": us,
+                                  "gb_per_s": raw.nbytes / us / 1e3}
+            variants = []
+            if t.dot4 and t.matvecq_fits(wtype, n_in):
+                for lanes_q, rows_q, ahead, groups in MATVECQ_GRID:
+                    if lanes_q % t.subgroup:
+                        continue
+                    tiles = -(-n_out // (rows_q * lanes_q // t.subgroup))
+                    if groups and groups >= tiles:
+                        continue
+
+                    def vecq(g, i=0, lanes_q=lanes_q, rows_q=rows_q, ahead=ahead,
+                             groups=groups, tiles=tiles):
+                        g.op("mul_mat_vecq", [windows[i], bx, by, bx],
+                             (groups or tiles, 1, 1), wtype=wtype,
+                             spec=dict(WG=lanes_q, ROWS=rows_q, ACC=0, XFORM=0, KMAX=n_in,
+                                       UNROLL=ahead),
+                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0)
+                    us = _time_records(dev, kernels, vecq, repeats, ops)
+                    _check(dev, by, want, 3e-2, f"mul_mat_vecq {wtype} {n_in}x{n_out} "
+                           f"{lanes_q}x{rows_q}x{ahead}x{groups}")
+                    variants.append({"lanes": lanes_q, "rows": rows_q, "ahead": ahead,
+                                     "groups": groups, "us": us,
+                                     "gb_per_s": raw.nbytes / us / 1e3})
             row["variants"] = variants
-            best = min(variants, key=lambda v: v["us"])
-            row["best"] = best
+            row["best"] = min(variants, key=lambda v: v["us"]) if variants else None
             out.append(row)
         finally:
             for b in (bw, bx, by):
                 dev.allocator.free(b)
     return out
+
+
+def _check(dev, by, want: np.ndarray, tol: float, what: str) -> None:
+    got = vk.download(dev, by).view(np.float32)[:want.size]
+    err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+    if not err <= tol:
+        raise RuntimeError(f"{what} disagrees with mul_mat (max error {err:.2e} of the largest)")
 
 
 # (weight type, n_in, n_out, tokens): prefill products of the 1B Q4_0 and 8B Q4_K_M shapes
@@ -244,7 +278,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
             vk.upload(dev, bw, raw)
             vk.upload(dev, bx, x)
 
-            def plain(g):
+            def plain(g, i=0):
                 per = t.mm_rows * t.warps
                 g.op("mul_mat", [bw, bx, by], (-(-n_out // per), -(-n // t.mm_tokens), 1),
                      wtype=wtype, spec=dict(WG=t.subgroup * t.warps, ROWS=t.mm_rows,
@@ -258,7 +292,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
             for kernel, bm, bn in MATMUL_VARIANTS:
                 spec = dict(ACC=0, BM=bm, BN=bn)
 
-                def cm(g, kernel=kernel, bm=bm, bn=bn, spec=spec):
+                def cm(g, i=0, kernel=kernel, bm=bm, bn=bn, spec=spec):
                     g.op(kernel, [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1), wtype=wtype,
                          spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
                          y_offset=0, y_stride=n_out)
@@ -336,14 +370,14 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                 vk.upload(dev, bi, ids)
                 per_group = t.mv_rows * t.warps
 
-                def per_token(g):
+                def per_token(g, i=0):
                     for bw, e, count in parts:
                         g.op("mul_mat_id", [bw, bx, bi, by], (-(-n_out // per_group), k, n),
                              wtype=wtype, spec=dict(WG=t.subgroup * t.warps, ROWS=t.mv_rows,
                                                     ACT=act, X_SLOT=int(per_slot)),
                              n_in=n_in, n_out=n_out, n_used=k, expert_base=e, n_experts=count)
 
-                def group(g):
+                def group(g, i=0):
                     g.op("moe_group", [bi, bg, bp], (n_expert, 1, 1), n_slots=n * k)
                 us = _time_records(dev, kernels, per_token, repeats)
                 want = vk.download(dev, by).view(np.float32).copy()
@@ -362,7 +396,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                                        t.mm_tokens)
                     for lanes in sorted({moe_tile_groups(n, k, n_expert, nt), -(-n // nt)}):
 
-                        def grouped(g, rows=rows, nt=nt, lanes=lanes):
+                        def grouped(g, i=0, rows=rows, nt=nt, lanes=lanes):
                             for bw, e, count in parts:
                                 g.op("mul_mat_moe", [bw, bx, bg, bp, by],
                                      (-(-n_out // (rows * t.warps)), lanes, count), wtype=wtype,
@@ -440,17 +474,21 @@ def run_kernel_bench(args) -> int:
                   f"{rest} |")
         return 0
     if args.kernel == "mul_mat_vec":
-        print(f"decode products on {report['device']}, median op time of {args.repeats} "
-              f"replays of {OPS_PER_GRAPH} ops ({report['timer']})")
-        print("| type | n_in | n_out | mul_mat us | best rows x lanes | us | GB/s | all (rows/lanes: us) |")
-        print("|---|---:|---:|---:|---|---:|---:|---|")
+        print(f"decode products on {report['device']}, weights read cold (each op its own "
+              f"copy), median op time of {args.repeats} replays ({report['timer']})")
+        print("| type | n_in | n_out | mul_mat us | mul_mat_vec (rows x lanes) us | GB/s | "
+              "mul_mat_vecq best (lanes x rows x ahead x groups) us | GB/s | "
+              "all (l x r x a x g: us) |")
+        print("|---|---:|---:|---:|---|---:|---|---:|---|")
         for r in rows:
-            b = r["best"]
-            rest = " ".join(f"{v['rows']}/{v['lanes']}{'/m1' if v['map'] else ''}:"
-                            f"{v['us']:.1f}" for v in r["variants"])
+            v, b = r["mul_mat_vec"], r["best"]
+            rest = " ".join(f"{q['lanes']}x{q['rows']}x{q['ahead']}x{q['groups']}:"
+                            f"{q['us']:.1f}" for q in r["variants"])
+            best = f"{b['lanes']}x{b['rows']}x{b['ahead']}x{b['groups']} {b['us']:.1f} | " \
+                f"{b['gb_per_s']:.0f}" if b else "- | -"
             print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['mul_mat_us']:.1f} | "
-                  f"{b['rows']} x {b['lanes']}{' map 1' if b['map'] else ''} | {b['us']:.1f} | "
-                  f"{b['gb_per_s']:.0f} | {rest} |")
+                  f"{v['rows']} x {v['lanes']}{' m1' if v['map'] else ''} {v['us']:.1f} | "
+                  f"{v['gb_per_s']:.0f} | {best} | {rest} |")
         return 0
     print(f"concat(conv_state, transpose(bx), 0) on {report['device']}, median of "
           f"{args.repeats} replays ({report['timer']})")

@@ -1431,3 +1431,50 @@ def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
         vk.upload(dev, rs.split_done, np.full(rs.split_done.nbytes // 4, 7, np.uint32))
     assert np.array_equal(builder_attention(dev, kc, t, q, k, v, pos0, window, before=garbage),
                           one_pass)
+
+
+def q8_blocks(x: np.ndarray) -> np.ndarray:
+    """x rounded as mul_mat_vecq stages it: blocks of 32 to int8, scale amax / 127."""
+    b = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(b).max(axis=1, keepdims=True)
+    d = amax / np.float32(127)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    return (np.round(b * inv) * d).reshape(x.shape)
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0"])
+@pytest.mark.parametrize("xform", [0, 1, 2])
+@pytest.mark.parametrize("subgroups,rows,unroll,groups", [(1, 1, 1, 70), (2, 3, 2, 2),
+                                                          (4, 2, 4, 1)])
+def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
+    """The int8-activation decode product: the op before (XFORM), x rounded in blocks of 32,
+    then the dot products, against numpy doing the same; workgroups looping over row tiles
+    (fewer groups than tiles), reading `unroll` super-blocks ahead; the second token's row, added into y from float 3 on. An odd
+    count of 256-weight super-blocks per row puts Q6_K's blocks on 2-byte boundaries."""
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    rng = np.random.default_rng(31)
+    n_out, n_in, eps = 70, 2304, 1e-5
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal((2, n_in)) * 3).astype(np.float32)
+    x2 = rng.standard_normal((2, n_in) if xform == 2 else n_in).astype(np.float32)
+    y0 = rng.standard_normal(n_out + 3).astype(np.float32)
+    bw, bx, bx2 = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, x2)
+    xr = x[1].astype(np.float64)
+    if xform == 1:
+        norm = 1 / np.sqrt(np.mean(xr * xr) + eps)
+        xin = q8_blocks((x[1] * x2).astype(np.float32)) * norm
+    elif xform == 2:
+        xin = q8_blocks((xr / (1 + np.exp(-xr)) * x2[1]).astype(np.float32))
+    else:
+        xin = q8_blocks(x[1])
+    for acc in (0, 1):
+        by = buf(dev, y0)
+        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2], (groups, 1, 1), wtype=wtype,
+                 spec=dict(WG=dev.subgroup_size * subgroups, ROWS=rows, ACC=acc, XFORM=xform,
+                           KMAX=n_in, UNROLL=unroll),
+                 n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=eps)
+        got = read(dev, by)
+        assert np.array_equal(got[:3], y0[:3])
+        want = w.astype(np.float64) @ xin + (y0[3:] if acc else 0)
+        assert nmse(got[3:], want) < 1e-10

@@ -1,0 +1,217 @@
+#version 450
+// y[r] (+)= sum_k W[r, k] * x[k] for one token, with x rounded to 8-bit integers: the decode
+// product of GPUs that read weights faster than they convert them to floats.
+// A workgroup first stages all of x in shared memory: the op before the product applied
+// (XFORM 1 rms_norm with its weight in binding 3, 2 the GLU silu(x) * binding 3), then each
+// block of 32 rounded to int8 with one f32 scale (amax / 127, as ggml's Q8_0), and each half
+// block's sum kept for the weight types' offsets and minimums. Then every subgroup walks its
+// own rows, ROWS at a time, with no barrier: wide loads of the weights, 4-wide integer dot
+// products (SPV_KHR_integer_dot_product) against the staged x, one float scale per block.
+// Workgroups loop over row tiles, so the grid can be a few per core and x is staged once
+// per workgroup, not once per row.
+#include "common.glsl"
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_EXT_spirv_intrinsics : require
+
+// OpSDot (4450) of two packed 4 x int8 vectors (PackedVectorFormat4x8Bit = 0)
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018],
+                  id = 4450)
+int sdot4(uint a, uint b, spirv_literal int packed_format);
+#define DOT4(a, b) sdot4(a, b, 0)
+
+layout(local_size_x_id = 0) in;
+layout(constant_id = 1) const uint ROWS = 2;     // rows a subgroup takes at once
+layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residual add)
+layout(constant_id = 3) const uint XFORM = 0;    // the fused op before, see above
+layout(constant_id = 4) const uint KMAX = 4096;  // the longest x staged (a multiple of 256)
+layout(constant_id = 5) const uint UNROLL = 1;   // super-blocks a lane reads before it sums
+
+layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
+layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
+layout(std430, binding = 0) readonly buffer W32 { uint w32[]; };
+layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
+layout(std430, binding = 2) buffer Y { float y[]; };
+layout(std430, binding = 3) readonly buffer X2 { vec4 x2[]; };   // XFORM's second input
+
+layout(push_constant) uniform Push {
+    uint n_in;       // K: a multiple of 256
+    uint n_out;      // rows of W in this binding
+    uint x_offset;   // in vec4 units
+    uint y_offset;   // in floats: where row 0 of this binding lands
+    float eps;       // XFORM 1: the norm's epsilon
+} p;
+
+shared uint xq[KMAX / 4];          // x as int8, four to a word
+shared float xd[KMAX / 32];        // the scale of each block of 32
+shared float xs[KMAX / 16];        // scale * sum(q) of each half block (16 values)
+shared float red[32];
+
+#include "chunk.glsl"                               // kscale_min, cpair, cf16
+
+// x (with the op before) as int8 blocks in shared memory; one lane a block of 32.
+void stage() {
+    const uint tid = gl_LocalInvocationID.x, nb = p.n_in / 32;
+    float scale = 1.0;
+    if (XFORM == 1) {
+        float ss = 0.0;
+        for (uint i = tid; i < p.n_in / 4; i += gl_WorkGroupSize.x) {
+            const vec4 v = x4[p.x_offset + i];
+            ss += dot(v, v);
+        }
+        ss = subgroupAdd(ss);
+        if (gl_SubgroupInvocationID == 0) red[gl_SubgroupID] = ss;
+        barrier();
+        float t = 0.0;
+        for (uint g = 0; g < gl_NumSubgroups; g++) t += red[g];
+        scale = 1.0 / sqrt(t / float(p.n_in) + p.eps);
+    }
+    for (uint b = tid; b < nb; b += gl_WorkGroupSize.x) {
+        vec4 v[8];
+        float amax = 0.0;
+        [[unroll]] for (uint k = 0; k < 8; k++) {
+            v[k] = x4[p.x_offset + 8 * b + k];
+            if (XFORM == 1) v[k] *= x2[8 * b + k];
+            if (XFORM == 2) v[k] = v[k] / (1.0 + exp(-v[k])) * x2[p.x_offset + 8 * b + k];
+            const vec4 a = abs(v[k]);
+            amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+        }
+        const float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
+        float s0 = 0.0, s1 = 0.0;
+        [[unroll]] for (uint k = 0; k < 8; k++) {
+            const ivec4 q = ivec4(roundEven(v[k] * id));
+            xq[8 * b + k] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) | (uint(q.z & 0xFF) << 16)
+                          | (uint(q.w) << 24);
+            if (k < 4) s0 += float(q.x + q.y + q.z + q.w);
+            else s1 += float(q.x + q.y + q.z + q.w);
+        }
+        xd[b] = d * scale;
+        xs[2 * b] = d * scale * s0;
+        xs[2 * b + 1] = d * scale * s1;
+    }
+    barrier();
+}
+
+uvec4 xq4(uint w) { return uvec4(xq[w], xq[w + 1], xq[w + 2], xq[w + 3]); }
+
+int dot16(uvec4 q, uvec4 x) {
+    return DOT4(q.x, x.x) + DOT4(q.y, x.y) + DOT4(q.z, x.z) + DOT4(q.w, x.w);
+}
+
+// Sum over row `row` of W * x, this lane's share: lane `t` of the LANES that share a
+// super-block (or block), super-blocks i0, i0 + step, ...
+#if defined(TYPE_Q4_K)
+// 144 bytes = 9 uvec4: f16 d, f16 dmin, scales[12], qs[128]. Eight lanes a super-block, one
+// uvec4 of qs each: qs bytes 16t .. 16t + 15 hold weights 64j + 16h + l (low nibbles,
+// sub-block 2j) and 64j + 32 + 16h + l (high, sub-block 2j + 1), j = t / 2, h = t % 2.
+const uint LANES = 8;
+void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS]) {
+    const uint nsb = p.n_in / 256, j = t >> 1, h = t & 1;
+    for (uint i1 = i0; i1 < nsb; i1 += step * UNROLL) [[unroll]]
+    for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
+        const uint i = min(i1 + u * step, nsb - 1);
+        const float live = i1 + u * step < nsb ? 1.0 : 0.0;
+        const uint xw = i * 64 + 16 * j + 4 * h;
+        const uvec4 xl = xq4(xw), xh = xq4(xw + 8);
+        const float dl = xd[i * 8 + 2 * j], dh = xd[i * 8 + 2 * j + 1];
+        const float ml = xs[i * 16 + 4 * j + h], mh = xs[i * 16 + 4 * j + 2 + h];
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            const uint sb = (min(row0 + r, p.n_out - 1) * nsb + i) * 9;
+            const uvec4 hd = w4[sb], q = w4[sb + 1 + t];
+            const uvec2 k0 = kscale_min(hd, 2 * j), k1 = kscale_min(hd, 2 * j + 1);
+            const int il = dot16(q & 0x0F0F0F0Fu, xl), ih = dot16((q >> 4) & 0x0F0F0F0Fu, xh);
+            const vec2 dm = unpackHalf2x16(hd.x);
+            acc[r] += live * dm.x * (float(k0.x) * dl * float(il) + float(k1.x) * dh * float(ih))
+                    - live * dm.y * (float(k0.y) * ml + float(k1.y) * mh);
+        }
+    }
+}
+#elif defined(TYPE_Q6_K)
+// 210 bytes = 105 u16: ql[128], qh[64], int8 scales[16], f16 d. Sixteen lanes a super-block:
+// lane t takes weights 128n + 32k + l0 .. + 3 of quarters k = 0..3 (n = t / 8, l0 = 4 (t % 8)):
+// low bits in ql[64n + 32(k & 1) + l0] (high nibbles for k >= 2), two high bits at
+// qh[32n + l0] >> 2k, scale scales[8n + 2k + l0 / 16]. The 6-bit q goes in as is and its
+// offset of 32 comes off through the x sums.
+const uint LANES = 16;
+void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS]) {
+    const uint nsb = p.n_in / 256, n = t >> 3, l0 = 4 * (t & 7), is = l0 >> 4;
+    for (uint i1 = i0; i1 < nsb; i1 += step * UNROLL) [[unroll]]
+    for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
+        const uint i = min(i1 + u * step, nsb - 1);
+        const float live = i1 + u * step < nsb ? 1.0 : 0.0;
+        const uint xw = i * 64 + 32 * n + l0 / 4;          // word of weight 128n + l0
+        const uvec4 xv = uvec4(xq[xw], xq[xw + 8], xq[xw + 16], xq[xw + 24]);
+        const ivec4 xsum = ivec4(DOT4(xv.x, 0x01010101u), DOT4(xv.y, 0x01010101u),
+                                 DOT4(xv.z, 0x01010101u), DOT4(xv.w, 0x01010101u));
+        const vec4 dx = vec4(xd[i * 8 + 4 * n], xd[i * 8 + 4 * n + 1], xd[i * 8 + 4 * n + 2],
+                             xd[i * 8 + 4 * n + 3]);
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            const uint base = (min(row0 + r, p.n_out - 1) * nsb + i) * 105;
+            const uint la = cpair(base + 32 * n + l0 / 2), lb = cpair(base + 32 * n + 16 + l0 / 2);
+            const uint hq = cpair(base + 64 + 16 * n + l0 / 2);
+            const uint q0 = (la & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u);
+            const uint q1 = (lb & 0x0F0F0F0Fu) | ((hq << 2) & 0x30303030u);
+            const uint q2 = ((la >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u);
+            const uint q3 = ((lb >> 4) & 0x0F0F0F0Fu) | ((hq >> 2) & 0x30303030u);
+            const ivec4 s = ivec4(DOT4(q0, xv.x), DOT4(q1, xv.y), DOT4(q2, xv.z), DOT4(q3, xv.w))
+                          - 32 * xsum;
+            // scales[8n + is + 2k]: byte `is` of u16 words 96 + 4n + k
+            const uint sw = base + 96 + 4 * n, sh = 8 * is;
+            const vec4 scl = vec4(int(uint(w16[sw]) >> sh << 24) >> 24,
+                                  int(uint(w16[sw + 1]) >> sh << 24) >> 24,
+                                  int(uint(w16[sw + 2]) >> sh << 24) >> 24,
+                                  int(uint(w16[sw + 3]) >> sh << 24) >> 24);
+            acc[r] += live * cf16(base + 104) * dot(scl * dx, vec4(s));
+        }
+    }
+}
+#elif defined(TYPE_Q4_0)
+// 18 bytes = 9 u16 a block of 32: f16 d, qs[16] (byte l: weight l low, l + 16 high). One lane
+// a block: the nibbles go in as 0..15 and the offset of 8 comes off through the x sums.
+const uint LANES = 1;
+void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS]) {
+    const uint nb = p.n_in / 32;
+    for (uint i1 = i0; i1 < nb; i1 += step * UNROLL) [[unroll]]
+    for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
+        const uint i = min(i1 + u * step, nb - 1);
+        const float live = i1 + u * step < nb ? 1.0 : 0.0;
+        const uvec4 xl = xq4(8 * i), xh = xq4(8 * i + 4);
+        const float dx = xd[i], sx = xs[2 * i] + xs[2 * i + 1];
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            const uint o = (min(row0 + r, p.n_out - 1) * nb + i) * 9;
+            const uvec4 q = uvec4(cpair(o + 1), cpair(o + 3), cpair(o + 5), cpair(o + 7));
+            const int s = dot16(q & 0x0F0F0F0Fu, xl) + dot16((q >> 4) & 0x0F0F0F0Fu, xh);
+            acc[r] += live * cf16(o) * (dx * float(s) - 8.0 * sx);
+        }
+    }
+}
+#else
+#error "mul_mat_vecq: no reader for this weight type"
+#endif
+
+void main() {
+    stage();
+    const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+    const uint n_sg = gl_NumSubgroups, sgs = gl_SubgroupSize;
+    // lanes of a subgroup: (lane % LANES) is the share of a super-block, lane / LANES which
+    // super-block; a subgroup narrower than LANES takes the other shares in turn
+    const uint per = max(sgs / LANES, 1u), turns = max(LANES / sgs, 1u);
+    for (uint row0 = (gl_WorkGroupID.x * n_sg + sg) * ROWS; row0 < p.n_out;
+         row0 += gl_NumWorkGroups.x * n_sg * ROWS) {
+        float acc[ROWS];
+        [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+        for (uint u = 0; u < turns; u++) {
+            const uint v = lane + u * sgs;
+            row_dots(row0, v % LANES, v / LANES, per, acc);
+        }
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            const float s = subgroupAdd(acc[r]);
+            if (lane == 0 && row0 + r < p.n_out) {
+                const uint o = p.y_offset + row0 + r;
+                y[o] = ACC != 0 ? y[o] + s : s;
+            }
+        }
+    }
+}
