@@ -25,6 +25,8 @@ layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residua
 layout(constant_id = 3) const uint XFORM = 0;    // the fused op before, see above
 layout(constant_id = 4) const uint KMAX = 4096;  // the longest x staged (a multiple of 256)
 layout(constant_id = 5) const uint UNROLL = 1;   // super-blocks a lane reads before it sums
+layout(constant_id = 6) const uint PAIR = 0;     // 1: y = silu(W x) * (W2 x), W2 in binding 4
+                                                 // from its row p.row2 (SwiGLU's gate and up)
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -32,6 +34,8 @@ layout(std430, binding = 0) readonly buffer W32 { uint w32[]; };
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
 layout(std430, binding = 3) readonly buffer X2 { vec4 x2[]; };   // XFORM's second input
+layout(std430, binding = 4) readonly buffer V4 { uvec4 v4[]; };   // PAIR's second weight
+layout(std430, binding = 4) readonly buffer V16 { uint16_t v16[]; };
 
 layout(push_constant) uniform Push {
     uint n_in;       // K: a multiple of 256
@@ -39,59 +43,71 @@ layout(push_constant) uniform Push {
     uint x_offset;   // in vec4 units
     uint y_offset;   // in floats: where row 0 of this binding lands
     float eps;       // XFORM 1: the norm's epsilon
+    uint row2;       // PAIR: the second weight's first row in binding 4
 } p;
 
-shared uint xq[KMAX / 4];          // x as int8, four to a word
-shared float xd[KMAX / 32];        // the scale of each block of 32
-shared float xs[KMAX / 16];        // scale * sum(q) of each half block (16 values)
+shared uvec4 xq[KMAX / 16];        // x as int8, sixteen to an entry
+shared vec4 xb[KMAX / 32];         // each block of 32: its scale d, d * sum(q) of each half
 shared float red[32];
 
-#include "chunk.glsl"                               // kscale_min, cpair, cf16
+#include "chunk.glsl"                               // kscale_min
 
-// x (with the op before) as int8 blocks in shared memory; one lane a block of 32.
-void stage() {
+// x (with the op before) as int8 blocks in shared memory, one lane a block of 32, in one
+// pass: rounding is scale-free, so the norm's scale (returned; 1 for no norm) multiplies the
+// row sums at the end, from the squares gathered on the way.
+float stage() {
     const uint tid = gl_LocalInvocationID.x, nb = p.n_in / 32;
-    float scale = 1.0;
-    if (XFORM == 1) {
-        float ss = 0.0;
-        for (uint i = tid; i < p.n_in / 4; i += gl_WorkGroupSize.x) {
-            const vec4 v = x4[p.x_offset + i];
-            ss += dot(v, v);
-        }
-        ss = subgroupAdd(ss);
-        if (gl_SubgroupInvocationID == 0) red[gl_SubgroupID] = ss;
-        barrier();
-        float t = 0.0;
-        for (uint g = 0; g < gl_NumSubgroups; g++) t += red[g];
-        scale = 1.0 / sqrt(t / float(p.n_in) + p.eps);
-    }
+    float ss = 0.0;
     for (uint b = tid; b < nb; b += gl_WorkGroupSize.x) {
         vec4 v[8];
         float amax = 0.0;
         [[unroll]] for (uint k = 0; k < 8; k++) {
             v[k] = x4[p.x_offset + 8 * b + k];
-            if (XFORM == 1) v[k] *= x2[8 * b + k];
+            if (XFORM == 1) {
+                ss += dot(v[k], v[k]);
+                v[k] *= x2[8 * b + k];
+            }
             if (XFORM == 2) v[k] = v[k] / (1.0 + exp(-v[k])) * x2[p.x_offset + 8 * b + k];
             const vec4 a = abs(v[k]);
             amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
         }
         const float d = amax / 127.0, id = amax > 0.0 ? 127.0 / amax : 0.0;
+        uint w[8];
         float s0 = 0.0, s1 = 0.0;
         [[unroll]] for (uint k = 0; k < 8; k++) {
             const ivec4 q = ivec4(roundEven(v[k] * id));
-            xq[8 * b + k] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) | (uint(q.z & 0xFF) << 16)
-                          | (uint(q.w) << 24);
+            w[k] = uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) | (uint(q.z & 0xFF) << 16)
+                 | (uint(q.w) << 24);
             if (k < 4) s0 += float(q.x + q.y + q.z + q.w);
             else s1 += float(q.x + q.y + q.z + q.w);
         }
-        xd[b] = d * scale;
-        xs[2 * b] = d * scale * s0;
-        xs[2 * b + 1] = d * scale * s1;
+        xq[2 * b] = uvec4(w[0], w[1], w[2], w[3]);
+        xq[2 * b + 1] = uvec4(w[4], w[5], w[6], w[7]);
+        xb[b] = vec4(d, d * s0, d * s1, 0.0);
+    }
+    if (XFORM == 1) {
+        ss = subgroupAdd(ss);
+        if (gl_SubgroupInvocationID == 0) red[gl_SubgroupID] = ss;
     }
     barrier();
+    if (XFORM != 1) return 1.0;
+    float t = 0.0;
+    for (uint g = 0; g < gl_NumSubgroups; g++) t += red[g];
+    return 1.0 / sqrt(t / float(p.n_in) + p.eps);
 }
 
-uvec4 xq4(uint w) { return uvec4(xq[w], xq[w + 1], xq[w + 2], xq[w + 3]); }
+// Weight reads from binding 0 (m = 0) or PAIR's binding 4 (m = 1), uniform in a subgroup
+uvec4 ld4(uint m, uint i) {
+    if (m == 0) return w4[i];
+    return v4[i];
+}
+uint ld16(uint m, uint i) {
+    if (m == 0) return uint(w16[i]);
+    return uint(v16[i]);
+}
+uint ldpair(uint m, uint i) { return ld16(m, i) | (ld16(m, i + 1) << 16); }
+float ldf16(uint m, uint i) { return unpackHalf2x16(ld16(m, i)).x; }
+uint first_row(uint m, uint row) { return min(row, p.n_out - 1) + (m == 0 ? 0 : p.row2); }
 
 int dot16(uvec4 q, uvec4 x) {
     return DOT4(q.x, x.x) + DOT4(q.y, x.y) + DOT4(q.z, x.z) + DOT4(q.w, x.w);
@@ -104,20 +120,20 @@ int dot16(uvec4 q, uvec4 x) {
 // uvec4 of qs each: qs bytes 16t .. 16t + 15 hold weights 64j + 16h + l (low nibbles,
 // sub-block 2j) and 64j + 32 + 16h + l (high, sub-block 2j + 1), j = t / 2, h = t % 2.
 const uint LANES = 8;
-void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
               inout float acc[ROWS]) {
     const uint nsb = p.n_in / 256, j = t >> 1, h = t & 1;
     for (uint i1 = i0; i1 < nsb; i1 += step * UNROLL) [[unroll]]
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
         const uint i = min(i1 + u * step, nsb - 1);
         const float live = i1 + u * step < nsb ? 1.0 : 0.0;
-        const uint xw = i * 64 + 16 * j + 4 * h;
-        const uvec4 xl = xq4(xw), xh = xq4(xw + 8);
-        const float dl = xd[i * 8 + 2 * j], dh = xd[i * 8 + 2 * j + 1];
-        const float ml = xs[i * 16 + 4 * j + h], mh = xs[i * 16 + 4 * j + 2 + h];
+        const uint xw = i * 16 + 4 * j + h;                 // x's uvec4 of the low nibbles
+        const uvec4 xl = xq[xw], xh = xq[xw + 2];
+        const vec4 bl = xb[i * 8 + 2 * j], bh = xb[i * 8 + 2 * j + 1];
+        const float dl = bl.x, dh = bh.x, ml = bl[1 + h], mh = bh[1 + h];
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            const uint sb = (min(row0 + r, p.n_out - 1) * nsb + i) * 9;
-            const uvec4 hd = w4[sb], q = w4[sb + 1 + t];
+            const uint sb = (first_row(m, row0 + r) * nsb + i) * 9;
+            const uvec4 hd = ld4(m, sb), q = ld4(m, sb + 1 + t);
             const uvec2 k0 = kscale_min(hd, 2 * j), k1 = kscale_min(hd, 2 * j + 1);
             const int il = dot16(q & 0x0F0F0F0Fu, xl), ih = dot16((q >> 4) & 0x0F0F0F0Fu, xh);
             const vec2 dm = unpackHalf2x16(hd.x);
@@ -133,23 +149,24 @@ void row_dots(const uint row0, const uint t, const uint i0, const uint step,
 // qh[32n + l0] >> 2k, scale scales[8n + 2k + l0 / 16]. The 6-bit q goes in as is and its
 // offset of 32 comes off through the x sums.
 const uint LANES = 16;
-void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
               inout float acc[ROWS]) {
     const uint nsb = p.n_in / 256, n = t >> 3, l0 = 4 * (t & 7), is = l0 >> 4;
     for (uint i1 = i0; i1 < nsb; i1 += step * UNROLL) [[unroll]]
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
         const uint i = min(i1 + u * step, nsb - 1);
         const float live = i1 + u * step < nsb ? 1.0 : 0.0;
-        const uint xw = i * 64 + 32 * n + l0 / 4;          // word of weight 128n + l0
-        const uvec4 xv = uvec4(xq[xw], xq[xw + 8], xq[xw + 16], xq[xw + 24]);
+        const uint xw = i * 16 + 8 * n + l0 / 16, c = (l0 / 4) & 3;   // weight 128n + l0
+        const uvec4 xv = uvec4(xq[xw][c], xq[xw + 2][c], xq[xw + 4][c], xq[xw + 6][c]);
         const ivec4 xsum = ivec4(DOT4(xv.x, 0x01010101u), DOT4(xv.y, 0x01010101u),
                                  DOT4(xv.z, 0x01010101u), DOT4(xv.w, 0x01010101u));
-        const vec4 dx = vec4(xd[i * 8 + 4 * n], xd[i * 8 + 4 * n + 1], xd[i * 8 + 4 * n + 2],
-                             xd[i * 8 + 4 * n + 3]);
+        const vec4 dx = vec4(xb[i * 8 + 4 * n].x, xb[i * 8 + 4 * n + 1].x,
+                             xb[i * 8 + 4 * n + 2].x, xb[i * 8 + 4 * n + 3].x);
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            const uint base = (min(row0 + r, p.n_out - 1) * nsb + i) * 105;
-            const uint la = cpair(base + 32 * n + l0 / 2), lb = cpair(base + 32 * n + 16 + l0 / 2);
-            const uint hq = cpair(base + 64 + 16 * n + l0 / 2);
+            const uint base = (first_row(m, row0 + r) * nsb + i) * 105;
+            const uint la = ldpair(m, base + 32 * n + l0 / 2);
+            const uint lb = ldpair(m, base + 32 * n + 16 + l0 / 2);
+            const uint hq = ldpair(m, base + 64 + 16 * n + l0 / 2);
             const uint q0 = (la & 0x0F0F0F0Fu) | ((hq << 4) & 0x30303030u);
             const uint q1 = (lb & 0x0F0F0F0Fu) | ((hq << 2) & 0x30303030u);
             const uint q2 = ((la >> 4) & 0x0F0F0F0Fu) | (hq & 0x30303030u);
@@ -158,11 +175,11 @@ void row_dots(const uint row0, const uint t, const uint i0, const uint step,
                           - 32 * xsum;
             // scales[8n + is + 2k]: byte `is` of u16 words 96 + 4n + k
             const uint sw = base + 96 + 4 * n, sh = 8 * is;
-            const vec4 scl = vec4(int(uint(w16[sw]) >> sh << 24) >> 24,
-                                  int(uint(w16[sw + 1]) >> sh << 24) >> 24,
-                                  int(uint(w16[sw + 2]) >> sh << 24) >> 24,
-                                  int(uint(w16[sw + 3]) >> sh << 24) >> 24);
-            acc[r] += live * cf16(base + 104) * dot(scl * dx, vec4(s));
+            const vec4 scl = vec4(int(ld16(m, sw) >> sh << 24) >> 24,
+                                  int(ld16(m, sw + 1) >> sh << 24) >> 24,
+                                  int(ld16(m, sw + 2) >> sh << 24) >> 24,
+                                  int(ld16(m, sw + 3) >> sh << 24) >> 24);
+            acc[r] += live * ldf16(m, base + 104) * dot(scl * dx, vec4(s));
         }
     }
 }
@@ -170,20 +187,22 @@ void row_dots(const uint row0, const uint t, const uint i0, const uint step,
 // 18 bytes = 9 u16 a block of 32: f16 d, qs[16] (byte l: weight l low, l + 16 high). One lane
 // a block: the nibbles go in as 0..15 and the offset of 8 comes off through the x sums.
 const uint LANES = 1;
-void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
               inout float acc[ROWS]) {
     const uint nb = p.n_in / 32;
     for (uint i1 = i0; i1 < nb; i1 += step * UNROLL) [[unroll]]
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
         const uint i = min(i1 + u * step, nb - 1);
         const float live = i1 + u * step < nb ? 1.0 : 0.0;
-        const uvec4 xl = xq4(8 * i), xh = xq4(8 * i + 4);
-        const float dx = xd[i], sx = xs[2 * i] + xs[2 * i + 1];
+        const uvec4 xl = xq[2 * i], xh = xq[2 * i + 1];
+        const vec4 bx = xb[i];
+        const float dx = bx.x, sx = bx.y + bx.z;
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            const uint o = (min(row0 + r, p.n_out - 1) * nb + i) * 9;
-            const uvec4 q = uvec4(cpair(o + 1), cpair(o + 3), cpair(o + 5), cpair(o + 7));
+            const uint o = (first_row(m, row0 + r) * nb + i) * 9;
+            const uvec4 q = uvec4(ldpair(m, o + 1), ldpair(m, o + 3), ldpair(m, o + 5),
+                                  ldpair(m, o + 7));
             const int s = dot16(q & 0x0F0F0F0Fu, xl) + dot16((q >> 4) & 0x0F0F0F0Fu, xh);
-            acc[r] += live * cf16(o) * (dx * float(s) - 8.0 * sx);
+            acc[r] += live * ldf16(m, o) * (dx * float(s) - 8.0 * sx);
         }
     }
 }
@@ -192,7 +211,7 @@ void row_dots(const uint row0, const uint t, const uint i0, const uint step,
 #endif
 
 void main() {
-    stage();
+    const float scale = stage();
     const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     const uint n_sg = gl_NumSubgroups, sgs = gl_SubgroupSize;
     // lanes of a subgroup: (lane % LANES) is the share of a super-block, lane / LANES which
@@ -200,14 +219,19 @@ void main() {
     const uint per = max(sgs / LANES, 1u), turns = max(LANES / sgs, 1u);
     for (uint row0 = (gl_WorkGroupID.x * n_sg + sg) * ROWS; row0 < p.n_out;
          row0 += gl_NumWorkGroups.x * n_sg * ROWS) {
-        float acc[ROWS];
-        [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+        float acc[ROWS], acc2[ROWS];
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            acc[r] = 0.0;
+            acc2[r] = 0.0;
+        }
         for (uint u = 0; u < turns; u++) {
             const uint v = lane + u * sgs;
-            row_dots(row0, v % LANES, v / LANES, per, acc);
+            row_dots(0, row0, v % LANES, v / LANES, per, acc);
+            if (PAIR != 0) row_dots(1, row0, v % LANES, v / LANES, per, acc2);
         }
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            const float s = subgroupAdd(acc[r]);
+            float s = subgroupAdd(acc[r]) * scale;
+            if (PAIR != 0) s = s / (1.0 + exp(-s)) * (subgroupAdd(acc2[r]) * scale);
             if (lane == 0 && row0 + r < p.n_out) {
                 const uint o = p.y_offset + row0 + r;
                 y[o] = ACC != 0 ? y[o] + s : s;

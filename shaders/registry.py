@@ -85,11 +85,10 @@ KERNELS: dict[str, KernelSpec] = {
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3), ("XFORM", 4), ("MAP", 5)), typed=True,
         writes=(2,)),
     "mul_mat_vecq": KernelSpec(
-        "mul_mat_vecq.comp", 4,
-        (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U), ("eps", F)),
-        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("XFORM", 3), ("KMAX", 4), ("UNROLL", 5)),
-        typed=True,
-        writes=(2,), types=MATVECQ_TYPES, dot4=True),
+        "mul_mat_vecq.comp", 5,
+        (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U), ("eps", F), ("row2", U)),
+        (("WG", 0), ("ROWS", 1), ("ACC", 2), ("XFORM", 3), ("KMAX", 4), ("UNROLL", 5),
+         ("PAIR", 6)), typed=True, writes=(2,), types=MATVECQ_TYPES, dot4=True),
     "mul_mat_cm": KernelSpec(
         "mul_mat_cm.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),

@@ -90,16 +90,22 @@ def ffn(b: Builder, c: Config, rs: RunState, i: int, n: int, *, gelu: bool = Fal
         gate, up = up.row_slice(0, c.n_ff), up.row_slice(c.n_ff, 2 * c.n_ff)
     else:
         gate, up = w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]
+    glu = False                                   # rs.gate holds the GLU's output already
     if norm is None:
         b.matmul(gate, x, rs.gate, n)
         b.matmul(up, x, rs.up, n)
-    else:
+    elif gelu:
         b.norm_matmuls(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n,
                        [(gate, rs.gate), (up, rs.up)])        # [n, n_ff] each
+    else:
+        glu = b.norm_swiglu(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n, gate, up,
+                            rs.gate, rs.up)
     down = w[p + "ffn_down.weight"]
     apart = post_norm or residual != 1.0          # the output is normed or scaled before the add
     y = rs.xn if apart else x                                  # [n, n_embd]
-    if gelu:
+    if glu:
+        b.matmul(down, rs.gate, y, n, accumulate=not apart)
+    elif gelu:
         b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff, gelu=True)
         b.matmul(down, rs.gate, y, n, accumulate=not apart)
     else:

@@ -137,16 +137,16 @@ class Builder:
         """One token with x rounded to int8 in shared memory (mul_mat_vecq): each workgroup
         stages x (and the op before) once, then its subgroups walk row tiles."""
         n_in = w.shape[0]
-        lanes, rows, ahead, groups = self.t.matvecq_shape(w.wtype, w.rows)
+        lanes, rows, ahead, groups = self.t.matvecq_shape(w.wtype, w.rows, n_in)
         spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate), XFORM=xform, KMAX=n_in,
                     UNROLL=ahead)
         per_tile = rows * max(1, lanes // self.t.subgroup)
         for buf, first, count in w.bindings():
             tiles = -(-count // per_tile)
-            self.g.op("mul_mat_vecq", [buf, x, y, x if x2 is None else x2],
+            self.g.op("mul_mat_vecq", [buf, x, y, x if x2 is None else x2, buf],
                       (min(tiles, groups) if groups else tiles, 1, 1), wtype=w.wtype,
                       spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
-                      y_offset=first, eps=eps)
+                      y_offset=first, eps=eps, row2=0)
         self._wrote(y)
 
     def _fusing(self, n: int, ws: list[Tensor]) -> bool:
@@ -168,6 +168,32 @@ class Builder:
         self.rms_norm(x, norm, xn, n, eps)
         for w, y in products:
             self.matmul(w, xn, y, n)
+
+    def norm_swiglu(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
+                    gate: Tensor, up: Tensor, gbuf: vk.Buffer, ubuf: vk.Buffer) -> bool:
+        """SwiGLU's first half: silu(rms_norm(x) * norm @ gate^T) * (... @ up^T) into gbuf in
+        one pass (mul_mat_vecq's PAIR) where one token's products take int8 activations and
+        gate and up are whole bindings of one type (True). Else the two products into gbuf
+        and ubuf as norm_matmuls makes them (False: the GLU is still to come)."""
+        p = self.paths()
+        pair = (self._fusing(n, [gate, up]) and norm.wtype == "F32"
+                and p.decode_matmul == "mul_mat_vecq" and gate.wtype == up.wtype
+                and gate.shape == up.shape and len(gate.parts) == 1 and len(up.parts) == 1
+                and self.t.matvecq_fits(gate.wtype, gate.shape[0]))
+        if not pair:
+            self.norm_matmuls(x, norm, eps, xn, n, [(gate, gbuf), (up, ubuf)])
+            return False
+        n_in = gate.shape[0]
+        lanes, rows, ahead, groups = self.t.matvecq_shape(gate.wtype, gate.rows, n_in)
+        tiles = -(-gate.rows // (rows * max(1, lanes // self.t.subgroup)))
+        self.g.op("mul_mat_vecq", [gate.bindings()[0][0], x, gbuf, norm.binding(),
+                                   up.bindings()[0][0]],
+                  (min(tiles, groups) if groups else tiles, 1, 1), wtype=gate.wtype,
+                  spec=dict(WG=lanes, ROWS=rows, ACC=0, XFORM=1, KMAX=n_in, UNROLL=ahead,
+                            PAIR=1),
+                  n_in=n_in, n_out=gate.rows, x_offset=0, y_offset=0, eps=eps, row2=0)
+        self._wrote(gbuf)
+        return True
 
     def swiglu_matmul(self, w: Tensor, gate: vk.Buffer, up: vk.Buffer, y: vk.Buffer, n: int,
                       n_ff: int, accumulate: bool = True) -> None:

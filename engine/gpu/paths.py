@@ -162,14 +162,22 @@ class Tuning:
         return (wtype in MATVECQ_TYPES and n_in % block == 0
                 and n_in + n_in // 8 + n_in // 4 + 128 <= self.max_shared)
 
-    def matvecq_shape(self, wtype: str, n_out: int) -> tuple[int, int, int, int]:
+    def matvecq_shape(self, wtype: str, n_out: int, n_in: int) -> tuple[int, int, int, int]:
         """(lanes, rows a subgroup takes at once, super-blocks read ahead, workgroups; 0 for
-        one per row tile) of a mul_mat_vecq dispatch. $HOTSEAT_MATVECQ ("Q4_K=128x2x2x0")
-        sets them per weight type, to measure a choice in a whole model."""
+        one per row tile) of a mul_mat_vecq dispatch, from `hotseat kernel-bench mul_mat_vec`
+        on an H200 (weights read cold, the 1B and 8B Llamas' shapes): 256 lanes; Q4_K a row
+        at a time (9.2 us for 1024 rows of 4096, 11.8 for 4096, 25.6 for 4096 of 14336),
+        the others two where rows are many; Q6_K's long rows four super-blocks ahead (29.2 us
+        for 4096 of 14336 against 30.4 at two); tall matrices 512 looping workgroups (21.0
+        us for 14336 rows of 4096 against 25.9, 52.6 for 32768 of Q6_K against 54.2), so x is
+        staged fewer times. $HOTSEAT_MATVECQ ("Q4_K=128x2x2x0") sets them per weight type,
+        to measure a choice in a whole model."""
         chosen = matvecq_override().get(wtype)
         if chosen is not None:
             return chosen
-        return 4 * self.subgroup, 2, 2, 0
+        rows = 1 if wtype == "Q4_K" or n_out <= 2048 else 2
+        ahead = 4 if wtype == "Q6_K" and n_in >= 8192 else 2
+        return max(256, self.subgroup), rows, ahead, 512 if n_out > 8192 else 0
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
         """Tiled attention for this pass? Never for decode (one token), which splits instead."""

@@ -220,11 +220,11 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
 
                     def vecq(g, i=0, lanes_q=lanes_q, rows_q=rows_q, ahead=ahead,
                              groups=groups, tiles=tiles):
-                        g.op("mul_mat_vecq", [windows[i], bx, by, bx],
+                        g.op("mul_mat_vecq", [windows[i], bx, by, bx, windows[i]],
                              (groups or tiles, 1, 1), wtype=wtype,
                              spec=dict(WG=lanes_q, ROWS=rows_q, ACC=0, XFORM=0, KMAX=n_in,
                                        UNROLL=ahead),
-                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0)
+                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0, row2=0)
                     us = _time_records(dev, kernels, vecq, repeats, ops)
                     _check(dev, by, want, 3e-2, f"mul_mat_vecq {wtype} {n_in}x{n_out} "
                            f"{lanes_q}x{rows_q}x{ahead}x{groups}")

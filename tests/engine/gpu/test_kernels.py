@@ -1470,11 +1470,40 @@ def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
         xin = q8_blocks(x[1])
     for acc in (0, 1):
         by = buf(dev, y0)
-        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2], (groups, 1, 1), wtype=wtype,
+        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bw], (groups, 1, 1), wtype=wtype,
                  spec=dict(WG=dev.subgroup_size * subgroups, ROWS=rows, ACC=acc, XFORM=xform,
                            KMAX=n_in, UNROLL=unroll),
-                 n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=eps)
+                 n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=eps, row2=0)
         got = read(dev, by)
         assert np.array_equal(got[:3], y0[:3])
         want = w.astype(np.float64) @ xin + (y0[3:] if acc else 0)
         assert nmse(got[3:], want) < 1e-10
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0"])
+@pytest.mark.parametrize("same", [False, True])
+def test_mul_mat_vecq_pair(dev, kc, wtype, same):
+    """PAIR: SwiGLU's gate and up in one pass, silu(gate x) * (up x) with the norm before
+    them; up in its own buffer, or rows of the gate's (a fused gate | up weight, phi3)."""
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    rng = np.random.default_rng(32)
+    n_out, n_in, eps = 37, 1024, 1e-5
+    raw, w = quantized(wtype, 2 * n_out, n_in, rng)
+    x = (rng.standard_normal(n_in) * 3).astype(np.float32)
+    x2 = rng.standard_normal(n_in).astype(np.float32)
+    norm = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
+    xin = q8_blocks((x * x2).astype(np.float32)) * norm
+    g, u = w[:n_out].astype(np.float64) @ xin, w[n_out:].astype(np.float64) @ xin
+    bw, bx, bx2, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, x2), \
+        buf(dev, nbytes=4 * n_out)
+    if same:
+        bu, row2 = bw, n_out
+    else:
+        half = raw.size // 2
+        bw, bu, row2 = buf(dev, raw[:half], kind="weights"), buf(dev, raw[half:], kind="weights"), 0
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu], (3, 1, 1), wtype=wtype,
+             spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
+                       PAIR=1),
+             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=eps, row2=row2)
+    assert nmse(read(dev, by)[:n_out], g / (1 + np.exp(-g)) * u) < 1e-10
