@@ -319,8 +319,9 @@ class Device:
             shaderInt16=feats.features.shaderInt16 or None,
             shaderInt64=feats.features.shaderInt64 or None))
         enable = [e for e in ("VK_EXT_memory_budget", "VK_EXT_external_memory_host",
-                              "VK_KHR_external_memory_fd", "VK_KHR_shader_integer_dot_product")
-                  if e in dev_exts and (e != "VK_KHR_shader_integer_dot_product" or self.dot4)] + (["VK_KHR_cooperative_matrix"] if self.coopmat else [])
+                              "VK_KHR_external_memory_fd") if e in dev_exts] \
+            + (["VK_KHR_cooperative_matrix"] if self.coopmat else []) \
+            + (["VK_KHR_shader_integer_dot_product"] if self.dot4 else [])
         qinfo = _vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family,
                                             queueCount=1, pQueuePriorities=[1.0])
         self.device = _vk.vkCreateDevice(self.physical, _vk.VkDeviceCreateInfo(

@@ -1501,7 +1501,8 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same):
         bu, row2 = bw, n_out
     else:
         half = raw.size // 2
-        bw, bu, row2 = buf(dev, raw[:half], kind="weights"), buf(dev, raw[half:], kind="weights"), 0
+        bw, bu, row2 = buf(dev, raw[:half], kind="weights"), \
+            buf(dev, raw[half:], kind="weights"), 0
     run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu], (3, 1, 1), wtype=wtype,
              spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
                        PAIR=1),

@@ -130,8 +130,11 @@ def test_a_batch_equals_its_inputs_one_by_one(smollm2, tokenizer):
     seqs = [tokenizer.encode(t) for t in TEXTS]
     batch = embed.embed(smollm2, seqs, "mean")
     alone = [embed.embed(smollm2, [s], "mean")[0] for s in reversed(seqs)][::-1]
+    # packed or alone, a token's sums are the same but for rounding: bit-close with ggml's
+    # numerics, within the f16 inputs' rounding on the matrix units (1e-5 measured on an H200)
+    atol = 1e-6 if smollm2.paths.numerics == "ggml" else 1e-4
     for a, b in zip(batch, alone):
-        assert np.allclose(a, b, atol=1e-6)
+        assert np.allclose(a, b, atol=atol)
     assert np.array_equal(batch[0], batch[2])            # identical texts, identical vectors
     assert float(np.dot(batch[0], batch[1])) < 0.999
 
