@@ -1449,8 +1449,9 @@ def q8_blocks(x: np.ndarray) -> np.ndarray:
 def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
     """The int8-activation decode product: the op before (XFORM), x rounded in blocks of 32,
     then the dot products, against numpy doing the same; workgroups looping over row tiles
-    (fewer groups than tiles), reading `unroll` super-blocks ahead; the second token's row, added into y from float 3 on. An odd
-    count of 256-weight super-blocks per row puts Q6_K's blocks on 2-byte boundaries."""
+    (fewer groups than tiles), reading `unroll` super-blocks ahead; the second token's row,
+    added into y from float 3 on. An odd count of 256-weight super-blocks per row puts Q6_K's
+    blocks on 2-byte boundaries."""
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(31)
