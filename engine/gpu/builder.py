@@ -361,7 +361,8 @@ class Builder:
                 self._counted = True
             self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
                                      rs.step, sk, out, rs.split_done], (splits, n_head, 1),
-                      spec=dict(WG=64, HD=head_dim, LP=self.t.attn_lanes(head_dim), **spec),
+                      spec=dict(WG=self.t.decode_lanes(head_dim), HD=head_dim,
+                                LP=self.t.attn_lanes(head_dim), **spec),
                       n_head=n_head, n_head_kv=n_head_kv, window=window, n_split=splits,
                       min_chunk=self.t.split_chunk, scale=scale, **opt)
             return

@@ -70,6 +70,8 @@ class Tuning:
     flash_skip: bool = True      # flash attention skips masked tiles (off: for tests)
     split_max: int = 16          # decode attention: KV splits per head at long context
     split_chunk: int = 32        # ... and the fewest positions a split takes
+    decode_wg: int = 64          # attn_decode's lanes: more position groups walk a split's
+                                 # KV side by side, fewer one after another
     moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
                                  # else one per token and slot (mul_mat_id, as decode)
     delta_chunk: int = 0         # gated delta rule: tokens per chunk of its prefill path
@@ -111,7 +113,9 @@ class Tuning:
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup,
                        **common)
-        t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+        t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, decode_wg=256, **common)
+        if os.environ.get("HOTSEAT_DECODE_WG"):      # to measure attn_decode's width
+            t.decode_wg = int(os.environ["HOTSEAT_DECODE_WG"])
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
@@ -201,6 +205,15 @@ class Tuning:
             if 2 * 2 * cols * head_dim + 2 * rows * cols <= self.max_shared:
                 return rows, cols
         raise ValueError(f"head dim {head_dim} does not fit flash attention's shared memory")
+
+    def decode_lanes(self, head_dim: int) -> int:
+        """attn_decode's workgroup: decode_wg lanes, fewer where its shared partial sums (a
+        head's vec4s per position group) would pass half the shared memory."""
+        wg = max(self.decode_wg, self.subgroup)
+        while wg > self.subgroup and \
+                (wg // self.attn_lanes(head_dim)) * head_dim * 4 > self.max_shared // 2:
+            wg //= 2
+        return wg
 
     def decode_splits(self, n_ctx: int) -> int:
         """KV splits per head for decode: about one per 128 positions of context, so long

@@ -80,16 +80,18 @@ def run_attention(dev, kc, tuning, q, k, v, pos0, window, softcap, sinks) -> np.
 # (path, ggml numerics): each attention kernel the Paths table can pick on a plain device
 # (with ggml's rounding, decode takes the prefill's kernel: "attention" for one token)
 PATHS = [("attention", False), ("attention", True), ("flash_attn", False), ("flash_attn", True),
-         ("attn_split", False), ("attn_decode", False), ("decode", True)]
+         ("attn_split", False), ("attn_decode", False), ("attn_decode_wide", False),
+         ("decode", True)]
 
 
 def tuning_for(dev, path: str, ggml: bool) -> Tuning:
     t = Tuning.for_device(dev, "on" if path == "flash_attn" else "off")
     t.coopmat = False                          # the plain paths, also where matrix units are
     t.ggml_numerics = ggml
-    t.matvec = path == "attn_decode"           # decode: attn_decode with mul_mat_vec
+    t.matvec = path.startswith("attn_decode")  # decode: attn_decode with mul_mat_vec
     if path.startswith("attn_"):               # several splits, one holding no sink
         t.split_max, t.split_chunk = 16, 8
+    t.decode_wg = 256 if path == "attn_decode_wide" else 64   # position groups in a split
     return t
 
 
@@ -109,7 +111,7 @@ def test_attention_options(dev, kc, path, ggml, softcap, sinks, window):
         p = t.paths(hd).decode_attention
     else:
         p = t.paths(hd).prefill_attention
-    assert p == ("attention" if path == "decode" else path)
+    assert p == ("attention" if path == "decode" else path.removesuffix("_wide"))
     if path.startswith("attn_"):
         assert t.decode_splits(n_ctx) == 16
     got = run_attention(dev, kc, t, q, k, v, pos0, window, softcap, sk)
