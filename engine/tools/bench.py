@@ -56,6 +56,19 @@ def _profile_table(model, n_prompt: int) -> list[dict]:
     return rows
 
 
+def _replay_ms(model, n: int = 32) -> float:
+    """Median milliseconds of one replay of the decode graph, submit to fence, at the last
+    token's position: the device's time per token plus one submit's, without the host's
+    work between tokens (the step values written, the result read, the sampler)."""
+    graph = model._graph(1, True)
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        graph.replay()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
 def run_bench(args) -> int:
     from ..api import Engine
     from ..args import arena_enabled
@@ -76,10 +89,11 @@ def run_bench(args) -> int:
             for _ in range(2):         # warm-up: the pass sizes settle, their graphs recorded
                 measure(model, prompt, min(args.n_gen, 4))
             samples = [measure(model, prompt, args.n_gen) for _ in range(args.repeats)]
+            replay = _replay_ms(model) if args.n_gen else None
             profile = _profile_table(model, args.n_prompt) if args.profile else None
             size = sum(t.nbytes for t in model.gguf.tensors.values())
-            return samples, profile, size, model.paths.as_dict()
-        samples, profile, size, paths = eng.device_job(run, name=name, why="bench")
+            return samples, profile, size, model.paths.as_dict(), replay
+        samples, profile, size, paths, replay = eng.device_job(run, name=name, why="bench")
         ours = {"engine": "hotseat", "device": eng.device_name,
                 "pp": [s[0] for s in samples], "tg": [s[1] for s in samples]}
         results.append(ours)
@@ -93,6 +107,8 @@ def run_bench(args) -> int:
             peer_turn.close()
     report = _report(os.path.basename(path), size, args, results)
     report["paths"] = paths
+    if replay is not None:
+        report["decode_replay_ms"] = replay
     tg = [r for r in report["rows"] if r["engine"] == "hotseat" and r["test"].startswith("tg")]
     if tg:       # every weight byte is read once per token (the KV cache adds a little)
         report["decode_weight_gb_per_s"] = size * tg[0]["tokens_per_s"] / 1e9
@@ -172,6 +188,11 @@ def _print_table(rep: dict) -> None:
     print("paths: " + ", ".join(f"{k} {v}" for k, v in rep.get("paths", {}).items()))
     if "decode_weight_gb_per_s" in rep:
         print(f"decode reads the weights at {rep['decode_weight_gb_per_s']:.0f} GB/s")
+    if "decode_replay_ms" in rep:
+        tg = [r for r in rep["rows"] if r["engine"] == "hotseat" and r["test"].startswith("tg")]
+        loop = f", a token of the loop {1e3 / tg[0]['tokens_per_s']:.3f} ms" if tg else ""
+        print(f"decode graph: {rep['decode_replay_ms']:.3f} ms a replay (submit to fence"
+              f"{', with per-op timestamps' if rep.get('profile') else ''}){loop}")
     for key, who in (("ratio_vs_llama_server", "llama-server"),
                      ("ratio_vs_llama_cpp_cpu", "llama.cpp CPU")):
         for test, ratio in rep.get(key, {}).items():
