@@ -6,7 +6,9 @@
 // then rescales the splits to their common max and divides by the total: no second dispatch.
 // (attn_split's two passes normalise before P.V, which ggml's f16 probabilities need; this
 // one does not.)
-// LP adjacent lanes share a position, each taking every LP-th vec4 of the head.
+// LP adjacent lanes share a position, each taking every LP-th vec4 of the head. A workgroup
+// takes QH query heads of one KV head (grouped-query attention): each K and V row is read
+// once for all of them.
 // Options: scores soft-capped (softcap > 0), a sink logit per head (SINKS), as split.glsl says.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
@@ -16,6 +18,8 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint HD = 64;         // head dim, a multiple of 4 * LP
 layout(constant_id = 2) const uint LP = 4;          // lanes per position (<= SG)
 layout(constant_id = 3) const uint SINKS = 0;
+layout(constant_id = 4) const uint QH = 1;          // query heads a workgroup takes, dividing
+                                                    // the heads that share a KV head
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -25,7 +29,7 @@ layout(std430, binding = 4) coherent buffer P { vec4 part[]; };     // [n_head, 
 #include "step.glsl"
 layout(std430, binding = 6) readonly buffer Sk { float sinks[]; };  // [n_head] (SINKS)
 layout(std430, binding = 7) writeonly buffer O { vec4 o4[]; };      // [n_head, HD]
-layout(std430, binding = 8) coherent buffer C { uint done[]; };     // [n_head] splits done
+layout(std430, binding = 8) coherent buffer C { uint done[]; };     // [n_head / QH] splits done
 layout(push_constant) uniform Push {
     uint n_head;
     uint n_head_kv;
@@ -38,76 +42,105 @@ layout(push_constant) uniform Push {
 #include "split.glsl"
 
 const uint WG = gl_WorkGroupSize.x, G = WG / LP;    // position groups
-shared vec2 red2[G];
+shared vec2 red2[QH * G];
 shared vec4 red4[G * D4];
 shared bool last;
+vec4 qh[QH * DL];                  // this lane's part of each head's q (as split.glsl's qv)
 
 void main() {
-    const uint s = gl_WorkGroupID.x, h = gl_WorkGroupID.y;
+    const uint s = gl_WorkGroupID.x, h0 = gl_WorkGroupID.y * QH;
     const uint t = gl_LocalInvocationIndex, lane = t % LP, g = t / LP;
     const uint pos = step.pos0;
-    const uint kvh = h / (p.n_head / p.n_head_kv);
+    const uint kvh = h0 / (p.n_head / p.n_head_kv);
     const uvec2 ab = split_range(s, pos, p.window, p.n_split, p.min_chunk);
     const uint a = ab.x, b = ab.y;
 
-    [[unroll]] for (uint i = 0; i < DL; i++) qv[i] = q4[h * D4 + lane + LP * i] * p.scale;
-    float m = -1.0 / 0.0, l = 0.0;
-    if (SINKS != 0 && s == 0 && g == 0) { m = sinks[h]; l = 1.0; }
-    vec4 acc[DL];
-    [[unroll]] for (uint i = 0; i < DL; i++) acc[i] = vec4(0.0);
+    [[unroll]] for (uint r = 0; r < QH; r++) {
+        [[unroll]] for (uint i = 0; i < DL; i++)
+            qh[r * DL + i] = q4[(h0 + r) * D4 + lane + LP * i] * p.scale;
+    }
+    float m[QH], l[QH];
+    vec4 acc[QH * DL];
+    [[unroll]] for (uint r = 0; r < QH; r++) {
+        m[r] = -1.0 / 0.0;
+        l[r] = 0.0;
+        if (SINKS != 0 && s == 0 && g == 0) { m[r] = sinks[h0 + r]; l[r] = 1.0; }
+        [[unroll]] for (uint i = 0; i < DL; i++) acc[r * DL + i] = vec4(0.0);
+    }
     for (uint kp = a + g; kp < b; kp += G) {
         const uint kb = (kp * p.n_head_kv + kvh) * D4 + lane;
-        const float d = soft_cap(qk_dot(kb), p.softcap);
-        const float mn = max(m, d);
-        const float c = exp(m - mn), e = exp(d - mn);
-        l = l * c + e;
-        [[unroll]] for (uint i = 0; i < DL; i++) acc[i] = acc[i] * c + e * vec4(v4[kb + LP * i]);
-        m = mn;
-    }
-    // the groups' partial softmaxes, rescaled to the split's max
-    if (lane == 0) red2[g] = vec2(m, l);
-    barrier();
-    float M = -1.0 / 0.0;
-    for (uint i = 0; i < G; i++) M = max(M, red2[i].x);
-    const float f = l > 0.0 ? exp(m - M) : 0.0;
-    [[unroll]] for (uint i = 0; i < DL; i++) red4[g * D4 + lane + LP * i] = acc[i] * f;
-    barrier();
-    const uint st = h * p.n_split + s;
-    if (t == 0) {
-        float L = 0.0;
-        for (uint i = 0; i < G; i++) {
-            const vec2 x = red2[i];
-            if (x.y > 0.0) L += x.y * exp(x.x - M);
+        vec4 kv[DL];
+        [[unroll]] for (uint i = 0; i < DL; i++) kv[i] = vec4(k4[kb + LP * i]);
+        float e[QH];
+        [[unroll]] for (uint r = 0; r < QH; r++) {
+            float d = 0.0;
+            [[unroll]] for (uint i = 0; i < DL; i++) d += dot(qh[r * DL + i], kv[i]);
+            LANES_ADD(d, LP);
+            d = soft_cap(d, p.softcap);
+            const float mn = max(m[r], d);
+            const float c = exp(m[r] - mn);
+            e[r] = exp(d - mn);
+            l[r] = l[r] * c + e[r];
+            [[unroll]] for (uint i = 0; i < DL; i++) acc[r * DL + i] *= c;
+            m[r] = mn;
         }
-        stats[st] = vec2(M, L);
+        [[unroll]] for (uint i = 0; i < DL; i++) {
+            const vec4 v = vec4(v4[kb + LP * i]);
+            [[unroll]] for (uint r = 0; r < QH; r++) acc[r * DL + i] += e[r] * v;
+        }
     }
-    for (uint d = t; d < D4; d += WG) {
-        vec4 sum = vec4(0.0);
-        for (uint i = 0; i < G; i++) sum += red4[i * D4 + d];
-        part[st * D4 + d] = sum;
+    // each head's groups' partial softmaxes, rescaled to the split's max, one head at a time
+    // through the shared sums
+    if (lane == 0) {
+        [[unroll]] for (uint r = 0; r < QH; r++) red2[r * G + g] = vec2(m[r], l[r]);
     }
-    // the head's last split to finish joins them all
+    barrier();
+    [[unroll]] for (uint r = 0; r < QH; r++) {
+        float M = -1.0 / 0.0;
+        for (uint i = 0; i < G; i++) M = max(M, red2[r * G + i].x);
+        const float f = l[r] > 0.0 ? exp(m[r] - M) : 0.0;
+        [[unroll]] for (uint i = 0; i < DL; i++) red4[g * D4 + lane + LP * i] = acc[r * DL + i] * f;
+        barrier();
+        const uint st = (h0 + r) * p.n_split + s;
+        if (t == 0) {
+            float L = 0.0;
+            for (uint i = 0; i < G; i++) {
+                const vec2 x = red2[r * G + i];
+                if (x.y > 0.0) L += x.y * exp(x.x - M);
+            }
+            stats[st] = vec2(M, L);
+        }
+        for (uint d = t; d < D4; d += WG) {
+            vec4 sum = vec4(0.0);
+            for (uint i = 0; i < G; i++) sum += red4[i * D4 + d];
+            part[st * D4 + d] = sum;
+        }
+        barrier();
+    }
+    // the group's last split to finish joins them all
     memoryBarrierBuffer();
     barrier();
-    if (t == 0) last = atomicAdd(done[h], 1u) == p.n_split - 1;
+    if (t == 0) last = atomicAdd(done[gl_WorkGroupID.y], 1u) == p.n_split - 1;
     barrier();
     if (!last) return;
     memoryBarrierBuffer();
-    const uint s0 = h * p.n_split;
-    float M2 = -1.0 / 0.0;
-    for (uint i = 0; i < p.n_split; i++) M2 = max(M2, stats[s0 + i].x);
-    float L2 = 0.0;
-    for (uint i = 0; i < p.n_split; i++) {
-        const vec2 x = stats[s0 + i];
-        if (x.y > 0.0) L2 += x.y * exp(x.x - M2);
-    }
-    for (uint d = t; d < D4; d += WG) {
-        vec4 sum = vec4(0.0);
+    for (uint r = 0; r < QH; r++) {
+        const uint s0 = (h0 + r) * p.n_split;
+        float M2 = -1.0 / 0.0;
+        for (uint i = 0; i < p.n_split; i++) M2 = max(M2, stats[s0 + i].x);
+        float L2 = 0.0;
         for (uint i = 0; i < p.n_split; i++) {
             const vec2 x = stats[s0 + i];
-            if (x.y > 0.0) sum += exp(x.x - M2) * part[(s0 + i) * D4 + d];
+            if (x.y > 0.0) L2 += x.y * exp(x.x - M2);
         }
-        o4[h * D4 + d] = sum / L2;
+        for (uint d = t; d < D4; d += WG) {
+            vec4 sum = vec4(0.0);
+            for (uint i = 0; i < p.n_split; i++) {
+                const vec2 x = stats[s0 + i];
+                if (x.y > 0.0) sum += exp(x.x - M2) * part[(s0 + i) * D4 + d];
+            }
+            o4[(h0 + r) * D4 + d] = sum / L2;
+        }
     }
-    if (t == 0) done[h] = 0u;
+    if (t == 0) done[gl_WorkGroupID.y] = 0u;
 }

@@ -149,7 +149,7 @@ KERNELS: dict[str, KernelSpec] = {
     "attn_decode": KernelSpec("attn_decode.comp", 9,
                               (("n_head", U), ("n_head_kv", U), ("window", U), ("n_split", U),
                                ("min_chunk", U), ("scale", F), ("softcap", F)),
-                              (("WG", 0), ("HD", 1), ("LP", 2), ("SINKS", 3)),
+                              (("WG", 0), ("HD", 1), ("LP", 2), ("SINKS", 3), ("QH", 4)),
                               writes=(3, 4, 7, 8), step=5),
     "attn_combine": KernelSpec("attn_combine.comp", 2, (("head_dim", U), ("n_split", U)),
                                writes=(1,)),

@@ -359,10 +359,12 @@ class Builder:
             if not self._counted:     # each replay starts from 0, whatever came before it
                 self.g.fill(rs.split_done, 0)
                 self._counted = True
+            heads = self.t.decode_group(head_dim, n_head, n_head_kv)
             self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
-                                     rs.step, sk, out, rs.split_done], (splits, n_head, 1),
+                                     rs.step, sk, out, rs.split_done],
+                      (splits, n_head // heads, 1),
                       spec=dict(WG=self.t.decode_lanes(head_dim), HD=head_dim,
-                                LP=self.t.attn_lanes(head_dim), **spec),
+                                LP=self.t.attn_lanes(head_dim), QH=heads, **spec),
                       n_head=n_head, n_head_kv=n_head_kv, window=window, n_split=splits,
                       min_chunk=self.t.split_chunk, scale=scale, **opt)
             return

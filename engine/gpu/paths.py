@@ -72,6 +72,8 @@ class Tuning:
     split_chunk: int = 32        # ... and the fewest positions a split takes
     decode_wg: int = 64          # attn_decode's lanes: more position groups walk a split's
                                  # KV side by side, fewer one after another
+    decode_heads: int = 4        # attn_decode: most query heads of one KV head a workgroup
+                                 # takes (each K and V row read once for all of them)
     moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
                                  # else one per token and slot (mul_mat_id, as decode)
     delta_chunk: int = 0         # gated delta rule: tokens per chunk of its prefill path
@@ -116,6 +118,8 @@ class Tuning:
         t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, decode_wg=256, **common)
         if os.environ.get("HOTSEAT_DECODE_WG"):      # to measure attn_decode's width
             t.decode_wg = int(os.environ["HOTSEAT_DECODE_WG"])
+        if os.environ.get("HOTSEAT_DECODE_HEADS"):   # ... and its heads per workgroup
+            t.decode_heads = int(os.environ["HOTSEAT_DECODE_HEADS"])
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
@@ -214,6 +218,14 @@ class Tuning:
                 (wg // self.attn_lanes(head_dim)) * head_dim * 4 > self.max_shared // 2:
             wg //= 2
         return wg
+
+    def decode_group(self, head_dim: int, n_head: int, n_head_kv: int) -> int:
+        """Query heads per attn_decode workgroup: the most that divide the heads sharing a KV
+        head, up to decode_heads, and within 16 vec4s of q (and of sums) a lane."""
+        per_lane = head_dim // 4 // self.attn_lanes(head_dim)
+        most = max(1, min(self.decode_heads, 16 // max(per_lane, 1)))
+        group = n_head // n_head_kv
+        return max(q for q in range(1, most + 1) if group % q == 0)
 
     def decode_splits(self, n_ctx: int) -> int:
         """KV splits per head for decode: about one per 128 positions of context, so long

@@ -81,7 +81,7 @@ def run_attention(dev, kc, tuning, q, k, v, pos0, window, softcap, sinks) -> np.
 # (with ggml's rounding, decode takes the prefill's kernel: "attention" for one token)
 PATHS = [("attention", False), ("attention", True), ("flash_attn", False), ("flash_attn", True),
          ("attn_split", False), ("attn_decode", False), ("attn_decode_wide", False),
-         ("decode", True)]
+         ("attn_decode_grouped", False), ("decode", True)]
 
 
 def tuning_for(dev, path: str, ggml: bool) -> Tuning:
@@ -92,6 +92,7 @@ def tuning_for(dev, path: str, ggml: bool) -> Tuning:
     if path.startswith("attn_"):               # several splits, one holding no sink
         t.split_max, t.split_chunk = 16, 8
     t.decode_wg = 256 if path == "attn_decode_wide" else 64   # position groups in a split
+    t.decode_heads = 4 if path == "attn_decode_grouped" else 1  # query heads a workgroup
     return t
 
 
@@ -111,9 +112,12 @@ def test_attention_options(dev, kc, path, ggml, softcap, sinks, window):
         p = t.paths(hd).decode_attention
     else:
         p = t.paths(hd).prefill_attention
-    assert p == ("attention" if path == "decode" else path.removesuffix("_wide"))
+    assert p == ("attention" if path == "decode" else
+                 path.removesuffix("_wide").removesuffix("_grouped"))
     if path.startswith("attn_"):
         assert t.decode_splits(n_ctx) == 16
+    if path == "attn_decode_grouped":             # the three heads of a KV head together
+        assert t.decode_group(hd, N_HEAD, N_KV) == 3
     got = run_attention(dev, kc, t, q, k, v, pos0, window, softcap, sk)
     want = attention_ref(q, k, v, pos0, window, hd ** -0.5, softcap, sk, ggml)
     plain = attention_ref(q, k, v, pos0, window, hd ** -0.5)
