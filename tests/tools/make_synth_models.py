@@ -604,6 +604,8 @@ QUANT_MODELS = {
     "llama-iq4_nl": (25, "IQ4_NL"),      # LLAMA_FTYPE_MOSTLY_IQ4_NL
     "llama-iq4_xs": (30, "IQ4_XS"),      # LLAMA_FTYPE_MOSTLY_IQ4_XS
     "llama-bf16": (32, "BF16"),          # LLAMA_FTYPE_MOSTLY_BF16
+    "llama-q4_0": (2, "Q4_0"),           # LLAMA_FTYPE_MOSTLY_Q4_0
+    "llama-q4_k_m": (15, None),          # LLAMA_FTYPE_MOSTLY_Q4_K_M as it comes: Q4_K, Q6_K
 }
 MXFP4_FTYPE = 38                         # LLAMA_FTYPE_MOSTLY_MXFP4_MOE: experts MXFP4, rest Q8_0
 Q8_0_FTYPE = 7                           # LLAMA_FTYPE_MOSTLY_Q8_0

@@ -52,6 +52,8 @@ CASES = {
     "llama-iq4_nl": ("llama-iq4_nl", 512),
     "llama-iq4_xs": ("llama-iq4_xs", 512),
     "llama-bf16": ("llama-bf16", 512),
+    "llama-q4_0": ("llama-q4_0", 512),
+    "llama-q4_k_m": ("llama-q4_k_m", 512),
     "qwen3next-f16": ("qwen3next-f16", 512),
     "qwen35-f16": ("qwen35-f16", 512),
     "qwen35moe-f16": ("qwen35moe-f16", 512),

@@ -20,7 +20,7 @@ from tests.helpers import synth_reference as sr
 pytestmark = pytest.mark.gpu
 
 ARCHS = ("qwen2", "qwen3", "phi3", "mistral3", "olmo2", "granite")
-WEIGHT_TYPES = ("q2_k", "q3_k", "q5_1", "iq4_nl", "iq4_xs", "bf16")
+WEIGHT_TYPES = ("q2_k", "q3_k", "q5_1", "iq4_nl", "iq4_xs", "bf16", "q4_0", "q4_k_m")
 CASES = [n for n in sr.case_names()
          if n.split("-")[0] in ARCHS or n in {f"llama-{t}" for t in WEIGHT_TYPES}]
 PASS = 4                # most tokens of the passes that compute each prompt position
