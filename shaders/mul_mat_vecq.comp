@@ -27,15 +27,25 @@ layout(constant_id = 4) const uint KMAX = 4096;  // the longest x staged (a mult
 layout(constant_id = 5) const uint UNROLL = 1;   // super-blocks a lane reads before it sums
 layout(constant_id = 6) const uint PAIR = 0;     // 1: y = silu(W x) * (W2 x), W2 in binding 4
                                                  // from its row p.row2 (SwiGLU's gate and up)
+// ROPE rotates the rows as rope_qkv.comp does (one token at step.pos0, every dim of a head
+// rotated): 1 adjacent pairs, 2 NeoX halves; a subgroup takes a pair's two rows (ROWS = 2).
+// TABLE reads the angles' (cos, sin) from binding 6 as rope_qkv does. OUT16 writes f16 into a
+// KV cache's row for step.pos0 (kv_row values a row) instead of f32 into y.
+layout(constant_id = 7) const uint ROPE = 0;
+layout(constant_id = 8) const uint TABLE = 0;
+layout(constant_id = 9) const uint OUT16 = 0;
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
 layout(std430, binding = 0) readonly buffer W32 { uint w32[]; };
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
 layout(std430, binding = 2) buffer Y { float y[]; };
+layout(std430, binding = 2) writeonly buffer Y16 { float16_t y16[]; };   // OUT16
 layout(std430, binding = 3) readonly buffer X2 { vec4 x2[]; };   // XFORM's second input
 layout(std430, binding = 4) readonly buffer V4 { uvec4 v4[]; };   // PAIR's second weight
 layout(std430, binding = 4) readonly buffer V16 { uint16_t v16[]; };
+#include "step.glsl"
+layout(std430, binding = 6) readonly buffer CS { vec2 cs[]; };   // TABLE
 
 layout(push_constant) uniform Push {
     uint n_in;       // K: a multiple of 256
@@ -44,6 +54,10 @@ layout(push_constant) uniform Push {
     uint y_offset;   // in floats: where row 0 of this binding lands
     float eps;       // XFORM 1: the norm's epsilon
     uint row2;       // PAIR: the second weight's first row in binding 4
+    uint head_dim;   // ROPE: the rotated heads' size
+    float freq_base; // ROPE without TABLE: theta_i = pos * freq_scale * base^(-2i / head_dim)
+    float freq_scale;
+    uint kv_row;     // OUT16: values a cache row holds (n_head_kv * head_dim)
 } p;
 
 shared uvec4 xq[KMAX / 16];        // x as int8, sixteen to an entry
@@ -109,6 +123,22 @@ uint ldpair(uint m, uint i) { return ld16(m, i) | (ld16(m, i + 1) << 16); }
 float ldf16(uint m, uint i) { return unpackHalf2x16(ld16(m, i)).x; }
 uint first_row(uint m, uint row) { return min(row, p.n_out - 1) + (m == 0 ? 0 : p.row2); }
 
+// The row a subgroup's r-th sum is: row0 + r, but under NeoX rope the pair of a head's dims
+// i and i + head_dim / 2 (row0 counts pairs twice over)
+uint row_at(uint row0, uint r) {
+    if (ROPE != 2) return row0 + r;
+    const uint j = row0 / 2, half_dims = p.head_dim / 2;
+    return (j / half_dims) * p.head_dim + j % half_dims + r * half_dims;
+}
+
+// rope_qkv.comp's angle of pair i at position pos
+vec2 cos_sin(uint pos, uint i) {
+    if (TABLE != 0) return cs[pos * (p.head_dim / 2) + i];
+    const float theta = float(pos) * p.freq_scale
+                      * pow(p.freq_base, -2.0 * float(i) / float(p.head_dim));
+    return vec2(cos(theta), sin(theta));
+}
+
 int dot16(uvec4 q, uvec4 x) {
     return DOT4(q.x, x.x) + DOT4(q.y, x.y) + DOT4(q.z, x.z) + DOT4(q.w, x.w);
 }
@@ -132,7 +162,7 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         const vec4 bl = xb[i * 8 + 2 * j], bh = xb[i * 8 + 2 * j + 1];
         const float dl = bl.x, dh = bh.x, ml = bl[1 + h], mh = bh[1 + h];
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            const uint sb = (first_row(m, row0 + r) * nsb + i) * 9;
+            const uint sb = (first_row(m, row_at(row0, r)) * nsb + i) * 9;
             const uvec4 hd = ld4(m, sb), q = ld4(m, sb + 1 + t);
             const uvec2 k0 = kscale_min(hd, 2 * j), k1 = kscale_min(hd, 2 * j + 1);
             const int il = dot16(q & 0x0F0F0F0Fu, xl), ih = dot16((q >> 4) & 0x0F0F0F0Fu, xh);
@@ -163,7 +193,7 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         const vec4 dx = vec4(xb[i * 8 + 4 * n].x, xb[i * 8 + 4 * n + 1].x,
                              xb[i * 8 + 4 * n + 2].x, xb[i * 8 + 4 * n + 3].x);
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            const uint base = (first_row(m, row0 + r) * nsb + i) * 105;
+            const uint base = (first_row(m, row_at(row0, r)) * nsb + i) * 105;
             const uint la = ldpair(m, base + 32 * n + l0 / 2);
             const uint lb = ldpair(m, base + 32 * n + 16 + l0 / 2);
             const uint hq = ldpair(m, base + 64 + 16 * n + l0 / 2);
@@ -198,7 +228,7 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         const vec4 bx = xb[i];
         const float dx = bx.x, sx = bx.y + bx.z;
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            const uint o = (first_row(m, row0 + r) * nb + i) * 9;
+            const uint o = (first_row(m, row_at(row0, r)) * nb + i) * 9;
             const uvec4 q = uvec4(ldpair(m, o + 1), ldpair(m, o + 3), ldpair(m, o + 5),
                                   ldpair(m, o + 7));
             const int s = dot16(q & 0x0F0F0F0Fu, xl) + dot16((q >> 4) & 0x0F0F0F0Fu, xh);
@@ -229,12 +259,27 @@ void main() {
             row_dots(0, row0, v % LANES, v / LANES, per, acc);
             if (PAIR != 0) row_dots(1, row0, v % LANES, v / LANES, per, acc2);
         }
+        float sums[ROWS];
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             float s = subgroupAdd(acc[r]) * scale;
             if (PAIR != 0) s = s / (1.0 + exp(-s)) * (subgroupAdd(acc2[r]) * scale);
+            sums[r] = s;
+        }
+        if (ROPE != 0) {                            // the pair's two rows, rotated
+            const uint i = ROPE == 1 ? (row0 % p.head_dim) / 2 : (row0 / 2) % (p.head_dim / 2);
+            const vec2 c = cos_sin(step.pos0, i);
+            const float a = sums[0], b = sums[ROWS - 1];
+            sums[0] = a * c.x - b * c.y;
+            sums[ROWS - 1] = a * c.y + b * c.x;
+        }
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
             if (lane == 0 && row0 + r < p.n_out) {
-                const uint o = p.y_offset + row0 + r;
-                y[o] = ACC != 0 ? y[o] + s : s;
+                const uint o = p.y_offset + row_at(row0, r);
+                if (OUT16 != 0) {
+                    y16[step.pos0 * p.kv_row + o] = float16_t(sums[r]);
+                } else {
+                    y[o] = ACC != 0 ? y[o] + sums[r] : sums[r];
+                }
             }
         }
     }

@@ -42,10 +42,14 @@ def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *
     else:
         proj = [w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]]
     products = list(zip(proj, (rs.qg if gated else rs.q, rs.k, rs.v)))
+    roped = False               # q, k and v rotated and in place already (one token)
+    if norm is not None and not (gated or qkv_bias or qk_norm or temp[0]):
+        roped = b.norm_qkv_rope(x, w[p + norm + ".weight"], c.rms_eps, n, proj, rs.q,
+                                rs.k_cache[i], rs.v_cache[i], c.n_head_kv, hd, rope, neox)
     if norm is None:
         for weight, y in products:
             b.matmul(weight, x, y, n)
-    else:
+    elif not roped:
         b.norm_matmuls(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n, products)
     if gated:                                                  # per head q | gate: q apart
         b.cpy(View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows)), View(rs.q, (hd, rows, 1)))
@@ -57,8 +61,9 @@ def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *
         b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n if whole else rows, c.rms_eps)
         b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n if whole else n * c.n_head_kv,
                    c.rms_eps)
-    b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-               c.head_dim, n, rope, neox=neox, temp_scale=temp[0], temp_floor=temp[1])
+    if not roped:
+        b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
+                   c.head_dim, n, rope, neox=neox, temp_scale=temp[0], temp_floor=temp[1])
     b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                 c.head_dim, n, scale=scale, window=window, softcap=softcap,
                 sinks=w[p + "attn_sinks.weight"] if sinks else None)

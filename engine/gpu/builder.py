@@ -21,6 +21,9 @@ from .rope import Rope
 from .runstate import RunState, delta_scratch_floats
 from .tensors import Tensor, View
 
+# mul_mat_vecq's push constants that only PAIR, ROPE and OUT16 read
+VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0)
+
 
 class Builder:
     """Records a forward pass on a Graph; one method per op."""
@@ -143,10 +146,11 @@ class Builder:
         per_tile = rows * max(1, lanes // self.t.subgroup)
         for buf, first, count in w.bindings():
             tiles = -(-count // per_tile)
-            self.g.op("mul_mat_vecq", [buf, x, y, x if x2 is None else x2, buf],
+            self.g.op("mul_mat_vecq", [buf, x, y, x if x2 is None else x2, buf,
+                                       self.rs.step if self.rs else x, x],
                       (min(tiles, groups) if groups else tiles, 1, 1), wtype=w.wtype,
                       spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
-                      y_offset=first, eps=eps, row2=0)
+                      y_offset=first, eps=eps, **VECQ_PLAIN)
         self._wrote(y)
 
     def _fusing(self, n: int, ws: list[Tensor]) -> bool:
@@ -169,6 +173,39 @@ class Builder:
         for w, y in products:
             self.matmul(w, xn, y, n)
 
+    def norm_qkv_rope(self, x: vk.Buffer, norm: Tensor, eps: float, n: int,
+                      proj: list[Tensor], q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer,
+                      n_head_kv: int, head_dim: int, rope: Rope, neox: bool) -> bool:
+        """One token's q, k and v from rms_norm(x) * norm with rope applied as the sums come
+        out (mul_mat_vecq's ROPE): q into q, k and v as f16 into their caches' row for
+        step.pos0, so no rope_qkv pass follows (True). Only where one token's products take
+        int8 activations and rope turns every dim of a head; else nothing is done (False)."""
+        if not (self._fusing(n, proj) and norm.wtype == "F32" and self.seqs == 0
+                and self.paths().decode_matmul == "mul_mat_vecq" and rope.n_dims == head_dim
+                and all(self.t.matvecq_fits(w.wtype, w.shape[0]) and len(w.parts) == 1
+                        for w in proj)):
+            return False
+        table = self.rs.rope_table(rope) if self.t.ggml_numerics or not rope.plain else x
+        kv_row = n_head_kv * head_dim
+        for w, y, mode, out16 in ((proj[0], q, 2 if neox else 1, 0),
+                                  (proj[1], k_cache, 2 if neox else 1, 1),
+                                  (proj[2], v_cache, 0, 1)):
+            n_in = w.shape[0]
+            lanes, rows, ahead, groups = self.t.matvecq_shape(w.wtype, w.rows, n_in)
+            rows = 2 if mode else rows                 # a subgroup takes a pair's two rows
+            tiles = -(-w.rows // (rows * max(1, lanes // self.t.subgroup)))
+            for buf, first, count in w.bindings():
+                self.g.op("mul_mat_vecq", [buf, x, y, norm.binding(), buf, self.rs.step, table],
+                          (min(tiles, groups) if groups else tiles, 1, 1), wtype=w.wtype,
+                          spec=dict(WG=lanes, ROWS=rows, ACC=0, XFORM=1, KMAX=n_in,
+                                    UNROLL=ahead, ROPE=mode, TABLE=int(table is not x),
+                                    OUT16=out16),
+                          n_in=n_in, n_out=count, x_offset=0, y_offset=first, eps=eps, row2=0,
+                          head_dim=head_dim, freq_base=rope.base, freq_scale=rope.freq_scale,
+                          kv_row=kv_row)
+            self._wrote(y)
+        return True
+
     def norm_swiglu(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
                     gate: Tensor, up: Tensor, gbuf: vk.Buffer, ubuf: vk.Buffer) -> bool:
         """SwiGLU's first half: silu(rms_norm(x) * norm @ gate^T) * (... @ up^T) into gbuf in
@@ -187,11 +224,11 @@ class Builder:
         lanes, rows, ahead, groups = self.t.matvecq_shape(gate.wtype, gate.rows, n_in)
         tiles = -(-gate.rows // (rows * max(1, lanes // self.t.subgroup)))
         self.g.op("mul_mat_vecq", [gate.bindings()[0][0], x, gbuf, norm.binding(),
-                                   up.bindings()[0][0]],
+                                   up.bindings()[0][0], self.rs.step, x],
                   (min(tiles, groups) if groups else tiles, 1, 1), wtype=gate.wtype,
                   spec=dict(WG=lanes, ROWS=rows, ACC=0, XFORM=1, KMAX=n_in, UNROLL=ahead,
                             PAIR=1),
-                  n_in=n_in, n_out=gate.rows, x_offset=0, y_offset=0, eps=eps, row2=0)
+                  n_in=n_in, n_out=gate.rows, x_offset=0, y_offset=0, eps=eps, **VECQ_PLAIN)
         self._wrote(gbuf)
         return True
 

@@ -170,6 +170,7 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
     shape the device's tuning picks, and mul_mat_vecq (int8 activations) at every (lanes,
     rows, read-ahead, workgroups) of MATVECQ_GRID where the device has it; outputs checked
     against the one-token mul_mat first."""
+    from ..gpu.builder import VECQ_PLAIN
     from ..gpu.kernels import MATVEC_CHUNK
     from ..gpu.paths import Tuning
 
@@ -220,11 +221,12 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
 
                     def vecq(g, i=0, lanes_q=lanes_q, rows_q=rows_q, ahead=ahead,
                              groups=groups, tiles=tiles):
-                        g.op("mul_mat_vecq", [windows[i], bx, by, bx, windows[i]],
+                        g.op("mul_mat_vecq", [windows[i], bx, by, bx, windows[i], bx, bx],
                              (groups or tiles, 1, 1), wtype=wtype,
                              spec=dict(WG=lanes_q, ROWS=rows_q, ACC=0, XFORM=0, KMAX=n_in,
                                        UNROLL=ahead),
-                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0, row2=0)
+                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0,
+                             **VECQ_PLAIN)
                     us = _time_records(dev, kernels, vecq, repeats, ops)
                     _check(dev, by, want, 3e-2, f"mul_mat_vecq {wtype} {n_in}x{n_out} "
                            f"{lanes_q}x{rows_q}x{ahead}x{groups}")

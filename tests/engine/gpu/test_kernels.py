@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from engine.gpu import vk
+from engine.gpu.builder import VECQ_PLAIN
 from engine.gpu.graph import run_once
 from engine.gpu.rope import Rope
 from shaders.registry import (KERNELS, STEP_BYTES, STEP_FIELDS, STEP_TOKENS, SUPER_BLOCKS,
@@ -1475,10 +1476,11 @@ def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
         xin = q8_blocks(x[1])
     for acc in (0, 1):
         by = buf(dev, y0)
-        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bw], (groups, 1, 1), wtype=wtype,
-                 spec=dict(WG=dev.subgroup_size * subgroups, ROWS=rows, ACC=acc, XFORM=xform,
-                           KMAX=n_in, UNROLL=unroll),
-                 n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=eps, row2=0)
+        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bw, bx, bx], (groups, 1, 1),
+                 wtype=wtype, spec=dict(WG=dev.subgroup_size * subgroups, ROWS=rows, ACC=acc,
+                                        XFORM=xform, KMAX=n_in, UNROLL=unroll),
+                 n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=eps,
+                 **VECQ_PLAIN)
         got = read(dev, by)
         assert np.array_equal(got[:3], y0[:3])
         want = w.astype(np.float64) @ xin + (y0[3:] if acc else 0)
@@ -1508,8 +1510,52 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same):
         half = raw.size // 2
         bw, bu, row2 = buf(dev, raw[:half], kind="weights"), \
             buf(dev, raw[half:], kind="weights"), 0
-    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu], (3, 1, 1), wtype=wtype,
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu, bx, bx], (3, 1, 1), wtype=wtype,
              spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
                        PAIR=1),
-             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=eps, row2=row2)
+             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=eps,
+             **{**VECQ_PLAIN, "row2": row2})
     assert nmse(read(dev, by)[:n_out], g / (1 + np.exp(-g)) * u) < 1e-10
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q4_0"])
+@pytest.mark.parametrize("rope,table", [(1, 0), (2, 0), (1, 1), (2, 1)])
+def test_mul_mat_vecq_rope(dev, kc, wtype, rope, table):
+    """ROPE: a projection's rows rotated as they come out (1 adjacent pairs, 2 NeoX halves;
+    the angles computed or read from the rope table), into f32 y at y_offset, or (OUT16) as
+    f16 into a KV cache's row for step.pos0; against numpy's product of the int8-rounded
+    normed x, then rope_ref."""
+    from engine.gpu.runstate import RunState
+
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    rng = np.random.default_rng(33)
+    n_in, n_heads, hd, pos0, n_ctx, eps = 512, 3, 64, 9, 16, 1e-5
+    n_out = n_heads * hd
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal(n_in) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(n_in).astype(np.float32)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=(Rope(1e4, hd),))
+    rs.set_step([0], pos0)
+    norm = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
+    want = rope_ref((w.astype(np.float64) @ (q8_blocks(x * norm_w) * norm))
+                    .reshape(1, n_heads, hd), pos0, hd, 1e4, rope == 2).reshape(-1)
+    bw, bx, bn = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, norm_w)
+    cs = rs.rope_table(Rope(1e4, hd)) if table else bx
+    spec = dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
+                ROPE=rope, TABLE=table)
+    push = dict(n_in=n_in, n_out=n_out, x_offset=0, eps=eps, row2=0, head_dim=hd,
+                freq_base=1e4, freq_scale=1.0)
+    by = buf(dev, np.full(n_out + 5, 3.0, np.float32))
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bn, bw, rs.step, cs], (2, 1, 1),
+             wtype=wtype, spec=dict(spec, OUT16=0), y_offset=5, kv_row=0, **push)
+    got = read(dev, by)
+    assert np.all(got[:5] == 3.0) and nmse(got[5:], want) < 1e-10
+    cache = buf(dev, np.zeros((n_ctx, n_out), np.float16))
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, cache, bn, bw, rs.step, cs], (2, 1, 1),
+             wtype=wtype, spec=dict(spec, OUT16=1), y_offset=0, kv_row=n_out, **push)
+    kv = read(dev, cache, np.float16).reshape(n_ctx, n_out).astype(np.float32)
+    assert nmse(kv[pos0], want) < 1e-6
+    assert not np.delete(kv, pos0, axis=0).any()
+    rs.close()
