@@ -34,6 +34,13 @@ layout(constant_id = 6) const uint PAIR = 0;     // 1: y = silu(W x) * (W2 x), W
 layout(constant_id = 7) const uint ROPE = 0;
 layout(constant_id = 8) const uint TABLE = 0;
 layout(constant_id = 9) const uint OUT16 = 0;
+// EXPERTS (k > 0): W holds experts of n_out rows (expert_base .. + n_experts of them in this
+// binding) and ids (binding 7) the k the router chose. Without SUM, workgroup row y takes
+// slot y: y[slot, :] = W[ids[slot]] x, x the token's. With SUM, x holds each slot's input
+// ([k, n_in]) and y (+)= sum over slots of weights[slot] (binding 8) * W[ids[slot]] x[slot]:
+// the experts' down products and their weighted sum in one pass.
+layout(constant_id = 10) const uint EXPERTS = 0;
+layout(constant_id = 11) const uint SUM = 0;
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -46,6 +53,8 @@ layout(std430, binding = 4) readonly buffer V4 { uvec4 v4[]; };   // PAIR's seco
 layout(std430, binding = 4) readonly buffer V16 { uint16_t v16[]; };
 #include "step.glsl"
 layout(std430, binding = 6) readonly buffer CS { vec2 cs[]; };   // TABLE
+layout(std430, binding = 7) readonly buffer Ids { uint ids[]; };         // EXPERTS
+layout(std430, binding = 8) readonly buffer Wt { float expert_w[]; };    // SUM
 
 layout(push_constant) uniform Push {
     uint n_in;       // K: a multiple of 256
@@ -58,7 +67,12 @@ layout(push_constant) uniform Push {
     float freq_base; // ROPE without TABLE: theta_i = pos * freq_scale * base^(-2i / head_dim)
     float freq_scale;
     uint kv_row;     // OUT16: values a cache row holds (n_head_kv * head_dim)
+    uint expert_base;  // EXPERTS: the first expert this binding of W holds
+    uint n_experts;    // ... and how many
 } p;
+// EXPERTS: the expert's first row in W, and where its slot's x starts among the staged
+// blocks of 32 (set per slot before row_dots)
+uint expert_row = 0, x_block = 0;
 
 shared uvec4 xq[KMAX / 16];        // x as int8, sixteen to an entry
 shared vec4 xb[KMAX / 32];         // each block of 32: its scale d, d * sum(q) of each half
@@ -70,7 +84,7 @@ shared float red[32];
 // pass: rounding is scale-free, so the norm's scale (returned; 1 for no norm) multiplies the
 // row sums at the end, from the squares gathered on the way.
 float stage() {
-    const uint tid = gl_LocalInvocationID.x, nb = p.n_in / 32;
+    const uint tid = gl_LocalInvocationID.x, nb = p.n_in / 32 * (SUM != 0 ? EXPERTS : 1);
     float ss = 0.0;
     for (uint b = tid; b < nb; b += gl_WorkGroupSize.x) {
         vec4 v[8];
@@ -121,7 +135,9 @@ uint ld16(uint m, uint i) {
 }
 uint ldpair(uint m, uint i) { return ld16(m, i) | (ld16(m, i + 1) << 16); }
 float ldf16(uint m, uint i) { return unpackHalf2x16(ld16(m, i)).x; }
-uint first_row(uint m, uint row) { return min(row, p.n_out - 1) + (m == 0 ? 0 : p.row2); }
+uint first_row(uint m, uint row) {
+    return min(row, p.n_out - 1) + (m == 0 ? 0 : p.row2) + expert_row;
+}
 
 // The row a subgroup's r-th sum is: row0 + r, but under NeoX rope the pair of a head's dims
 // i and i + head_dim / 2 (row0 counts pairs twice over)
@@ -157,9 +173,9 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
         const uint i = min(i1 + u * step, nsb - 1);
         const float live = i1 + u * step < nsb ? 1.0 : 0.0;
-        const uint xw = i * 16 + 4 * j + h;                 // x's uvec4 of the low nibbles
+        const uint xw = 2 * x_block + i * 16 + 4 * j + h;  // x's uvec4 of the low nibbles
         const uvec4 xl = xq[xw], xh = xq[xw + 2];
-        const vec4 bl = xb[i * 8 + 2 * j], bh = xb[i * 8 + 2 * j + 1];
+        const vec4 bl = xb[x_block + i * 8 + 2 * j], bh = xb[x_block + i * 8 + 2 * j + 1];
         const float dl = bl.x, dh = bh.x, ml = bl[1 + h], mh = bh[1 + h];
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             const uint sb = (first_row(m, row_at(row0, r)) * nsb + i) * 9;
@@ -186,12 +202,13 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
         const uint i = min(i1 + u * step, nsb - 1);
         const float live = i1 + u * step < nsb ? 1.0 : 0.0;
-        const uint xw = i * 16 + 8 * n + l0 / 16, c = (l0 / 4) & 3;   // weight 128n + l0
+        const uint xw = 2 * x_block + i * 16 + 8 * n + l0 / 16;      // weight 128n + l0
+        const uint c = (l0 / 4) & 3;
         const uvec4 xv = uvec4(xq[xw][c], xq[xw + 2][c], xq[xw + 4][c], xq[xw + 6][c]);
         const ivec4 xsum = ivec4(DOT4(xv.x, 0x01010101u), DOT4(xv.y, 0x01010101u),
                                  DOT4(xv.z, 0x01010101u), DOT4(xv.w, 0x01010101u));
-        const vec4 dx = vec4(xb[i * 8 + 4 * n].x, xb[i * 8 + 4 * n + 1].x,
-                             xb[i * 8 + 4 * n + 2].x, xb[i * 8 + 4 * n + 3].x);
+        const uint xd = x_block + i * 8 + 4 * n;
+        const vec4 dx = vec4(xb[xd].x, xb[xd + 1].x, xb[xd + 2].x, xb[xd + 3].x);
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             const uint base = (first_row(m, row_at(row0, r)) * nsb + i) * 105;
             const uint la = ldpair(m, base + 32 * n + l0 / 2);
@@ -224,8 +241,8 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
         const uint i = min(i1 + u * step, nb - 1);
         const float live = i1 + u * step < nb ? 1.0 : 0.0;
-        const uvec4 xl = xq[2 * i], xh = xq[2 * i + 1];
-        const vec4 bx = xb[i];
+        const uvec4 xl = xq[2 * (x_block + i)], xh = xq[2 * (x_block + i) + 1];
+        const vec4 bx = xb[x_block + i];
         const float dx = bx.x, sx = bx.y + bx.z;
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             const uint o = (first_row(m, row_at(row0, r)) * nb + i) * 9;
@@ -241,6 +258,13 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
 #endif
 
 void main() {
+    uint y_slot = 0;
+    if (EXPERTS != 0 && SUM == 0) {      // this workgroup's slot, if its expert is held here
+        const uint e = ids[gl_WorkGroupID.y] - p.expert_base;   // below the part it wraps
+        if (e >= p.n_experts) return;
+        expert_row = e * p.n_out;
+        y_slot = gl_WorkGroupID.y * p.n_out;
+    }
     const float scale = stage();
     const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     const uint n_sg = gl_NumSubgroups, sgs = gl_SubgroupSize;
@@ -254,16 +278,33 @@ void main() {
             acc[r] = 0.0;
             acc2[r] = 0.0;
         }
-        for (uint u = 0; u < turns; u++) {
-            const uint v = lane + u * sgs;
-            row_dots(0, row0, v % LANES, v / LANES, per, acc);
-            if (PAIR != 0) row_dots(1, row0, v % LANES, v / LANES, per, acc2);
-        }
         float sums[ROWS];
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            float s = subgroupAdd(acc[r]) * scale;
-            if (PAIR != 0) s = s / (1.0 + exp(-s)) * (subgroupAdd(acc2[r]) * scale);
-            sums[r] = s;
+        if (SUM != 0) {
+            [[unroll]] for (uint r = 0; r < ROWS; r++) sums[r] = 0.0;
+            for (uint j = 0; j < EXPERTS; j++) {
+                const uint e = ids[j] - p.expert_base;
+                if (e >= p.n_experts) continue;
+                expert_row = e * p.n_out;
+                x_block = j * (p.n_in / 32);
+                [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
+                for (uint u = 0; u < turns; u++) {
+                    const uint v = lane + u * sgs;
+                    row_dots(0, row0, v % LANES, v / LANES, per, acc);
+                }
+                [[unroll]] for (uint r = 0; r < ROWS; r++)
+                    sums[r] += expert_w[j] * subgroupAdd(acc[r]);
+            }
+        } else {
+            for (uint u = 0; u < turns; u++) {
+                const uint v = lane + u * sgs;
+                row_dots(0, row0, v % LANES, v / LANES, per, acc);
+                if (PAIR != 0) row_dots(1, row0, v % LANES, v / LANES, per, acc2);
+            }
+            [[unroll]] for (uint r = 0; r < ROWS; r++) {
+                float s = subgroupAdd(acc[r]) * scale;
+                if (PAIR != 0) s = s / (1.0 + exp(-s)) * (subgroupAdd(acc2[r]) * scale);
+                sums[r] = s;
+            }
         }
         if (ROPE != 0) {                            // the pair's two rows, rotated
             const uint i = ROPE == 1 ? (row0 % p.head_dim) / 2 : (row0 / 2) % (p.head_dim / 2);
@@ -274,7 +315,7 @@ void main() {
         }
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             if (lane == 0 && row0 + r < p.n_out) {
-                const uint o = p.y_offset + row_at(row0, r);
+                const uint o = p.y_offset + y_slot + row_at(row0, r);
                 if (OUT16 != 0) {
                     y16[step.pos0 * p.kv_row + o] = float16_t(sums[r]);
                 } else {

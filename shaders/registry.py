@@ -85,11 +85,13 @@ KERNELS: dict[str, KernelSpec] = {
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3), ("XFORM", 4), ("MAP", 5)), typed=True,
         writes=(2,)),
     "mul_mat_vecq": KernelSpec(
-        "mul_mat_vecq.comp", 7,
+        "mul_mat_vecq.comp", 9,
         (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U), ("eps", F), ("row2", U),
-         ("head_dim", U), ("freq_base", F), ("freq_scale", F), ("kv_row", U)),
+         ("head_dim", U), ("freq_base", F), ("freq_scale", F), ("kv_row", U),
+         ("expert_base", U), ("n_experts", U)),
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("XFORM", 3), ("KMAX", 4), ("UNROLL", 5),
-         ("PAIR", 6), ("ROPE", 7), ("TABLE", 8), ("OUT16", 9)), typed=True, writes=(2,),
+         ("PAIR", 6), ("ROPE", 7), ("TABLE", 8), ("OUT16", 9), ("EXPERTS", 10), ("SUM", 11)),
+        typed=True, writes=(2,),
         types=MATVECQ_TYPES, dot4=True, step=5),
     "mul_mat_cm": KernelSpec(
         "mul_mat_cm.comp", 3,

@@ -143,11 +143,16 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
         if biases:
             b.add_id(y, w[p + f"ffn_{name}_exps.bias"], rs.expert_ids, n * k)
 
-    experts("gate", rs.xn, rs.gate)                            # [n, k, n_ff]
-    experts("up", rs.xn, rs.up)                                # [n, k, n_ff]
-    b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff, clamped=clamped)
-    experts("down", rs.gate, rs.moe_out, per_slot=True)        # [n, k, n_embd]
-    b.moe_combine(rs.moe_out, rs.expert_w, x, n, c.n_embd, k)
+    fused = not (biases or clamped) and b.experts_swiglu(
+        rs.xn, rs.expert_ids, rs.expert_w, *(w[p + f"ffn_{name}_exps.weight"]
+                                             for name in ("gate", "up", "down")),
+        rs.gate, x, n, k)                                      # one token: into x already
+    if not fused:
+        experts("gate", rs.xn, rs.gate)                        # [n, k, n_ff]
+        experts("up", rs.xn, rs.up)                            # [n, k, n_ff]
+        b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff, clamped=clamped)
+        experts("down", rs.gate, rs.moe_out, per_slot=True)    # [n, k, n_embd]
+        b.moe_combine(rs.moe_out, rs.expert_w, x, n, c.n_embd, k)
     if shared:                   # scaled by sigmoid(its gate) before its (linear) down product
         fs = c.n_ff_shexp
         b.matmul(w[p + "ffn_gate_inp_shexp.weight"], rs.xn, rs.sh_w, n)  # [n, 1]

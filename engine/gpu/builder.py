@@ -21,8 +21,9 @@ from .rope import Rope
 from .runstate import RunState, delta_scratch_floats
 from .tensors import Tensor, View
 
-# mul_mat_vecq's push constants that only PAIR, ROPE and OUT16 read
-VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0)
+# mul_mat_vecq's push constants that only PAIR, ROPE, OUT16 and EXPERTS read
+VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0, expert_base=0,
+                  n_experts=0)
 
 
 class Builder:
@@ -139,19 +140,28 @@ class Builder:
                  xform: int, x2, eps: float) -> None:
         """One token with x rounded to int8 in shared memory (mul_mat_vecq): each workgroup
         stages x (and the op before) once, then its subgroups walk row tiles."""
-        n_in = w.shape[0]
-        lanes, rows, ahead, groups = self.t.matvecq_shape(w.wtype, w.rows, n_in)
-        spec = dict(WG=lanes, ROWS=rows, ACC=int(accumulate), XFORM=xform, KMAX=n_in,
-                    UNROLL=ahead)
-        per_tile = rows * max(1, lanes // self.t.subgroup)
         for buf, first, count in w.bindings():
-            tiles = -(-count // per_tile)
-            self.g.op("mul_mat_vecq", [buf, x, y, x if x2 is None else x2, buf,
-                                       self.rs.step if self.rs else x, x],
-                      (min(tiles, groups) if groups else tiles, 1, 1), wtype=w.wtype,
-                      spec=spec, n_in=n_in, n_out=count, x_offset=x_row * n_in // 4,
-                      y_offset=first, eps=eps, **VECQ_PLAIN)
+            self._vecq(w.wtype, w.shape[0], count, buf, x, y, dict(ACC=int(accumulate),
+                       XFORM=xform), x2=x2, x_offset=x_row * w.shape[0] // 4, y_offset=first,
+                       eps=eps)
         self._wrote(y)
+
+    def _vecq(self, wtype: str, n_in: int, n_out: int, w, x, y, spec: dict, *, rows: int = 0,
+              kmax: int = 0, slots: int = 1, x2=None, w2=None, table=None, ids=None,
+              weights=None, **push) -> None:
+        """One mul_mat_vecq dispatch of n_out rows: its shape from the tuning (rows, if
+        given, overrides the rows a subgroup takes), `slots` workgroup rows (EXPERTS without
+        SUM), the buffers a mode does not read bound to x."""
+        lanes, tuned_rows, ahead, groups = self.t.matvecq_shape(wtype, n_out, n_in)
+        rows = rows or tuned_rows
+        tiles = -(-n_out // (rows * max(1, lanes // self.t.subgroup)))
+        step = self.rs.step if self.rs is not None else x
+        self.g.op("mul_mat_vecq", [w, x, y, x2 or x, w2 or w, step, table or x, ids or x,
+                                   weights or x],
+                  (min(tiles, groups) if groups else tiles, slots, 1), wtype=wtype,
+                  spec=dict(WG=lanes, ROWS=rows, KMAX=kmax or n_in, UNROLL=ahead, **spec),
+                  n_in=n_in, n_out=n_out, **{**VECQ_PLAIN, "x_offset": 0, "y_offset": 0,
+                                             "eps": 0.0, **push})
 
     def _fusing(self, n: int, ws: list[Tensor]) -> bool:
         """Whether one token's products over ws can take the op before them into their
@@ -185,25 +195,46 @@ class Builder:
                 and all(self.t.matvecq_fits(w.wtype, w.shape[0]) and len(w.parts) == 1
                         for w in proj)):
             return False
-        table = self.rs.rope_table(rope) if self.t.ggml_numerics or not rope.plain else x
-        kv_row = n_head_kv * head_dim
+        table = self.rs.rope_table(rope) if self.t.ggml_numerics or not rope.plain else None
         for w, y, mode, out16 in ((proj[0], q, 2 if neox else 1, 0),
                                   (proj[1], k_cache, 2 if neox else 1, 1),
                                   (proj[2], v_cache, 0, 1)):
-            n_in = w.shape[0]
-            lanes, rows, ahead, groups = self.t.matvecq_shape(w.wtype, w.rows, n_in)
-            rows = 2 if mode else rows                 # a subgroup takes a pair's two rows
-            tiles = -(-w.rows // (rows * max(1, lanes // self.t.subgroup)))
-            for buf, first, count in w.bindings():
-                self.g.op("mul_mat_vecq", [buf, x, y, norm.binding(), buf, self.rs.step, table],
-                          (min(tiles, groups) if groups else tiles, 1, 1), wtype=w.wtype,
-                          spec=dict(WG=lanes, ROWS=rows, ACC=0, XFORM=1, KMAX=n_in,
-                                    UNROLL=ahead, ROPE=mode, TABLE=int(table is not x),
-                                    OUT16=out16),
-                          n_in=n_in, n_out=count, x_offset=0, y_offset=first, eps=eps, row2=0,
-                          head_dim=head_dim, freq_base=rope.base, freq_scale=rope.freq_scale,
-                          kv_row=kv_row)
+            (buf, first, count), = w.bindings()
+            self._vecq(w.wtype, w.shape[0], count, buf, x, y,
+                       dict(ACC=0, XFORM=1, ROPE=mode, TABLE=int(table is not None),
+                            OUT16=out16),
+                       rows=2 if mode else 0,              # a subgroup takes a pair's two rows
+                       x2=norm.binding(), table=table, y_offset=first, eps=eps,
+                       head_dim=head_dim, freq_base=rope.base, freq_scale=rope.freq_scale,
+                       kv_row=n_head_kv * head_dim)
             self._wrote(y)
+        return True
+
+    def experts_swiglu(self, xn: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, gate: Tensor,
+                       up: Tensor, down: Tensor, glu: vk.Buffer, x: vk.Buffer, n: int,
+                       n_used: int) -> bool:
+        """One token's routed experts on int8 activations (mul_mat_vecq's EXPERTS): gate and
+        up of each chosen expert paired into glu [n_used, n_ff], then the experts' down
+        products summed with the router's weights straight onto x (True). Only where the
+        three take mul_mat_vecq whole (gate and up one binding each); else nothing is done."""
+        n_in, n_ff, _ = gate.shape
+        if not (self._fusing(n, [gate, up, down]) and self.paths().decode_matmul == "mul_mat_vecq"
+                and gate.wtype == up.wtype and gate.shape == up.shape
+                and len(gate.parts) == 1 and len(up.parts) == 1
+                and self.t.matvecq_fits(gate.wtype, n_in)
+                and self.t.matvecq_fits(down.wtype, n_used * n_ff)):
+            return False
+        n_expert = gate.shape[2]
+        self._vecq(gate.wtype, n_in, n_ff, gate.bindings()[0][0], xn, glu,
+                   dict(ACC=0, PAIR=1, EXPERTS=n_used), slots=n_used, w2=up.bindings()[0][0],
+                   ids=ids, n_experts=n_expert)
+        self._wrote(glu)
+        per = down.shape[1]                          # rows of one expert: n_embd
+        for buf, first, count in down.bindings():    # parts of whole experts
+            self._vecq(down.wtype, n_ff, per, buf, glu, x, dict(ACC=1, EXPERTS=n_used, SUM=1),
+                       kmax=n_used * n_ff, ids=ids, weights=weights,
+                       expert_base=first // per, n_experts=count // per)
+        self._wrote(x)
         return True
 
     def norm_swiglu(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
@@ -220,15 +251,9 @@ class Builder:
         if not pair:
             self.norm_matmuls(x, norm, eps, xn, n, [(gate, gbuf), (up, ubuf)])
             return False
-        n_in = gate.shape[0]
-        lanes, rows, ahead, groups = self.t.matvecq_shape(gate.wtype, gate.rows, n_in)
-        tiles = -(-gate.rows // (rows * max(1, lanes // self.t.subgroup)))
-        self.g.op("mul_mat_vecq", [gate.bindings()[0][0], x, gbuf, norm.binding(),
-                                   up.bindings()[0][0], self.rs.step, x],
-                  (min(tiles, groups) if groups else tiles, 1, 1), wtype=gate.wtype,
-                  spec=dict(WG=lanes, ROWS=rows, ACC=0, XFORM=1, KMAX=n_in, UNROLL=ahead,
-                            PAIR=1),
-                  n_in=n_in, n_out=gate.rows, x_offset=0, y_offset=0, eps=eps, **VECQ_PLAIN)
+        self._vecq(gate.wtype, gate.shape[0], gate.rows, gate.bindings()[0][0], x, gbuf,
+                   dict(ACC=0, XFORM=1, PAIR=1), x2=norm.binding(), w2=up.bindings()[0][0],
+                   eps=eps)
         self._wrote(gbuf)
         return True
 

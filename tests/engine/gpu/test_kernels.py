@@ -1476,7 +1476,7 @@ def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
         xin = q8_blocks(x[1])
     for acc in (0, 1):
         by = buf(dev, y0)
-        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bw, bx, bx], (groups, 1, 1),
+        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bw, bx, bx, bx, bx], (groups, 1, 1),
                  wtype=wtype, spec=dict(WG=dev.subgroup_size * subgroups, ROWS=rows, ACC=acc,
                                         XFORM=xform, KMAX=n_in, UNROLL=unroll),
                  n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=eps,
@@ -1510,7 +1510,7 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same):
         half = raw.size // 2
         bw, bu, row2 = buf(dev, raw[:half], kind="weights"), \
             buf(dev, raw[half:], kind="weights"), 0
-    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu, bx, bx], (3, 1, 1), wtype=wtype,
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu, bx, bx, bx, bx], (3, 1, 1), wtype=wtype,
              spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
                        PAIR=1),
              n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=eps,
@@ -1545,17 +1545,71 @@ def test_mul_mat_vecq_rope(dev, kc, wtype, rope, table):
     cs = rs.rope_table(Rope(1e4, hd)) if table else bx
     spec = dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
                 ROPE=rope, TABLE=table)
-    push = dict(n_in=n_in, n_out=n_out, x_offset=0, eps=eps, row2=0, head_dim=hd,
+    push = dict(VECQ_PLAIN, n_in=n_in, n_out=n_out, x_offset=0, eps=eps, head_dim=hd,
                 freq_base=1e4, freq_scale=1.0)
+    del push["kv_row"]
     by = buf(dev, np.full(n_out + 5, 3.0, np.float32))
-    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bn, bw, rs.step, cs], (2, 1, 1),
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bn, bw, rs.step, cs, bx, bx], (2, 1, 1),
              wtype=wtype, spec=dict(spec, OUT16=0), y_offset=5, kv_row=0, **push)
     got = read(dev, by)
     assert np.all(got[:5] == 3.0) and nmse(got[5:], want) < 1e-10
     cache = buf(dev, np.zeros((n_ctx, n_out), np.float16))
-    run_once(dev, kc, "mul_mat_vecq", [bw, bx, cache, bn, bw, rs.step, cs], (2, 1, 1),
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, cache, bn, bw, rs.step, cs, bx, bx], (2, 1, 1),
              wtype=wtype, spec=dict(spec, OUT16=1), y_offset=0, kv_row=n_out, **push)
     kv = read(dev, cache, np.float16).reshape(n_ctx, n_out).astype(np.float32)
     assert nmse(kv[pos0], want) < 1e-6
     assert not np.delete(kv, pos0, axis=0).any()
     rs.close()
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0"])
+@pytest.mark.parametrize("parts", [1, 2])
+def test_mul_mat_vecq_experts(dev, kc, wtype, parts):
+    """EXPERTS: the router's k experts of one token. Gate and up paired per slot (y[slot] =
+    silu(gate_e x) * (up_e x)), then down summed over the slots with the router's weights
+    into y (SUM, added to it); W bound whole or in two parts of whole experts (each
+    dispatch doing the slots whose expert it holds). Against numpy on the int8-rounded x."""
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    rng = np.random.default_rng(34)
+    n_expert, k, n_in, n_ff = 6, 3, 512, 256
+    ids = np.array([4, 1, 3], np.uint32)
+    ew = np.array([0.5, -1.25, 2.0], np.float32)
+    raw_g, wg = quantized(wtype, n_expert * n_ff, n_in, rng)
+    raw_u, wu = quantized(wtype, n_expert * n_ff, n_in, rng)
+    raw_d, wd = quantized(wtype, n_expert * n_in, n_ff, rng)
+    x = (rng.standard_normal(n_in) * 2).astype(np.float32)
+    xin = q8_blocks(x).astype(np.float64)
+    g = np.stack([wg[e * n_ff:(e + 1) * n_ff].astype(np.float64) @ xin for e in ids])
+    u = np.stack([wu[e * n_ff:(e + 1) * n_ff].astype(np.float64) @ xin for e in ids])
+    glu = g / (1 + np.exp(-g)) * u                                    # [k, n_ff]
+    bi, bw, bx = buf(dev, ids), buf(dev, ew), buf(dev, x)
+    split = n_expert // parts
+
+    def bound(raw):
+        per = raw.nbytes // n_expert
+        return [(buf(dev, raw[p * split * per:(p + 1) * split * per], kind="weights"), p * split)
+                for p in range(parts)]
+    by = buf(dev, np.full(k * n_ff, np.nan, np.float32))
+    for (gpart, base), (upart, _) in zip(bound(raw_g), bound(raw_u)):
+        run_once(dev, kc, "mul_mat_vecq", [gpart, bx, by, bx, upart, bx, bx, bi, bx], (4, k, 1),
+                 wtype=wtype, spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, KMAX=n_in,
+                                        UNROLL=2, PAIR=1, EXPERTS=k),
+                 **{**VECQ_PLAIN, "n_in": n_in, "n_out": n_ff, "x_offset": 0, "y_offset": 0,
+                    "eps": 0.0, "expert_base": base, "n_experts": split})
+    got = read(dev, by).reshape(k, n_ff)
+    assert nmse(got, glu) < 1e-10
+    # down: each slot's own input (here the GLU numpy made, so the check stands alone)
+    xd = glu.astype(np.float32)
+    y0 = rng.standard_normal(n_in).astype(np.float32)
+    want = y0 + sum(ew[j] * (wd[e * n_in:(e + 1) * n_in].astype(np.float64)
+                             @ q8_blocks(xd[j]).astype(np.float64)) for j, e in enumerate(ids))
+    bxd, by = buf(dev, xd), buf(dev, y0)
+    for dpart, base in bound(raw_d):
+        run_once(dev, kc, "mul_mat_vecq", [dpart, bxd, by, bxd, dpart, bxd, bxd, bi, bw],
+                 (3, 1, 1), wtype=wtype,
+                 spec=dict(WG=dev.subgroup_size * 2, ROWS=1, ACC=1, KMAX=k * n_ff, UNROLL=2,
+                           EXPERTS=k, SUM=1),
+                 **{**VECQ_PLAIN, "n_in": n_ff, "n_out": n_in, "x_offset": 0, "y_offset": 0,
+                    "eps": 0.0, "expert_base": base, "n_experts": split})
+    assert nmse(read(dev, by), want) < 1e-10
