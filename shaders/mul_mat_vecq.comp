@@ -253,6 +253,28 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         }
     }
 }
+#elif defined(TYPE_Q8_0)
+// 34 bytes = 17 u16 a block of 32: f16 d, int8 qs[32]. One lane a block.
+const uint LANES = 1;
+void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS]) {
+    const uint nb = p.n_in / 32;
+    for (uint i1 = i0; i1 < nb; i1 += step * UNROLL) [[unroll]]
+    for (uint u = 0; u < UNROLL; u++) {   // UNROLL blocks' loads in flight at once
+        const uint i = min(i1 + u * step, nb - 1);
+        const float live = i1 + u * step < nb ? 1.0 : 0.0;
+        const uvec4 xl = xq[2 * (x_block + i)], xh = xq[2 * (x_block + i) + 1];
+        const float dx = xb[x_block + i].x;
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            const uint o = (first_row(m, row_at(row0, r)) * nb + i) * 17;
+            const uvec4 ql = uvec4(ldpair(m, o + 1), ldpair(m, o + 3), ldpair(m, o + 5),
+                                   ldpair(m, o + 7));
+            const uvec4 qh = uvec4(ldpair(m, o + 9), ldpair(m, o + 11), ldpair(m, o + 13),
+                                   ldpair(m, o + 15));
+            acc[r] += live * ldf16(m, o) * dx * float(dot16(ql, xl) + dot16(qh, xh));
+        }
+    }
+}
 #else
 #error "mul_mat_vecq: no reader for this weight type"
 #endif

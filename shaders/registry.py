@@ -18,7 +18,7 @@ WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPER_BLOCKS = K_QUANTS + ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")       # 256-weight super-blocks: rows of 256k weights
                                             # (include/types.glsl's SUPER_BLOCK)
-MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0")   # mul_mat_vecq's readers
+MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q8_0")   # mul_mat_vecq's readers
 _FMT = {"u32": "I", "f32": "f"}
 MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_USED
 
