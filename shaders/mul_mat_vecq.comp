@@ -23,7 +23,7 @@ layout(local_size_x_id = 0) in;
 layout(constant_id = 1) const uint ROWS = 2;     // rows a subgroup takes at once
 layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residual add)
 layout(constant_id = 3) const uint XFORM = 0;    // the fused op before, see above
-layout(constant_id = 4) const uint KMAX = 4096;  // the longest x staged (a multiple of 256)
+layout(constant_id = 4) const uint KMAX = 4096;  // the longest x staged (a multiple of 32)
 layout(constant_id = 5) const uint UNROLL = 1;   // super-blocks a lane reads before it sums
 layout(constant_id = 6) const uint PAIR = 0;     // 1: y = silu(W x) * (W2 x), W2 in binding 4
                                                  // from its row p.row2 (SwiGLU's gate and up)
@@ -57,7 +57,7 @@ layout(std430, binding = 7) readonly buffer Ids { uint ids[]; };         // EXPE
 layout(std430, binding = 8) readonly buffer Wt { float expert_w[]; };    // SUM
 
 layout(push_constant) uniform Push {
-    uint n_in;       // K: a multiple of 256
+    uint n_in;       // K: a multiple of the type's block (256 for the K-quants)
     uint n_out;      // rows of W in this binding
     uint x_offset;   // in vec4 units
     uint y_offset;   // in floats: where row 0 of this binding lands
@@ -159,8 +159,8 @@ int dot16(uvec4 q, uvec4 x) {
     return DOT4(q.x, x.x) + DOT4(q.y, x.y) + DOT4(q.z, x.z) + DOT4(q.w, x.w);
 }
 
-// Sum over row `row` of W * x, this lane's share: lane `t` of the LANES that share a
-// super-block (or block), super-blocks i0, i0 + step, ...
+// Sums over rows row_at(row0, r) of W * x into acc[r], this lane's share: lane `t` of the
+// LANES that share a super-block (or block), super-blocks i0, i0 + step, ...
 #if defined(TYPE_Q4_K)
 // 144 bytes = 9 uvec4: f16 d, f16 dmin, scales[12], qs[128]. Eight lanes a super-block, one
 // uvec4 of qs each: qs bytes 16t .. 16t + 15 hold weights 64j + 16h + l (low nibbles,
