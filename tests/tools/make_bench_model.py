@@ -21,6 +21,10 @@ tests/snapshots/qwen3.5-397b-a17b.schema and qwen3.6-27b.schema): Q4_K, Q6_K for
 and, in the use_more_bits layers, for attn_qkv (delta-net layers) or attn_v (attention
 layers) and for ffn_down, ffn_down_exps and ffn_down_shexp; F32 for norms, routers, the conv
 taps, ssm_a and ssm_dt. The shapes are Qwen3.5's published configs (HYBRID_SHAPES).
+
+The mixture-of-experts shapes (--arch qwen3moe --shape 30b-a3b, --arch gpt-oss --shape 20b;
+`tiny` of each) are written the same way (MOE_SHAPES): Qwen3-30B-A3B in Q4_K_M's types,
+gpt-oss-20b as llama.cpp's MXFP4_MOE quantizes it (experts MXFP4, the other matrices Q8_0).
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ SHAPES = {   # arch, shape: n_embd, n_layer, n_head, n_head_kv, head_dim, n_ff, 
     ("qwen3", "1.7b"): (2048, 28, 16, 8, 128, 6144, 151936),
     ("qwen3", "tiny"): (256, 2, 4, 2, 64, 512, 49152),
 }
-BLOCK = {T.Q4_K: (144, 256), T.Q6_K: (210, 256), T.Q8_0: (34, 32)}
+BLOCK = {T.Q4_K: (144, 256), T.Q6_K: (210, 256), T.Q8_0: (34, 32), T.MXFP4: (17, 32)}
 
 # Qwen3.5's text configs (HF config.json, text_config): hidden_size, num_hidden_layers,
 # attention heads / KV heads of head_dim 256 on every 4th layer (full_attention_interval 4),
@@ -56,6 +60,25 @@ HYBRID_SHAPES = {
     ("qwen35moe", "tiny"): dict(n_embd=256, n_layer=4, n_head=2, n_head_kv=1, n_expert=8,
                                 n_expert_used=2, n_ff_exp=256, n_ff_shexp=256, tied=False,
                                 n_vocab=49152, k_heads=2, v_heads=4),
+}
+# The mixture-of-experts shapes (HF config.json): Qwen3-30B-A3B (48 layers of 2048, 32 heads
+# of 128, 4 KV heads, per-head q/k norms, 128 experts of 768, 8 used) in Q4_K_M as llama.cpp
+# quantizes it; gpt-oss-20b (24 layers of 2880, 64 heads of 64, 8 KV heads, sinks, q/k/v/o
+# and expert biases, a 128-token window on every other layer, 32 experts of 2880, 4 used,
+# YaRN x32 from 4096) in llama.cpp's MXFP4_MOE: experts MXFP4, the other matrices Q8_0.
+MOE_SHAPES = {
+    ("qwen3moe", "30b-a3b"): dict(n_embd=2048, n_layer=48, n_head=32, n_head_kv=4, head_dim=128,
+                                  n_expert=128, n_expert_used=8, n_ff_exp=768, n_vocab=151936,
+                                  rope_base=1e6, ctx=40960, n_ff=6144),
+    ("qwen3moe", "tiny"): dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
+                               n_expert=8, n_expert_used=2, n_ff_exp=256, n_vocab=49152,
+                               rope_base=1e6, ctx=4096, n_ff=512),
+    ("gpt-oss", "20b"): dict(n_embd=2880, n_layer=24, n_head=64, n_head_kv=8, head_dim=64,
+                             n_expert=32, n_expert_used=4, n_ff_exp=2880, n_vocab=201088,
+                             rope_base=150000.0, ctx=131072, window=128),
+    ("gpt-oss", "tiny"): dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
+                              n_expert=4, n_expert_used=2, n_ff_exp=256, n_vocab=49152,
+                              rope_base=150000.0, ctx=4096, window=16),
 }
 HYBRID_DEFAULTS = dict(head_dim=256, k_heads=16, v_heads=32, d_state=128, conv=4, n_rot=64,
                        sections=[11, 11, 10, 0], interval=4, n_vocab=248320, ctx=262144)
@@ -76,6 +99,8 @@ def rand_blocks(rng, qtype, rows: int, cols: int) -> np.ndarray:
     elif qtype == T.Q6_K:
         a[:, 208:210] = f16(0.0002)
         a[:, 192:208] &= 0x1F         # small positive int8 sub-scales
+    elif qtype == T.MXFP4:
+        a[:, 0] = 119                 # e8m0 scale 2^-8: e2m1 values up to 6 scale to 0.023
     return a.reshape(rows, cols // ne * nb)
 
 
@@ -160,6 +185,108 @@ def hybrid_tensors(arch: str, h: dict):
     return out
 
 
+def moe_tensors(arch: str, h: dict):
+    """(name, ggml type, numpy shape, fill) of every tensor of a qwen3moe or gpt-oss file, as
+    hybrid_tensors gives them."""
+    e, L, hd, nh, nkv = h["n_embd"], h["n_layer"], h["head_dim"], h["n_head"], h["n_head_kv"]
+    x, f = h["n_expert"], h["n_ff_exp"]
+    oss = arch == "gpt-oss"
+    dense = T.Q8_0 if oss else T.Q4_K
+    out = [("token_embd.weight", dense, (h["n_vocab"], e), "q"),
+           ("output_norm.weight", T.F32, (e,), "ones"),
+           ("output.weight", T.Q8_0 if oss else T.Q6_K, (h["n_vocab"], e), "q")]
+    for i in range(L):
+        b = f"blk.{i}."
+        big = dense if oss else T.Q6_K if more_bits(i, L) else T.Q4_K
+        experts, down = (T.MXFP4, T.MXFP4) if oss else (T.Q4_K, big)
+        out += [(b + "attn_norm.weight", T.F32, (e,), "ones"),
+                (b + "attn_q.weight", dense, (nh * hd, e), "q"),
+                (b + "attn_k.weight", dense, (nkv * hd, e), "q"),
+                (b + "attn_v.weight", big, (nkv * hd, e), "q"),
+                (b + "attn_output.weight", dense, (e, nh * hd), "q")]
+        if oss:
+            out += [(b + "attn_q.bias", T.F32, (nh * hd,), 0.0),
+                    (b + "attn_k.bias", T.F32, (nkv * hd,), 0.0),
+                    (b + "attn_v.bias", T.F32, (nkv * hd,), 0.0),
+                    (b + "attn_output.bias", T.F32, (e,), 0.0),
+                    (b + "attn_sinks.weight", T.F32, (nh,), 0.0),
+                    (b + "post_attention_norm.weight", T.F32, (e,), "ones")]
+        else:
+            out += [(b + "attn_q_norm.weight", T.F32, (hd,), "ones"),
+                    (b + "attn_k_norm.weight", T.F32, (hd,), "ones"),
+                    (b + "ffn_norm.weight", T.F32, (e,), "ones")]
+        out += [(b + "ffn_gate_inp.weight", T.F32, (x, e), 0.0)]
+        if oss:
+            out += [(b + "ffn_gate_inp.bias", T.F32, (x,), 0.0)]
+        out += [(b + "ffn_gate_exps.weight", experts, (x, f, e), "q"),
+                (b + "ffn_up_exps.weight", experts, (x, f, e), "q"),
+                (b + "ffn_down_exps.weight", down, (x, e, f), "q")]
+        if oss:
+            out += [(b + "ffn_gate_exps.bias", T.F32, (x, f), 0.0),
+                    (b + "ffn_up_exps.bias", T.F32, (x, f), 0.0),
+                    (b + "ffn_down_exps.bias", T.F32, (x, e), 0.0)]
+    return out
+
+
+def write_moe(a, kv: dict) -> int:
+    """A qwen3moe or gpt-oss file, streamed as write_hybrid streams its own."""
+    h = MOE_SHAPES[a.arch, a.shape]
+    w = gguf.GGUFWriter(a.out, a.arch)
+    oss = a.arch == "gpt-oss"
+    w.add_name(f"synthetic-{a.arch}-{a.shape}-{'mxfp4' if oss else 'q4_k_m'}")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_MXFP4_MOE if oss else 15)
+    w.add_context_length(a.ctx or h["ctx"])
+    w.add_embedding_length(h["n_embd"])
+    w.add_block_count(h["n_layer"])
+    w.add_expert_count(h["n_expert"])
+    w.add_expert_used_count(h["n_expert_used"])
+    w.add_expert_feed_forward_length(h["n_ff_exp"])
+    if "n_ff" in h:                          # the dense width the file states, unused
+        w.add_feed_forward_length(h["n_ff"])
+    w.add_head_count(h["n_head"])
+    w.add_head_count_kv(h["n_head_kv"])
+    w.add_key_length(h["head_dim"])
+    w.add_value_length(h["head_dim"])
+    w.add_rope_dimension_count(h["head_dim"])
+    w.add_rope_freq_base(h["rope_base"])
+    w.add_layer_norm_rms_eps(1e-5 if oss else 1e-6)
+    if oss:
+        w.add_sliding_window(h["window"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(32.0)
+        w.add_rope_scaling_orig_ctx_len(4096)
+    add_vocab_keys(w, kv, h["n_vocab"])
+    return write_tensors(w, moe_tensors(a.arch, h))
+
+
+def write_tensors(w, tensors) -> int:
+    """Tensor infos, then each tensor's data, one at a time; the bytes of tensors written."""
+    for name, qtype, shape, fill in tensors:
+        if qtype == T.F32:
+            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        else:
+            byte_shape = tensor_bytes(qtype, shape)
+            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
+                              raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    rng = np.random.default_rng(0)
+    for name, qtype, shape, fill in tensors:
+        if qtype == T.F32:
+            data = np.ones(shape, np.float32) if fill == "ones" else \
+                np.full(shape, fill, np.float32)
+            if name.endswith("ffn_gate_inp.weight"):     # routing that varies by token
+                data = (0.02 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            rows = int(np.prod(shape[:-1]))
+            data = rand_blocks(rng, qtype, rows, shape[-1]).reshape(tensor_bytes(qtype, shape))
+        w.write_tensor_data(data)
+    w.close()
+    return sum(4 * int(np.prod(s)) if q == T.F32 else int(np.prod(tensor_bytes(q, s)))
+               for _, q, s, _ in tensors)
+
+
 def tensor_bytes(qtype, shape: tuple[int, ...]) -> tuple[int, ...]:
     """The byte shape of a quantized tensor of numpy shape `shape`."""
     nb, ne = BLOCK[qtype]
@@ -200,53 +327,30 @@ def write_hybrid(a, kv: dict) -> int:
     w.add_ssm_time_step_rank(h["v_heads"])
     w.add_ssm_inner_size(h["v_heads"] * h["d_state"])
     add_vocab_keys(w, kv, h["n_vocab"])
-    tensors = hybrid_tensors(a.arch, h)
-    for name, qtype, shape, fill in tensors:
-        if qtype == T.F32:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
-        else:
-            byte_shape = tensor_bytes(qtype, shape)
-            w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
-                              raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_ti_data_to_file()
-    rng = np.random.default_rng(0)
-    for name, qtype, shape, fill in tensors:
-        if qtype == T.F32:
-            data = np.ones(shape, np.float32) if fill == "ones" else \
-                np.full(shape, fill, np.float32)
-            if name.endswith("ffn_gate_inp.weight"):     # routing that varies by token
-                data = (0.02 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            rows = int(np.prod(shape[:-1]))
-            data = rand_blocks(rng, qtype, rows, shape[-1]).reshape(tensor_bytes(qtype, shape))
-        w.write_tensor_data(data)
-    w.close()
-    return sum(4 * int(np.prod(s)) if q == T.F32 else int(np.prod(tensor_bytes(q, s)))
-               for _, q, s, _ in tensors)
+    return write_tensors(w, hybrid_tensors(a.arch, h))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="qwen3",
-                    choices=sorted({a for a, _ in SHAPES} | {a for a, _ in HYBRID_SHAPES}))
+                    choices=sorted({a for a, _ in [*SHAPES, *HYBRID_SHAPES, *MOE_SHAPES]}))
     ap.add_argument("--shape", default="8b")
     ap.add_argument("--tokenizer", required=True, help="pickled tokenizer.* keys")
     ap.add_argument("--ctx", type=int, default=0, help="context_length (default: the "
                                                        "model's, 40960 for qwen3)")
     ap.add_argument("out")
     a = ap.parse_args()
-    if (a.arch, a.shape) in HYBRID_SHAPES:
+    streamed = {**{k: write_hybrid for k in HYBRID_SHAPES}, **{k: write_moe for k in MOE_SHAPES}}
+    if (a.arch, a.shape) in streamed:
         with open(a.tokenizer, "rb") as f:
             kv = pickle.load(f)
-        n = write_hybrid(a, kv)
+        n = streamed[a.arch, a.shape](a, kv)
         print(f"wrote {a.out} ({n / 1e9:.2f} GB of tensors)")
         return 0
     a.ctx = a.ctx or 40960
     if (a.arch, a.shape) not in SHAPES:
-        ap.error(f"no shape {a.shape} for {a.arch}: "
-                 f"{', '.join(s for r, s in [*SHAPES, *HYBRID_SHAPES] if r == a.arch)}")
+        known = [s for r, s in [*SHAPES, *HYBRID_SHAPES, *MOE_SHAPES] if r == a.arch]
+        ap.error(f"no shape {a.shape} for {a.arch}: {', '.join(known)}")
     e, n_layer, n_head, n_kv, hd, n_ff, n_vocab = SHAPES[a.arch, a.shape]
     with open(a.tokenizer, "rb") as f:
         kv = pickle.load(f)
