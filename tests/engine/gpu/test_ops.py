@@ -118,6 +118,40 @@ def test_matvec_shape_per_shape_and_by_setting(monkeypatch):
             t.matvec_shape("Q4_K", 4096, 64)
 
 
+def test_matvecq_choices_and_settings(monkeypatch):
+    """mul_mat_vecq: where it is taken (int8 dot products, no ggml rounding, the types it
+    reads, x within shared memory), its measured shapes, $HOTSEAT_MATVECQ over them (and
+    "off"), and decode attention's width and heads per workgroup."""
+    from engine.gpu.paths import Tuning
+
+    monkeypatch.delenv("HOTSEAT_MATVECQ", raising=False)
+    t = Tuning(subgroup=32, dot4=True, ggml_numerics=False, max_shared=49152)
+    assert t.matvecq and t.paths(128).decode_matmul == "mul_mat_vecq"
+    assert not Tuning(subgroup=32, dot4=True).matvecq                   # ggml's rounding
+    assert not Tuning(subgroup=32, ggml_numerics=False).matvecq          # no dot products
+    assert t.matvecq_fits("Q4_K", 14336) and t.matvecq_fits("Q8_0", 2880)
+    assert not t.matvecq_fits("Q4_K", 2880)                              # not whole blocks
+    assert not t.matvecq_fits("Q5_K", 4096) and not t.matvecq_fits("Q4_0", 40960)
+    assert t.matvecq_shape("Q4_K", 4096, 4096) == (256, 1, 2, 0)
+    assert t.matvecq_shape("Q4_K", 14336, 4096) == (256, 1, 2, 512)     # tall: looping groups
+    assert t.matvecq_shape("Q6_K", 4096, 14336) == (256, 2, 4, 0)       # long rows read ahead
+    assert t.matvecq_shape("Q4_0", 2048, 2048) == (256, 1, 2, 0)
+    monkeypatch.setenv("HOTSEAT_MATVECQ", "Q4_K=128x4x1x264")
+    assert t.matvecq_shape("Q4_K", 4096, 4096) == (128, 4, 1, 264)
+    assert t.matvecq_shape("Q6_K", 4096, 4096) == (256, 2, 2, 0)        # not named
+    for bad in ("Q4_K=128x4x1", "Q4_K=0x4x1x0", "Q4_K=axbxcxd"):
+        monkeypatch.setenv("HOTSEAT_MATVECQ", bad)
+        with pytest.raises(ValueError, match="HOTSEAT_MATVECQ"):
+            t.matvecq_shape("Q4_K", 4096, 4096)
+    monkeypatch.setenv("HOTSEAT_MATVECQ", "off")
+    assert t.matvecq_shape("Q4_K", 4096, 4096) == (256, 1, 2, 0)
+    # attn_decode: 8 lanes a position at head 128 leave 4 vec4s a lane, so 4 heads fit
+    assert t.decode_group(128, 32, 8) == 4 and t.decode_group(128, 32, 32) == 1
+    assert t.decode_group(64, 24, 8) == 3 and t.decode_group(256, 16, 2) == 2
+    t.decode_wg = 256
+    assert t.decode_lanes(128) == 256 and t.decode_lanes(256) == 128    # shared memory
+
+
 @pytest.mark.parametrize("n_in", [4096, 28672, 1 << 20])
 def test_loop_bounded_drivers_get_walks_within_the_bound(n_in):
     """Under llvmpipe's loop bound: an expert that every token of a pass picks gets tiles
@@ -134,3 +168,13 @@ def test_loop_bounded_drivers_get_walks_within_the_bound(n_in):
         assert -(-n_ctx // t.decode_splits(n_ctx)) <= t.loop_ticks // 2
     for n in (49152, 262144, 1 << 22):
         assert -(-n // t.reduce_wg(n)) <= t.loop_ticks // 2
+
+
+def test_matvecq_follows_the_device_and_the_setting(dev, monkeypatch):
+    """The device's int8 dot products turn mul_mat_vecq's path on; HOTSEAT_MATVECQ=off off."""
+    from engine.gpu.paths import Tuning
+
+    monkeypatch.delenv("HOTSEAT_MATVECQ", raising=False)
+    assert Tuning.for_device(dev).dot4 == dev.dot4
+    monkeypatch.setenv("HOTSEAT_MATVECQ", "off")
+    assert not Tuning.for_device(dev).dot4
