@@ -40,12 +40,21 @@ def test_mul_mat_moe_bench_table(monkeypatch, capsys):
 
 def test_mul_mat_vec_bench_types(dev, kc, monkeypatch):
     """The decode bench's random weights are valid blocks for every weight type it lists:
-    each of its shapes' types, small, runs and mul_mat_vec agrees with mul_mat (the bench
-    raises where they disagree)."""
-    monkeypatch.setattr(kernelbench, "MATVEC_ROWS", (4,))
+    each of its shapes' types, small, runs, and mul_mat_vec and (where the device has int8
+    dot products and the type a reader) mul_mat_vecq agree with mul_mat (the bench raises
+    where they disagree), each op reading its own copy of the weights."""
+    from shaders.registry import MATVECQ_TYPES
+
+    monkeypatch.setattr(kernelbench, "MATVECQ_GRID", ((dev.subgroup_size * 2, 2, 2, 0),
+                                                      (dev.subgroup_size, 1, 1, 1)))
+    monkeypatch.setattr(kernelbench, "COLD_BYTES", 1 << 16)
     types = sorted({t for t, _, _ in kernelbench.MATVEC_SHAPES})
     shapes = tuple((t, 256, 8) for t in types)
     rows = kernelbench.bench_mul_mat_vec(dev, kc, 1, shapes=shapes)
     assert [r["type"] for r in rows] == types
     for r in rows:
-        assert r["variants"] and all(v["us"] > 0 for v in r["variants"])
+        assert r["mul_mat_vec"]["us"] > 0 and r["copies"] >= 2
+        if dev.dot4 and r["type"] in MATVECQ_TYPES:
+            assert len(r["variants"]) == 2 and all(v["us"] > 0 for v in r["variants"])
+        else:
+            assert r["variants"] == [] and r["best"] is None
