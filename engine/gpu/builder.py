@@ -171,6 +171,14 @@ class Builder:
                 and self.paths().decode_matmul in ("mul_mat_vec", "mul_mat_vecq")
                 and not any(any(w.skips()) for w in ws))
 
+    def _vecq_whole(self, n: int, ws: list[Tensor], n_in: int = 0) -> bool:
+        """Whether one token's products over ws can take mul_mat_vecq's fused modes: each
+        weight a whole binding of a type it reads, x (n_in values; else the rows' length)
+        within its shared memory."""
+        return (self._fusing(n, ws) and self.paths().decode_matmul == "mul_mat_vecq"
+                and all(len(w.parts) == 1 and self.t.matvecq_fits(w.wtype, n_in or w.shape[0])
+                        for w in ws))
+
     def norm_matmuls(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
                      products: list[tuple[Tensor, vk.Buffer]]) -> None:
         """xn = rms_norm(x) * norm, then y = xn @ w^T for each (w, y). For one token the
@@ -190,10 +198,8 @@ class Builder:
         out (mul_mat_vecq's ROPE): q into q, k and v as f16 into their caches' row for
         step.pos0, so no rope_qkv pass follows (True). Only where one token's products take
         int8 activations and rope turns every dim of a head; else nothing is done (False)."""
-        if not (self._fusing(n, proj) and norm.wtype == "F32" and self.seqs == 0
-                and self.paths().decode_matmul == "mul_mat_vecq" and rope.n_dims == head_dim
-                and all(self.t.matvecq_fits(w.wtype, w.shape[0]) and len(w.parts) == 1
-                        for w in proj)):
+        if not (self._vecq_whole(n, proj) and norm.wtype == "F32" and self.seqs == 0
+                and rope.n_dims == head_dim):
             return False
         table = self.rs.rope_table(rope) if self.t.ggml_numerics or not rope.plain else None
         for w, y, mode, out16 in ((proj[0], q, 2 if neox else 1, 0),
@@ -218,11 +224,9 @@ class Builder:
         products summed with the router's weights straight onto x (True). Only where the
         three take mul_mat_vecq whole (gate and up one binding each); else nothing is done."""
         n_in, n_ff, _ = gate.shape
-        if not (self._fusing(n, [gate, up, down]) and self.paths().decode_matmul == "mul_mat_vecq"
-                and gate.wtype == up.wtype and gate.shape == up.shape
-                and len(gate.parts) == 1 and len(up.parts) == 1
-                and self.t.matvecq_fits(gate.wtype, n_in)
-                and self.t.matvecq_fits(down.wtype, n_used * n_ff)):
+        if not (self._vecq_whole(n, [gate, up]) and gate.shape == up.shape
+                and gate.wtype == up.wtype and self._fusing(n, [down])
+                and self.t.matvecq_fits(down.wtype, n_used * n_ff)):    # down: parts allowed
             return False
         n_expert = gate.shape[2]
         self._vecq(gate.wtype, n_in, n_ff, gate.bindings()[0][0], xn, glu,
@@ -243,12 +247,8 @@ class Builder:
         one pass (mul_mat_vecq's PAIR) where one token's products take int8 activations and
         gate and up are whole bindings of one type (True). Else the two products into gbuf
         and ubuf as norm_matmuls makes them (False: the GLU is still to come)."""
-        p = self.paths()
-        pair = (self._fusing(n, [gate, up]) and norm.wtype == "F32"
-                and p.decode_matmul == "mul_mat_vecq" and gate.wtype == up.wtype
-                and gate.shape == up.shape and len(gate.parts) == 1 and len(up.parts) == 1
-                and self.t.matvecq_fits(gate.wtype, gate.shape[0]))
-        if not pair:
+        if not (self._vecq_whole(n, [gate, up]) and gate.shape == up.shape
+                and gate.wtype == up.wtype and norm.wtype == "F32"):
             self.norm_matmuls(x, norm, eps, xn, n, [(gate, gbuf), (up, ubuf)])
             return False
         self._vecq(gate.wtype, gate.shape[0], gate.rows, gate.bindings()[0][0], x, gbuf,

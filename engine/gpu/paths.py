@@ -116,10 +116,9 @@ class Tuning:
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup,
                        **common)
         t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, decode_wg=256, **common)
-        if os.environ.get("HOTSEAT_DECODE_WG"):      # to measure attn_decode's width
-            t.decode_wg = int(os.environ["HOTSEAT_DECODE_WG"])
-        if os.environ.get("HOTSEAT_DECODE_HEADS"):   # ... and its heads per workgroup
-            t.decode_heads = int(os.environ["HOTSEAT_DECODE_HEADS"])
+        # to measure attn_decode's width and its query heads per workgroup
+        t.decode_wg = count_setting("HOTSEAT_DECODE_WG", t.decode_wg)
+        t.decode_heads = count_setting("HOTSEAT_DECODE_HEADS", t.decode_heads)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
@@ -283,6 +282,16 @@ class Paths:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def count_setting(name: str, default: int) -> int:
+    """$name as a whole number from 1, or default where it is unset."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"{name}: {value!r} is not a whole number from 1")
+    return int(value)
 
 
 def matvecq_override() -> dict[str, tuple[int, int, int, int]]:

@@ -83,3 +83,30 @@ def test_one_token_graph_fuses_where_the_math_allows(dev, kc, name, monkeypatch)
     assert fused == plain - norms - glu, (arch, fused, plain)
     print(f"{arch}: {plain / n:.1f} -> {fused / n:.1f} dispatches a layer (whole graph / "
           f"{n} layers)")
+
+
+def test_int8_decode_layer_is_seven_dispatches(dev, kc):
+    """With int8 activations (mul_mat_vecq) a Llama layer's token is q, k and v (rope applied
+    as they come out, k and v written into the caches), attention, the output product,
+    gate and up paired, and down: no rope_qkv, rms_norm or silu_mul pass."""
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    case = sr.load_case("llama-q4_k_m")
+    m = Model(dev, kc, str(case.model_path), n_ctx=case.n_ctx, name="int8-decode")
+    try:
+        m.tuning.coopmat = False
+        m.tuning.matvec, m.tuning.ggml_numerics = True, False
+        assert m.paths.decode_matmul == "mul_mat_vecq"
+        m.profile = True                         # the graph names its ops
+        m.rs.set_step([1], 0)
+        g = m._record(1, greedy=True)
+        g.replay()
+        names = [name for name, _ in g.profile()]
+        g.close()
+    finally:
+        m.close()
+    kinds = ["attn" if n == "attn_decode" else "vecq" if n.startswith("mul_mat_vecq_") else n
+             for n in names]
+    layer = ["vecq"] * 3 + ["attn"] + ["vecq"] * 3
+    assert kinds[0].startswith("get_rows") and kinds[-3:] == ["rms_norm", "vecq", "argmax"]
+    assert kinds[1:-3] == layer * m.config.n_layer, names

@@ -170,6 +170,20 @@ def test_loop_bounded_drivers_get_walks_within_the_bound(n_in):
         assert -(-n // t.reduce_wg(n)) <= t.loop_ticks // 2
 
 
+def test_decode_attention_settings(monkeypatch):
+    """HOTSEAT_DECODE_WG and HOTSEAT_DECODE_HEADS set attn_decode's width and heads on a
+    GPU; a setting that is not a count is an error that names it."""
+    monkeypatch.setenv("HOTSEAT_DECODE_WG", "128")
+    monkeypatch.setenv("HOTSEAT_DECODE_HEADS", "2")
+    t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32)
+    assert (t.decode_wg, t.decode_heads) == (128, 2)
+    for name, bad in (("HOTSEAT_DECODE_WG", "wide"), ("HOTSEAT_DECODE_HEADS", "0")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=name):
+            Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32)
+        monkeypatch.delenv(name)
+
+
 def test_matvecq_follows_the_device_and_the_setting(dev, monkeypatch):
     """The device's int8 dot products turn mul_mat_vecq's path on; HOTSEAT_MATVECQ=off off."""
     from engine.gpu.paths import Tuning
