@@ -171,13 +171,19 @@ class Builder:
                 and self.paths().decode_matmul in ("mul_mat_vec", "mul_mat_vecq")
                 and not any(any(w.skips()) for w in ws))
 
-    def _vecq_whole(self, n: int, ws: list[Tensor], n_in: int = 0) -> bool:
+    def _vecq_whole(self, n: int, ws: list[Tensor]) -> bool:
         """Whether one token's products over ws can take mul_mat_vecq's fused modes: each
-        weight a whole binding of a type it reads, x (n_in values; else the rows' length)
-        within its shared memory."""
+        weight a whole binding of a type it reads, x (a row's length) within its shared
+        memory."""
         return (self._fusing(n, ws) and self.paths().decode_matmul == "mul_mat_vecq"
-                and all(len(w.parts) == 1 and self.t.matvecq_fits(w.wtype, n_in or w.shape[0])
+                and all(len(w.parts) == 1 and self.t.matvecq_fits(w.wtype, w.shape[0])
                         for w in ws))
+
+    def _vecq_pair(self, n: int, gate: Tensor, up: Tensor) -> bool:
+        """Whether gate and up can run as mul_mat_vecq's PAIR: whole bindings it reads, of
+        one type and shape."""
+        return (self._vecq_whole(n, [gate, up]) and gate.shape == up.shape
+                and gate.wtype == up.wtype)
 
     def norm_matmuls(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
                      products: list[tuple[Tensor, vk.Buffer]]) -> None:
@@ -224,8 +230,7 @@ class Builder:
         products summed with the router's weights straight onto x (True). Only where the
         three take mul_mat_vecq whole (gate and up one binding each); else nothing is done."""
         n_in, n_ff, _ = gate.shape
-        if not (self._vecq_whole(n, [gate, up]) and gate.shape == up.shape
-                and gate.wtype == up.wtype and self._fusing(n, [down])
+        if not (self._vecq_pair(n, gate, up) and self._fusing(n, [down])
                 and self.t.matvecq_fits(down.wtype, n_used * n_ff)):    # down: parts allowed
             return False
         n_expert = gate.shape[2]
@@ -247,8 +252,7 @@ class Builder:
         one pass (mul_mat_vecq's PAIR) where one token's products take int8 activations and
         gate and up are whole bindings of one type (True). Else the two products into gbuf
         and ubuf as norm_matmuls makes them (False: the GLU is still to come)."""
-        if not (self._vecq_whole(n, [gate, up]) and gate.shape == up.shape
-                and gate.wtype == up.wtype and norm.wtype == "F32"):
+        if not (self._vecq_pair(n, gate, up) and norm.wtype == "F32"):
             self.norm_matmuls(x, norm, eps, xn, n, [(gate, gbuf), (up, ubuf)])
             return False
         self._vecq(gate.wtype, gate.shape[0], gate.rows, gate.bindings()[0][0], x, gbuf,

@@ -242,9 +242,13 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
     return out
 
 
+def _rel_err(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest difference, relative to want's largest magnitude."""
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+
+
 def _check(dev, by, want: np.ndarray, tol: float, what: str) -> None:
-    got = vk.download(dev, by).view(np.float32)[:want.size]
-    err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+    err = _rel_err(vk.download(dev, by).view(np.float32)[:want.size], want)
     if not err <= tol:
         raise RuntimeError(f"{what} disagrees with mul_mat (max error {err:.2e} of the largest)")
 
@@ -300,7 +304,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
                          y_offset=0, y_stride=n_out)
                 us = _time_records(dev, kernels, cm, repeats)
                 got = vk.download(dev, by).view(np.float32)
-                err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+                err = _rel_err(got, want)
                 row["variants"].append({"kernel": kernel, "tile": [bm, bn], "us": us,
                                         "tflops": flop / us / 1e6, "max_rel_err": err})
             row["best"] = min(row["variants"], key=lambda v: v["us"])
@@ -408,7 +412,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                         vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
                         us = _time_records(dev, kernels, grouped, repeats)
                         got = vk.download(dev, by).view(np.float32)
-                        err = float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-30))
+                        err = _rel_err(got, want)
                         if not err <= 1e-4:
                             raise RuntimeError(f"mul_mat_moe {wtype} {n_in}x{n_out} {rows}x{nt} "
                                                f"tiles={lanes} disagrees with mul_mat_id")

@@ -228,13 +228,14 @@ def _bf16(x: np.ndarray) -> np.ndarray:
     return u.astype(np.uint32).view(np.float32)
 
 
-def _q8_0(x: np.ndarray) -> np.ndarray:
-    """quantize_row_q8_0 (x86 SIMD) then dequantize: blocks of 32, d = amax/127 kept as f16."""
+def _q8_0(x: np.ndarray, f16_scale: bool = True) -> np.ndarray:
+    """quantize_row_q8_0 (x86 SIMD) then dequantize: blocks of 32, d = amax/127 kept as f16
+    (as f32 without f16_scale: mul_mat_vecq's staged x)."""
     b = x.reshape(*x.shape[:-1], -1, 32)
     amax = np.abs(b).max(axis=-1, keepdims=True)
     d = amax / np.float32(127.0)
     q = np.rint(b * np.divide(np.float32(127.0), amax, out=np.zeros_like(amax), where=amax > 0))
-    return (q * _f16(d)).reshape(x.shape)
+    return (q * (_f16(d) if f16_scale else d)).reshape(x.shape)
 
 
 def _q8_1(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

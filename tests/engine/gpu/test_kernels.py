@@ -1439,12 +1439,10 @@ def test_split_decode_attention(dev, kc, n_kv_len, window, hd, splits):
 
 
 def q8_blocks(x: np.ndarray) -> np.ndarray:
-    """x rounded as mul_mat_vecq stages it: blocks of 32 to int8, scale amax / 127."""
-    b = x.astype(np.float32).reshape(-1, 32)
-    amax = np.abs(b).max(axis=1, keepdims=True)
-    d = amax / np.float32(127)
-    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    return (np.round(b * inv) * d).reshape(x.shape)
+    """x rounded as mul_mat_vecq stages it: ggml's Q8_0 blocks with f32 scales."""
+    from tests.helpers import reference as ref
+
+    return ref._q8_0(x.astype(np.float32), f16_scale=False)
 
 
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
