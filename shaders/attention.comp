@@ -3,7 +3,8 @@
 // One subgroup per (query head, query token): each lane walks every SG-th key with an online
 // softmax (running max, sum and output), then the lanes are merged with subgroup operations,
 // so no shared memory and no barrier. Token t sits at position step.pos0 + t and sees keys
-// 0..pos, or only the last WINDOW of them when window > 0 (sliding-window layers); with
+// 0..pos (all of the pass where step.bidir is set), or only the last WINDOW of them when
+// window > 0 (sliding-window layers); with
 // SEQS = 1 none before step.seq_first[t], the first slot of its own sequence (packed passes).
 // Options (include/attn.glsl): scores soft-capped (softcap > 0), a sink logit per head (SINKS).
 #include "common.glsl"
@@ -42,6 +43,7 @@ void main() {
     if (t >= p.n_tokens) return;
     const uint lane = gl_SubgroupInvocationID;
     const uint pos = step.pos0 + t;
+    const uint last = step.bidir != 0 ? step.n_past - 1 : pos;     // its last key
     const uint kvh = h / (p.n_head / p.n_head_kv);
     const uint wfirst = (p.window > 0 && pos >= p.window) ? pos - p.window + 1 : 0;
     const uint first = SEQS != 0 ? max(wfirst, step.seq_first[t]) : wfirst;
@@ -52,7 +54,7 @@ void main() {
     if (GGML != 0) {
         [[unroll]] for (uint d = 0; d < D4; d++) qv[d] = f16_rne(q4[qb + d]);
         float mx = -1.0 / 0.0;
-        for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
+        for (uint kp = first + lane; kp <= last; kp += gl_SubgroupSize) {
             const uint kb = (kp * p.n_head_kv + kvh) * D4;
             float s = 0.0;
             [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
@@ -61,7 +63,7 @@ void main() {
         mx = subgroupMax(mx);
         if (SINKS != 0) mx = max(mx, sinks[h]);
         float sum = 0.0;
-        for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
+        for (uint kp = first + lane; kp <= last; kp += gl_SubgroupSize) {
             const uint kb = (kp * p.n_head_kv + kvh) * D4;
             float s = 0.0;
             [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
@@ -70,7 +72,7 @@ void main() {
         const float inv = div_rn(1.0, subgroupAdd(sum) + (SINKS != 0 ? exp(sinks[h] - mx) : 0.0));
         vec4 acc[D4];
         [[unroll]] for (uint d = 0; d < D4; d++) acc[d] = vec4(0.0);
-        for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
+        for (uint kp = first + lane; kp <= last; kp += gl_SubgroupSize) {
             const uint kb = (kp * p.n_head_kv + kvh) * D4;
             float s = 0.0;
             [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));
@@ -90,7 +92,7 @@ void main() {
     vec4 acc[D4];
     [[unroll]] for (uint d = 0; d < D4; d++) acc[d] = vec4(0.0);
 
-    for (uint kp = first + lane; kp <= pos; kp += gl_SubgroupSize) {
+    for (uint kp = first + lane; kp <= last; kp += gl_SubgroupSize) {
         const uint kb = (kp * p.n_head_kv + kvh) * D4;
         float s = 0.0;
         [[unroll]] for (uint d = 0; d < D4; d++) s += dot(qv[d], vec4(k4[kb + d]));

@@ -43,7 +43,7 @@ void main() {
         const uint wfirst = (p.window > 0 && pos >= p.window) ? pos - p.window + 1 : 0;
         const bool real = row < p.n_tokens;
         const uint first = SEQS != 0 && real ? max(wfirst, step.seq_first[row]) : wfirst;
-        const bool vis = !real || (kp >= first && kp <= pos && kp < n_kv);
+        const bool vis = !real || (kp >= first && (kp <= pos || step.bidir != 0) && kp < n_kv);
         mask[row * p.stride + kp] = vis ? float16_t(0.0) : float16_t(uintBitsToFloat(0xFF800000u));
         if (real) bits |= vis ? 1u : 2u;
     }

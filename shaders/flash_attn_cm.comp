@@ -89,7 +89,7 @@ void main() {
 
     // the keys any row of this tile sees
     const uint last_row = min(row0 + BR, p.n_tokens) - 1;
-    const uint hi_key = min(pos0 + last_row, n_kv - 1);
+    const uint hi_key = step.bidir != 0 ? n_kv - 1 : min(pos0 + last_row, n_kv - 1);
     const uint win_lo = (p.window > 0 && pos0 + row0 >= p.window) ? pos0 + row0 - p.window + 1 : 0;
     // sequences start in slot order: the tile's first row has the lowest first key
     const uint lo_key = SEQS != 0 ? max(win_lo, step.seq_first[row0]) : win_lo;
@@ -123,7 +123,7 @@ void main() {
         float bmax = NEG_INF;
         [[unroll]] for (uint c = 0; c < 16; c++) {
             const uint kp = kb * BC + hh * 16 + c;
-            const bool seen = live && kp <= qp && kp < n_kv && (p.window == 0 || kp + p.window > qp)
+            const bool seen = live && (kp <= qp || step.bidir != 0) && kp < n_kv && (p.window == 0 || kp + p.window > qp)
                               && (SEQS == 0 || kp >= seq_lo);
             sv[c] = seen ? soft_cap(Sc[sbase + r * BC + hh * 16 + c] * p.scale, p.softcap)
                          : NEG_INF;

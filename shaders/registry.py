@@ -25,16 +25,16 @@ MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_
 # The step buffer: the small host-visible buffer of per-submit values (RunState.set_step writes
 # it per decoded token and prefill chunk, so recorded command buffers stay valid). Declared in
 # GLSL once, include/step.glsl, at the binding a kernel's spec names (KernelSpec.step).
-STEP_FIELDS = (("pos0", "u32"), ("n_past", "u32"), ("step_pad0", "u32"), ("step_pad1", "u32"))
+STEP_FIELDS = (("pos0", "u32"), ("n_past", "u32"), ("bidir", "u32"), ("step_pad1", "u32"))
 STEP_BYTES = 4 * len(STEP_FIELDS)
 # then one u32 per token of the pass, read by the kernels specialized with SEQS = 1: the cache
 # slot where that token's sequence starts (packed sequences, engine/residency/embed.py)
 STEP_TOKENS = "seq_first"
 
 
-def pack_step(pos0: int, n_past: int) -> bytes:
-    """The step buffer's bytes."""
-    values = dict(pos0=pos0, n_past=n_past, step_pad0=0, step_pad1=0)
+def pack_step(pos0: int, n_past: int, bidir: bool = False) -> bytes:
+    """The step buffer's bytes (bidir: the pass's tokens see each other both ways)."""
+    values = dict(pos0=pos0, n_past=n_past, bidir=int(bidir), step_pad1=0)
     return _pack(STEP_FIELDS, values, "step buffer")
 
 
@@ -119,6 +119,10 @@ KERNELS: dict[str, KernelSpec] = {
     "rms_norm": KernelSpec("rms_norm.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
                            (("WG", 0),), writes=(2,)),
+    "layer_norm": KernelSpec("layer_norm.comp", 4, (("n_cols", U), ("n_rows", U), ("eps", F)),
+                             (("WG", 0),), writes=(3,)),
+    "pool2d": KernelSpec("pool2d.comp", 2, (("n_cols", U), ("side", U)), (("K", 0),),
+                         writes=(1,)),
     "rope_qkv": KernelSpec("rope_qkv.comp", 7,
                            (("n_head", U), ("n_head_kv", U), ("head_dim", U), ("n_dims", U),
                             ("n_tokens", U), ("freq_base", F), ("freq_scale", F),
@@ -160,8 +164,8 @@ KERNELS: dict[str, KernelSpec] = {
     "quantize_act": KernelSpec("quantize_act.comp", 2,
                                (("n_cols", U), ("n_rows", U), ("x_offset", U)),
                                (("FMT", 0),), writes=(1,)),
-    "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),), (("GELU", 0), ("CLAMPED", 1)),
-                           writes=(2,)),
+    "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),),
+                           (("GELU", 0), ("CLAMPED", 1), ("GATED", 2)), writes=(2,)),
     "add": KernelSpec("add.comp", 3, (("n", U), ("b_len", U), ("scale", F)), writes=(2,)),
     "scale": KernelSpec("scale.comp", 1, (("n", U), ("scale", F)), writes=(0,)),
     "add_id": KernelSpec("add_id.comp", 4, (("n_cols", U), ("n", U)), writes=(3,)),

@@ -1,11 +1,13 @@
 #version 450
 // out = silu(gate) * up      (GELU = 1 uses gelu-tanh instead of silu, for gemma)
+// GATED = 0: out = act(gate), up unread (a vision encoder's plain GELU)
 // CLAMPED = 1: gpt-oss's SwiGLU (ggml's swiglu_oai, alpha 1.702 and limit 7 as its graph sets
 // them): g = min(gate, 7), out = g * sigmoid(1.702 g) * (clamp(up, -7, 7) + 1)
 #include "common.glsl"
 layout(local_size_x = 64) in;
 layout(constant_id = 0) const uint GELU = 0;
 layout(constant_id = 1) const uint CLAMPED = 0;
+layout(constant_id = 2) const uint GATED = 1;
 layout(std430, binding = 0) readonly buffer G { float g[]; };
 layout(std430, binding = 1) readonly buffer U { float u[]; };
 layout(std430, binding = 2) writeonly buffer O { float o[]; };
@@ -30,5 +32,5 @@ void main() {
     } else {
         a = x / (1.0 + exp(-x));
     }
-    o[i] = a * u[i];
+    o[i] = GATED != 0 ? a * u[i] : a;
 }

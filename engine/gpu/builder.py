@@ -354,6 +354,40 @@ class Builder:
                   n_cols=w.shape[0], n_rows=n, eps=eps, x_offset=row_offset)
         self._wrote(out)
 
+    def layer_norm(self, x: vk.Buffer, w: Tensor, bias: Tensor, out: vk.Buffer, n: int,
+                   eps: float) -> None:
+        """out = (x - mean) / sqrt(var + eps) * w + bias per row (a vision encoder's
+        LayerNorm; w and bias F32)."""
+        self.g.op("layer_norm", [x, w.binding(), bias.binding(), out], (n, 1, 1),
+                  spec=dict(WG=self.t.norm_wg), n_cols=w.shape[0], n_rows=n, eps=eps)
+        self._wrote(out)
+
+    def gelu(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
+        """out = gelu(x), tanh form (ggml_gelu)."""
+        self.g.op("silu_mul", [x, x, out], _groups_1d(count),
+                  spec=dict(GELU=1, CLAMPED=0, GATED=0), n=count)
+        self._wrote(out)
+
+    def pool2d(self, x: vk.Buffer, out: vk.Buffer, n_cols: int, side: int, k: int) -> None:
+        """out = the k x k average pooling of x, a side x side grid of tokens of n_cols values
+        (token y * side + x), into (side / k)^2 tokens."""
+        if side % k:
+            raise ValueError(f"a grid of {side} tokens a side does not pool by {k}")
+        self.g.op("pool2d", [x, out], _groups_1d((side // k) ** 2 * n_cols), spec=dict(K=k),
+                  n_cols=n_cols, side=side)
+        self._wrote(out)
+
+    def kv_store(self, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer,
+                 n_head_kv: int, head_dim: int, n: int) -> None:
+        """k and v into the f16 K and V caches at step.pos0, unrotated: rope_qkv with no
+        query heads and a rotation by angle 0 (freq_scale 0 makes every angle 0, and cos 0
+        = 1, sin 0 = 0 leave each value as it is)."""
+        self.g.op("rope_qkv", [k, k, v, k_cache, v_cache, self.rs.step, k],
+                  (-(-(n * n_head_kv * (1 + head_dim)) // 64), 1, 1),
+                  spec=dict(NEOX=0, TABLE=0, TEMP=0, SEQS=0),
+                  n_head=0, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=2, n_tokens=n,
+                  freq_base=1.0, freq_scale=0.0, temp_scale=0.0, temp_floor=1)
+
     def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
                  v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n: int,
                  rope: Rope, neox: bool, temp_scale: float = 0.0, temp_floor: int = 0) -> None:

@@ -235,12 +235,13 @@ class RunState:
                 up.write(buf, copies[key])
             return up.bytes
 
-    def set_step(self, token_ids, pos0: int, seq_first=None) -> None:
+    def set_step(self, token_ids, pos0: int, seq_first=None, bidir: bool = False) -> None:
         """The pass's token ids and first slot; seq_first, for a pass of packed sequences
-        (graphs recorded with SEQS = 1), the slot where each token's sequence starts."""
+        (graphs recorded with SEQS = 1), the slot where each token's sequence starts;
+        bidir: the pass's tokens see each other both ways (an image's embeddings)."""
         ids = np.asarray(token_ids, np.uint32)
         self.ids.write(ids)
-        self.step.write(np.array([pos0, pos0 + len(ids), 0, 0], np.uint32))
+        self.step.write(np.array([pos0, pos0 + len(ids), int(bidir), 0], np.uint32))
         if seq_first is not None:
             first = np.asarray(seq_first, np.uint32)
             if len(first) != len(ids):

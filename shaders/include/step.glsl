@@ -8,7 +8,8 @@
 layout(std430, binding = STEP_BINDING) readonly buffer Step {
     uint pos0;         // position of the pass's first token
     uint n_past;       // positions in the KV cache once this pass is in
-    uint step_pad0;
+    uint bidir;        // 1: the pass's tokens see each other both ways (keys up to n_past - 1),
+                       // as llama.cpp's non-causal batch of an image's embeddings
     uint step_pad1;
     // per token of a packed pass (read only by kernels specialized with SEQS = 1): the cache
     // slot where the token's sequence starts. Its position is its slot minus that, and it
