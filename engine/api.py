@@ -37,8 +37,11 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Callable
+
+import numpy as np
 
 from .facade import Completion, Embeddings, EngineFault, ModelExists, Request, TokenLogprob
 from .formats.gguf_file import ModelFileError
@@ -61,6 +64,10 @@ from .text.chat import ChatTemplate
 from .text.constrain import Constraint
 from .text.sampling import Sampler, SamplingParams
 from .text.tokenizer import Tokenizer
+from .vision import prompt as media_prompt
+from .vision.image import Image
+
+MEDIA_KEPT = 16               # images' soft tokens kept per model
 
 __all__ = ["ARENA_SLICE_S", "Completion", "Engine", "ModelExists", "default_budget"]
 
@@ -111,6 +118,9 @@ class Loaded:
     last_restore: dict | None = None     # the last restore's transfer (Model.last_transfer)
     last_used: float = 0.0               # time.monotonic() of its last request or warm
     busy: int = 0                        # requests queued or running on it
+    # an image's soft tokens by its digest, the latest used last (MEDIA_KEPT of them): a
+    # follow-up question about the same image does not encode it again
+    media: "OrderedDict[bytes, np.ndarray]" = field(default_factory=OrderedDict)
 
 
 class Engine:
@@ -273,8 +283,10 @@ class Engine:
 
     # -- models -----------------------------------------------------------------------------
     def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
-             progress: Callable[[int, int], None] | None = None, cpu_moe: float = 0.0) -> str:
-        """Parse the file here, then upload on the engine thread (budget acquired first)."""
+             progress: Callable[[int, int], None] | None = None, cpu_moe: float = 0.0,
+             mmproj: str | None = None) -> str:
+        """Parse the file here, then upload on the engine thread (budget acquired first).
+        mmproj: a vision projector file for the model's images, warm and cold with it."""
         path = os.fspath(path)
         name = name or os.path.splitext(os.path.basename(path))[0]
         with self._names_lock:
@@ -287,6 +299,8 @@ class Engine:
             try:
                 tok = Tokenizer.from_gguf(model.gguf)
                 chat = ChatTemplate.from_gguf(model.gguf)
+                if mmproj is not None:
+                    model.attach_vision(os.fspath(mmproj))
             except ModelFileError:
                 model.close()
                 raise
@@ -671,11 +685,37 @@ class Engine:
 
     # -- generation -----------------------------------------------------------------------------
     def prompt_tokens(self, name: str | None, prompt: str | None = None,
-                      messages: list[dict] | None = None) -> list[int]:
+                      messages: list[dict] | None = None, images: list[Image] = ()) -> list[int]:
+        """The prompt's ids; with images, one at each of the text's media markers (an
+        image's soft tokens as its media id: engine/vision/prompt.py)."""
         m = self._get(name)
+        if images:
+            vision = m.model.vision
+            if vision is None:
+                raise ValueError(f"{m.name} reads no images: it was loaded without a vision "
+                                 "projector (mmproj)")
+            text = m.chat.prompt_text(m.tokenizer, messages) if messages is not None else \
+                prompt or ""
+            return media_prompt.tokenize(m.tokenizer, text, list(images), vision.config)
         if messages is not None:
             return m.chat.tokenize(m.tokenizer, messages)
         return m.tokenizer.encode(prompt or "", add_special=True, parse_special=False)
+
+    def _media(self, m: Loaded, images: list[Image]) -> dict[int, np.ndarray]:
+        """The request's images' soft tokens by media id (on the engine thread, the model
+        warm): encoded, or from the model's recent ones."""
+        out = {}
+        for image in images:
+            rows = m.media.get(image.digest)
+            if rows is None:
+                rows = m.model.vision.encode(image)
+                m.media[image.digest] = rows
+                m.model.vision.encoded += 1
+                while len(m.media) > MEDIA_KEPT:
+                    m.media.popitem(last=False)
+            m.media.move_to_end(image.digest)
+            out[media_prompt.media_id(image)] = rows
+        return out
 
     def chat_template(self, name: str | None = None) -> ChatTemplate:
         return self._get(name).chat
@@ -691,8 +731,9 @@ class Engine:
             raise ValueError(f"logprobs must be an integer from 0 to {TOP_LOGPROBS}, "
                              f"got {logprobs!r}")
         m = self._get(name)
+        images = [i if isinstance(i, Image) else Image.from_bytes(i) for i in r.images]
         prompt_ids = r.tokens if r.tokens is not None else \
-            self.prompt_tokens(name, r.prompt, r.messages)
+            self.prompt_tokens(name, r.prompt, r.messages, images)
         if not prompt_ids:
             raise ValueError("the prompt is empty")
         if len(prompt_ids) >= m.model.n_ctx:
@@ -715,6 +756,7 @@ class Engine:
             entries.clear()
             grammar = None if constraint is None else Constraint(
                 constraint, m.tokenizer, m.model.config.n_vocab)
+            m.model.media = self._media(m, images) if images else {}
             try:
                 return loop.request(m.model, m.tokenizer, prompt_ids, max_tokens, sampler,
                                     stop, on_text, cancel, turn,

@@ -48,6 +48,8 @@ class Request:
     logprobs: int | None = None             # 0..20 alternatives with each token; None: none
     preserved_tokens: Sequence[int] = ()    # control tokens whose text is kept (call markers)
     constraint: Any = None                  # a text.constrain.Grammar the answer follows
+    images: Sequence[Any] = ()              # image files' bytes (or vision.image.Image), one
+                                            # per media marker of the prompt or messages
     wait: float | None = None               # the most seconds to wait for the GPU (another
                                             # process's turn, a yield) before ArenaBusy;
                                             # None waits as long as it takes

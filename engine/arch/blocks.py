@@ -16,7 +16,12 @@ from .config import Config
 
 
 def embed(b: Builder, c: Config, rs: RunState, n: int, scale: float = 1.0) -> None:
-    """rs.x[:n] = token_embd[rs.ids] * scale: the residual stream."""
+    """rs.x[:n] = token_embd[rs.ids] * scale: the residual stream. In a pass of embeddings
+    (an image's soft tokens, b.embd) rs.embd_in's rows as they are: llama.cpp scales only a
+    batch of tokens (gemma3's `ubatch.token ? sqrt(n_embd) : 1`)."""
+    if b.embd:
+        b.g.copy(rs.embd_input(), 0, rs.x, 0, 4 * n * c.n_embd)
+        return
     b.get_rows(b.weights["token_embd.weight"], rs.ids, rs.x, n, scale=scale)
 
 

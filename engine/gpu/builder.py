@@ -30,7 +30,7 @@ class Builder:
     """Records a forward pass on a Graph; one method per op."""
 
     def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning,
-                 paths: Paths | None = None, *, hidden: bool = False):
+                 paths: Paths | None = None, *, hidden: bool = False, embd: bool = False):
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
         self._paths = paths       # the model's table; else per head size from the tuning
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
@@ -45,6 +45,8 @@ class Builder:
         # so in `ended`
         self.hidden = hidden
         self.ended = False
+        # a pass of embeddings: rs.embd_in's rows are the input, not the token ids' rows
+        self.embd = embd
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
         """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""

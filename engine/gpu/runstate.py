@@ -56,6 +56,8 @@ class RunState:
                  delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0,
                  q_gate: bool = False, n_ff_shexp: int = 0):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
+        self.n_embd, self.label = n_embd, label
+        self.embd_in: vk.Buffer | None = None    # [T, n_embd] an image's rows (embd_input)
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
         T = max_tokens
@@ -247,6 +249,15 @@ class RunState:
             if len(first) != len(ids):
                 raise ValueError(f"{len(first)} sequence starts for {len(ids)} tokens")
             self.step.write(first, 16)
+
+    def embd_input(self) -> vk.Buffer:
+        """The host-visible rows a pass of embeddings reads instead of token ids (an image's
+        soft tokens), [max_tokens, n_embd] f32: made on first use."""
+        if self.embd_in is None:
+            self.embd_in = self.dev.allocator.alloc(4 * self.max_tokens * self.n_embd,
+                                                    f"{self.label}/embd_in", "compute",
+                                                    host=True)
+        return self.embd_in
 
     def reset_recurrent(self) -> None:
         """Zero every recurrent state: a sequence starting at position 0 has no past."""

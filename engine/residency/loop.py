@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..text.tokenizer import StreamDecoder, Tokenizer
-from .model import CHECKPOINT_BACK, Model
+from .model import CHECKPOINT_BACK, Model, media_start
 
 
 class Cancelled(Exception):
@@ -80,13 +80,14 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
         if a != b:
             break
         reuse += 1
+    reuse = media_start(prompt, reuse)
     mark = 0
     if model.recurrent:
         if reuse < len(model.cache_tokens):
             reuse = model.checkpoint_for(prompt)
             if reuse:
                 model.resume_checkpoint()
-        mark = len(prompt) - CHECKPOINT_BACK
+        mark = media_start(prompt, len(prompt) - CHECKPOINT_BACK)
     t.prompt_tokens, t.cached_tokens = len(prompt), reuse
     history = list(prompt)
     want = logprobs is not None

@@ -34,6 +34,7 @@ from ..gpu.runstate import LOGPROB_WORDS, TOP_LOGPROBS, RunState, run_state_args
 from ..gpu.tensors import Tensor
 from . import placement, promptcache
 from .placement import PlacementError  # noqa: F401  (raised by Model())
+from ..vision.encoder import VisionEncoder
 
 PREFILL_CHUNK = 256           # most prompt tokens a prefill pass takes (where no matrix units)
 CHUNK_TARGET_S = 0.5          # a prefill pass (one submit) takes about this long at most
@@ -152,6 +153,10 @@ class Model:
         self._hidden_out: vk.Buffer | None = None   # what they read back: [chunk, n_embd]
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
+                                                # (an image's soft tokens as its media id)
+        self.media: dict[int, np.ndarray] = {}  # media id -> soft tokens, of the request
+        self.vision: VisionEncoder | None = None   # an mmproj's encoder: warm and cold with
+                                                   # the model (attach_vision)
         # recurrent models: (tokens, host copy of the states after them), an earlier point
         # of cache_tokens that a prompt may resume from (save_checkpoint)
         self.checkpoint: tuple[list[int], dict[str, np.ndarray]] | None = None
@@ -184,7 +189,25 @@ class Model:
 
     def warm_bytes(self) -> int:
         """Device bytes this model holds when warm (what the arbiter must grant)."""
-        return self.weight_bytes + RunState.bytes_for(**self._run_state_args())
+        vision = self.vision.warm_bytes() if self.vision is not None else 0
+        return self.weight_bytes + RunState.bytes_for(**self._run_state_args()) + vision
+
+    def attach_vision(self, path: str) -> None:
+        """An mmproj file's encoder for this model's images, whose soft tokens must have
+        this model's width; made warm now if the model is."""
+        enc = VisionEncoder(self.dev, self.kernels, path, self.tuning,
+                            label=f"{self.name}/vision", warm=False)
+        if enc.config.n_embd_text != self.config.n_embd:
+            enc.close()
+            raise ModelFileError(path, f"the projector gives rows of {enc.config.n_embd_text}; "
+                                 f"{self.name} takes {self.config.n_embd}", "unsupported")
+        if enc.config.n_tokens > self.chunk:
+            enc.close()
+            raise ModelFileError(path, f"an image of {enc.config.n_tokens} soft tokens does "
+                                 f"not fit a pass of {self.chunk}", "unsupported")
+        self.vision = enc
+        if self.state == "warm":
+            enc.restore()
 
     @property
     def uses_flash_attn(self) -> bool:
@@ -256,6 +279,8 @@ class Model:
             t3 = time.perf_counter()
             if stream is not None:
                 stream.wait()
+            if self.vision is not None:
+                self.vision.restore()
         except BaseException:
             if stream is not None:
                 stream.close()
@@ -280,11 +305,11 @@ class Model:
         rest are recorded when first used, as always, so the restore never waits on them."""
         decode, prefill = self._graph_keys
         self._graph_keys = ([], [])
-        keys = [(1, g, lp) for g, lp in decode] + list(reversed(prefill))
-        for n, greedy, logprobs in keys:
+        keys = [(1, g, lp, False) for g, lp in decode] + list(reversed(prefill))
+        for n, greedy, logprobs, embd in keys:
             if stream.done():
                 break
-            self._graph(n, greedy, logprobs)
+            self._graph(n, greedy, logprobs, embd)
 
     def release(self, full: bool = True, discard: bool = False) -> dict:
         """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
@@ -303,6 +328,8 @@ class Model:
         moved = 0
         self._graph_keys = (list(self._decode), list(self._prefill))
         self._drop_graphs()
+        if self.vision is not None:            # its weights and activations: all of it
+            self.vision.release()
         copies = self.rs.capture_recurrent() if self.rs is not None else {}
         if copies:
             self.recurrent_shadow = copies
@@ -324,6 +351,8 @@ class Model:
 
     def _discard(self) -> dict:
         self._drop_graphs()
+        if self.vision is not None:
+            self.vision.release()
         self._free_arenas()
         if self.rs is not None:
             self.rs.close()
@@ -615,9 +644,10 @@ class Model:
         return self.pinned.nbytes if self.pinned is not None else 0
 
     # -- graphs -----------------------------------------------------------------------------
-    def _record(self, n: int, greedy: bool, logprobs: bool = False) -> Graph:
-        g = Graph(self.dev, self.kernels, f"{self.name}/n{n}", profile=self.profile)
-        b = Builder(g, self.weights, self.rs, self.tuning, self.paths)
+    def _record(self, n: int, greedy: bool, logprobs: bool = False, embd: bool = False) -> Graph:
+        g = Graph(self.dev, self.kernels, f"{self.name}/n{n}{'e' if embd else ''}",
+                  profile=self.profile)
+        b = Builder(g, self.weights, self.rs, self.tuning, self.paths, embd=embd)
         self.arch.forward(b, self.config, self.rs, n)
         n_vocab = self.config.n_vocab
         if greedy:
@@ -629,26 +659,29 @@ class Model:
                        1 if greedy else n_vocab)
         return g.finish()
 
-    def _graph(self, n: int, greedy: bool, logprobs: bool = False) -> Graph:
-        if n == 1:
+    def _graph(self, n: int, greedy: bool, logprobs: bool = False, embd: bool = False) -> Graph:
+        if n == 1 and not embd:
             key1 = (greedy, logprobs)
             if key1 not in self._decode:
                 self._decode[key1] = self._record(1, greedy, logprobs)
             return self._decode[key1]
-        key = (n, greedy, logprobs)
+        key = (n, greedy, logprobs, embd)
         if key in self._prefill:
             self._prefill.move_to_end(key)
             return self._prefill[key]
-        g = self._record(n, greedy, logprobs)
+        g = self._record(n, greedy, logprobs, embd)
         self._prefill[key] = g
         if len(self._prefill) > PREFILL_GRAPHS_KEPT:
             self._prefill.popitem(last=False)[1].close()
         return g
 
-    def run(self, tokens: list[int], pos0: int, greedy: bool, logprobs: bool = False):
+    def run(self, tokens: list[int], pos0: int, greedy: bool, logprobs: bool = False,
+            embd: np.ndarray | None = None):
         """The next-token argmax (greedy) or logits after tokens at positions pos0..; with
         logprobs, (that, (lse, top log-probabilities, their ids)): the log-softmax of the
-        logits, computed on the device (the TOP_LOGPROBS best, best first)."""
+        logits, computed on the device (the TOP_LOGPROBS best, best first). embd: the rows
+        [len(tokens), n_embd] that go in instead of the tokens' (an image's soft tokens,
+        which see each other both ways); `tokens` are then what the cache knows them by."""
         if self.state != "warm":
             raise RuntimeError(f"{self.name} is cold: restore it before running it")
         if pos0 + len(tokens) > self.n_ctx:
@@ -660,8 +693,15 @@ class Model:
             elif pos0 != len(self.cache_tokens):
                 raise ValueError(f"{self.name}: the recurrent state is at position "
                                  f"{len(self.cache_tokens)}, not {pos0}")
-        self.rs.set_step(tokens, pos0)
-        graph = self._graph(len(tokens), greedy, logprobs)
+        if embd is not None:
+            if embd.shape != (len(tokens), self.config.n_embd):
+                raise ValueError(f"embeddings of shape {embd.shape} for {len(tokens)} "
+                                 f"positions of width {self.config.n_embd}")
+            self.rs.embd_input().write(np.ascontiguousarray(embd, np.float32))
+            self.rs.set_step(np.zeros(len(tokens), np.uint32), pos0, bidir=True)
+        else:
+            self.rs.set_step(tokens, pos0)
+        graph = self._graph(len(tokens), greedy, logprobs, embd is not None)
         t0 = time.perf_counter()
         graph.replay()
         if len(tokens) > 1:                     # what a prefill pass of this size costs
@@ -694,13 +734,32 @@ class Model:
         while s < len(tokens):
             if s and between is not None:
                 between()
-            n = self.next_chunk(len(tokens) - s)
-            if logprobs and s + n == len(tokens):      # the last pass's logits only
-                out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs=True)
+            embd = None
+            if tokens[s] < 0:                          # an image's span: one pass, whole
+                n = media_span(tokens, s)
+                embd = self.media_rows(tokens[s], n)
             else:
-                out = self.run(tokens[s:s + n], pos0 + s, greedy)
+                n = self.next_chunk(media_free(tokens, s))
+            if logprobs and s + n == len(tokens):      # the last pass's logits only
+                out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs=True, embd=embd)
+            else:
+                out = self.run(tokens[s:s + n], pos0 + s, greedy, embd=embd)
             s += n
         return out
+
+    def media_rows(self, key: int, n: int) -> np.ndarray:
+        """The soft tokens of the image a prompt knows by `key` (a negative id, see
+        engine/vision/prompt.py), from `media`, the request's images."""
+        rows = self.media.get(key)
+        if rows is None:
+            raise ValueError(f"{self.name}: no image for the prompt's media id {key}")
+        if len(rows) != n:
+            raise ValueError(f"{self.name}: an image of {len(rows)} soft tokens in a span of "
+                             f"{n}")
+        if n > self.chunk:
+            raise ValueError(f"{self.name}: an image of {n} soft tokens does not fit a pass "
+                             f"of {self.chunk}")
+        return rows
 
     def hidden(self, tokens: list[int], between: Callable[[], None] | None = None) -> np.ndarray:
         """The final-normed hidden states [len(tokens), n_embd] of tokens run as a sequence
@@ -822,15 +881,21 @@ class Model:
         return n
 
     def device_bytes(self) -> dict[str, int]:
+        """Device bytes held now, by kind; an encoder's all under "vision"."""
         out: dict[str, int] = {}
         bufs = list(self.arenas) + (self.rs.buffers() if self.rs else [])
         for b in bufs:
             if not b.released:
                 out[b.kind] = out.get(b.kind, 0) + b.nbytes
+        if self.vision is not None and self.vision.warm:
+            out["vision"] = self.vision.device_bytes()
         return out
 
     def close(self) -> None:
         self.release(full=False)
+        if self.vision is not None:
+            self.vision.close()
+            self.vision = None
         if self.rs is not None:
             self.rs.close()
             self.rs = None
@@ -852,6 +917,30 @@ class Model:
         self.recurrent_shadow = None
         self.checkpoint = None
         self.gguf.close()
+
+
+def media_span(tokens: list[int], s: int) -> int:
+    """Positions of the image span that starts at tokens[s] (all its media id)."""
+    n = s + 1
+    while n < len(tokens) and tokens[n] == tokens[s]:
+        n += 1
+    return n - s
+
+
+def media_start(tokens: list[int], i: int) -> int:
+    """i, or where the image span that holds position i starts: a pass never starts inside
+    one (its soft tokens see each other both ways, so they go in together)."""
+    while 0 < i < len(tokens) and tokens[i] < 0 and tokens[i - 1] == tokens[i]:
+        i -= 1
+    return i
+
+
+def media_free(tokens: list[int], s: int) -> int:
+    """Tokens from s up to the next image span (or the end)."""
+    n = s
+    while n < len(tokens) and tokens[n] >= 0:
+        n += 1
+    return n - s
 
 
 class ContextFull(ValueError):

@@ -123,12 +123,19 @@ class ChatTemplate:
         BOS this equals llama-cpp-python's create_chat_completion (add_bos=False,
         special=True) whenever the vocabulary does not add BOS, as for SmolLM2.
         """
+        text = self.prompt_text(tokenizer, messages, add_generation_prompt, **extra)
+        return tokenizer.encode(text, add_special=True, parse_special=True)
+
+    def prompt_text(self, tokenizer: Tokenizer, messages: list[dict],
+                    add_generation_prompt: bool = True, **extra) -> str:
+        """The rendered text that tokenize() encodes (a leading BOS and a trailing EOS text
+        stripped where the vocabulary adds them itself)."""
         text = self.render(messages, add_generation_prompt, **extra)
         if tokenizer.add_bos and self.bos_token and text.startswith(self.bos_token):
             text = text[len(self.bos_token):]
         if tokenizer.add_eos and self.eos_token and text.endswith(self.eos_token):
             text = text[:-len(self.eos_token)]
-        return tokenizer.encode(text, add_special=True, parse_special=True)
+        return text
 
 
 def _chatml(messages: list[dict], add_ass: bool) -> str:

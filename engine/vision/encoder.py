@@ -100,7 +100,7 @@ class VisionEncoder:
     n_embd_text] float32."""
 
     def __init__(self, dev: vk.Device, kernels: KernelCache, path: str, tuning: Tuning,
-                 label: str = "vision"):
+                 label: str = "vision", warm: bool = True):
         self.dev, self.kernels, self.tuning, self.label = dev, kernels, tuning, label
         self.gguf = GGUFFile(path)
         self.path = path
@@ -109,7 +109,9 @@ class VisionEncoder:
         self.arena: vk.Buffer | None = None
         self.state: VisionState | None = None
         self.graph: Graph | None = None
-        self.restore()
+        self.encoded = 0                       # images encoded so far
+        if warm:
+            self.restore()
 
     @property
     def warm(self) -> bool:
@@ -117,6 +119,14 @@ class VisionEncoder:
 
     def weight_bytes(self) -> int:
         return sum(-(-len(b) // BIND_ALIGN) * BIND_ALIGN for _, _, b in self.host.values())
+
+    def warm_bytes(self) -> int:
+        """Device bytes when warm: the weights and one image's activations."""
+        c = self.config
+        n, d = c.n_patches, c.n_embd
+        floats = n * (c.patch_len + 6 * d + 2 * c.ff_len + d) + c.n_tokens * (
+            d + c.n_embd_text)
+        return self.weight_bytes() + 4 * floats + 16
 
     def device_bytes(self) -> int:
         """Device bytes held now: weights, activations (0 when released)."""
