@@ -54,7 +54,8 @@ class Image:
                 rgb = np.asarray(im, np.uint8)
         except ImageError:
             raise
-        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        except (UnidentifiedImageError, PILImage.DecompressionBombError, OSError, ValueError,
+                SyntaxError) as exc:
             raise ImageError(f"not an image that can be read: {exc}") from None
         return cls.from_rgb(rgb)
 
