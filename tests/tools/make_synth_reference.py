@@ -208,7 +208,8 @@ def main() -> None:
     quiet = llama_cpp.llama_log_callback(lambda *a: None)     # kept alive while llama.cpp runs
     llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
     index_path = args.data / "index.json"
-    old = json.loads(index_path.read_text())["cases"] if index_path.exists() else []
+    before = json.loads(index_path.read_text()) if index_path.exists() else {}
+    old = before.get("cases", [])
     cases = {c["name"]: c for c in old if args.only and c["name"] in CASES}
     for name, (stem, n_ctx) in CASES.items():
         if args.only and name not in args.only:
@@ -242,6 +243,8 @@ def main() -> None:
                      "continuation": "argmax of the last logits, one llama_decode per token"},
         "prompt_text": PROMPT,
         "cases": [cases[n] for n in CASES if n in cases],
+        # make_synth_vision.py's entries, kept as they are
+        "vision_cases": before.get("vision_cases", []),
     }
     index_path.write_text(json.dumps(index, indent=1) + "\n")
     print(f"wrote {index_path}", file=sys.stderr)

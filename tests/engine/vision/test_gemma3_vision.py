@@ -1,0 +1,160 @@
+"""Gemma 3 with images on the GPU engine, against llama.cpp (libmtmd, CPU) on the synthetic
+text model and mmproj of tests/data/synth (made by tests/tools/make_synth_vision.py): the
+encoder's soft tokens, the prompt's ids around an image, and the logits after a prompt with
+an image and at each teacher-forced greedy step; then the same across a release and restore
+between two images, with tiled attention, and through the prompt cache."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from engine.residency import loop
+from engine.residency.model import Model
+from engine.text.tokenizer import Tokenizer
+from engine.vision import prompt as media_prompt
+from engine.vision.image import Image
+from tests.helpers.synth_reference import DATA, MIN_COS, TIE, cosine
+
+pytestmark = pytest.mark.gpu
+
+IMAGES = ("square", "wide")
+MAX_EMBD_ERR = 2e-3            # relative (Frobenius) to llama.cpp's soft tokens
+MAX_LOGIT_DIFF = 0.05
+
+
+def _case() -> dict | None:
+    index = DATA / "index.json"
+    if not index.exists():
+        return None
+    return next((c for c in json.loads(index.read_text()).get("vision_cases", ())
+                 if c["name"] == "gemma3-vision"), None)
+
+
+CASE = _case()
+if CASE is None:
+    pytest.skip("no gemma3-vision case in tests/data/synth", allow_module_level=True)
+REF = np.load(DATA / CASE["data"])
+IMAGE_DIR = DATA.parents[2] / CASE["image_dir"]
+
+
+def image(name: str) -> Image:
+    data = (IMAGE_DIR / CASE["images"][name]["file"]).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == CASE["images"][name]["sha256"]
+    return Image.from_bytes(data)
+
+
+def prompt_ids(name: str, img: Image) -> list[int]:
+    return [int(t) for t in REF[f"{name}_ids_before"]] + \
+        [media_prompt.media_id(img)] * int(REF["n_image_tokens"]) + \
+        [int(t) for t in REF[f"{name}_ids_after"]]
+
+
+@pytest.fixture(scope="module")
+def model(dev, kc):
+    for key in ("model", "mmproj"):
+        path = DATA / CASE[f"{key}_file"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == CASE[f"{key}_sha256"]
+    m = Model(dev, kc, str(DATA / CASE["model_file"]), n_ctx=1024)
+    m.attach_vision(str(DATA / CASE["mmproj_file"]))
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def soft_tokens(model) -> dict[str, np.ndarray]:
+    return {name: model.vision.encode(image(name)) for name in IMAGES}
+
+
+def teacher_forced(model: Model, name: str, img: Image, rows: np.ndarray) -> np.ndarray:
+    """The logits after the prompt and after each of llama.cpp's continuation tokens."""
+    ids = prompt_ids(name, img)
+    model.media = {media_prompt.media_id(img): rows}
+    model.cache_tokens = []
+    out = [model.eval(ids, 0, greedy=False)]
+    for i, tok in enumerate(REF[f"{name}_continuation_ids"]):
+        out.append(model.run([int(tok)], len(ids) + i, greedy=False))
+    return np.stack(out)
+
+
+def check_logits(name: str, got: np.ndarray) -> None:
+    want = REF[f"{name}_logits_steps"]
+    assert got.shape == want.shape
+    for step, (g, w) in enumerate(zip(got, want)):
+        top2 = np.sort(w)[-2:]
+        if int(np.argmax(g)) != int(np.argmax(w)):
+            assert top2[1] - top2[0] < TIE, f"{name} step {step}: argmax differs"
+        assert cosine(g, w) >= MIN_COS, f"{name} step {step}"
+        assert np.abs(g - w).max() < MAX_LOGIT_DIFF, f"{name} step {step}"
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_soft_tokens_are_llamacpps(soft_tokens, name):
+    got, want = soft_tokens[name], REF[f"{name}_embd"]
+    assert got.shape == want.shape == (CASE["n_image_tokens"], 256)
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < MAX_EMBD_ERR
+
+
+def test_the_two_images_give_other_soft_tokens(soft_tokens):
+    a, b = soft_tokens["square"], soft_tokens["wide"]
+    assert np.linalg.norm(a - b) / np.linalg.norm(a) > 0.1
+
+
+def test_prompt_ids_are_mtmds(model):
+    tok = Tokenizer.from_gguf(model.gguf)
+    img = image("square")
+    ids = media_prompt.tokenize(tok, CASE["prompt_text"], [img], model.vision.config)
+    assert ids == prompt_ids("square", img)
+    with pytest.raises(ValueError, match="1 image markers for 2 images"):
+        media_prompt.tokenize(tok, CASE["prompt_text"], [img, img], model.vision.config)
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_logits_after_an_image_are_llamacpps(model, soft_tokens, name):
+    check_logits(name, teacher_forced(model, name, image(name), soft_tokens[name]))
+
+
+def test_release_and_restore_between_two_images(model):
+    """Encode and answer one image, go cold (vision included), come back, the other image:
+    both still llama.cpp's; the encoder holds no device bytes while cold."""
+    first = image("square")
+    check_logits("square", teacher_forced(model, "square", first, model.vision.encode(first)))
+    assert model.device_bytes()["vision"] == model.vision.device_bytes() > 0
+    model.release(full=True)
+    assert not model.vision.warm and "vision" not in model.device_bytes()
+    model.restore()
+    assert model.vision.warm
+    second = image("wide")
+    check_logits("wide", teacher_forced(model, "wide", second, model.vision.encode(second)))
+
+
+def test_tiled_attention_gives_the_same_answer(dev, kc, soft_tokens):
+    m = Model(dev, kc, str(DATA / CASE["model_file"]), n_ctx=1024, flash_attn="on")
+    try:
+        assert m.paths.prefill_attention != "attention"
+        check_logits("wide", teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))
+    finally:
+        m.close()
+
+
+def test_the_prompt_cache_keeps_an_image(model, soft_tokens):
+    """The same prompt again reuses its image from the KV cache; another image at the same
+    place reuses only the text before it. Greedy answers are the fresh ones."""
+    a, b = image("square"), image("wide")
+    model.cache_tokens = []
+
+    def answer(img, rows, name):
+        model.media = {media_prompt.media_id(img): rows}
+        t = loop.Timings()
+        out = list(loop.generate(model, prompt_ids(name, img), 8, timings=t))
+        return out, t.cached_tokens
+
+    first, cached = answer(a, soft_tokens["square"], "square")
+    assert cached == 0
+    again, cached = answer(a, soft_tokens["square"], "square")
+    assert again == first and cached == len(prompt_ids("square", a)) - 1
+    other, cached = answer(b, soft_tokens["wide"], "wide")
+    assert cached == len(REF["wide_ids_before"])
+    assert other == [int(t) for t in REF["wide_continuation_ids"]]

@@ -1,0 +1,725 @@
+"""Write the Gemma 3 vision test data: a synthetic gemma3 text model, a synthetic gemma3
+mmproj of the real geometry, two test images, and llama.cpp's (mtmd's) outputs on them.
+
+Run by hand where llama-cpp-python (with libmtmd) and Pillow are installed (CI has neither;
+the tests only read what this writes):
+
+    /work/llamacpp-venv/bin/python tests/tools/make_synth_vision.py
+
+Writes:
+  tests/data/synth/gemma3-f16.gguf         gemma3 text model: 2 layers of 256 (both sliding
+      window 512, so both see the whole prompt; no rope.freq_base_swa key, as in real Gemma 3
+      files, so llama.cpp rotates both with its default 10000, not freq_base 1e6), 4 heads
+      (2 KV) of 64, n_ff 512, per-head Q/K norms, post-attention and post-FFN norms, tied
+      output, the 400-token vocabulary of make_synth_models.py, F16 matrices. Like
+      gemma2-swa-f16 the token embedding (std 0.01, times sqrt(256) on entry) is small beside
+      what the layers add and a large output norm brings the logits to std ~4.
+  tests/data/synth/gemma3-mmproj-f16.gguf  gemma3 projector, SigLIP of width 64: 2 layers,
+      2 heads of 32, n_ff 128, GELU (tanh); 896 px in patches of 14 (4096 patches), pooled
+      4x4 to 256 tokens of width 256. Patch and position embeddings F32, layer matrices F16,
+      biases and norms F32, mm.input_projection F16 [256, 64] and mm.soft_emb_norm F32
+      (stored as 1 + w, around 1). Matrices have std 1/sqrt(fan_in) (Q and K 1.5/sqrt(64),
+      so attention over the 4096 patches is selective), position embeddings std 0.1; the
+      image embeddings' RMS is that of the token embeddings as layer 0 sees them (0.16).
+  tests/data/images/square.png             896 x 896 (mtmd does not resize it)
+  tests/data/images/wide.png               640 x 400 (mtmd letterboxes it: bilinear to
+      896 x 560 on black at y offset 168)
+  tests/data/synth/gemma3-vision.npz       per image IMG in (square, wide):
+      IMG_embd [256, 256] float32: mtmd_get_output_embd after mtmd_encode_chunk;
+      IMG_ids_before, IMG_ids_after: the text chunks mtmd_tokenize makes before and after the
+          image of PROMPT (add_special and parse_special true; they include the
+          "<start_of_image>" / "<end_of_image>" text mtmd adds, tokenized on their own);
+      IMG_continuation_ids [8]: greedy tokens after the prompt;
+      IMG_logits_steps [9, 400] float32: the logits after the prompt and after each
+          continuation token;
+      and n_image_tokens (256).
+  the "gemma3-vision" entry of tests/data/synth/index.json, under "vision_cases" (not
+      "cases", whose entries the text-only tests read as make_synth_reference.py's cases):
+      file names and sha256 of both GGUFs and both images, the settings, the prompt.
+
+llama.cpp runs on its CPU backend: mtmd with use_gpu false, 2 threads, flash attention off
+(clip's attention all F32), no warmup; the llama context n_ctx 2048, n_batch = n_ubatch = 512,
+flash attention off, f16 KV cache, 2 threads; the prompt through mtmd_helper_eval_chunks
+(n_batch 512, so the image is one non-causal batch), then one llama_decode per greedy token;
+the KV cache cleared between images. A second run of "square" on a fresh context must give
+the same numbers. The images are read by mtmd's own PNG decoder
+(mtmd_helper_bitmap_init_from_file); its pixels are checked against Pillow's.
+
+Printed checks: the resize of wide.png against Pillow's Image.resize (BILINEAR); the relative
+Frobenius difference between the two images' embeddings; the largest difference between the
+two images' logits after the prompt; and the relative error of llama.cpp's embeddings
+against a float64 numpy forward pass of the encoder (plain, and rounding where ggml's CPU
+backend rounds to f16).
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_synth_models as msm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SYNTH = ROOT / "tests" / "data" / "synth"
+IMAGES = ROOT / "tests" / "data" / "images"
+CASE = "gemma3-vision"
+TEXT_FILE = "gemma3-f16.gguf"
+MMPROJ_FILE = "gemma3-mmproj-f16.gguf"
+DATA_FILE = f"{CASE}.npz"
+IMAGE_NAMES = ("square", "wide")
+
+N_CONT = 8
+N_THREADS = 2
+N_CTX = 2048
+N_BATCH = 512               # llama context n_batch and n_ubatch, and mtmd_helper_eval_chunks'
+MARKER = "<__media__>"      # mtmd's default media marker
+PROMPT = ("<start_of_turn>user\n" + MARKER
+          + "What is in this picture?<end_of_turn>\n<start_of_turn>model\n")
+
+# the text model
+T_HEAD, T_HEAD_KV, T_HEAD_DIM, T_FF, T_CTX, T_WINDOW = 4, 2, 64, 512, 2048, 512
+T_EMBD_STD = 0.01           # times sqrt(n_embd) = 16 on entry: RMS 0.16
+
+# the vision tower and projector
+IMG_SIZE, PATCH = 896, 14
+V_EMBD, V_LAYER, V_HEAD, V_FF, V_EPS = 64, 2, 2, 128, 1e-6
+N_PATCH = (IMG_SIZE // PATCH) ** 2          # 4096
+N_MERGE = 4                                 # llama.cpp's default pool for gemma3
+N_IMG_TOKENS = N_PATCH // N_MERGE ** 2      # 256
+IMG_EMBD_RMS = T_EMBD_STD * np.sqrt(msm.N_EMBD)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# -- the model files -----------------------------------------------------------------------------
+
+def make_gemma3(path: Path, vocab: dict) -> None:
+    """Gemma 3 text: per-head Q/K RMS norms, post-attention and post-FFN norms, GELU-gated FFN,
+    sqrt(n_embd) embedding scale on tokens only, tied output, window 512 on both layers."""
+    r, nh, nkv, hd, ff = msm.Rand(path.stem), T_HEAD, T_HEAD_KV, T_HEAD_DIM, T_FF
+    w = msm.writer(path, "gemma3", vocab, n_head=nh, n_head_kv=nkv, head_dim=hd, n_ff=ff,
+                   ctx=T_CTX, rope_base=1e6)
+    w.add_sliding_window(T_WINDOW)
+    msm.embeddings(w, r, tied=True, embd_std=T_EMBD_STD, out_norm=25.0)
+    for il in range(msm.N_LAYER):
+        p = f"blk.{il}."
+        w.add_tensor(p + "attn_norm.weight", r.norm(msm.N_EMBD))
+        msm.attention(w, r, il, nh, nkv, hd)
+        w.add_tensor(p + "attn_q_norm.weight", r.norm(hd))
+        w.add_tensor(p + "attn_k_norm.weight", r.norm(hd))
+        w.add_tensor(p + "post_attention_norm.weight", r.norm(msm.N_EMBD, 3.0))
+        w.add_tensor(p + "ffn_norm.weight", r.norm(msm.N_EMBD))
+        msm.dense_ffn(w, r, il, ff)
+        w.add_tensor(p + "post_ffw_norm.weight", r.norm(msm.N_EMBD, 3.0))
+    msm.finish(w)
+
+
+def make_mmproj(path: Path) -> None:
+    """The gemma3 mmproj: the keys clip.cpp reads, the tensors of the SigLIP tower and the
+    gemma3 projector (numpy shapes are torch's: a Linear weight is (out, in))."""
+    import gguf
+
+    r, D, F = msm.Rand(path.stem), V_EMBD, V_FF
+    rng = r.rng
+
+    def f32(a) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_name(f"synthetic {path.stem}")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_string("clip.projector_type", "gemma3")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.use_gelu", True)
+    w.add_uint32("clip.vision.image_size", IMG_SIZE)
+    w.add_uint32("clip.vision.patch_size", PATCH)
+    w.add_uint32("clip.vision.embedding_length", D)
+    w.add_uint32("clip.vision.feed_forward_length", F)
+    w.add_uint32("clip.vision.block_count", V_LAYER)
+    w.add_uint32("clip.vision.projection_dim", msm.N_EMBD)
+    w.add_uint32("clip.vision.attention.head_count", V_HEAD)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", V_EPS)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+
+    fan = 3 * PATCH * PATCH
+    w.add_tensor("v.patch_embd.weight",                              # ne [14, 14, 3, D]
+                 f32(rng.standard_normal((D, 3, PATCH, PATCH)) / np.sqrt(fan)))
+    w.add_tensor("v.patch_embd.bias", r.vec(D, 0.1))
+    w.add_tensor("v.position_embd.weight", f32(0.1 * rng.standard_normal((N_PATCH, D))))
+    for il in range(V_LAYER):
+        b = f"v.blk.{il}."
+        w.add_tensor(b + "ln1.weight", r.norm(D))
+        w.add_tensor(b + "ln1.bias", r.vec(D, 0.1))
+        for n, scale in (("attn_q", 1.5), ("attn_k", 1.5), ("attn_v", 1.0)):
+            w.add_tensor(b + n + ".weight", r.mat(D, D, scale=scale))
+            w.add_tensor(b + n + ".bias", r.vec(D, 0.1))
+        w.add_tensor(b + "attn_out.weight", r.mat(D, D))
+        w.add_tensor(b + "attn_out.bias", r.vec(D, 0.1))
+        w.add_tensor(b + "ln2.weight", r.norm(D))
+        w.add_tensor(b + "ln2.bias", r.vec(D, 0.1))
+        w.add_tensor(b + "ffn_up.weight", r.mat(F, D))              # ne [D, F]: HF fc1
+        w.add_tensor(b + "ffn_up.bias", r.vec(F, 0.1))
+        w.add_tensor(b + "ffn_down.weight", r.mat(D, F))            # ne [F, D]: HF fc2
+        w.add_tensor(b + "ffn_down.bias", r.vec(D, 0.1))
+    w.add_tensor("v.post_ln.weight", r.norm(D))
+    w.add_tensor("v.post_ln.bias", r.vec(D, 0.1))
+    # HF mm_input_projection_weight (D, n_text), used as x @ W: ne [n_text, D]. The RMS-normed
+    # rows (RMS ~1) come out with RMS IMG_EMBD_RMS.
+    proj = rng.standard_normal((D, msm.N_EMBD), dtype=np.float32) * (IMG_EMBD_RMS / np.sqrt(D))
+    w.add_tensor("mm.input_projection.weight", proj.astype(np.float16))
+    w.add_tensor("mm.soft_emb_norm.weight", r.norm(D))               # stored as 1 + w
+    msm.finish(w)
+
+
+# -- the images ----------------------------------------------------------------------------------
+
+def draw_square() -> np.ndarray:
+    """896 x 896: red across, green down, a red rectangle, a white disc, a black square, a
+    band of blue/yellow stripes 8 px high."""
+    H = W = IMG_SIZE
+    y, x = np.mgrid[0:H, 0:W]
+    img = np.stack([x * 255 // (W - 1), y * 255 // (H - 1), np.full((H, W), 96)], axis=-1)
+    img[520:820, 80:360] = (240, 30, 60)
+    img[(x - 600) ** 2 + (y - 330) ** 2 <= 190 ** 2] = (250, 250, 250)
+    img[600:780, 520:700] = (10, 10, 10)
+    band = (y >= 40) & (y < 120)
+    img[band & ((y // 8) % 2 == 0)] = (0, 0, 255)
+    img[band & ((y // 8) % 2 == 1)] = (255, 255, 0)
+    return img.astype(np.uint8)
+
+
+def draw_wide() -> np.ndarray:
+    """640 x 400: red falling down, green across, blue along the diagonal, a blue rectangle,
+    a yellow disc, black/white vertical stripes 6 px wide (the resize blends them)."""
+    H, W = 400, 640
+    y, x = np.mgrid[0:H, 0:W]
+    img = np.stack([200 - y * 150 // (H - 1), x * 255 // (W - 1),
+                    (x + y) * 255 // (W + H - 2)], axis=-1)
+    img[60:200, 40:250] = (20, 60, 230)
+    img[(x - 450) ** 2 + (y - 250) ** 2 <= 110 ** 2] = (255, 220, 0)
+    stripes = (x >= 300) & (x < 380) & (y >= 20) & (y < 380)
+    img[stripes] = np.where(((x[stripes] // 6) % 2 == 0)[:, None], 0, 255)
+    return img.astype(np.uint8)
+
+
+def write_images(folder: Path) -> dict[str, np.ndarray]:
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    out = {"square": draw_square(), "wide": draw_wide()}
+    for name, img in out.items():
+        Image.fromarray(img, "RGB").save(folder / f"{name}.png", optimize=True)
+        back = np.asarray(Image.open(folder / f"{name}.png").convert("RGB"))
+        assert np.array_equal(back, img), f"{name}.png does not read back"
+    return out
+
+
+# -- llama.cpp -----------------------------------------------------------------------------------
+
+class Mtmd:
+    """The text model, an mtmd context on the mmproj, and llama contexts on demand."""
+
+    def __init__(self, text_path: Path, mmproj_path: Path):
+        import llama_cpp as L
+        from llama_cpp import mtmd_cpp as M
+
+        self.L, self.M = L, M
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = L.llama_model_load_from_file(str(text_path).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp cannot load {text_path}")
+        self.n_embd = L.llama_model_n_embd(self.model)
+        self.n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model))
+        p = M.mtmd_context_params_default()
+        p.use_gpu = False
+        p.n_threads = N_THREADS
+        p.print_timings = False
+        p.flash_attn_type = 0                   # disabled: clip's attention all F32
+        p.warmup = False
+        self.params = {"use_gpu": False, "n_threads": N_THREADS, "flash_attn_type": 0,
+                       "warmup": False, "media_marker": p.media_marker.decode(),
+                       "image_min_tokens": p.image_min_tokens,
+                       "image_max_tokens": p.image_max_tokens}
+        self.mctx = M.mtmd_init_from_file(str(mmproj_path).encode(), self.model, p)
+        if not self.mctx:
+            raise RuntimeError(f"mtmd cannot load {mmproj_path}")
+        assert M.mtmd_support_vision(self.mctx)
+        assert M.mtmd_get_marker(self.mctx).decode() == MARKER
+
+    def new_context(self):
+        L = self.L
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = N_CTX, N_BATCH, N_BATCH
+        cp.n_threads = cp.n_threads_batch = N_THREADS
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        lctx = L.llama_init_from_model(self.model, cp)
+        if not lctx:
+            raise RuntimeError("llama.cpp cannot make a context")
+        return lctx
+
+    def logits(self, lctx) -> np.ndarray:
+        return np.ctypeslib.as_array(self.L.llama_get_logits_ith(lctx, -1),
+                                     shape=(self.n_vocab,)).copy()
+
+    def decode_token(self, lctx, token: int, pos: int) -> None:
+        L = self.L
+        b = L.llama_batch_init(1, 0, 1)
+        try:
+            b.n_tokens = 1
+            b.token[0], b.pos[0], b.n_seq_id[0], b.logits[0] = token, pos, 1, 1
+            b.seq_id[0][0] = 0
+            rc = L.llama_decode(lctx, b)
+            if rc != 0:
+                raise RuntimeError(f"llama_decode returned {rc}")
+        finally:
+            L.llama_batch_free(b)
+
+    def run(self, lctx, image_path: Path, pixels: np.ndarray) -> dict:
+        """Tokenize PROMPT with the image, encode it, evaluate the prompt, N_CONT greedy steps."""
+        L, M = self.L, self.M
+        L.llama_memory_clear(L.llama_get_memory(lctx), True)
+        bmp = M.mtmd_helper_bitmap_init_from_file(self.mctx, str(image_path).encode(), False)
+        if not bmp:
+            raise RuntimeError(f"mtmd cannot read {image_path}")
+        chunks = M.mtmd_input_chunks_init()
+        try:
+            nx, ny = M.mtmd_bitmap_get_nx(bmp), M.mtmd_bitmap_get_ny(bmp)
+            got = np.ctypeslib.as_array(M.mtmd_bitmap_get_data(bmp), shape=(ny, nx, 3))
+            assert np.array_equal(got, pixels), f"{image_path.name}: stb and Pillow disagree"
+            text = M.mtmd_input_text()
+            raw = PROMPT.encode()
+            text.text, text.text_len = raw, len(raw)
+            text.add_special = text.parse_special = True
+            rc = M.mtmd_tokenize(self.mctx, chunks, ctypes.byref(text),
+                                 (M.mtmd_bitmap_p_ctypes * 1)(bmp), 1)
+            if rc != 0:
+                raise RuntimeError(f"mtmd_tokenize returned {rc}")
+            kinds, texts, image = [], [], None
+            for i in range(M.mtmd_input_chunks_size(chunks)):
+                c = M.mtmd_input_chunks_get(chunks, i)
+                kind = M.mtmd_input_chunk_get_type(c)
+                kinds.append(kind)
+                if kind == M.MTMD_INPUT_CHUNK_TYPE_TEXT:
+                    n = ctypes.c_size_t()
+                    p = M.mtmd_input_chunk_get_tokens_text(c, ctypes.byref(n))
+                    texts.append([int(p[j]) for j in range(n.value)])
+                else:
+                    image = c
+            assert kinds == [M.MTMD_INPUT_CHUNK_TYPE_TEXT, M.MTMD_INPUT_CHUNK_TYPE_IMAGE,
+                             M.MTMD_INPUT_CHUNK_TYPE_TEXT], kinds
+            n_img = M.mtmd_input_chunk_get_n_tokens(image)
+            assert n_img == N_IMG_TOKENS and M.mtmd_input_chunk_get_n_pos(image) == n_img
+            assert M.mtmd_decode_use_non_causal(self.mctx, image)
+            if M.mtmd_encode_chunk(self.mctx, image) != 0:
+                raise RuntimeError("mtmd_encode_chunk failed")
+            embd = np.ctypeslib.as_array(M.mtmd_get_output_embd(self.mctx),
+                                         shape=(n_img * self.n_embd,))
+            embd = embd.reshape(n_img, self.n_embd).copy()
+            n_past = L.llama_pos(0)
+            rc = M.mtmd_helper_eval_chunks(self.mctx, lctx, chunks, 0, 0, N_BATCH, True,
+                                           ctypes.byref(n_past))
+            if rc != 0:
+                raise RuntimeError(f"mtmd_helper_eval_chunks returned {rc}")
+            n_prompt = len(texts[0]) + n_img + len(texts[1])
+            assert n_past.value == n_prompt, (n_past.value, n_prompt)
+            steps, cont = [self.logits(lctx)], []
+            for i in range(N_CONT):
+                cont.append(int(np.argmax(steps[-1])))
+                self.decode_token(lctx, cont[-1], n_prompt + i)
+                steps.append(self.logits(lctx))
+        finally:
+            M.mtmd_input_chunks_free(chunks)
+            M.mtmd_bitmap_free(bmp)
+        logits = np.stack(steps).astype(np.float32)
+        assert np.isfinite(logits).all() and np.isfinite(embd).all()
+        return {"embd": embd.astype(np.float32), "ids_before": np.array(texts[0], np.int32),
+                "ids_after": np.array(texts[1], np.int32),
+                "continuation_ids": np.array(cont, np.int32), "logits_steps": logits}
+
+    def close(self) -> None:
+        self.M.mtmd_free(self.mctx)
+        self.L.llama_model_free(self.model)
+
+
+# -- a float64 reference of the encoder ---------------------------------------------------------
+
+def pillow_bilinear_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """resize_pillow's precompute_weights for the bilinear filter: per output pixel the first
+    input index, the count, and the 22-bit fixed-point weights [n_out, ksize]."""
+    scale = filterscale = n_in / n_out
+    if filterscale < 1.0:
+        filterscale = 1.0
+    support = 1.0 * filterscale
+    ksize = int(np.ceil(support)) * 2 + 1
+    ss = 1.0 / filterscale
+    xmins = np.zeros(n_out, np.int64)
+    counts = np.zeros(n_out, np.int64)
+    kk = np.zeros((n_out, ksize), np.int64)
+    for xx in range(n_out):
+        center = (xx + 0.5) * scale
+        xmin = max(int(center - support + 0.5), 0)            # C cast truncates toward zero
+        xmax = min(int(center + support + 0.5), n_in) - xmin
+        ws, ww = [], 0.0
+        for x in range(xmax):
+            d = abs((x + xmin - center + 0.5) * ss)
+            w = 1.0 - d if d < 1.0 else 0.0
+            ws.append(w)
+            ww += w                                           # sequential, as in C
+        for x in range(xmax):
+            w = ws[x] / ww if ww != 0.0 else ws[x]
+            kk[xx, x] = int(w * 4194304.0 + (-0.5 if w < 0 else 0.5))   # 2^22, trunc toward 0
+        xmins[xx], counts[xx] = xmin, xmax
+    return xmins, counts, kk
+
+
+def _resample_axis(a: np.ndarray, n_out: int, axis: int) -> np.ndarray:
+    """One pass over axis (1: horizontal, 0: vertical) of an (H, W, 3) u8 image, u8 out."""
+    n_in = a.shape[axis]
+    xmins, counts, kk = pillow_bilinear_weights(n_in, n_out)
+    m = np.zeros((n_out, n_in), np.int64)                     # dense [out, in] weight matrix
+    for o in range(n_out):
+        m[o, xmins[o]:xmins[o] + counts[o]] = kk[o, :counts[o]]
+    a = a.astype(np.int64)
+    acc = (np.einsum("ox,yxc->yoc", m, a) if axis == 1 else np.einsum("oy,yxc->oxc", m, a))
+    return np.clip((acc + (1 << 21)) >> 22, 0, 255).astype(np.uint8)
+
+
+def resize_u8(img: np.ndarray, nw: int, nh: int) -> np.ndarray:
+    """resize_pillow, bilinear: horizontal pass, then vertical, u8 between them."""
+    if nw != img.shape[1]:
+        img = _resample_axis(img, nw, 1)
+    if nh != img.shape[0]:
+        img = _resample_axis(img, nh, 0)
+    return img
+
+
+def letterbox_size(w0: int, h0: int, size: int) -> tuple[int, int, int, int]:
+    """(new_w, new_h, offset_x, offset_y) of img_tool::resize with PAD_CEIL."""
+    scale = min(np.float32(size) / np.float32(w0), np.float32(size) / np.float32(h0))
+    nw = min(int(np.ceil(np.float32(w0) * scale)), size)     # int * float in float32, as in C
+    nh = min(int(np.ceil(np.float32(h0) * scale)), size)
+    return nw, nh, (size - nw) // 2, (size - nh) // 2
+
+
+def letterbox(img: np.ndarray, size: int) -> np.ndarray:
+    """img_tool::resize(..., BILINEAR, PAD_CEIL, black): aspect-preserving resize to fit
+    size x size, centered (integer division) on a black canvas; unchanged if already square
+    of that size."""
+    h0, w0 = img.shape[:2]
+    if (h0, w0) == (size, size):
+        return img.copy()
+    nw, nh, ox, oy = letterbox_size(w0, h0, size)
+    canvas = np.zeros((size, size, 3), np.uint8)
+    canvas[oy:oy + nh, ox:ox + nw] = resize_u8(img, nw, nh)
+    return canvas
+
+
+def load_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+    """(hparams, tensors as float64 in numpy (torch) order, tensor name -> ggml type name)."""
+    import gguf
+
+    r = gguf.GGUFReader(path)
+
+    def kv(name, default=None):
+        f = r.fields.get(name)
+        if f is None:
+            return default
+        if f.types[0] == gguf.GGUFValueType.ARRAY:
+            return [f.parts[i].tolist()[0] for i in f.data]
+        if f.types[0] == gguf.GGUFValueType.STRING:
+            return bytes(f.parts[f.data[0]]).decode()
+        return f.parts[f.data[0]].tolist()[0]
+
+    proj = kv("clip.projector_type", kv("clip.vision.projector_type"))
+    if proj != "gemma3":
+        raise ValueError(f"{path}: projector {proj!r}, not gemma3")
+    D = kv("clip.vision.embedding_length")
+    n_head = kv("clip.vision.attention.head_count")
+    hp = {
+        "n_embd": D, "n_head": n_head,
+        "head_dim": kv("clip.vision.attention.head_dim", D // n_head),
+        "n_layer": kv("clip.vision.block_count"),
+        "eps": kv("clip.vision.attention.layer_norm_epsilon"),
+        "image_size": kv("clip.vision.image_size"),
+        "patch_size": kv("clip.vision.patch_size"),
+        "mean": kv("clip.vision.image_mean"), "std": kv("clip.vision.image_std"),
+        "n_merge": kv("clip.vision.projector.scale_factor", 4),
+        # clip.cpp: use_gelu -> GELU (tanh), use_silu -> SiLU, neither -> GELU_QUICK
+        "act": "gelu" if kv("clip.use_gelu", False) else
+               "silu" if kv("clip.use_silu", False) else "gelu_quick",
+    }
+    T, types = {}, {}
+    for t in r.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))       # ne reversed = numpy order
+        a = gguf.quants.dequantize(np.array(t.data), t.tensor_type)
+        T[t.name] = np.asarray(a, np.float64).reshape(shape)
+        types[t.name] = t.tensor_type.name
+    # legacy conversions named fc1 ffn_down: llama.cpp swaps by shape (clip.cpp)
+    for il in range(hp["n_layer"]):
+        b = f"v.blk.{il}."
+        if T[b + "ffn_down.weight"].shape[-1] == D:             # ne[0] == n_embd: it is fc1
+            for s in ("weight", "bias"):
+                T[b + "ffn_up." + s], T[b + "ffn_down." + s] = \
+                    T[b + "ffn_down." + s], T[b + "ffn_up." + s]
+                types[b + "ffn_up." + s], types[b + "ffn_down." + s] = \
+                    types[b + "ffn_down." + s], types[b + "ffn_up." + s]
+    return hp, T, types
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    return a.astype(np.float16).astype(np.float64)
+
+
+def _bf16(a: np.ndarray) -> np.ndarray:
+    """ggml_compute_fp32_to_bf16: round to nearest even on the top 16 bits (no NaNs here)."""
+    u = np.ascontiguousarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+    return u.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def _as_ggml_rounds(x: np.ndarray, wtype: str) -> np.ndarray:
+    """The activations as ggml's CPU mul_mat sees them beside a weight of type wtype
+    (its vec_dot_type): f16 for F16, bf16 for BF16, unchanged for F32. Quantized weights
+    take 8-bit blocks, not emulated here."""
+    return _f16(x) if wtype == "F16" else _bf16(x) if wtype == "BF16" else x
+
+
+def _gelu_tanh(a: np.ndarray) -> np.ndarray:
+    return 0.5 * a * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (a + 0.044715 * a ** 3)))
+
+
+def encode(image_rgb_u8: np.ndarray, mmproj_path: str, *, ggml_rounding: bool = False,
+           return_pixels: bool = False):
+    """The image embeddings mtmd_get_output_embd returns for this image: [n_tokens, n_text]
+    (256 x n_embd_text for Gemma 3), token t = oy * 16 + ox of the pooled grid, float64.
+    ggml_rounding: round to f16 where ggml's CPU backend does (im2col pixels and kernel, the
+    activations entering F16 matrices, GELU's f16 table). return_pixels: also return the
+    preprocessed (size, size, 3) u8 image."""
+    hp, T, types = load_mmproj(mmproj_path)
+    img = np.ascontiguousarray(image_rgb_u8, dtype=np.uint8)
+    assert img.ndim == 3 and img.shape[2] == 3, "expected (H, W, 3) RGB u8"
+    S, P, D, eps = hp["image_size"], hp["patch_size"], hp["n_embd"], hp["eps"]
+    nh, dh = hp["n_head"], hp["head_dim"]
+    px = letterbox(img, S)
+
+    def mm(x, name):
+        """x @ W.T for a Linear weight (numpy (out, in))."""
+        if ggml_rounding:
+            x = _as_ggml_rounds(x, types[name])
+        return x @ T[name].T
+
+    # clip_image_f32::from_u8 (v / 255.0f), normalize ((v - mean) / std), all float32 in C
+    x = px.astype(np.float32) / np.float32(255.0)
+    mean = np.asarray(hp["mean"], np.float32)
+    std = np.asarray(hp["std"], np.float32)
+    x = ((x - mean) / std).astype(np.float64).transpose(2, 0, 1)          # planar CHW
+    G = S // P
+    # conv2d as im2col + mul_mat: patch p = py * G + px, column c * P * P + kh * P + kw
+    cols = x.reshape(3, G, P, G, P).transpose(1, 3, 0, 2, 4).reshape(G * G, 3 * P * P)
+    kern = T["v.patch_embd.weight"].reshape(D, 3 * P * P)
+    if ggml_rounding and types["v.patch_embd.weight"] != "BF16":   # im2col is f16 then
+        cols, kern = _f16(cols), _f16(kern)
+    h = cols @ kern.T
+    if "v.patch_embd.bias" in T:
+        h = h + T["v.patch_embd.bias"]
+    h = h + T["v.position_embd.weight"]                                    # [G*G, D]
+
+    def ln(a, w, b):
+        m = a.mean(-1, keepdims=True)
+        v = ((a - m) ** 2).mean(-1, keepdims=True)
+        return (a - m) / np.sqrt(v + eps) * w + b
+
+    def act(a):
+        if hp["act"] == "gelu":
+            if not ggml_rounding:
+                return _gelu_tanh(a)
+            # ggml CPU: f16 table of GELU at f16(x) for -10 < x < 10, 0 below, x above
+            g = _f16(_gelu_tanh(_f16(a)))
+            return np.where(a <= -10.0, 0.0, np.where(a >= 10.0, a, g))
+        if hp["act"] == "silu":
+            return a / (1.0 + np.exp(-a))
+        return a / (1.0 + np.exp(-1.702 * a))
+
+    for il in range(hp["n_layer"]):
+        b = f"v.blk.{il}."
+        t = ln(h, T[b + "ln1.weight"], T[b + "ln1.bias"])
+        q = mm(t, b + "attn_q.weight") + T[b + "attn_q.bias"]
+        k = mm(t, b + "attn_k.weight") + T[b + "attn_k.bias"]
+        v = mm(t, b + "attn_v.weight") + T[b + "attn_v.bias"]
+        o = np.empty_like(q)
+        for hh in range(nh):                       # head hh: channels [hh * dh, hh * dh + dh)
+            s = slice(hh * dh, (hh + 1) * dh)
+            a = (q[:, s] @ k[:, s].T) / np.sqrt(dh)     # no mask: bidirectional
+            a = np.exp(a - a.max(-1, keepdims=True))
+            a /= a.sum(-1, keepdims=True)
+            o[:, s] = a @ v[:, s]
+        h = h + mm(o, b + "attn_out.weight") + T[b + "attn_out.bias"]
+        t = ln(h, T[b + "ln2.weight"], T[b + "ln2.bias"])
+        t = act(mm(t, b + "ffn_up.weight") + T[b + "ffn_up.bias"])
+        h = h + mm(t, b + "ffn_down.weight") + T[b + "ffn_down.bias"]
+    h = ln(h, T["v.post_ln.weight"], T["v.post_ln.bias"])
+
+    # gemma3 projector: n_merge x n_merge average pool of the G x G grid (rows = y),
+    # RMS norm times the stored soft_emb_norm (already 1 + w), then x @ input_projection
+    k4 = hp["n_merge"]
+    g = G // k4
+    t = h.reshape(G, G, D).reshape(g, k4, g, k4, D).mean(axis=(1, 3)).reshape(g * g, D)
+    t = t / np.sqrt((t ** 2).mean(-1, keepdims=True) + eps) * T["mm.soft_emb_norm.weight"]
+    W = T["mm.input_projection.weight"]                      # numpy (D, n_text)
+    if ggml_rounding:                # the graph's cont(transpose(W)) keeps W's type
+        t = _as_ggml_rounds(t, types["mm.input_projection.weight"])
+    out = t @ W
+    return (out, px) if return_pixels else out
+
+
+# -- main ----------------------------------------------------------------------------------------
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    """Relative Frobenius difference of a against the reference b."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def types_of(path: Path) -> dict[str, int]:
+    import gguf
+
+    counts: dict[str, int] = {}
+    for t in gguf.GGUFReader(str(path)).tensors:
+        counts[t.tensor_type.name] = counts.get(t.tensor_type.name, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+def main() -> None:
+    import llama_cpp
+    from llama_cpp import mtmd_cpp
+    from PIL import Image
+
+    import make_synth_reference as msr
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizer", type=Path, default=msm.TOKENIZER)
+    args = ap.parse_args()
+    log = lambda *a: print(*a, file=sys.stderr)     # noqa: E731
+
+    SYNTH.mkdir(parents=True, exist_ok=True)
+    text_path, mmproj_path = SYNTH / TEXT_FILE, SYNTH / MMPROJ_FILE
+    make_gemma3(text_path, msm.small_vocab(args.tokenizer))
+    make_mmproj(mmproj_path)
+    images = write_images(IMAGES)
+    paths = {n: IMAGES / f"{n}.png" for n in IMAGE_NAMES}
+    for p in (text_path, mmproj_path, *paths.values()):
+        log(f"wrote {p.relative_to(ROOT)}: {p.stat().st_size / 1e3:.1f} kB")
+    for p in (text_path, mmproj_path):
+        diff = msr.dequant_diff(p)
+        if diff:
+            raise RuntimeError(f"{p.name}: gguf.quants and ggml dequantize {diff} apart")
+
+    llama_cpp.llama_backend_init()
+    quiet = llama_cpp.llama_log_callback(lambda *a: None)     # kept alive while llama.cpp runs
+    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_log_set(quiet, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(quiet, ctypes.c_void_p(0))
+    mt = Mtmd(text_path, mmproj_path)
+    try:
+        assert mt.n_embd == msm.N_EMBD and mt.n_vocab == msm.N_VOCAB
+        lctx = mt.new_context()
+        try:
+            runs = {n: mt.run(lctx, paths[n], images[n]) for n in IMAGE_NAMES}
+        finally:
+            llama_cpp.llama_free(lctx)
+        lctx = mt.new_context()                 # the same again on a fresh context
+        try:
+            again = mt.run(lctx, paths["square"], images["square"])
+        finally:
+            llama_cpp.llama_free(lctx)
+        mtmd_params = mt.params
+    finally:
+        mt.close()
+    for k, v in again.items():
+        assert np.array_equal(v, runs["square"][k]), f"second square run differs in {k}"
+    log("second run of square on a fresh context: identical")
+
+    # the checks
+    nw, nh, ox, oy = letterbox_size(640, 400, IMG_SIZE)
+    ours = resize_u8(images["wide"], nw, nh)
+    pil = np.asarray(Image.fromarray(images["wide"]).resize((nw, nh), Image.BILINEAR))
+    log(f"wide.png letterboxed to {nw}x{nh} at offset ({ox}, {oy}); numpy resize vs Pillow: "
+        f"{int((ours != pil).sum())} of {ours.size} values differ")
+    sq, wd = runs["square"], runs["wide"]
+    log(f"embeddings, square vs wide: relative Frobenius difference "
+        f"{rel(sq['embd'], wd['embd']):.3f}")
+    log(f"logits after the prompt, square vs wide: max |diff| "
+        f"{np.abs(sq['logits_steps'][0] - wd['logits_steps'][0]).max():.3f} "
+        f"(logit std {sq['logits_steps'][0].std():.3f}, {wd['logits_steps'][0].std():.3f})")
+    for n in IMAGE_NAMES:
+        e = runs[n]["embd"]
+        plain = encode(images[n], str(mmproj_path))
+        rounded = encode(images[n], str(mmproj_path), ggml_rounding=True)
+        steps = np.sort(runs[n]["logits_steps"], axis=1)
+        log(f"{n}: embedding RMS {np.sqrt((e.astype(np.float64) ** 2).mean()):.3f} (token "
+            f"embeddings enter at {IMG_EMBD_RMS:.3f}); llama.cpp vs float64 reference: "
+            f"relative error {rel(e, plain):.2e}, {rel(e, rounded):.2e} with ggml's f16 "
+            f"rounding; max |diff| {np.abs(e - rounded).max():.2e}")
+        log(f"{n}: ids before {runs[n]['ids_before'].tolist()}")
+        log(f"{n}: ids after {runs[n]['ids_after'].tolist()}")
+        log(f"{n}: continuation {runs[n]['continuation_ids'].tolist()}, smallest top-2 gap "
+            f"{(steps[:, -1] - steps[:, -2]).min():.3f}")
+
+    data = {"n_image_tokens": np.int32(N_IMG_TOKENS)}
+    for n in IMAGE_NAMES:
+        for k, v in runs[n].items():
+            data[f"{n}_{k}"] = v
+    np.savez_compressed(SYNTH / DATA_FILE, **data)
+    log(f"wrote {(SYNTH / DATA_FILE).relative_to(ROOT)}: "
+        f"{(SYNTH / DATA_FILE).stat().st_size / 1e3:.1f} kB")
+
+    entry = {
+        "name": CASE, "model_file": TEXT_FILE, "model_sha256": sha256(text_path),
+        "mmproj_file": MMPROJ_FILE, "mmproj_sha256": sha256(mmproj_path),
+        "image_dir": str(IMAGES.relative_to(ROOT)),
+        "images": {n: {"file": paths[n].name, "sha256": sha256(paths[n]),
+                       "width": int(images[n].shape[1]), "height": int(images[n].shape[0])}
+                   for n in IMAGE_NAMES},
+        "n_ctx": N_CTX, "data": DATA_FILE, "n_image_tokens": N_IMG_TOKENS,
+        "n_prompt": {n: len(runs[n]["ids_before"]) + N_IMG_TOKENS + len(runs[n]["ids_after"])
+                     for n in IMAGE_NAMES},
+        "n_continuation": N_CONT, "weight_types": types_of(text_path),
+        "mmproj_weight_types": types_of(mmproj_path),
+        "exercises": " ".join(make_gemma3.__doc__.split()) + " Image: "
+                     "SigLIP (896 px, patch 14, 2 layers of 64, 2 heads, GELU), gemma3 "
+                     "projector (4x4 average pool to 256 tokens, soft_emb RMS norm, input "
+                     "projection), mtmd's letterbox resize, non-causal image decode.",
+        "gguf_quants_equals_ggml_to_float": True,
+        "llama_cpp_python_version": llama_cpp.__version__,
+        "prompt_text": PROMPT,
+        "settings": {"backend": "CPU", "n_threads": N_THREADS, "n_ctx": N_CTX,
+                     "n_batch": N_BATCH, "n_ubatch": N_BATCH, "flash_attn": False,
+                     "type_k": "f16", "type_v": "f16",
+                     "mtmd": mtmd_params, "mtmd_tokenize": {"add_special": True,
+                                                            "parse_special": True},
+                     "image_input": "mtmd_helper_bitmap_init_from_file (PNG decoded by mtmd)",
+                     "prompt": f"mtmd_helper_eval_chunks, n_batch {N_BATCH}, logits of the "
+                               "last token",
+                     "continuation": "argmax of the last logits, one llama_decode per token",
+                     "between_images": "llama_memory_clear"},
+    }
+    index_path = SYNTH / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {"cases": []}
+    others = [c for c in index.get("vision_cases", []) if c["name"] != CASE]
+    index["vision_cases"] = others + [entry]
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
+    log(f"wrote the {CASE} entry of {index_path.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
