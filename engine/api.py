@@ -39,7 +39,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -590,6 +590,9 @@ class Engine:
                  "host_weight_bytes": m.model.host_weight_bytes,
                  "warm_bytes": m.model.warm_bytes(),
                  "cached_tokens": len(m.model.cache_tokens),
+                 # the vision projector's file, None without one ("vision" in device_bytes
+                 # while it is warm)
+                 "mmproj": m.model.vision.path if m.model.vision is not None else None,
                  "faults": m.model.faults,
                  "last_restore": m.last_restore,
                  # seconds since its last request or warm, and the idle time that evicts it
@@ -685,20 +688,22 @@ class Engine:
 
     # -- generation -----------------------------------------------------------------------------
     def prompt_tokens(self, name: str | None, prompt: str | None = None,
-                      messages: list[dict] | None = None, images: list[Image] = ()) -> list[int]:
+                      messages: list[dict] | None = None, images: Sequence[Image] = (),
+                      template_args: dict | None = None) -> list[int]:
         """The prompt's ids; with images, one at each of the text's media markers (an
         image's soft tokens as its media id: engine/vision/prompt.py)."""
         m = self._get(name)
+        extra = template_args or {}
         if images:
             vision = m.model.vision
             if vision is None:
                 raise ValueError(f"{m.name} reads no images: it was loaded without a vision "
                                  "projector (mmproj)")
-            text = m.chat.prompt_text(m.tokenizer, messages) if messages is not None else \
-                prompt or ""
+            text = m.chat.prompt_text(m.tokenizer, messages, **extra) \
+                if messages is not None else prompt or ""
             return media_prompt.tokenize(m.tokenizer, text, list(images), vision.config)
         if messages is not None:
-            return m.chat.tokenize(m.tokenizer, messages)
+            return m.chat.tokenize(m.tokenizer, messages, **extra)
         return m.tokenizer.encode(prompt or "", add_special=True, parse_special=False)
 
     def _media(self, m: Loaded, images: list[Image]) -> dict[int, np.ndarray]:

@@ -117,8 +117,9 @@ class EngineAPI(Protocol):
     # -- models ------------------------------------------------------------------------------
     def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
              progress: Callable[[int, int], None] | None = None,
-             cpu_moe: float = 0.0) -> str:
-        """Parse and upload a GGUF file (budget acquired first); its name."""
+             cpu_moe: float = 0.0, mmproj: str | None = None) -> str:
+        """Parse and upload a GGUF file (budget acquired first); its name. mmproj: a vision
+        projector file for its images (warm and cold with it)."""
 
     def check(self, path: str, n_ctx: int | None = None) -> dict:
         """Whether the file will run here, before loading it (no device work): "runs",
@@ -175,8 +176,11 @@ class EngineAPI(Protocol):
         """The model's Tokenizer."""
 
     def prompt_tokens(self, name: str | None, prompt: str | None = None,
-                      messages: list[dict] | None = None) -> list[int]:
-        """The token ids a prompt or a chat becomes for this model."""
+                      messages: list[dict] | None = None, images: Sequence = (),
+                      template_args: dict | None = None) -> list[int]:
+        """The token ids a prompt or a chat becomes for this model; with images (decoded,
+        engine/vision/image.py's), one at each media marker of the text, as its media id.
+        template_args go to the chat template (tools)."""
 
     def chat_template(self, name: str | None = None):
         """The model's ChatTemplate (engine/text/chat.py): tool calling reads its source

@@ -20,6 +20,7 @@ LAYERS = {
     "engine.text": 2,        # tokenizers, chat templates, sampling
     "engine.gpu": 2,         # Vulkan, kernels, graphs, ops
     "engine.arch": 3,        # the model architectures
+    "engine.vision": 3,      # vision encoders, images, their place in a prompt
     "engine.residency": 4,   # loaded models, the VRAM arbiter, the cross-process arena
     "engine.facade": 5,      # the facade's surface (a Protocol) and its shared types
     "engine.api": 5,         # the facade every front end uses

@@ -383,8 +383,10 @@ class Model:
     def ram_bytes(self) -> int:
         """Anonymous host memory this model's shadows hold: the KV shadow, the recurrent
         states and their checkpoint, host-visible weight copies. The GGUF file's own pages
-        (the weights read in place, or imported) are the page cache's, not counted."""
-        return self._state_shadow_bytes() + sum(b.nbytes for b in self.shadow)
+        (the weights read in place, or imported) are the page cache's, not counted; the
+        vision encoder's reshaped tensors are."""
+        vision = self.vision.host_bytes() if self.vision is not None else 0
+        return self._state_shadow_bytes() + sum(b.nbytes for b in self.shadow) + vision
 
     def _state_shadow_bytes(self) -> int:
         """The KV shadow, the recurrent states and their checkpoint, in host memory."""

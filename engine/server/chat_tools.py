@@ -163,8 +163,9 @@ class ToolRequest:
     def parses(self) -> bool:
         return self.choice != "none" and bool(self.tools)
 
-    def prompt(self, engine, name: str, messages: list[dict]) -> list[int]:
-        """The prompt's token ids, the tools rendered (on a worker thread: it renders)."""
+    def prompt(self, engine, name: str, messages: list[dict], images=()) -> list[int]:
+        """The prompt's token ids, the tools rendered (on a worker thread: it renders), an
+        image at each media marker of the messages."""
         template = engine.chat_template(name)
         tok = engine.tokenizer(name)
         caps = _caps(template)
@@ -172,7 +173,7 @@ class ToolRequest:
         generic = isinstance(self.family, Generic) and self.parses
         msgs = prepare_messages(messages, self.tools if self.parses else None, caps, generic)
         extra = {"tools": self.tools} if self.tools and caps["tools"] else {}
-        ids = template.tokenize(tok, msgs, **extra)
+        ids = engine.prompt_tokens(name, messages=msgs, images=images, template_args=extra)
         if self.parses:
             self.preserved = tuple(i for i in (_marker_id(tok, m) for m in self.family.markers)
                                    if i is not None)

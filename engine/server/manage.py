@@ -55,17 +55,23 @@ class ManagementRoutes:
                 or not math.isfinite(cpu_moe) or cpu_moe < 0:
             raise bad("cpu_moe must be a number >= 0 (layers of experts kept in host memory)",
                        "cpu_moe", "invalid_value")
+        mmproj = body.get("mmproj")
+        if mmproj is not None and (not isinstance(mmproj, str) or not mmproj or "\0" in mmproj):
+            raise bad("mmproj must be the path of a vision projector GGUF file", "mmproj",
+                      "invalid_type")
         try:
             resolved = resolve(path)
             name = name or os.path.splitext(os.path.basename(resolved))[0]
             if name in self.models:
                 raise ApiError(409, f"a model named {name!r} is already loaded", "name",
                                "model_exists")
-            name = await self._run(self.engine.load, resolved, name, cpu_moe=cpu_moe)
+            name = await self._run(self.engine.load, resolved, name, cpu_moe=cpu_moe,
+                                   mmproj=mmproj)
         except PlacementError as exc:
             raise bad(str(exc), "cpu_moe", "invalid_value") from None
         except ModelFileError as exc:
-            raise bad(str(exc), "path", "invalid_model_file") from None
+            param = "mmproj" if mmproj is not None and exc.path == mmproj else "path"
+            raise bad(str(exc), param, "invalid_model_file") from None
         except OSError as exc:
             raise bad(f"{path}: {exc.strerror or exc}", "path", "invalid_model_file") from None
         except ModelExists as exc:          # the engine already holds that name
@@ -147,4 +153,5 @@ def _entry(s: dict) -> dict:
             "ram_bytes": s["ram_bytes"], "disk_bytes": s["disk_bytes"],
             "pinned_host_bytes": s.get("pinned_host_bytes", 0), "warm_bytes": s["warm_bytes"],
             "cpu_moe": s["cpu_moe"], "host_weight_bytes": s["host_weight_bytes"],
-            "cached_tokens": s["cached_tokens"], "last_restore": s.get("last_restore")}
+            "cached_tokens": s["cached_tokens"], "last_restore": s.get("last_restore"),
+            "mmproj": s.get("mmproj")}

@@ -52,7 +52,8 @@ What maps to what:
   (chat_tools.py); calls come back as `message.tool_calls` in Ollama's shape (arguments an
   object, an id the server made), whole, in the line before the last when streamed. Role
   "tool" messages answer the assistant's calls before them in order.
-- images, think and logprobs are refused with a message saying so.
+- think and logprobs are refused with a message saying so; images (base64) go to a model
+  loaded with a vision projector, before the text of their message (or prompt).
 
 Streaming is the default, as in Ollama: one JSON object per line (application/x-ndjson), the
 last with "done": true, the timings and done_reason; an error after the first line is sent
@@ -70,6 +71,8 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..text.constrain import ConstraintError, Grammar
+from ..vision.prompt import MARKER
+from . import media
 from .chat_tools import ToolRequest, ToolStream, call_id, parse_tools
 from .errors import ApiError, bad, boolean, integer, json_response
 from .metrics import CLIENT_GONE_STATUS
@@ -83,6 +86,7 @@ from .ollama_values import (
     ns,
     ollama_name,
     parse_chat_messages,
+    parse_images,
     parse_format,
     parse_keep_alive,
     parse_options,
@@ -309,6 +313,9 @@ class OllamaRoutes:
                     isinstance(t, int) and not isinstance(t, bool) and t >= 0
                     for t in context):
                 raise bad("context must be a list of token ids", "context", "invalid_type")
+            images = parse_images(body.get("images"), "images")
+            if images:
+                prompt = MARKER * len(images) + media.marked(prompt, "prompt")
             empty = not prompt and not context
         stream = boolean(body, "stream", True)
         keep_alive = parse_keep_alive(body.get("keep_alive"))
@@ -327,9 +334,10 @@ class OllamaRoutes:
 
         window = slot.n_ctx if opts.num_ctx is None else min(opts.num_ctx, slot.n_ctx)
         if chat:
-            ids = await self._chat_ids(slot, messages, window, truncate, tools)
+            ids, decoded = await self._chat_ids(slot, messages, window, truncate, tools)
         else:
-            ids = await self._generate_ids(slot, prompt, system, raw, context, window)
+            ids, decoded = await self._generate_ids(slot, prompt, system, raw, context,
+                                                    window, images)
         room = slot.room(len(ids), window=window)     # num_predict is cut to it, as Ollama does
         max_tokens = room if opts.num_predict <= 0 else min(opts.num_predict, room)
         if tools is not None:
@@ -342,7 +350,7 @@ class OllamaRoutes:
         req = GenRequest(model=slot.name, messages=None, prompt=None, max_tokens=max_tokens,
                          sampling=opts.sampling, stop=opts.stop, stream=stream,
                          include_usage=False, logit_bias=[], constraint=constraint,
-                         tools=tools)
+                         tools=tools, decoded=decoded)
         head = {"model": asked}
 
         def piece_obj(text: str, calls: list[dict] | None = None) -> dict:
@@ -389,55 +397,66 @@ class OllamaRoutes:
                              headers=headers)
 
     async def _chat_ids(self, slot: ModelSlot, messages: list[dict], window: int,
-                        truncate: bool, tools: ToolRequest | None = None) -> list[int]:
-        """The conversation's tokens (the tools rendered, where there are some); the oldest
-        messages after the system ones are dropped (the last one never) until it fits the
-        window with room for one token."""
-        def tokens(msgs: list[dict]) -> list[int]:
-            if tools is not None:
-                return tools.prompt(self.engine, slot.name, msgs)
-            return self.engine.prompt_tokens(slot.name, messages=msgs)
+                        truncate: bool, tools: ToolRequest | None = None):
+        """The conversation's tokens (the tools rendered, where there are some) and the
+        images of the messages kept; the oldest messages after the system ones are dropped
+        (the last one never) until it fits the window with room for one token."""
+        decoded: dict[int, list] = {}
 
-        def work() -> tuple[list[int], int]:
+        def tokens(msgs: list[dict]) -> tuple[list[int], list]:
+            images = [im for m in msgs for im in decoded.get(id(m), ())]
+            msgs = [{k: v for k, v in m.items() if k != "images"} for m in msgs]
+            if tools is not None:
+                return tools.prompt(self.engine, slot.name, msgs, images), images
+            return self.engine.prompt_tokens(slot.name, messages=msgs, images=images), images
+
+        def work() -> tuple[tuple[list[int], list], int]:
+            for m in messages:
+                if m.get("images"):
+                    decoded[id(m)] = media.decode(m["images"])
             system = [m for m in messages if m["role"] == "system"]
             rest = [m for m in messages if m["role"] != "system"]
-            ids = tokens(messages)
+            out = tokens(messages)
             dropped = 0
-            while truncate and len(ids) >= window and dropped < len(rest) - 1:
+            while truncate and len(out[0]) >= window and dropped < len(rest) - 1:
                 dropped += 1
-                ids = tokens(system + rest[dropped:])
-            return ids, dropped
-        ids, _ = await self._tokens(slot, work, "messages")
+                out = tokens(system + rest[dropped:])
+            return out, dropped
+        (ids, images), _ = await self._tokens(slot, work, "messages")
         if len(ids) >= window:
             raise bad(f"the messages are {len(ids)} tokens; the context window of "
                       f"{slot.name!r} holds {window}" +
                       ("" if truncate else " (truncate is false)"), "messages",
                       "context_length_exceeded")
-        return ids
+        return ids, images
 
     async def _generate_ids(self, slot: ModelSlot, prompt: str, system: str, raw: bool,
-                            context: list[int], window: int) -> list[int]:
-        def work() -> tuple[list[int], None]:
+                            context: list[int], window: int, images: list):
+        """The prompt's tokens after the context's, and its images decoded."""
+        def work() -> tuple[list[int], list]:
+            decoded = media.decode(images)
             tok = self.engine.tokenizer(slot.name)
             if context and max(context) >= tok.n_vocab:
                 raise ValueError(f"token id {max(context)} is outside the vocabulary "
                                  f"({tok.n_vocab})")
             if raw:
-                ids = self.engine.prompt_tokens(slot.name, prompt=prompt) if prompt else []
+                ids = self.engine.prompt_tokens(slot.name, prompt=prompt, images=decoded) \
+                    if prompt else []
             else:
                 turn = ([{"role": "system", "content": system}] if system else []) + \
                        [{"role": "user", "content": prompt}]
-                ids = self.engine.prompt_tokens(slot.name, messages=turn) if prompt else []
+                ids = self.engine.prompt_tokens(slot.name, messages=turn, images=decoded) \
+                    if prompt else []
             if context and ids and ids[0] == tok.bos_id:
                 ids = ids[1:]                 # the context already begins the sequence
-            return list(context) + list(ids), None
-        ids, _ = await self._tokens(slot, work, "prompt")
+            return list(context) + list(ids), decoded
+        ids, decoded = await self._tokens(slot, work, "prompt")
         if not ids:
             raise bad("the prompt is empty", "prompt", "invalid_value")
         if len(ids) >= window:
             raise bad(f"the prompt is {len(ids)} tokens; the context window of {slot.name!r} "
                       f"holds {window}", "prompt", "context_length_exceeded")
-        return ids
+        return ids, decoded
 
     async def _tokens(self, slot: ModelSlot, work: Callable, param: str):
         try:

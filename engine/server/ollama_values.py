@@ -13,6 +13,8 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from ..text.sampling import SamplingError, SamplingParams
+from ..vision.prompt import MARKER
+from . import media
 from .errors import bad, integer, number, show
 
 # Ollama's defaults for what a request leaves out (its Modelfile documentation)
@@ -176,15 +178,16 @@ def parse_chat_messages(v: Any) -> list[dict]:
         if role not in ROLES:
             raise bad(f"{p}.role must be one of {', '.join(ROLES)}, got {show(role)}",
                       f"{p}.role", "invalid_value")
-        if m.get("images"):
-            raise bad(f"{p}.images: images are not supported (Hotseat runs text models)",
-                      f"{p}.images", "unsupported_parameter")
         content = m.get("content", "")
         if content is None:
             content = ""
         if not isinstance(content, str):
             raise bad(f"{p}.content must be a string", f"{p}.content", "invalid_type")
-        msg: dict = {"role": role, "content": content}
+        images = parse_images(m.get("images"), f"{p}.images")
+        msg: dict = {"role": role,
+                     "content": MARKER * len(images) + media.marked(content, f"{p}.content")}
+        if images:
+            msg["images"] = images
         if role == "assistant" and m.get("tool_calls"):
             msg["tool_calls"] = [_call(c, f"{p}.tool_calls[{k}]", f"call_{i}_{k}")
                                  for k, c in enumerate(_list(m["tool_calls"], p))]
@@ -196,6 +199,16 @@ def parse_chat_messages(v: Any) -> list[dict]:
                 msg["name"] = name
         out.append(msg)
     return out
+
+
+def parse_images(v: Any, param: str) -> list[tuple[bytes, str]]:
+    """Ollama's images (base64 strings) as (bytes, parameter) pairs; their places in the
+    text are media markers before it, as Ollama puts a message's images before its text."""
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        raise bad(f"{param} must be a list of base64 strings", param, "invalid_type")
+    return [(media.from_base64(b, f"{param}[{i}]"), f"{param}[{i}]") for i, b in enumerate(v)]
 
 
 def _list(v: Any, p: str) -> list:
@@ -240,9 +253,6 @@ def refuse_unserved(body: dict) -> None:
                   "apart from their answer", "think", "unsupported_parameter")
     if body.get("logprobs") not in (None, False) or body.get("top_logprobs") not in (None, 0):
         raise bad("logprobs are not supported on Ollama's API in this build", "logprobs",
-                  "unsupported_parameter")
-    if body.get("images"):
-        raise bad("images are not supported (Hotseat runs text models)", "images",
                   "unsupported_parameter")
 
 

@@ -16,14 +16,15 @@ import re
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from ..facade import EngineFault, Request
 from ..residency.arbiter import BudgetError
 from ..text.constrain import ConstraintError
 from ..text.sampling import BAN, SamplingError, SamplingParams
-from . import logprobs
+from ..vision.prompt import MARKER
+from . import logprobs, media
 from .errors import (
     ApiError,
     bad,
@@ -61,23 +62,36 @@ MAX_TEMPERATURE = 2.0                    # OpenAI's range: [0, 2]
 
 # -- requests ------------------------------------------------------------------------------
 
-def _text_content(content: Any, i: int) -> str:
-    """A message's content: a string, or a list of {"type": "text", "text": ...} parts."""
+def _text_content(content: Any, i: int, images: list | None = None) -> str:
+    """A message's content: a string, or a list of parts: {"type": "text", "text": ...}, and
+    where `images` collects them, {"type": "image_url", "image_url": {"url": a data URL}}
+    (the image's bytes go to `images`, the media marker into the text at its place)."""
     param = f"messages[{i}].content"
     if isinstance(content, str):
-        return content
+        return media.marked(content, param) if images is not None else content
     if isinstance(content, list):
         texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" \
-                    or not isinstance(part.get("text"), str):
-                raise bad(f"{param}: only text parts are supported", param, "invalid_type")
-            texts.append(part["text"])
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                texts.append(media.marked(part["text"], f"{param}[{j}].text")
+                             if images is not None else part["text"])
+            elif kind == "image_url" and images is not None:
+                url = part.get("image_url")
+                url = url.get("url") if isinstance(url, dict) else url
+                at = f"{param}[{j}].image_url"
+                images.append((media.from_url(url, at), at))
+                texts.append(MARKER)
+            else:
+                what = "text and image_url" if images is not None else "text"
+                raise bad(f"{param}: only {what} parts are supported", param, "invalid_type")
         return "".join(texts)
     raise bad(f"{param} must be a string or a list of text parts", param, "invalid_type")
 
 
-def parse_messages(v: Any) -> list[dict]:
+def parse_messages(v: Any, images: list | None = None) -> list[dict]:
+    """The chat's messages, checked; with `images`, the images of user messages are
+    collected there in order (engine/server/media.py)."""
     if v is None:
         raise bad("messages is required", "messages", "missing_required_parameter")
     if not isinstance(v, list) or not v:
@@ -97,7 +111,9 @@ def parse_messages(v: Any) -> list[dict]:
                 _text_content(content, i)
             out.append(msg)
             continue
-        out.append({"role": CHAT_ROLES[role], "content": _text_content(m.get("content"), i)})
+        out.append({"role": CHAT_ROLES[role],
+                    "content": _text_content(m.get("content"), i,
+                                             images if role == "user" else None)})
     return out
 
 
@@ -178,6 +194,10 @@ class GenRequest:
     logprobs: int | None = None           # alternatives per token (logprobs.py); None: none
     tools: ToolRequest | None = None      # tools, tool_choice, tool messages (chat_tools.py)
     constraint: Any = None                # a text.constrain.Grammar (structured.py)
+    # the images' (bytes, parameter), one per media marker of the messages (media.py), and
+    # once the prompt is made, the decoded Images
+    images: list = field(default_factory=list)
+    decoded: list = field(default_factory=list)
 
     def engine_request(self, name: str, ids: list[int], max_tokens: int,
                        wait: float | None = None) -> Request:
@@ -190,7 +210,7 @@ class GenRequest:
                        sampling=self.sampling if tools is None else tools.sampling(self.sampling),
                        stop=self.stop, logprobs=self.logprobs, constraint=constraint,
                        preserved_tokens=tools.preserved if tools is not None else (),
-                       wait=wait)
+                       images=self.decoded, wait=wait)
 
 
 def parse_request(body: Any, chat: bool) -> GenRequest:
@@ -199,7 +219,8 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise bad("model must be a string", "model", "invalid_type")
-    messages = parse_messages(body.get("messages")) if chat else None
+    images: list = []
+    messages = parse_messages(body.get("messages"), images) if chat else None
     prompt = None if chat else parse_prompt(body.get("prompt"))
 
     n = integer(body, "n", 1)
@@ -255,7 +276,8 @@ def parse_request(body: Any, chat: bool) -> GenRequest:
     include_usage = boolean(opts or {}, "include_usage", False)
     return GenRequest(model or "", messages, prompt, max_tokens, sampling,
                       parse_stop(body.get("stop")), stream, include_usage, logit_bias, key,
-                      logprobs=n_logprobs, tools=tools, constraint=constraint)
+                      logprobs=n_logprobs, tools=tools, constraint=constraint,
+                      images=images)
 
 # -- routes --------------------------------------------------------------------------------
 
@@ -291,11 +313,14 @@ class OpenAIRoutes:
                 raise bad(f"token id {max(ids)} is outside the vocabulary ({n_vocab})",
                            "prompt", "invalid_value")
         else:
+            if req.images:
+                req.decoded = await self._run(media.decode, req.images)
             try:
-                ids = await self._run(req.tools.prompt, self.engine, slot.name, req.messages) \
+                ids = await self._run(req.tools.prompt, self.engine, slot.name, req.messages,
+                                      req.decoded) \
                     if req.tools is not None else \
                     await self._run(self.engine.prompt_tokens, slot.name, prompt=req.prompt,
-                                    messages=req.messages)
+                                    messages=req.messages, images=req.decoded)
             except KeyError:
                 raise ApiError(404, f"the model {slot.name!r} was unloaded", "model",
                                "model_not_found") from None

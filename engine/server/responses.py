@@ -54,6 +54,24 @@ def _item_text(content: Any, param: str) -> str:
     raise bad(f"{param} must be a string or a list of text parts", param, "invalid_type")
 
 
+def _item_content(content: Any, param: str):
+    """A user message's content: its text, or where it holds images (input_image, with an
+    image_url: a data URL), chat's parts: text and image_url (openai.py takes them)."""
+    if not isinstance(content, list) or not any(
+            isinstance(p, dict) and p.get("type") == "input_image" for p in content):
+        return _item_text(content, param)
+    parts = []
+    for k, part in enumerate(content):
+        if isinstance(part, dict) and part.get("type") == "input_image":
+            if part.get("image_url") is None:
+                raise bad(f"{param}[{k}]: an input_image needs an image_url (a data URL); "
+                          "file ids are not kept here", f"{param}[{k}]", "invalid_value")
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+        else:
+            parts.append({"type": "text", "text": _item_text([part], param)})
+    return parts
+
+
 def input_messages(v: Any, instructions: Any) -> list[dict]:
     """`input` (and `instructions`) as chat messages, OpenAI's chat shape."""
     msgs: list[dict] = []
@@ -78,8 +96,9 @@ def input_messages(v: Any, instructions: Any) -> list[dict]:
             if role not in CHAT_ROLES or role == "tool":
                 raise bad(f"{p}.role must be one of user, assistant, system, developer, got "
                           f"{show(role)}", f"{p}.role", "invalid_value")
-            msgs.append({"role": role, "content": _item_text(item.get("content"),
-                                                             f"{p}.content")})
+            content = _item_content(item.get("content"), f"{p}.content") \
+                if role == "user" else _item_text(item.get("content"), f"{p}.content")
+            msgs.append({"role": role, "content": content})
         elif kind == "function_call":
             name, args = item.get("name"), item.get("arguments")
             cid = item.get("call_id")

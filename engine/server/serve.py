@@ -23,6 +23,9 @@ DEFAULT_PORT = 8080
 def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
     s = subparsers.add_parser("serve", help="serve the OpenAI API over HTTP")
     s.add_argument("--model", "-m", action="append", help=f"{model_help}; repeat to serve several")
+    s.add_argument("--mmproj", action="append", metavar="FILE",
+                   help="a vision projector (mmproj GGUF) for the --model of the same place; "
+                        "repeat for the next ones")
     s.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
     s.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
@@ -93,6 +96,11 @@ def cmd_serve(args, Engine: Callable[..., EngineAPI]) -> int:
     if args.budget_mib is not None and args.budget_mib <= 0:
         raise ValueError(f"--budget-mib must be positive, got {args.budget_mib}")
     paths = [resolve(m) for m in (args.model or [None])]
+    mmproj = list(args.mmproj or [])
+    if len(mmproj) > len(paths):
+        raise ValueError(f"{len(mmproj)} --mmproj for {len(paths)} models: each pairs with the "
+                         "--model of the same place")
+    mmproj += [None] * (len(paths) - len(mmproj))
     logging.basicConfig(level=logging.WARNING, format="hotseat: %(levelname)s: %(message)s")
     if args.host_budget_mib is not None and args.host_budget_mib < 0:
         raise ValueError(f"--host-budget-mib must not be negative, got {args.host_budget_mib}")
@@ -103,7 +111,7 @@ def cmd_serve(args, Engine: Callable[..., EngineAPI]) -> int:
                  flash_attn=args.flash_attn, arena=arena_enabled(args),
                  wake_on_free=args.wake_on_free, arena_label="serve (starting)")
     try:
-        names = [eng.load(p, cpu_moe=args.cpu_moe) for p in paths]
+        names = [eng.load(p, cpu_moe=args.cpu_moe, mmproj=v) for p, v in zip(paths, mmproj)]
         return asyncio.run(_serve(eng, names, args))
     finally:
         eng.close()

@@ -122,7 +122,7 @@ class FakeEngine:
     # -- models -----------------------------------------------------------------------------
     def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
              progress: Callable[[int, int], None] | None = None,
-             cpu_moe: float = 0.0) -> str:
+             cpu_moe: float = 0.0, mmproj: str | None = None) -> str:
         """Parse on the caller's thread (the real checks of GGUFFile), then "upload" holding
         the device lock, LOAD_STEPS progress calls load_delay_s apart."""
         path = os.fspath(path)
@@ -358,7 +358,8 @@ class FakeEngine:
         return FakeTokenizer()
 
     def prompt_tokens(self, name: str | None, prompt: str | None = None,
-                      messages: list[dict] | None = None) -> list[int]:
+                      messages: list[dict] | None = None, images=(),
+                      template_args: dict | None = None) -> list[int]:
         """One token per word (at least one), as the endpoint needs for its checks."""
         self._get(name)
         text = prompt if messages is None else " ".join(m.get("content", "") for m in messages)

@@ -1,0 +1,123 @@
+"""Images over HTTP with the official `openai` and `ollama` clients, against a real `hotseat
+serve` of the synthetic Gemma 3 text model with its mmproj (tests/data/synth): the same image
+twice gives the same answer (the second from the prompt cache), another image other logits,
+both clients the same answer for the same conversation; a bad image or a remote URL is a 400
+and the next request answers; /api/models shows the projector and its `vision` bytes."""
+from __future__ import annotations
+
+import base64
+import json
+import urllib.request
+
+import pytest
+
+from tests.helpers.served import served
+from tests.helpers.synth_reference import DATA
+
+pytestmark = pytest.mark.gpu
+
+IMAGES = DATA.parent / "images"
+TEXT = "What is in this picture?"
+# greedy, without Ollama's default repeat penalty (1.1), as the OpenAI requests are
+GREEDY = {"temperature": 0, "num_predict": 6, "repeat_penalty": 1.0}
+
+
+def data_url(name: str) -> str:
+    return "data:image/png;base64," + base64.b64encode((IMAGES / name).read_bytes()).decode()
+
+
+@pytest.fixture(scope="module")
+def base():
+    model, mmproj = DATA / "gemma3-f16.gguf", DATA / "gemma3-mmproj-f16.gguf"
+    if not model.exists() or not mmproj.exists():
+        pytest.skip("no synthetic Gemma 3 vision model in tests/data/synth")
+    with served("--ctx", "1024", "-m", str(model), "--mmproj", str(mmproj)) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def client(base):
+    import openai
+
+    return openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model(client) -> str:
+    return client.models.list().data[0].id
+
+
+def ask(client, model, *urls: str):
+    content = [{"type": "image_url", "image_url": {"url": u}} for u in urls] + \
+              [{"type": "text", "text": TEXT}]
+    return client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": content}], max_tokens=6,
+        temperature=0, logprobs=True, top_logprobs=5)
+
+
+def first_top(r) -> list[tuple[str, float]]:
+    return [(t.token, t.logprob) for t in r.choices[0].logprobs.content[0].top_logprobs]
+
+
+def test_the_same_image_twice_and_another(client, model):
+    a = ask(client, model, data_url("square.png"))
+    again = ask(client, model, data_url("square.png"))
+    assert a.choices[0].message.content == again.choices[0].message.content
+    assert first_top(a) == first_top(again)
+    assert a.usage.prompt_tokens > 256
+    assert again.usage.prompt_tokens_details.cached_tokens >= a.usage.prompt_tokens - 1
+    other = ask(client, model, data_url("wide.png"))
+    assert other.usage.prompt_tokens == a.usage.prompt_tokens
+    assert first_top(other) != first_top(a)
+
+
+def test_ollama_client_gives_the_same_answer(base, client, model):
+    import ollama
+
+    want = ask(client, model, data_url("wide.png")).choices[0].message.content
+    c = ollama.Client(host=base)
+    got = c.chat(model=model, messages=[{"role": "user", "content": TEXT,
+                                         "images": [str(IMAGES / "wide.png")]}],
+                 options=GREEDY)
+    assert got.message.content == want
+    streamed = "".join(p.message.content for p in c.chat(
+        model=model, messages=[{"role": "user", "content": TEXT,
+                                "images": [(IMAGES / "wide.png").read_bytes()]}],
+        options=GREEDY, stream=True))
+    assert streamed == want
+    gen = c.generate(model=model, prompt=TEXT, images=[str(IMAGES / "wide.png")],
+                     options=GREEDY)
+    assert gen.response == want
+
+
+@pytest.mark.parametrize("url,code", [
+    ("data:image/png;base64," + base64.b64encode(b"not an image at all").decode(),
+     "invalid_image"),
+    ("data:image/png;base64,%%%", "invalid_image"),
+    ("https://example.com/cat.png", "unsupported_image_url"),
+])
+def test_a_bad_image_is_a_400_and_the_next_request_answers(client, model, url, code):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as exc:
+        ask(client, model, url)
+    assert exc.value.code == code
+    assert "messages[0].content[0].image_url" in str(exc.value)
+    assert ask(client, model, data_url("square.png")).choices[0].message.content is not None
+
+
+def test_an_ollama_image_that_is_not_one_is_a_400(base, model):
+    import ollama
+
+    with pytest.raises(ollama.ResponseError) as exc:
+        ollama.Client(host=base).chat(model=model, messages=[
+            {"role": "user", "content": TEXT, "images": [b"GIF89a but not really"]}])
+    assert exc.value.status_code == 400 and "messages[0].images[0]" in str(exc.value)
+
+
+def test_api_models_shows_the_projector(base, client, model):
+    ask(client, model, data_url("square.png"))         # warm, the encoder with it
+    entry = next(m for m in json.load(urllib.request.urlopen(base + "/api/models"))["models"]
+                 if m["name"] == model)
+    assert entry["mmproj"].endswith("gemma3-mmproj-f16.gguf")
+    assert entry["device_bytes"]["vision"] > 0
