@@ -150,3 +150,28 @@ def describe(path: str, file_type: int | None = None, known: bool = False) -> di
     with _lock:
         _cache[key] = dict(info)
     return info
+
+
+def is_mmproj(path: str) -> bool:
+    """Whether a file's name says it is a vision projector (mmproj*.gguf, as the GGUFs of
+    vision models ship it beside the model)."""
+    name = os.path.basename(path).lower()
+    return name.startswith("mmproj") and name.endswith(".gguf")
+
+
+def mmproj_beside(path: str) -> str | None:
+    """The vision projector in a model file's folder: the one mmproj*.gguf there, or of
+    several, the one whose name holds the most of the model's (None: none there)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        names = sorted(n for n in os.listdir(folder) if is_mmproj(n))
+    except OSError:
+        return None
+    if not names or is_mmproj(path):
+        return None
+    stem = os.path.splitext(os.path.basename(path))[0].lower()
+
+    def shared(name: str) -> int:                 # the longest common prefix, past "mmproj-"
+        rest = os.path.splitext(name)[0].lower()[len("mmproj"):].lstrip("-_.")
+        return len(os.path.commonprefix([rest, stem]))
+    return os.path.join(folder, max(names, key=shared))

@@ -332,11 +332,12 @@ class Engine:
             with self._names_lock:
                 self._loading.discard(name)
 
-    def check(self, path: str, n_ctx: int | None = None) -> dict:
+    def check(self, path: str, n_ctx: int | None = None, mmproj: str | None = None) -> dict:
         """Whether the file will run on this device under this budget, read on the caller's
         thread (no device work): engine/residency/check.py."""
         target = Target.of_device(self.dev, self.flash_attn, self.arbiter.budget)
-        return check_file(os.fspath(path), n_ctx or self.n_ctx, target)
+        return check_file(os.fspath(path), n_ctx or self.n_ctx, target,
+                          None if mmproj is None else os.fspath(mmproj))
 
     def _warm(self, m: Loaded) -> None:
         """Make m warm: acquire budget (evicting others), then restore from host shadows.

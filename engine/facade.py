@@ -121,12 +121,12 @@ class EngineAPI(Protocol):
         """Parse and upload a GGUF file (budget acquired first); its name. mmproj: a vision
         projector file for its images (warm and cold with it)."""
 
-    def check(self, path: str, n_ctx: int | None = None) -> dict:
+    def check(self, path: str, n_ctx: int | None = None, mmproj: str | None = None) -> dict:
         """Whether the file will run here, before loading it (no device work): "runs",
         "problems" (every one, one line each), its architecture, weight types, contexts and
         the VRAM warm and RAM cold it takes at n_ctx (None: the engine's default);
         engine/residency/check.py. A file that is not a readable GGUF raises the error a
-        load would."""
+        load would. mmproj: with that vision projector (its bytes counted)."""
 
     def unload(self, name: str) -> None:
         """Free the model's device and host memory."""

@@ -159,9 +159,11 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
     # -- requests (UI thread) ---------------------------------------------------------------
     @Slot(str)
     def load(self, path: str, name: str | None = None, pin: bool = False,
-             n_ctx: int | None = None, cpu_moe: float = 0.0) -> None:
+             n_ctx: int | None = None, cpu_moe: float = 0.0,
+             mmproj: str | None = None) -> None:
+        """Load a model file (mmproj: its vision projector, loaded with it)."""
         path = os.fspath(path)
-        self._submit("load", lambda: self._load(path, name, pin, n_ctx, cpu_moe))
+        self._submit("load", lambda: self._load(path, name, pin, n_ctx, cpu_moe, mmproj))
 
     def reload(self, name: str, n_ctx: int | None = None, cpu_moe: float = 0.0) -> None:
         """Load a model again with another context size or cpu_moe (unload, then load)."""

@@ -17,20 +17,21 @@ class ModelJobs:
     """Run on a lane; each ends by emitting what happened."""
 
     def _load(self, path: str, name: str | None, pin: bool, n_ctx: int | None,
-              cpu_moe: float) -> None:
+              cpu_moe: float, mmproj: str | None = None) -> None:
         try:
-            self._load_one(path, name, pin, n_ctx, cpu_moe)
+            self._load_one(path, name, pin, n_ctx, cpu_moe, mmproj=mmproj)
         except Exception as exc:
             if not self._closing:
                 self.load_failed.emit(path, summary_of(exc), load_message(path, exc))
 
     def _load_one(self, path: str, name: str | None, pin: bool, n_ctx: int | None,
-                  cpu_moe: float, verb: str = "Loaded") -> str:
-        """Check the file, then load it (and pin it); raises WontRun for a file the check
-        refuses (the load is not attempted), else what the engine raises."""
+                  cpu_moe: float, verb: str = "Loaded", mmproj: str | None = None) -> str:
+        """Check the file (with its vision projector), then load it (and pin it); raises
+        WontRun for a file the check refuses (the load is not attempted), else what the
+        engine raises."""
         eng = self._need_engine()
         self.load_started.emit(path)
-        report = eng.check(path, n_ctx)
+        report = eng.check(path, n_ctx, **({"mmproj": mmproj} if mmproj else {}))
         if not report["runs"]:
             raise WontRun(path, report["problems"])
         label = name or os.path.splitext(os.path.basename(path))[0]
@@ -48,6 +49,8 @@ class ModelJobs:
 
         t0 = time.monotonic()
         kw = {"cpu_moe": cpu_moe} if cpu_moe else {}
+        if mmproj:
+            kw["mmproj"] = mmproj
         try:
             name = eng.load(path, name=name, n_ctx=n_ctx, progress=progress, **kw)
         finally:
@@ -79,7 +82,8 @@ class ModelJobs:
         self._emit_status()
         pinned = bool(old["pinned"])
         try:
-            self._load_one(old["path"], name, pinned, n_ctx, cpu_moe, verb="Reloaded")
+            self._load_one(old["path"], name, pinned, n_ctx, cpu_moe, verb="Reloaded",
+                           mmproj=old.get("mmproj"))
         except Exception as exc:
             if self._closing:
                 return
@@ -87,7 +91,7 @@ class ModelJobs:
             self.error.emit(f"Could not reload {name} with those settings: "
                             f"{summary_of(exc)}", load_message(old["path"], exc))
             self._load(old["path"], name, pinned, old.get("n_ctx"),
-                       float(old.get("cpu_moe") or 0.0))
+                       float(old.get("cpu_moe") or 0.0), old.get("mmproj"))
 
     def _call(self, method: str, name: str, op: Op) -> None:
         try:
@@ -128,11 +132,16 @@ class ModelJobs:
             self.activity.tick(op)
             if not self._closing:
                 self.chat_delta.emit(rid, piece)
+        # a message's images (bytes) leave it: the request holds them, in order, one for
+        # each media marker of the text
+        images = [b for m in messages for b in m.get("images", ())]
+        messages = [{k: v for k, v in m.items() if k != "images"} for m in messages]
         try:
             eng = self._need_engine()
             self.activity.start(op)
             out = eng.generate(Request(name, messages=messages, max_tokens=max_tokens,
-                                       sampling=SamplingParams(temperature=temperature)),
+                                       sampling=SamplingParams(temperature=temperature),
+                                       images=images),
                                on_text=on_text, cancel=cancel)
         except Exception as exc:
             info["error"] = summary_of(exc)

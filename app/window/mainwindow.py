@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (QCheckBox, QFileDialog, QFrame, QHBoxLayout, QLab
 
 from ..bridge import EngineBridge
 from ..icons import app_icon
+from ..modelinfo import is_mmproj, mmproj_beside
 from ..settings import Settings
 from .chat import ChatPanel
 from .dialogs import AboutDialog, ModelOptionsDialog, PreferencesDialog
@@ -282,8 +283,13 @@ class MainWindow(QMainWindow):
                 continue
             if path in self.pending:
                 continue
+            if is_mmproj(path):
+                self.statusBar().showMessage(
+                    f"{os.path.basename(path)} is a vision projector: load its model from "
+                    "the same folder and it comes with it", 8000)
+                continue
             self.add_pending(path)
-            self.bridge.load(path)
+            self.bridge.load(path, mmproj=mmproj_beside(path))
 
     @staticmethod
     def _local_files(event) -> list[str]:

@@ -5,12 +5,12 @@ from PySide6.QtCore import QRectF, QSize, Qt
 from PySide6.QtGui import QColor, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import QSizePolicy, QWidget
 
-KINDS = ("weights", "kv", "recurrent", "compute", "scratch")
+KINDS = ("weights", "kv", "recurrent", "compute", "vision", "scratch")
 KIND_LABELS = {"weights": "Weights", "kv": "KV cache", "recurrent": "Recurrent",
-               "compute": "Compute", "scratch": "Scratch"}
+               "compute": "Compute", "vision": "Vision", "scratch": "Scratch"}
 KIND_COLORS = {"weights": QColor("#3f6fb5"), "kv": QColor("#e8833a"),
                "recurrent": QColor("#2a9d8f"), "compute": QColor("#6a9f3a"),
-               "scratch": QColor("#9b6bb0")}
+               "vision": QColor("#c9a227"), "scratch": QColor("#9b6bb0")}
 TRACK = QColor("#eceff3")
 TRACK_EDGE = QColor("#b9c0cb")
 COLD_OUTLINE = QColor("#7a8494")

@@ -25,6 +25,8 @@ from ..formats.gguf_file import GGUFFile, ModelFileError
 from ..gpu.limits import MAX_CTX
 from ..gpu.paths import Tuning, flash_attn_mode
 from ..gpu.runstate import RunState
+from ..vision.config import VisionConfig
+from ..vision.encoder import sizes as encoder_sizes
 from .model import run_state_sizes, weight_layout
 
 TYPICAL_ALIGN = 256            # minStorageBufferOffsetAlignment of common GPUs, or less
@@ -64,14 +66,52 @@ class Target:
                 "budget_bytes": self.budget_bytes}
 
 
-def check_file(path: str, n_ctx: int, target: Target | None = None) -> dict:
+def check_file(path: str, n_ctx: int, target: Target | None = None,
+               mmproj: str | None = None) -> dict:
     """What `hotseat check` reports (see the README's "Using it"): "runs", "problems" (one
     line each), "notes", the architecture, weight types with tensor counts, the contexts,
-    "vram" and "ram" (None where the file cannot be sized). Raises ModelFileError for a file
-    that is not a readable GGUF."""
+    "vram" and "ram" (None where the file cannot be sized); with mmproj, its projector in
+    "vision" and its bytes in both. Raises ModelFileError for a file that is not a readable
+    GGUF."""
     target = target or Target.typical()
     with GGUFFile(path) as g:
-        return _check(g, int(n_ctx), target)
+        out = _check(g, int(n_ctx), target)
+    if mmproj is not None:
+        _check_vision(out, mmproj, target)
+    return out
+
+
+def _check_vision(out: dict, path: str, target: Target) -> None:
+    """The projector's part of the report: its problems, and its bytes joined to the
+    model's (the encoder is warm and cold with it)."""
+    with GGUFFile(path) as g:
+        try:
+            c = VisionConfig.from_gguf(g)
+        except ModelFileError as exc:
+            out["problems"].append(f"mmproj: {exc.problem}")
+            out["vision"] = {"path": path}
+            out["runs"] = False
+            return
+        sz = encoder_sizes(g, c)
+    width = out.get("n_embd")
+    out["vision"] = {"path": path, "projector": c.projector, "image_size": c.image_size,
+                     "tokens_per_image": c.n_tokens, "width": c.n_embd_text,
+                     "vram_bytes": sz["weights"] + sz["activations"], "ram_bytes": sz["host"]}
+    if width is not None and width != c.n_embd_text:
+        out["problems"].append(f"mmproj: the projector gives rows of {c.n_embd_text}; the "
+                               f"model takes {width}")
+    vram, ram = out["vram"], out["ram"]
+    if vram is not None:
+        vram["vision_bytes"] = out["vision"]["vram_bytes"]
+        vram["total_bytes"] += vram["vision_bytes"]
+        ram["vision_bytes"] = sz["host"]
+        ram["upper_bound_bytes"] += sz["host"]
+        if target.budget_bytes is not None and vram["total_bytes"] > target.budget_bytes \
+                >= vram["total_bytes"] - vram["vision_bytes"]:
+            out["problems"].append(f"needs {_mib(vram['total_bytes'])} of VRAM warm with its "
+                                   f"projector, more than the budget of "
+                                   f"{_mib(target.budget_bytes)} on {target.name}")
+    out["runs"] = not out["problems"]
 
 
 def _names(names: list[str]) -> str:
@@ -134,6 +174,7 @@ def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
     sized = False
     if cfg is not None:
         out["context"]["trained"] = cfg.n_ctx_train
+        out["n_embd"] = cfg.n_embd
         missing = [n for n in read if n not in g.tensors]
         wrong = {n: (list(g.tensors[n].shape), list(s)) for n, s in read.items()
                  if n in g.tensors and g.tensors[n].shape != s}

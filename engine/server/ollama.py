@@ -52,8 +52,7 @@ What maps to what:
   (chat_tools.py); calls come back as `message.tool_calls` in Ollama's shape (arguments an
   object, an id the server made), whole, in the line before the last when streamed. Role
   "tool" messages answer the assistant's calls before them in order.
-- think and logprobs are refused with a message saying so; images (base64) go to a model
-  loaded with a vision projector, before the text of their message (or prompt).
+- think and logprobs are refused, saying so; images (base64) go before their message's text.
 
 Streaming is the default, as in Ollama: one JSON object per line (application/x-ndjson), the
 last with "done": true, the timings and done_reason; an error after the first line is sent
@@ -71,7 +70,6 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Callable, Iterable
 
 from ..text.constrain import ConstraintError, Grammar
-from ..vision.prompt import MARKER
 from . import media
 from .chat_tools import ToolRequest, ToolStream, call_id, parse_tools
 from .errors import ApiError, bad, boolean, integer, json_response
@@ -87,6 +85,7 @@ from .ollama_values import (
     ollama_name,
     parse_chat_messages,
     parse_images,
+    with_images,
     parse_format,
     parse_keep_alive,
     parse_options,
@@ -314,8 +313,7 @@ class OllamaRoutes:
                     for t in context):
                 raise bad("context must be a list of token ids", "context", "invalid_type")
             images = parse_images(body.get("images"), "images")
-            if images:
-                prompt = MARKER * len(images) + media.marked(prompt, "prompt")
+            prompt = with_images(prompt, images, "prompt")
             empty = not prompt and not context
         stream = boolean(body, "stream", True)
         keep_alive = parse_keep_alive(body.get("keep_alive"))
@@ -411,9 +409,7 @@ class OllamaRoutes:
             return self.engine.prompt_tokens(slot.name, messages=msgs, images=images), images
 
         def work() -> tuple[tuple[list[int], list], int]:
-            for m in messages:
-                if m.get("images"):
-                    decoded[id(m)] = media.decode(m["images"])
+            decoded.update((id(m), media.decode(m["images"])) for m in messages if "images" in m)
             system = [m for m in messages if m["role"] == "system"]
             rest = [m for m in messages if m["role"] != "system"]
             out = tokens(messages)
@@ -439,14 +435,10 @@ class OllamaRoutes:
             if context and max(context) >= tok.n_vocab:
                 raise ValueError(f"token id {max(context)} is outside the vocabulary "
                                  f"({tok.n_vocab})")
-            if raw:
-                ids = self.engine.prompt_tokens(slot.name, prompt=prompt, images=decoded) \
-                    if prompt else []
-            else:
-                turn = ([{"role": "system", "content": system}] if system else []) + \
-                       [{"role": "user", "content": prompt}]
-                ids = self.engine.prompt_tokens(slot.name, messages=turn, images=decoded) \
-                    if prompt else []
+            turn = None if raw else ([{"role": "system", "content": system}] if system else
+                                     []) + [{"role": "user", "content": prompt}]
+            ids = self.engine.prompt_tokens(slot.name, prompt=prompt, messages=turn,
+                                            images=decoded) if prompt else []
             if context and ids and ids[0] == tok.bos_id:
                 ids = ids[1:]                 # the context already begins the sequence
             return list(context) + list(ids), decoded

@@ -184,8 +184,7 @@ def parse_chat_messages(v: Any) -> list[dict]:
         if not isinstance(content, str):
             raise bad(f"{p}.content must be a string", f"{p}.content", "invalid_type")
         images = parse_images(m.get("images"), f"{p}.images")
-        msg: dict = {"role": role,
-                     "content": MARKER * len(images) + media.marked(content, f"{p}.content")}
+        msg: dict = {"role": role, "content": with_images(content, images, f"{p}.content")}
         if images:
             msg["images"] = images
         if role == "assistant" and m.get("tool_calls"):
@@ -209,6 +208,11 @@ def parse_images(v: Any, param: str) -> list[tuple[bytes, str]]:
     if not isinstance(v, list):
         raise bad(f"{param} must be a list of base64 strings", param, "invalid_type")
     return [(media.from_base64(b, f"{param}[{i}]"), f"{param}[{i}]") for i, b in enumerate(v)]
+
+
+def with_images(text: str, images: list, param: str) -> str:
+    """A message's text with its images' media markers before it (none: the text)."""
+    return MARKER * len(images) + media.marked(text, param) if images else text
 
 
 def _list(v: Any, p: str) -> list:

@@ -2,6 +2,7 @@
 
     hotseat check model.gguf                 # what it is, what it takes, or why it won't run
     hotseat check model.gguf --ctx 8192 --json
+    hotseat check model.gguf --mmproj mmproj.gguf   # with its vision projector
 
 Exit status 0 when it will run, 2 when it won't (every problem listed) and 2 with one line on
 stderr for a file that is not a readable GGUF. The figures are for the Vulkan device a load
@@ -23,6 +24,9 @@ def add_parser(sub) -> None:
     c = sub.add_parser("check", help="say whether a GGUF file will run, and what it takes")
     c.add_argument("file", metavar="FILE",
                    help="GGUF file, or a bundled model (smollm2, gemma3)")
+    c.add_argument("--mmproj", metavar="FILE",
+                   help="a vision projector (mmproj GGUF) to load with it: checked, and its "
+                        "bytes counted")
     c.add_argument("--ctx", type=int, default=None,
                    help="context size to size the KV cache for (default: the engine's, 2048)")
     c.add_argument("--no-device", action="store_true",
@@ -58,7 +62,8 @@ def cmd_check(args) -> int:
     path = resolve(args.file)
     target, note = (Target.typical(flash), "") if args.no_device else device_target(flash)
     try:
-        report = check_file(path, DEFAULT_CTX if args.ctx is None else args.ctx, target)
+        report = check_file(path, DEFAULT_CTX if args.ctx is None else args.ctx, target,
+                            mmproj=args.mmproj)
     except ModelFileError as exc:
         if args.json:
             _emit({"path": exc.path, "runs": False, "problems": [exc.problem],
@@ -101,12 +106,18 @@ def describe(r: dict) -> str:
     if v is not None:
         recurrent = f", recurrent states {_size(v['recurrent_bytes'])}" \
             if v["recurrent_bytes"] else ""
+        vision = f", vision {_size(v['vision_bytes'])}" if "vision_bytes" in v else ""
         lines.append(f"VRAM warm     {_size(v['total_bytes'])}: weights {_size(v['weights_bytes'])}"
                      f", KV cache {_size(v['kv_bytes'])}{recurrent}, compute "
-                     f"{_size(v['compute_bytes'])}"
+                     f"{_size(v['compute_bytes'])}{vision}"
                      f"   (on {dev['name']})")
         lines.append(f"RAM cold      {_size(ram['weights_bytes'])} host shadow of the weights; "
                      f"at most {_size(ram['upper_bound_bytes'])} with a full context's KV")
+    vision = r.get("vision")
+    if vision and "projector" in vision:
+        lines.append(f"vision        {vision['path']}: {vision['projector']}, "
+                     f"{vision['tokens_per_image']} tokens an image, RAM cold "
+                     f"{_size(vision['ram_bytes'])} beside the file")
     for n in r["notes"]:
         lines.append(f"note          {n}")
     if r["runs"]:

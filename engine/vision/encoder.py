@@ -95,6 +95,37 @@ def host_weights(g: GGUFFile, c: VisionConfig) -> dict[str, tuple[str, tuple, np
             for k, (wt, sh, a) in out.items()}
 
 
+def sizes(g: GGUFFile, c: VisionConfig) -> dict[str, int]:
+    """What an encoder of this file holds, without reading its tensors: "weights" and
+    "activations" (the device bytes warm), "host" (RAM kept cold beyond the file's pages)."""
+    def aligned(n: int) -> int:
+        return -(-n // BIND_ALIGN) * BIND_ALIGN
+
+    weights = host = 0
+    for name in c.tensor_shapes():
+        t = g.tensor(name)
+        n = t.nbytes
+        if name == "v.patch_embd.weight":
+            n = 2 * c.patch_len * c.n_embd
+        elif name == "v.position_embd.weight":
+            n = 4 * c.n_embd * c.n_patches
+            if t.type_name == "F32":                   # read in place
+                weights += aligned(n)
+                continue
+        elif name.endswith(("ffn_up.weight", "ffn_up.bias", "ffn_down.weight")) \
+                and c.ff_len != c.n_ff:
+            n = n // c.n_ff * c.ff_len
+        elif name != "mm.input_projection.weight":
+            weights += aligned(n)
+            continue
+        weights += aligned(n)
+        host += n
+    n, d = c.n_patches, c.n_embd
+    floats = n * (c.patch_len + 6 * d + d + c.ff_len + max(c.patch_len, d, c.ff_len)) + \
+        c.n_tokens * (d + c.n_embd_text)
+    return {"weights": weights, "activations": 4 * floats + 16, "host": host}
+
+
 class VisionEncoder:
     """An mmproj file's encoder on `dev`: encode(image) -> soft tokens [n_tokens,
     n_embd_text] float32."""
@@ -122,11 +153,7 @@ class VisionEncoder:
 
     def warm_bytes(self) -> int:
         """Device bytes when warm: the weights and one image's activations."""
-        c = self.config
-        n, d = c.n_patches, c.n_embd
-        floats = n * (c.patch_len + 6 * d + 2 * c.ff_len + d) + c.n_tokens * (
-            d + c.n_embd_text)
-        return self.weight_bytes() + 4 * floats + 16
+        return self.weight_bytes() + sizes(self.gguf, self.config)["activations"]
 
     def device_bytes(self) -> int:
         """Device bytes held now: weights, activations (0 when released)."""

@@ -158,7 +158,7 @@ class FakeEngine:
                 self.models[name] = m
         return name
 
-    def check(self, path: str, n_ctx: int | None = None) -> dict:
+    def check(self, path: str, n_ctx: int | None = None, mmproj: str | None = None) -> dict:
         """The real file checks (GGUFFile; bad.gguf refused as load() refuses it), then what
         a fake can judge: the architecture against the registry, every tensor's type against
         the kernels' types. Sizes are MODEL_BYTES'. The keys Engine.check() gives."""

@@ -158,3 +158,27 @@ def test_the_prompt_cache_keeps_an_image(model, soft_tokens):
     other, cached = answer(b, soft_tokens["wide"], "wide")
     assert cached == len(REF["wide_ids_before"])
     assert other == [int(t) for t in REF["wide_continuation_ids"]]
+
+
+def test_check_counts_the_projector_as_a_load_does():
+    """`hotseat check --mmproj`'s figures are what the loaded model reports: its warm bytes
+    (the encoder's included) and, warm, its device bytes by kind."""
+    from engine.api import Engine
+
+    model, mmproj = str(DATA / CASE["model_file"]), str(DATA / CASE["mmproj_file"])
+    with Engine(n_ctx=1024) as eng:
+        report = eng.check(model, mmproj=mmproj)
+        assert report["runs"] and report["vision"]["tokens_per_image"] == 256
+        eng.load(model, name="v", mmproj=mmproj)
+        st = eng.status()[0]
+        assert st["mmproj"] == mmproj
+        assert report["vram"]["total_bytes"] == st["warm_bytes"] == \
+            sum(st["device_bytes"].values())
+        assert report["vram"]["vision_bytes"] == st["device_bytes"]["vision"]
+        alone = eng.check(model)
+        assert alone["vram"]["total_bytes"] + report["vision"]["vram_bytes"] == \
+            report["vram"]["total_bytes"]
+        other = eng.check(str(DATA / "qwen35-f16.gguf"), mmproj=mmproj)
+        assert not other["runs"]
+        assert "mmproj: the projector gives rows of 256; the model takes 128" in \
+            other["problems"]
