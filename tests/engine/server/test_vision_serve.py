@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import json
+import urllib.error
 import urllib.request
 
 import pytest
@@ -121,3 +122,38 @@ def test_api_models_shows_the_projector(base, client, model):
                  if m["name"] == model)
     assert entry["mmproj"].endswith("gemma3-mmproj-f16.gguf")
     assert entry["device_bytes"]["vision"] > 0
+
+
+def test_responses_takes_an_input_image(client, model):
+    want = ask(client, model, data_url("wide.png")).choices[0].message.content
+    r = client.responses.create(model=model, max_output_tokens=6, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url("wide.png")},
+                                     {"type": "input_text", "text": TEXT}]}])
+    assert r.output_text == want
+    assert r.usage.input_tokens > 256
+
+
+def test_a_model_loaded_over_http_with_its_projector(base, client):
+    import openai
+
+    body = {"path": str(DATA / "gemma3-f16.gguf"), "name": "second",
+            "mmproj": str(DATA / "gemma3-mmproj-f16.gguf")}
+    req = urllib.request.Request(base + "/api/models", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    entry = json.load(urllib.request.urlopen(req))
+    assert entry["name"] == "second" and entry["mmproj"] == body["mmproj"]
+    assert ask(client, "second", data_url("square.png")).choices[0].message.content
+    bad = dict(body, name="third", mmproj=str(DATA / "gemma3-f16.gguf"))
+    req = urllib.request.Request(base + "/api/models", json.dumps(bad).encode(),
+                                 {"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(req)
+    err = json.loads(exc.value.read())["error"]
+    assert exc.value.code == 400 and err["param"] == "mmproj"
+    assert "not a vision projector" in err["message"]
+    # a model without a projector says so
+    plain = dict(path=str(DATA / "gemma3-f16.gguf"), name="plain")
+    urllib.request.urlopen(urllib.request.Request(
+        base + "/api/models", json.dumps(plain).encode(), {"Content-Type": "application/json"}))
+    with pytest.raises(openai.BadRequestError, match="loaded without a vision projector"):
+        ask(client, "plain", data_url("square.png"))
