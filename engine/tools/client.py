@@ -101,12 +101,15 @@ def _emit_json(obj: Any) -> None:
 
 def format_ps(models: list[dict], vram: dict) -> str:
     """The table `hotseat ps` prints, and a line with the VRAM budget and its use."""
-    rows = [("NAME", "ARCH", "STATE", "PINNED", "VRAM", "HOST SHADOW", "RAM", "DISK",
+    rows = [("NAME", "ARCH", "STATE", "PINNED", "VRAM", "VISION", "HOST SHADOW", "RAM", "DISK",
              "CONTEXT")]
     for m in models:
+        # a vision projector's part of VRAM (in VRAM too); "-" without one
+        vision = _mib(m["device_bytes"].get("vision", 0)) if m.get("mmproj") else "-"
         rows.append((m["name"], m["arch"], m["state"], "yes" if m["pinned"] else "no",
-                     _mib(sum(m["device_bytes"].values())), _mib(m["host_shadow_bytes"]),
-                     _mib(m["ram_bytes"]), _mib(m["disk_bytes"]), str(m["n_ctx"])))
+                     _mib(sum(m["device_bytes"].values())), vision,
+                     _mib(m["host_shadow_bytes"]), _mib(m["ram_bytes"]), _mib(m["disk_bytes"]),
+                     str(m["n_ctx"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["   ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     line = (f"VRAM budget {_mib(vram['budget_bytes'])}: {_mib(vram['granted_bytes'])} granted, "
@@ -205,6 +208,8 @@ def cmd_load(args) -> int:
     body = {"path": path} if args.name is None else {"path": path, "name": args.name}
     if args.cpu_moe:
         body["cpu_moe"] = args.cpu_moe
+    if args.mmproj:
+        body["mmproj"] = os.path.abspath(args.mmproj)
     m = call(args, "POST", "/api/models", body)
     return _done(args, m, f"loaded {m['name']} ({m['arch']}, context {m['n_ctx']}): "
                           + _residency(m))
@@ -262,6 +267,7 @@ def add_parsers(subparsers) -> None:
     ld = add("load", "load a model into a running server", cmd_load, name=False)
     ld.add_argument("path", help="a GGUF file, or a bundled model (smollm2, gemma3)")
     ld.add_argument("--name", help="the name to serve it under (default: the file's name)")
+    ld.add_argument("--mmproj", metavar="FILE", help="its vision projector (mmproj GGUF)")
     from ..args import add_cpu_moe_argument
     add_cpu_moe_argument(ld)
     add("unload", "unload a model from a running server", cmd_unload)

@@ -228,7 +228,7 @@ def write_images(folder: Path) -> dict[str, np.ndarray]:
 class Mtmd:
     """The text model, an mtmd context on the mmproj, and llama contexts on demand."""
 
-    def __init__(self, text_path: Path, mmproj_path: Path):
+    def __init__(self, text_path: Path, mmproj_path: Path, image_max_tokens: int = -1):
         import llama_cpp as L
         from llama_cpp import mtmd_cpp as M
 
@@ -246,6 +246,8 @@ class Mtmd:
         p.print_timings = False
         p.flash_attn_type = 0                   # disabled: clip's attention all F32
         p.warmup = False
+        if image_max_tokens > 0:                # clip's token budget (qwen3vl reads no key)
+            p.image_max_tokens = image_max_tokens
         self.params = {"use_gpu": False, "n_threads": N_THREADS, "flash_attn_type": 0,
                        "warmup": False, "media_marker": p.media_marker.decode(),
                        "image_min_tokens": p.image_min_tokens,
@@ -284,8 +286,13 @@ class Mtmd:
         finally:
             L.llama_batch_free(b)
 
-    def run(self, lctx, image_path: Path, pixels: np.ndarray) -> dict:
-        """Tokenize PROMPT with the image, encode it, evaluate the prompt, N_CONT greedy steps."""
+    def run(self, lctx, image_path: Path, pixels: np.ndarray,
+            prompt: str = PROMPT) -> tuple[dict, dict]:
+        """Tokenize prompt with the image, encode it, evaluate the prompt, N_CONT greedy steps.
+        Returns the numbers kept and what mtmd said of the image chunk: n_tokens, n_pos, the
+        token grid (nx, ny), whether it decodes non-causally, and with M-RoPE the 4 positions
+        of each image token in rope-section order (t, h, w, e), as
+        mtmd_helper_decode_image_chunk gives them to llama.cpp."""
         L, M = self.L, self.M
         L.llama_memory_clear(L.llama_get_memory(lctx), True)
         bmp = M.mtmd_helper_bitmap_init_from_file(self.mctx, str(image_path).encode(), False)
@@ -297,7 +304,7 @@ class Mtmd:
             got = np.ctypeslib.as_array(M.mtmd_bitmap_get_data(bmp), shape=(ny, nx, 3))
             assert np.array_equal(got, pixels), f"{image_path.name}: stb and Pillow disagree"
             text = M.mtmd_input_text()
-            raw = PROMPT.encode()
+            raw = prompt.encode()
             text.text, text.text_len = raw, len(raw)
             text.add_special = text.parse_special = True
             rc = M.mtmd_tokenize(self.mctx, chunks, ctypes.byref(text),
@@ -318,8 +325,16 @@ class Mtmd:
             assert kinds == [M.MTMD_INPUT_CHUNK_TYPE_TEXT, M.MTMD_INPUT_CHUNK_TYPE_IMAGE,
                              M.MTMD_INPUT_CHUNK_TYPE_TEXT], kinds
             n_img = M.mtmd_input_chunk_get_n_tokens(image)
-            assert n_img == N_IMG_TOKENS and M.mtmd_input_chunk_get_n_pos(image) == n_img
-            assert M.mtmd_decode_use_non_causal(self.mctx, image)
+            toks = M.mtmd_input_chunk_get_tokens_image(image)
+            info = {"n_tokens": n_img, "n_pos": M.mtmd_input_chunk_get_n_pos(image),
+                    "grid": (M.mtmd_image_tokens_get_nx(toks), M.mtmd_image_tokens_get_ny(toks)),
+                    "non_causal": bool(M.mtmd_decode_use_non_causal(self.mctx, image))}
+            if M.mtmd_decode_use_mrope(self.mctx):
+                # mtmd_helper_decode_image_chunk: the decoder positions from pos_0 = the
+                # tokens before, then set_position_mrope_2d's order: t, y (row), x (column), z
+                dp = (M.mtmd_decoder_pos * n_img)()
+                M.mtmd_helper_image_get_decoder_pos(toks, len(texts[0]), dp)
+                info["image_pos"] = np.array([(d.t, d.y, d.x, d.z) for d in dp], np.int32)
             if M.mtmd_encode_chunk(self.mctx, image) != 0:
                 raise RuntimeError("mtmd_encode_chunk failed")
             embd = np.ctypeslib.as_array(M.mtmd_get_output_embd(self.mctx),
@@ -330,7 +345,7 @@ class Mtmd:
                                            ctypes.byref(n_past))
             if rc != 0:
                 raise RuntimeError(f"mtmd_helper_eval_chunks returned {rc}")
-            n_prompt = len(texts[0]) + n_img + len(texts[1])
+            n_prompt = len(texts[0]) + info["n_pos"] + len(texts[1])   # positions, not tokens
             assert n_past.value == n_prompt, (n_past.value, n_prompt)
             steps, cont = [self.logits(lctx)], []
             for i in range(N_CONT):
@@ -342,9 +357,9 @@ class Mtmd:
             M.mtmd_bitmap_free(bmp)
         logits = np.stack(steps).astype(np.float32)
         assert np.isfinite(logits).all() and np.isfinite(embd).all()
-        return {"embd": embd.astype(np.float32), "ids_before": np.array(texts[0], np.int32),
-                "ids_after": np.array(texts[1], np.int32),
-                "continuation_ids": np.array(cont, np.int32), "logits_steps": logits}
+        return ({"embd": embd.astype(np.float32), "ids_before": np.array(texts[0], np.int32),
+                 "ids_after": np.array(texts[1], np.int32),
+                 "continuation_ids": np.array(cont, np.int32), "logits_steps": logits}, info)
 
     def close(self) -> None:
         self.M.mtmd_free(self.mctx)
@@ -353,53 +368,64 @@ class Mtmd:
 
 # -- a float64 reference of the encoder ---------------------------------------------------------
 
-def pillow_bilinear_weights(n_in: int, n_out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """resize_pillow's precompute_weights for the bilinear filter: per output pixel the first
-    input index, the count, and the 22-bit fixed-point weights [n_out, ksize]."""
+def _pillow_filter(algo: str):
+    """resize_pillow's filters: (support, weight(x)); Pillow's bicubic (a = -0.5)."""
+    if algo == "bilinear":
+        return 1.0, lambda x: 1.0 - abs(x) if abs(x) < 1.0 else 0.0
+
+    def cubic(x: float) -> float:
+        a, x = -0.5, abs(x)
+        if x < 1.0:
+            return ((a + 2.0) * x - (a + 3.0)) * x * x + 1
+        if x < 2.0:
+            return (((x - 5) * x + 8) * x - 4) * a
+        return 0.0
+
+    if algo == "bicubic":
+        return 2.0, cubic
+    raise ValueError(algo)
+
+
+def pillow_weights(n_in: int, n_out: int, algo: str = "bilinear") -> np.ndarray:
+    """resize_pillow's precompute_weights as a dense [n_out, n_in] matrix of 22-bit fixed-point
+    weights: the filter widened by the scale when downsampling (antialiased), centers at
+    (xx + 0.5) * scale, weights normalized then rounded half away from zero."""
+    support, filt = _pillow_filter(algo)
     scale = filterscale = n_in / n_out
     if filterscale < 1.0:
         filterscale = 1.0
-    support = 1.0 * filterscale
-    ksize = int(np.ceil(support)) * 2 + 1
+    support *= filterscale
     ss = 1.0 / filterscale
-    xmins = np.zeros(n_out, np.int64)
-    counts = np.zeros(n_out, np.int64)
-    kk = np.zeros((n_out, ksize), np.int64)
+    m = np.zeros((n_out, n_in), np.int64)
     for xx in range(n_out):
         center = (xx + 0.5) * scale
         xmin = max(int(center - support + 0.5), 0)            # C cast truncates toward zero
         xmax = min(int(center + support + 0.5), n_in) - xmin
         ws, ww = [], 0.0
         for x in range(xmax):
-            d = abs((x + xmin - center + 0.5) * ss)
-            w = 1.0 - d if d < 1.0 else 0.0
+            w = filt((x + xmin - center + 0.5) * ss)
             ws.append(w)
             ww += w                                           # sequential, as in C
         for x in range(xmax):
             w = ws[x] / ww if ww != 0.0 else ws[x]
-            kk[xx, x] = int(w * 4194304.0 + (-0.5 if w < 0 else 0.5))   # 2^22, trunc toward 0
-        xmins[xx], counts[xx] = xmin, xmax
-    return xmins, counts, kk
+            m[xx, xmin + x] = int(w * 4194304.0 + (-0.5 if w < 0 else 0.5))   # 2^22, trunc
+    return m
 
 
-def _resample_axis(a: np.ndarray, n_out: int, axis: int) -> np.ndarray:
+def _resample_axis(a: np.ndarray, n_out: int, axis: int, algo: str) -> np.ndarray:
     """One pass over axis (1: horizontal, 0: vertical) of an (H, W, 3) u8 image, u8 out."""
-    n_in = a.shape[axis]
-    xmins, counts, kk = pillow_bilinear_weights(n_in, n_out)
-    m = np.zeros((n_out, n_in), np.int64)                     # dense [out, in] weight matrix
-    for o in range(n_out):
-        m[o, xmins[o]:xmins[o] + counts[o]] = kk[o, :counts[o]]
+    m = pillow_weights(a.shape[axis], n_out, algo)
     a = a.astype(np.int64)
     acc = (np.einsum("ox,yxc->yoc", m, a) if axis == 1 else np.einsum("oy,yxc->oxc", m, a))
-    return np.clip((acc + (1 << 21)) >> 22, 0, 255).astype(np.uint8)
+    return np.clip((acc + (1 << 21)) >> 22, 0, 255).astype(np.uint8)   # >> floors, as in C
 
 
-def resize_u8(img: np.ndarray, nw: int, nh: int) -> np.ndarray:
-    """resize_pillow, bilinear: horizontal pass, then vertical, u8 between them."""
+def resize_u8(img: np.ndarray, nw: int, nh: int, algo: str = "bilinear") -> np.ndarray:
+    """resize_pillow: horizontal pass, then vertical, u8 between them."""
     if nw != img.shape[1]:
-        img = _resample_axis(img, nw, 1)
+        img = _resample_axis(img, nw, 1, algo)
     if nh != img.shape[0]:
-        img = _resample_axis(img, nh, 0)
+        img = _resample_axis(img, nh, 0, algo)
     return img
 
 
@@ -424,8 +450,9 @@ def letterbox(img: np.ndarray, size: int) -> np.ndarray:
     return canvas
 
 
-def load_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
-    """(hparams, tensors as float64 in numpy (torch) order, tensor name -> ggml type name)."""
+def read_mmproj(path: str):
+    """(kv(name, default) for the metadata, tensors as float64 in numpy (torch) order, tensor
+    name -> ggml type name)."""
     import gguf
 
     r = gguf.GGUFReader(path)
@@ -440,6 +467,18 @@ def load_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]
             return bytes(f.parts[f.data[0]]).decode()
         return f.parts[f.data[0]].tolist()[0]
 
+    T, types = {}, {}
+    for t in r.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))       # ne reversed = numpy order
+        a = gguf.quants.dequantize(np.array(t.data), t.tensor_type)
+        T[t.name] = np.asarray(a, np.float64).reshape(shape)
+        types[t.name] = t.tensor_type.name
+    return kv, T, types
+
+
+def load_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+    """(hparams, tensors as float64 in numpy (torch) order, tensor name -> ggml type name)."""
+    kv, T, types = read_mmproj(path)
     proj = kv("clip.projector_type", kv("clip.vision.projector_type"))
     if proj != "gemma3":
         raise ValueError(f"{path}: projector {proj!r}, not gemma3")
@@ -458,12 +497,6 @@ def load_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]
         "act": "gelu" if kv("clip.use_gelu", False) else
                "silu" if kv("clip.use_silu", False) else "gelu_quick",
     }
-    T, types = {}, {}
-    for t in r.tensors:
-        shape = tuple(int(n) for n in reversed(t.shape))       # ne reversed = numpy order
-        a = gguf.quants.dequantize(np.array(t.data), t.tensor_type)
-        T[t.name] = np.asarray(a, np.float64).reshape(shape)
-        types[t.name] = t.tensor_type.name
     # legacy conversions named fc1 ffn_down: llama.cpp swaps by shape (clip.cpp)
     for il in range(hp["n_layer"]):
         b = f"v.blk.{il}."
@@ -582,6 +615,401 @@ def encode(image_rgb_u8: np.ndarray, mmproj_path: str, *, ggml_rounding: bool = 
     return (out, px) if return_pixels else out
 
 
+# -- Qwen3.5 ---------------------------------------------------------------------------------------
+# Qwen3.5's mmproj is clip's "qwen3vl_merger" (convert_hf_to_gguf's Qwen3VLVisionModel, with no
+# deepstack layers). Its text model is make_synth_models.py's qwen35-f16, read, not rewritten:
+# qwen35 has no deepstack input, so llama_model_n_embd_inp is n_embd (128) and an mmproj
+# projecting to 128 passes mtmd's width check.
+
+Q_CASE = "qwen35-vision"
+Q_TEXT_FILE = "qwen35-f16.gguf"
+Q_MMPROJ_FILE = "qwen35-mmproj-f16.gguf"
+Q_DATA_FILE = f"{Q_CASE}.npz"
+Q_PROMPT = ("<|im_start|>user\n" + MARKER
+            + "What is in this picture?<|im_end|>\n<|im_start|>assistant\n")
+Q_PATCH, Q_MERGE = 16, 2                    # Qwen3.5's patch and spatial merge
+Q_POS_SIDE = 48                             # Qwen3.5's 2304 position embeddings, 48 x 48
+Q_EMBD, Q_LAYER, Q_HEAD, Q_FF, Q_EPS = 64, 2, 2, 128, 1e-6
+Q_MAX_TOKENS = 256      # mtmd_context_params.image_max_tokens (llama.cpp's default is 4096)
+Q_MIN_TOKENS = 8        # llama.cpp's qwen default, left as it is
+Q_TEXT_EMBD_RMS = 0.5   # qwen35-f16's token embeddings (std 0.5)
+Q_FC2_SCALE = 1.0       # set by the RMS the soft tokens come out with (printed)
+
+
+def make_qwen35_mmproj(path: Path) -> None:
+    """The qwen3vl_merger mmproj: the keys clip.cpp reads (and the converter's
+    spatial_merge_size and is_deepstack_layers), the two temporal halves of the patch
+    kernel, fused QKV, and the merger (post_ln, mm.0, mm.2). numpy shapes are torch's."""
+    import gguf
+
+    r, D, F = msm.Rand(path.stem), Q_EMBD, Q_FF
+    rng = r.rng
+
+    def f32(a) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype=np.float32)
+
+    w = gguf.GGUFWriter(str(path), "clip")
+    w.add_name(f"synthetic {path.stem}")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_string("clip.projector_type", "qwen3vl_merger")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.use_gelu", True)
+    w.add_uint32("clip.vision.image_size", Q_POS_SIDE * Q_PATCH)     # 768, unused by clip
+    w.add_uint32("clip.vision.patch_size", Q_PATCH)
+    w.add_uint32("clip.vision.embedding_length", D)
+    w.add_uint32("clip.vision.feed_forward_length", F)
+    w.add_uint32("clip.vision.block_count", Q_LAYER)
+    w.add_uint32("clip.vision.projection_dim", msm.HYB_EMBD)
+    w.add_uint32("clip.vision.attention.head_count", Q_HEAD)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", Q_EPS)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w.add_uint32("clip.vision.spatial_merge_size", Q_MERGE)
+    w.add_array("clip.vision.is_deepstack_layers", [False] * Q_LAYER)
+
+    fan = 3 * Q_PATCH * Q_PATCH                 # per temporal half; their sum has std ~1.4x
+    for name in ("v.patch_embd.weight", "v.patch_embd.weight.1"):     # ne [16, 16, 3, D]
+        k = rng.standard_normal((D, 3, Q_PATCH, Q_PATCH), dtype=np.float32) / np.sqrt(fan)
+        w.add_tensor(name, k.astype(np.float16))
+    w.add_tensor("v.patch_embd.bias", r.vec(D, 0.1))
+    w.add_tensor("v.position_embd.weight",
+                 f32(0.3 * rng.standard_normal((Q_POS_SIDE * Q_POS_SIDE, D))))
+    for il in range(Q_LAYER):
+        b = f"v.blk.{il}."
+        w.add_tensor(b + "ln1.weight", r.norm(D))
+        w.add_tensor(b + "ln1.bias", r.vec(D, 0.1))
+        # HF attn.qkv (3D, D): rows Q, K, V, each head's d_head rows together
+        qkv = np.concatenate([r.mat(D, D, scale=1.5), r.mat(D, D, scale=1.5), r.mat(D, D)])
+        w.add_tensor(b + "attn_qkv.weight", qkv)
+        w.add_tensor(b + "attn_qkv.bias", r.vec(3 * D, 0.1))
+        w.add_tensor(b + "attn_out.weight", r.mat(D, D))
+        w.add_tensor(b + "attn_out.bias", r.vec(D, 0.1))
+        w.add_tensor(b + "ln2.weight", r.norm(D))
+        w.add_tensor(b + "ln2.bias", r.vec(D, 0.1))
+        w.add_tensor(b + "ffn_up.weight", r.mat(F, D))              # HF mlp.linear_fc1
+        w.add_tensor(b + "ffn_up.bias", r.vec(F, 0.1))
+        w.add_tensor(b + "ffn_down.weight", r.mat(D, F))            # HF mlp.linear_fc2
+        w.add_tensor(b + "ffn_down.bias", r.vec(D, 0.1))
+    w.add_tensor("v.post_ln.weight", r.norm(D))                     # HF merger.norm
+    w.add_tensor("v.post_ln.bias", r.vec(D, 0.1))
+    w.add_tensor("mm.0.weight", r.mat(4 * D, 4 * D))                # HF merger.linear_fc1
+    w.add_tensor("mm.0.bias", r.vec(4 * D, 0.1))
+    w.add_tensor("mm.2.weight", r.mat(msm.HYB_EMBD, 4 * D, scale=Q_FC2_SCALE))   # linear_fc2
+    w.add_tensor("mm.2.bias", r.vec(msm.HYB_EMBD, 0.05))
+    msm.finish(w)
+
+
+def qwen35_target_size(w: int, h: int, *, patch: int = Q_PATCH, merge: int = Q_MERGE,
+                       min_tokens: int = Q_MIN_TOKENS,
+                       max_tokens: int = Q_MAX_TOKENS) -> tuple[int, int]:
+    """img_tool::calc_size_preserved_ratio (mtmd-image.cpp), float32 as in C: each side rounded
+    to a multiple of patch * merge (std::round: half away from zero); over max_tokens, both
+    sides / beta = sqrt(h * w / max_pixels) floored to multiples; under min_tokens, * beta
+    ceiled."""
+    f32, a = np.float32, patch * merge
+    fa = f32(a)
+    min_px, max_px = min_tokens * a * a, max_tokens * a * a
+    w_bar = max(a, int(np.floor(f32(w) / fa + f32(0.5))) * a)
+    h_bar = max(a, int(np.floor(f32(h) / fa + f32(0.5))) * a)
+    if h_bar * w_bar > max_px:
+        beta = np.sqrt(f32(f32(h) * f32(w)) / f32(max_px), dtype=np.float32)
+        h_bar = max(a, int(np.floor(f32(h) / beta / fa)) * a)
+        w_bar = max(a, int(np.floor(f32(w) / beta / fa)) * a)
+    elif h_bar * w_bar < min_px:
+        beta = np.sqrt(f32(min_px) / f32(f32(h) * f32(w)), dtype=np.float32)
+        h_bar = int(np.ceil(f32(h) * beta / fa)) * a
+        w_bar = int(np.ceil(f32(w) * beta / fa)) * a
+    return w_bar, h_bar
+
+
+def fit_size(w0: int, h0: int, tw: int, th: int) -> tuple[int, int, int, int]:
+    """img_tool::resize's PAD_CEIL letterbox into tw x th: (new_w, new_h, offset_x, offset_y)."""
+    f32 = np.float32
+    scale = min(f32(tw) / f32(w0), f32(th) / f32(h0))
+    nw = min(int(np.ceil(f32(w0) * scale)), tw)
+    nh = min(int(np.ceil(f32(h0) * scale)), th)
+    return nw, nh, (tw - nw) // 2, (th - nh) // 2
+
+
+def qwen35_preprocess(img: np.ndarray, **limits) -> np.ndarray:
+    """mtmd_image_preprocessor_dyn_size: the target size above, then (unless it is the image's
+    own size) Pillow-style bicubic resize that keeps the aspect, pasted centered on black."""
+    h0, w0 = img.shape[:2]
+    tw, th = qwen35_target_size(w0, h0, **limits)
+    if (tw, th) == (w0, h0):
+        return img.copy()
+    nw, nh, ox, oy = fit_size(w0, h0, tw, th)
+    canvas = np.zeros((th, tw, 3), np.uint8)
+    canvas[oy:oy + nh, ox:ox + nw] = resize_u8(img, nw, nh, "bicubic")
+    return canvas
+
+
+def load_qwen35_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+    kv, T, types = read_mmproj(path)
+    proj = kv("clip.projector_type", kv("clip.vision.projector_type"))
+    if proj != "qwen3vl_merger":
+        raise ValueError(f"{path}: projector {proj!r}, not qwen3vl_merger")
+    D = kv("clip.vision.embedding_length")
+    n_head = kv("clip.vision.attention.head_count")
+    hp = {"n_embd": D, "n_head": n_head,
+          "head_dim": kv("clip.vision.attention.head_dim", D // n_head),
+          "n_layer": kv("clip.vision.block_count"),
+          "eps": kv("clip.vision.attention.layer_norm_epsilon"),
+          "patch_size": kv("clip.vision.patch_size"),
+          "n_merge": kv("clip.vision.spatial_merge_size", 2),
+          "mean": kv("clip.vision.image_mean"), "std": kv("clip.vision.image_std"),
+          "act": "gelu" if kv("clip.use_gelu", False) else
+                 "silu" if kv("clip.use_silu", False) else "gelu_quick"}
+    return hp, T, types
+
+
+def interp_align_corners(pe: np.ndarray, gw: int, gh: int) -> np.ndarray:
+    """clip_graph::resize_position_embeddings(BILINEAR | ALIGN_CORNERS): the [n * n, D] table
+    (row r at x = r % n, y = r // n) resampled to gh x gw, [gh * gw, D] in raster order; as
+    it is when the grid is n x n."""
+    n = int(round(np.sqrt(pe.shape[0])))
+    if (gw, gh) == (n, n):
+        return pe.copy()
+    grid = pe.reshape(n, n, -1)
+
+    def axis(n_out):
+        src = np.arange(n_out) * (n - 1) / (n_out - 1) if n_out > 1 else np.zeros(1)
+        i0 = np.clip(np.floor(src).astype(np.int64), 0, n - 1)
+        return i0, np.clip(i0 + 1, 0, n - 1), np.clip(src - i0, 0.0, 1.0)
+
+    y0, y1, dy = axis(gh)
+    x0, x1, dx = axis(gw)
+    dy, dx = dy[:, None, None], dx[None, :, None]
+    out = (grid[y0][:, x0] * (1 - dx) * (1 - dy) + grid[y0][:, x1] * dx * (1 - dy)
+           + grid[y1][:, x0] * (1 - dx) * dy + grid[y1][:, x1] * dx * dy)
+    return out.reshape(gh * gw, -1)
+
+
+def block_order(gw: int, gh: int) -> np.ndarray:
+    """The qwen3vl graph's patch order: 2 x 2 blocks in raster order, each block's four
+    patches (dy, dx) in raster order; raster indices y * gw + x."""
+    yb, xb, dy, dx = np.meshgrid(np.arange(gh // 2), np.arange(gw // 2), np.arange(2),
+                                 np.arange(2), indexing="ij")
+    return ((2 * yb + dy) * gw + (2 * xb + dx)).reshape(-1)
+
+
+def vision_rope(x: np.ndarray, py: np.ndarray, px: np.ndarray, theta: float = 10000.0):
+    """ggml_rope_multi(GGML_ROPE_TYPE_VISION, n_dims = d/2, sections [d/4] * 4), positions
+    (y, x, y, x): pair (k, k + d/2) for k < d/2 turns by py * f_k (k < d/4) or px * f_(k-d/4)
+    (k >= d/4), f_j = theta^(-4j/d). x [n, heads, d]."""
+    d = x.shape[-1]
+    f = theta ** (-4.0 * np.arange(d // 4) / d)
+    ang = np.concatenate([py[:, None] * f, px[:, None] * f], axis=1)[:, None, :]
+    c, s = np.cos(ang), np.sin(ang)
+    a, b = x[..., :d // 2], x[..., d // 2:]
+    return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+
+
+def encode_qwen35(image_rgb_u8: np.ndarray, mmproj_path: str, *, ggml_rounding: bool = False,
+                  **limits):
+    """The soft tokens mtmd_get_output_embd returns for this image, [nx * ny, n_text] float64
+    (token i at row i // nx, column i % nx of the merged grid), and (nx, ny). ggml_rounding:
+    round to f16 where ggml's CPU backend does (im2col pixels, activations entering F16
+    matrices, GELU's f16 table)."""
+    hp, T, types = load_qwen35_mmproj(mmproj_path)
+    assert hp["n_merge"] == 2, "the qwen3vl graph merges 2 x 2"
+    P, D, eps, nh, dh = hp["patch_size"], hp["n_embd"], hp["eps"], hp["n_head"], hp["head_dim"]
+    px_img = qwen35_preprocess(np.ascontiguousarray(image_rgb_u8, np.uint8), **limits)
+    gh, gw = px_img.shape[0] // P, px_img.shape[1] // P
+
+    def mm(x, name):
+        return (_as_ggml_rounds(x, types[name]) if ggml_rounding else x) @ T[name].T
+
+    def gelu(a):
+        if not ggml_rounding:
+            return _gelu_tanh(a)
+        g = _f16(_gelu_tanh(_f16(a)))
+        return np.where(a <= -10.0, 0.0, np.where(a >= 10.0, a, g))
+
+    def ln(a, w, b):
+        m = a.mean(-1, keepdims=True)
+        return (a - m) / np.sqrt(((a - m) ** 2).mean(-1, keepdims=True) + eps) * w + b
+
+    assert hp["act"] == "gelu"
+    x = px_img.astype(np.float32) / np.float32(255.0)
+    x = (x - np.asarray(hp["mean"], np.float32)) / np.asarray(hp["std"], np.float32)
+    x = x.astype(np.float64).transpose(2, 0, 1)
+    cols = x.reshape(3, gh, P, gw, P).transpose(1, 3, 0, 2, 4).reshape(gh * gw, 3 * P * P)
+    k0 = T["v.patch_embd.weight"].reshape(D, -1)
+    k1 = T["v.patch_embd.weight.1"].reshape(D, -1)
+    if ggml_rounding and types["v.patch_embd.weight"] != "BF16":
+        cols, k0, k1 = _f16(cols), _f16(k0), _f16(k1)
+    h = cols @ k0.T + cols @ k1.T + T["v.patch_embd.bias"]
+    h = h + interp_align_corners(T["v.position_embd.weight"], gw, gh)
+    order = block_order(gw, gh)
+    h = h[order]
+    py, px = (order // gw).astype(np.float64), (order % gw).astype(np.float64)
+    n = h.shape[0]
+    for il in range(hp["n_layer"]):
+        b = f"v.blk.{il}."
+        t = ln(h, T[b + "ln1.weight"], T[b + "ln1.bias"])
+        qkv = mm(t, b + "attn_qkv.weight") + T[b + "attn_qkv.bias"]
+        q = vision_rope(qkv[:, :D].reshape(n, nh, dh), py, px)
+        k = vision_rope(qkv[:, D:2 * D].reshape(n, nh, dh), py, px)
+        v = qkv[:, 2 * D:].reshape(n, nh, dh)
+        o = np.empty((n, nh, dh))
+        for hh in range(nh):                      # no mask: every patch sees every patch
+            a = (q[:, hh] @ k[:, hh].T) / np.sqrt(dh)
+            a = np.exp(a - a.max(-1, keepdims=True))
+            o[:, hh] = (a / a.sum(-1, keepdims=True)) @ v[:, hh]
+        h = h + mm(o.reshape(n, D), b + "attn_out.weight") + T[b + "attn_out.bias"]
+        t = ln(h, T[b + "ln2.weight"], T[b + "ln2.bias"])
+        t = gelu(mm(t, b + "ffn_up.weight") + T[b + "ffn_up.bias"])
+        h = h + mm(t, b + "ffn_down.weight") + T[b + "ffn_down.bias"]
+    h = ln(h, T["v.post_ln.weight"], T["v.post_ln.bias"])
+    t = gelu(mm(h.reshape(n // 4, 4 * D), "mm.0.weight") + T["mm.0.bias"])
+    return mm(t, "mm.2.weight") + T["mm.2.bias"], (gw // 2, gh // 2)
+
+
+def qwen35_image_positions(nx: int, ny: int, pos_0: int) -> np.ndarray:
+    """The rope positions of image token i, in section order (t, h, w, e): (pos_0,
+    pos_0 + i // nx, pos_0 + i % nx, 0)."""
+    i = np.arange(nx * ny)
+    return np.stack([np.full_like(i, pos_0), pos_0 + i // nx, pos_0 + i % nx,
+                     np.zeros_like(i)], axis=1).astype(np.int32)
+
+
+def main_qwen35(args, log) -> None:
+    import llama_cpp
+    from PIL import Image
+
+    import make_synth_reference as msr
+
+    del args
+    text_path, mmproj_path = SYNTH / Q_TEXT_FILE, SYNTH / Q_MMPROJ_FILE
+    if not text_path.exists():
+        raise RuntimeError(f"{text_path} missing: run make_synth_models.py first")
+    make_qwen35_mmproj(mmproj_path)
+    log(f"wrote {mmproj_path.relative_to(ROOT)}: {mmproj_path.stat().st_size / 1e3:.1f} kB")
+    diff = msr.dequant_diff(mmproj_path)
+    if diff:
+        raise RuntimeError(f"{mmproj_path.name}: gguf.quants and ggml dequantize {diff} apart")
+    paths = {n: IMAGES / f"{n}.png" for n in IMAGE_NAMES}
+    images = {n: np.asarray(Image.open(p).convert("RGB")) for n, p in paths.items()}
+
+    quiet = quiet_llama_cpp()                   # noqa: F841 (kept alive while llama.cpp runs)
+    mt = Mtmd(text_path, mmproj_path, image_max_tokens=Q_MAX_TOKENS)
+    try:
+        assert mt.n_embd == msm.HYB_EMBD and mt.n_vocab == msm.N_VOCAB
+        assert llama_cpp.llama_model_n_embd_inp(mt.model) == mt.n_embd
+        assert mt.M.mtmd_decode_use_mrope(mt.mctx)
+        lctx = mt.new_context()
+        try:
+            runs, infos = {}, {}
+            for n in IMAGE_NAMES:
+                runs[n], infos[n] = mt.run(lctx, paths[n], images[n], Q_PROMPT)
+        finally:
+            llama_cpp.llama_free(lctx)
+        lctx = mt.new_context()                 # the same again on a fresh context
+        try:
+            again, _ = mt.run(lctx, paths["square"], images["square"], Q_PROMPT)
+        finally:
+            llama_cpp.llama_free(lctx)
+        mtmd_params = mt.params
+    finally:
+        mt.close()
+    for k, v in again.items():
+        assert np.array_equal(v, runs["square"][k]), f"second square run differs in {k}"
+    log("second run of square on a fresh context: identical")
+
+    for n in IMAGE_NAMES:
+        r, i = runs[n], infos[n]
+        nx, ny = i["grid"]
+        h0, w0 = images[n].shape[:2]
+        tw, th = qwen35_target_size(w0, h0)
+        assert (nx, ny) == (tw // (2 * Q_PATCH), th // (2 * Q_PATCH)), (n, i["grid"], tw, th)
+        assert i["n_tokens"] == nx * ny and i["n_pos"] == max(nx, ny) and not i["non_causal"]
+        nb, na = len(r["ids_before"]), len(r["ids_after"])
+        assert np.array_equal(i["image_pos"], qwen35_image_positions(nx, ny, nb)), n
+        # every prompt token's 4 positions as llama.cpp's graph takes them: text (p, p, p, 0)
+        text_pos = lambda p0, k: np.repeat(np.arange(p0, p0 + k, dtype=np.int32)[:, None],  # noqa
+                                           4, 1) * np.array([1, 1, 1, 0], np.int32)
+        r["grid"] = np.array([nx, ny], np.int32)
+        r["n_pos"] = np.int32(i["n_pos"])
+        r["positions"] = np.concatenate([text_pos(0, nb), i["image_pos"],
+                                         text_pos(nb + i["n_pos"], na)])
+        fit = fit_size(w0, h0, tw, th) if (tw, th) != (w0, h0) else (w0, h0, 0, 0)
+        log(f"{n}.png {w0}x{h0}: to {tw}x{th} (resized to {fit[0]}x{fit[1]} at offset "
+            f"({fit[2]}, {fit[3]})), grid {nx}x{ny} = {nx * ny} tokens, n_pos {i['n_pos']}; "
+            f"prompt {nb} + {nx * ny} + {na} tokens at positions 0..{nb + i['n_pos'] + na - 1}")
+    sq, wd = runs["square"], runs["wide"]
+    n_cmp = min(len(sq["embd"]), len(wd["embd"]))
+    log(f"soft tokens, square vs wide (first {n_cmp}): relative Frobenius difference "
+        f"{rel(sq['embd'][:n_cmp], wd['embd'][:n_cmp]):.3f}")
+    log(f"logits after the prompt, square vs wide: max |diff| "
+        f"{np.abs(sq['logits_steps'][0] - wd['logits_steps'][0]).max():.3f} "
+        f"(logit std {sq['logits_steps'][0].std():.3f}, {wd['logits_steps'][0].std():.3f})")
+    for n in IMAGE_NAMES:
+        e = runs[n]["embd"]
+        plain, grid = encode_qwen35(images[n], str(mmproj_path))
+        rounded, _ = encode_qwen35(images[n], str(mmproj_path), ggml_rounding=True)
+        assert grid == infos[n]["grid"]
+        steps = np.sort(runs[n]["logits_steps"], axis=1)
+        log(f"{n}: soft token RMS {np.sqrt((e.astype(np.float64) ** 2).mean()):.3f} (token "
+            f"embeddings {Q_TEXT_EMBD_RMS}); llama.cpp vs float64 reference: relative error "
+            f"{rel(e, plain):.2e}, {rel(e, rounded):.2e} with ggml's f16 rounding; max |diff| "
+            f"{np.abs(e - rounded).max():.2e}")
+        log(f"{n}: ids before {runs[n]['ids_before'].tolist()}")
+        log(f"{n}: ids after {runs[n]['ids_after'].tolist()}")
+        log(f"{n}: continuation {runs[n]['continuation_ids'].tolist()}, smallest top-2 gap "
+            f"{(steps[:, -1] - steps[:, -2]).min():.3f}")
+
+    data = {}
+    for n in IMAGE_NAMES:
+        for k, v in runs[n].items():
+            data[f"{n}_{k}"] = v
+    np.savez_compressed(SYNTH / Q_DATA_FILE, **data)
+    log(f"wrote {(SYNTH / Q_DATA_FILE).relative_to(ROOT)}: "
+        f"{(SYNTH / Q_DATA_FILE).stat().st_size / 1e3:.1f} kB")
+
+    entry = {
+        "name": Q_CASE, "model_file": Q_TEXT_FILE, "model_sha256": sha256(text_path),
+        "mmproj_file": Q_MMPROJ_FILE, "mmproj_sha256": sha256(mmproj_path),
+        "image_dir": str(IMAGES.relative_to(ROOT)),
+        "images": {n: {"file": paths[n].name, "sha256": sha256(paths[n]),
+                       "width": int(images[n].shape[1]), "height": int(images[n].shape[0]),
+                       "grid": [int(g) for g in infos[n]["grid"]],
+                       "n_image_tokens": int(infos[n]["n_tokens"]),
+                       "n_pos": int(infos[n]["n_pos"])}
+                   for n in IMAGE_NAMES},
+        "n_ctx": N_CTX, "data": Q_DATA_FILE,
+        "n_prompt": {n: len(runs[n]["ids_before"]) + int(infos[n]["n_tokens"])
+                     + len(runs[n]["ids_after"]) for n in IMAGE_NAMES},
+        "n_continuation": N_CONT, "weight_types": types_of(text_path),
+        "mmproj_weight_types": types_of(mmproj_path),
+        "exercises": "make_synth_models.py's qwen35-f16 (gated delta-net layers 0-2, gated "
+                     "attention on 3 with IMROPE sections [3, 3, 2, 0] over 16 of 64 dims) "
+                     "taking image soft tokens at M-RoPE positions (t, t + row, t + column, "
+                     "0), causally; text after the image at t + max(nx, ny). Image: "
+                     "qwen3vl_merger (patch 16 as two conv kernels, 48 x 48 position "
+                     "embeddings resized bilinear with aligned corners, 2 layers of 64, 2 "
+                     "heads with 2-D vision rope, fused QKV, GELU, post_ln, 2 x 2 merge into "
+                     "an MLP to 128), mtmd's dyn_size preprocessing (sides to multiples of "
+                     "32 under image_max_tokens 256, bicubic letterbox on black).",
+        "gguf_quants_equals_ggml_to_float": True,
+        "llama_cpp_python_version": llama_cpp.__version__,
+        "prompt_text": Q_PROMPT,
+        "settings": {"backend": "CPU", "n_threads": N_THREADS, "n_ctx": N_CTX,
+                     "n_batch": N_BATCH, "n_ubatch": N_BATCH, "flash_attn": False,
+                     "type_k": "f16", "type_v": "f16",
+                     "mtmd": mtmd_params, "mtmd_tokenize": {"add_special": True,
+                                                            "parse_special": True},
+                     "image_input": "mtmd_helper_bitmap_init_from_file (PNG decoded by mtmd)",
+                     "prompt": f"mtmd_helper_eval_chunks, n_batch {N_BATCH}, logits of the "
+                               "last token",
+                     "continuation": "argmax of the last logits, one llama_decode per token "
+                                     "at position n_past + i",
+                     "between_images": "llama_memory_clear"},
+    }
+    write_vision_case(entry)
+    log(f"wrote the {Q_CASE} entry of {(SYNTH / 'index.json').relative_to(ROOT)}")
+
+
 # -- main ----------------------------------------------------------------------------------------
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:
@@ -599,17 +1027,38 @@ def types_of(path: Path) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def main() -> None:
+def quiet_llama_cpp():
+    """llama_backend_init and no logging from llama.cpp or mtmd; keep the callback alive."""
     import llama_cpp
     from llama_cpp import mtmd_cpp
+
+    llama_cpp.llama_backend_init()
+    quiet = llama_cpp.llama_log_callback(lambda *a: None)
+    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_log_set(quiet, ctypes.c_void_p(0))
+    mtmd_cpp.mtmd_helper_log_set(quiet, ctypes.c_void_p(0))
+    return quiet
+
+
+def write_vision_case(entry: dict) -> None:
+    """Put entry among index.json's "vision_cases", replacing the one of its name."""
+    index_path = SYNTH / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {"cases": []}
+    cases = index.get("vision_cases", [])
+    names = [c["name"] for c in cases]
+    if entry["name"] in names:
+        cases[names.index(entry["name"])] = entry
+    else:
+        cases.append(entry)
+    index["vision_cases"] = cases
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
+
+
+def main_gemma3(args, log) -> None:
+    import llama_cpp
     from PIL import Image
 
     import make_synth_reference as msr
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tokenizer", type=Path, default=msm.TOKENIZER)
-    args = ap.parse_args()
-    log = lambda *a: print(*a, file=sys.stderr)     # noqa: E731
 
     SYNTH.mkdir(parents=True, exist_ok=True)
     text_path, mmproj_path = SYNTH / TEXT_FILE, SYNTH / MMPROJ_FILE
@@ -624,27 +1073,29 @@ def main() -> None:
         if diff:
             raise RuntimeError(f"{p.name}: gguf.quants and ggml dequantize {diff} apart")
 
-    llama_cpp.llama_backend_init()
-    quiet = llama_cpp.llama_log_callback(lambda *a: None)     # kept alive while llama.cpp runs
-    llama_cpp.llama_log_set(quiet, ctypes.c_void_p(0))
-    mtmd_cpp.mtmd_log_set(quiet, ctypes.c_void_p(0))
-    mtmd_cpp.mtmd_helper_log_set(quiet, ctypes.c_void_p(0))
+    quiet = quiet_llama_cpp()                   # noqa: F841 (kept alive while llama.cpp runs)
     mt = Mtmd(text_path, mmproj_path)
     try:
         assert mt.n_embd == msm.N_EMBD and mt.n_vocab == msm.N_VOCAB
         lctx = mt.new_context()
         try:
-            runs = {n: mt.run(lctx, paths[n], images[n]) for n in IMAGE_NAMES}
+            runs, infos = {}, {}
+            for n in IMAGE_NAMES:
+                runs[n], infos[n] = mt.run(lctx, paths[n], images[n])
         finally:
             llama_cpp.llama_free(lctx)
         lctx = mt.new_context()                 # the same again on a fresh context
         try:
-            again = mt.run(lctx, paths["square"], images["square"])
+            again, _ = mt.run(lctx, paths["square"], images["square"])
         finally:
             llama_cpp.llama_free(lctx)
         mtmd_params = mt.params
     finally:
         mt.close()
+    for n in IMAGE_NAMES:
+        i = infos[n]
+        assert i["n_tokens"] == N_IMG_TOKENS and i["n_pos"] == N_IMG_TOKENS, i
+        assert i["non_causal"] and "image_pos" not in i, i
     for k, v in again.items():
         assert np.array_equal(v, runs["square"][k]), f"second square run differs in {k}"
     log("second run of square on a fresh context: identical")
@@ -713,12 +1164,22 @@ def main() -> None:
                      "continuation": "argmax of the last logits, one llama_decode per token",
                      "between_images": "llama_memory_clear"},
     }
-    index_path = SYNTH / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.exists() else {"cases": []}
-    others = [c for c in index.get("vision_cases", []) if c["name"] != CASE]
-    index["vision_cases"] = others + [entry]
-    index_path.write_text(json.dumps(index, indent=1) + "\n")
-    log(f"wrote the {CASE} entry of {index_path.relative_to(ROOT)}")
+    write_vision_case(entry)
+    log(f"wrote the {CASE} entry of {(SYNTH / 'index.json').relative_to(ROOT)}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizer", type=Path, default=msm.TOKENIZER)
+    ap.add_argument("--family", choices=("all", "gemma3", "qwen35"), default="all",
+                    help="which vision case to write (default: both, Gemma 3 first, as it "
+                         "draws the images Qwen3.5 reads)")
+    args = ap.parse_args()
+    log = lambda *a: print(*a, file=sys.stderr)     # noqa: E731
+    if args.family in ("all", "gemma3"):
+        main_gemma3(args, log)
+    if args.family in ("all", "qwen35"):
+        main_qwen35(args, log)
 
 
 if __name__ == "__main__":

@@ -157,3 +157,13 @@ def test_a_model_loaded_over_http_with_its_projector(base, client):
         base + "/api/models", json.dumps(plain).encode(), {"Content-Type": "application/json"}))
     with pytest.raises(openai.BadRequestError, match="loaded without a vision projector"):
         ask(client, "plain", data_url("square.png"))
+    # hotseat ps: the projector's VRAM in its own column, "-" for a model without one
+    from engine.tools.client import format_ps
+
+    models = json.load(urllib.request.urlopen(base + "/api/models"))["models"]
+    table = format_ps(models, json.load(urllib.request.urlopen(base + "/api/vram")))
+    head, *rows = table.splitlines()
+    col = head.index("VISION")
+    by_name = {r.split()[0]: r for r in rows[:len(models)]}
+    assert by_name["second"][col:].split()[0] != "-"
+    assert by_name["plain"][col:].split()[0] == "-"
