@@ -286,6 +286,35 @@ class Mtmd:
         finally:
             L.llama_batch_free(b)
 
+    def decode_batch(self, lctx, pos: np.ndarray, tokens=None, embd=None,
+                     logits_last: bool = False) -> None:
+        """One llama_decode of tokens [n] or embeddings [n, n_embd], sequence 0; pos [n] for
+        tokens, [n, 4] (M-RoPE sections t, h, w, e) for embeddings, passed section-major as
+        llama_batch wants them."""
+        L = self.L
+        n = len(tokens) if tokens is not None else len(embd)
+        keep = {"pos": np.ascontiguousarray(np.asarray(pos, np.int32).T.reshape(-1)),
+                "n_seq_id": np.ones(n, np.int32), "seq": np.zeros(1, np.int32),
+                "logits": np.zeros(n, np.int8)}
+        keep["logits"][-1] = logits_last
+        seq_ptr = keep["seq"].ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        keep["seq_ids"] = (ctypes.POINTER(ctypes.c_int32) * n)(*([seq_ptr] * n))
+        b = L.llama_batch()
+        b.n_tokens = n
+        b.pos = keep["pos"].ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        b.n_seq_id = keep["n_seq_id"].ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        b.seq_id = keep["seq_ids"]
+        b.logits = keep["logits"].ctypes.data_as(ctypes.POINTER(ctypes.c_int8))
+        if tokens is not None:
+            keep["tokens"] = np.ascontiguousarray(tokens, np.int32)
+            b.token = keep["tokens"].ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        else:
+            keep["embd"] = np.ascontiguousarray(embd, np.float32)
+            b.embd = keep["embd"].ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        rc = L.llama_decode(lctx, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode returned {rc}")
+
     def run(self, lctx, image_path: Path, pixels: np.ndarray,
             prompt: str = PROMPT) -> tuple[dict, dict]:
         """Tokenize prompt with the image, encode it, evaluate the prompt, N_CONT greedy steps.
@@ -633,7 +662,7 @@ Q_EMBD, Q_LAYER, Q_HEAD, Q_FF, Q_EPS = 64, 2, 2, 128, 1e-6
 Q_MAX_TOKENS = 256      # mtmd_context_params.image_max_tokens (llama.cpp's default is 4096)
 Q_MIN_TOKENS = 8        # llama.cpp's qwen default, left as it is
 Q_TEXT_EMBD_RMS = 0.5   # qwen35-f16's token embeddings (std 0.5)
-Q_FC2_SCALE = 1.0       # set by the RMS the soft tokens come out with (printed)
+Q_FC2_SCALE = 0.7       # soft tokens of RMS ~0.5, as the token embeddings (printed)
 
 
 def make_qwen35_mmproj(path: Path) -> None:
@@ -866,6 +895,24 @@ def encode_qwen35(image_rgb_u8: np.ndarray, mmproj_path: str, *, ggml_rounding: 
     return mm(t, "mm.2.weight") + T["mm.2.bias"], (gw // 2, gh // 2)
 
 
+def prompt_by_hand(mt: Mtmd, lctx, r: dict, image_pos: np.ndarray, after: int) -> np.ndarray:
+    """The logits after the prompt, decoded without mtmd: the text before at 0.., the soft
+    tokens r["embd"] at image_pos (causal, as mtmd decodes Qwen images), the text after at
+    after.."""
+    L = mt.L
+    L.llama_memory_clear(L.llama_get_memory(lctx), True)
+    nb, na = len(r["ids_before"]), len(r["ids_after"])
+    mt.decode_batch(lctx, np.arange(nb), tokens=r["ids_before"])
+    mt.decode_batch(lctx, image_pos, embd=r["embd"])
+    mt.decode_batch(lctx, np.arange(after, after + na), tokens=r["ids_after"], logits_last=True)
+    return mt.logits(lctx)
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
+    return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
+
+
 def qwen35_image_positions(nx: int, ny: int, pos_0: int) -> np.ndarray:
     """The rope positions of image token i, in section order (t, h, w, e): (pos_0,
     pos_0 + i // nx, pos_0 + i % nx, 0)."""
@@ -908,6 +955,16 @@ def main_qwen35(args, log) -> None:
         lctx = mt.new_context()                 # the same again on a fresh context
         try:
             again, _ = mt.run(lctx, paths["square"], images["square"], Q_PROMPT)
+            # the prompt by hand: the image's soft tokens at the recorded positions must give
+            # mtmd's logits; at sequential positions (p, p, p, 0) they give others
+            by_hand = {}
+            for n in IMAGE_NAMES:
+                r, i = runs[n], infos[n]
+                nb, k = len(r["ids_before"]), i["n_tokens"]
+                seq = np.repeat(np.arange(nb, nb + k, dtype=np.int32)[:, None], 4, 1)
+                seq[:, 3] = 0
+                by_hand[n] = [prompt_by_hand(mt, lctx, r, i["image_pos"], nb + i["n_pos"]),
+                              prompt_by_hand(mt, lctx, r, seq, nb + k)]
         finally:
             llama_cpp.llama_free(lctx)
         mtmd_params = mt.params
@@ -937,6 +994,12 @@ def main_qwen35(args, log) -> None:
         log(f"{n}.png {w0}x{h0}: to {tw}x{th} (resized to {fit[0]}x{fit[1]} at offset "
             f"({fit[2]}, {fit[3]})), grid {nx}x{ny} = {nx * ny} tokens, n_pos {i['n_pos']}; "
             f"prompt {nb} + {nx * ny} + {na} tokens at positions 0..{nb + i['n_pos'] + na - 1}")
+    for n in IMAGE_NAMES:
+        ref, (same, moved) = runs[n]["logits_steps"][0], by_hand[n]
+        assert np.array_equal(same, ref), f"{n}: the recorded positions do not give mtmd's logits"
+        log(f"{n}: the prompt by hand at the recorded positions gives mtmd's logits exactly; "
+            f"with the image at sequential positions (p, p, p, 0) they move by max |diff| "
+            f"{np.abs(moved - ref).max():.3f} (cosine {cosine(moved, ref):.5f})")
     sq, wd = runs["square"], runs["wide"]
     n_cmp = min(len(sq["embd"]), len(wd["embd"]))
     log(f"soft tokens, square vs wide (first {n_cmp}): relative Frobenius difference "

@@ -112,11 +112,11 @@ def test_ps(served):
     assert out["vram"]["granted_bytes"] == m["device_bytes_total"]
 
     lines = ok(hotseat("ps", "--url", url, "--api-key", KEY, key=None)).splitlines()
-    assert lines[0].split() == ["NAME", "ARCH", "STATE", "PINNED", "VRAM", "HOST", "SHADOW",
-                                "RAM", "DISK", "CONTEXT"]
+    assert lines[0].split() == ["NAME", "ARCH", "STATE", "PINNED", "VRAM", "VISION", "HOST",
+                                "SHADOW", "RAM", "DISK", "CONTEXT"]
     vram, shadow = m["device_bytes_total"] / (1 << 20), m["host_shadow_bytes"] / (1 << 20)
     assert m["ram_bytes"] == m["disk_bytes"] == 0                      # warm: no shadows
-    assert lines[1].split() == [first, "llama", "warm", "no", f"{vram:.0f}", "MiB",
+    assert lines[1].split() == [first, "llama", "warm", "no", f"{vram:.0f}", "MiB", "-",
                                 f"{shadow:.0f}", "MiB", "0", "MiB", "0", "MiB", str(CTX)]
     assert lines[0].index("STATE") == lines[1].index("warm")            # columns line up
     assert lines[2].startswith(f"VRAM budget {BUDGET_MIB} MiB: {vram:.0f} MiB granted, ")
