@@ -207,8 +207,8 @@ def test_non_finite_logits_end_the_request_clearly_and_the_engine_goes_on(
     real = Model.run
     third = len(ref["prompt_ids"]) + 1          # the run whose logits choose token 3
 
-    def poisoned(self, tokens, pos0, greedy, logprobs=False):
-        out = real(self, tokens, pos0, greedy, logprobs)
+    def poisoned(self, tokens, pos0, greedy, logprobs=False, embd=None):
+        out = real(self, tokens, pos0, greedy, logprobs, embd)
         if pos0 == third and not poisoned.off:
             if greedy:
                 return 0xFFFFFFFF

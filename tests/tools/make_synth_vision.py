@@ -1,12 +1,15 @@
-"""Write the Gemma 3 vision test data: a synthetic gemma3 text model, a synthetic gemma3
-mmproj of the real geometry, two test images, and llama.cpp's (mtmd's) outputs on them.
+"""Write the vision test data: synthetic mmprojs of the real geometry for Gemma 3 and Qwen3.5,
+a synthetic gemma3 text model, two test images, and llama.cpp's (mtmd's) outputs on them.
 
 Run by hand where llama-cpp-python (with libmtmd) and Pillow are installed (CI has neither;
 the tests only read what this writes):
 
-    /work/llamacpp-venv/bin/python tests/tools/make_synth_vision.py
+    /work/llamacpp-venv/bin/python tests/tools/make_synth_vision.py [--family gemma3|qwen35]
 
-Writes:
+(default: both, Gemma 3 first, since it draws the images; Qwen3.5 reads them and needs
+make_synth_models.py's qwen35-f16.gguf).
+
+Gemma 3 (--family gemma3) writes:
   tests/data/synth/gemma3-f16.gguf         gemma3 text model: 2 layers of 256 (both sliding
       window 512, so both see the whole prompt; no rope.freq_base_swa key, as in real Gemma 3
       files, so llama.cpp rotates both with its default 10000, not freq_base 1e6), 4 heads
@@ -50,6 +53,44 @@ Frobenius difference between the two images' embeddings; the largest difference 
 two images' logits after the prompt; and the relative error of llama.cpp's embeddings
 against a float64 numpy forward pass of the encoder (plain, and rounding where ggml's CPU
 backend rounds to f16).
+
+Qwen3.5 (--family qwen35) reads tests/data/images/*.png and tests/data/synth/qwen35-f16.gguf
+(make_synth_models.py's: qwen35 has no deepstack input, so llama_model_n_embd_inp is its
+n_embd 128 and an mmproj projecting to 128 fits it) and writes:
+  tests/data/synth/qwen35-mmproj-f16.gguf  qwen3vl_merger projector (what Qwen3.5's
+      converter writes, no deepstack layers): patch 16 as two F16 kernels (v.patch_embd.weight
+      and .weight.1, HF's Conv3d split along its 2 frames; a still image goes through both)
+      plus an F32 bias, 2304 F32 position embeddings (48 x 48, std 0.3, resized bilinear with
+      aligned corners to the grid), 2 layers of 64, 2 heads of 32 with the 2-D vision rope,
+      fused attn_qkv (Q and K 1.5/sqrt(64)), n_ff 128, GELU (tanh), LayerNorms eps 1e-6,
+      v.post_ln (HF merger.norm), then each 2 x 2 block of patches (256 wide) through mm.0
+      [256, 256], GELU and mm.2 [256 -> 128]. Matrices F16, biases and norms F32; mm.2's scale
+      gives soft tokens of RMS ~0.5, that of qwen35-f16's token embeddings.
+  tests/data/synth/qwen35-vision.npz       per image IMG in (square, wide), with
+      mtmd_context_params.image_max_tokens 256 (qwen3vl_merger reads no mmproj key for it):
+      IMG_embd [nx * ny, 128] float32: mtmd_get_output_embd after mtmd_encode_chunk; token i
+          at row i // nx, column i % nx of the merged grid;
+      IMG_grid [nx, ny]: mtmd_image_tokens_get_nx / _ny; square 16 x 16 (896 px bicubic to
+          512), wide 20 x 12 (640 x 400 into 640 x 384: bicubic to 615 x 384 at x offset 12
+          on black);
+      IMG_n_pos: mtmd_input_chunk_get_n_pos = max(nx, ny), the positions the image takes;
+      IMG_positions [n_prompt_tokens, 4] int32: every prompt token's rope positions in
+          section order (t, h, w, e) as llama.cpp's graph takes them: text (p, p, p, 0), image
+          token i (p0, p0 + i // nx, p0 + i % nx, 0) with p0 the number of tokens before
+          (from mtmd_helper_image_get_decoder_pos, ordered as set_position_mrope_2d does),
+          the text after from p0 + n_pos;
+      IMG_ids_before, IMG_ids_after: the text chunks around the image of Q_PROMPT (they hold
+          the "<|vision_start|>" / "<|vision_end|>" text mtmd adds, plain text in this
+          400-token vocabulary);
+      IMG_continuation_ids [8], IMG_logits_steps [9, 400] float32: as for Gemma 3, the
+          continuation decoded at positions n_past + i.
+  the "qwen35-vision" entry of index.json's "vision_cases": as Gemma 3's, and per image its
+      grid, token count and n_pos.
+The same settings as Gemma 3's, with image_max_tokens 256; mtmd decodes Qwen images causally.
+Printed checks besides Gemma 3's: the preprocessed sizes, the bicubic resize against Pillow's
+Image.resize (BICUBIC), and the prompt decoded by hand (llama_decode of the text, the soft
+tokens at IMG_positions, the text) giving mtmd's logits exactly, and how far they move with
+the image at sequential positions instead.
 """
 from __future__ import annotations
 
@@ -913,6 +954,13 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / np.linalg.norm(a) / np.linalg.norm(b))
 
 
+def text_positions(p0: int, n: int) -> np.ndarray:
+    """The rope positions of n text tokens from p0 under M-RoPE: (p, p, p, 0) (llama-graph.cpp's
+    llm_graph_input_pos::set_input)."""
+    p = np.arange(p0, p0 + n, dtype=np.int32)
+    return np.stack([p, p, p, np.zeros_like(p)], axis=1)
+
+
 def qwen35_image_positions(nx: int, ny: int, pos_0: int) -> np.ndarray:
     """The rope positions of image token i, in section order (t, h, w, e): (pos_0,
     pos_0 + i // nx, pos_0 + i % nx, 0)."""
@@ -961,10 +1009,8 @@ def main_qwen35(args, log) -> None:
             for n in IMAGE_NAMES:
                 r, i = runs[n], infos[n]
                 nb, k = len(r["ids_before"]), i["n_tokens"]
-                seq = np.repeat(np.arange(nb, nb + k, dtype=np.int32)[:, None], 4, 1)
-                seq[:, 3] = 0
                 by_hand[n] = [prompt_by_hand(mt, lctx, r, i["image_pos"], nb + i["n_pos"]),
-                              prompt_by_hand(mt, lctx, r, seq, nb + k)]
+                              prompt_by_hand(mt, lctx, r, text_positions(nb, k), nb + k)]
         finally:
             llama_cpp.llama_free(lctx)
         mtmd_params = mt.params
@@ -983,17 +1029,20 @@ def main_qwen35(args, log) -> None:
         assert i["n_tokens"] == nx * ny and i["n_pos"] == max(nx, ny) and not i["non_causal"]
         nb, na = len(r["ids_before"]), len(r["ids_after"])
         assert np.array_equal(i["image_pos"], qwen35_image_positions(nx, ny, nb)), n
-        # every prompt token's 4 positions as llama.cpp's graph takes them: text (p, p, p, 0)
-        text_pos = lambda p0, k: np.repeat(np.arange(p0, p0 + k, dtype=np.int32)[:, None],  # noqa
-                                           4, 1) * np.array([1, 1, 1, 0], np.int32)
         r["grid"] = np.array([nx, ny], np.int32)
         r["n_pos"] = np.int32(i["n_pos"])
-        r["positions"] = np.concatenate([text_pos(0, nb), i["image_pos"],
-                                         text_pos(nb + i["n_pos"], na)])
+        # every prompt token's 4 positions as llama.cpp's graph takes them
+        r["positions"] = np.concatenate([text_positions(0, nb), i["image_pos"],
+                                         text_positions(nb + i["n_pos"], na)])
         fit = fit_size(w0, h0, tw, th) if (tw, th) != (w0, h0) else (w0, h0, 0, 0)
         log(f"{n}.png {w0}x{h0}: to {tw}x{th} (resized to {fit[0]}x{fit[1]} at offset "
             f"({fit[2]}, {fit[3]})), grid {nx}x{ny} = {nx * ny} tokens, n_pos {i['n_pos']}; "
             f"prompt {nb} + {nx * ny} + {na} tokens at positions 0..{nb + i['n_pos'] + na - 1}")
+        if (tw, th) != (w0, h0):
+            ours = resize_u8(images[n], fit[0], fit[1], "bicubic")
+            pil = np.asarray(Image.fromarray(images[n]).resize(fit[:2], Image.BICUBIC))
+            log(f"  its bicubic resize, numpy vs Pillow's Image.resize(BICUBIC): "
+                f"{int((ours != pil).sum())} of {ours.size} values differ")
     for n in IMAGE_NAMES:
         ref, (same, moved) = runs[n]["logits_steps"][0], by_hand[n]
         assert np.array_equal(same, ref), f"{n}: the recorded positions do not give mtmd's logits"

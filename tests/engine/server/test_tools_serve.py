@@ -400,6 +400,9 @@ class _HermesModel:
     def tokenizer(self, name):
         return self.tok
 
+    def prompt_tokens(self, name, prompt=None, messages=None, images=(), template_args=None):
+        return self.template.tokenize(self.tok, messages, **(template_args or {}))
+
 
 @pytest.mark.parametrize("choice,lazy", [("auto", True), ("required", False)])
 def test_a_call_begun_under_auto_keeps_to_the_call_grammar(choice, lazy):
