@@ -60,7 +60,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hotseat.serve")
 
-MAX_BODY = 4 << 20                       # bytes of request body; more is a 413
+MAX_BODY = 32 << 20                      # bytes of request body; more is a 413 (an image of
+                                         # the 20 MiB limit, in base64, fits)
 KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
 
 
@@ -70,8 +71,10 @@ class Server(OpenAIRoutes, ResponsesRoutes, anthropic.MessagesRoutes, EmbeddingR
 
     def __init__(self, engine: EngineAPI, api_key: str | None = None,
                  cors_origins: list[str] | tuple[str, ...] = (), max_body: int = MAX_BODY,
-                 host: str = "127.0.0.1", allow_hosts: list[str] | tuple[str, ...] = ()):
+                 host: str = "127.0.0.1", allow_hosts: list[str] | tuple[str, ...] = (),
+                 fetch_images: bool = False):
         self.engine = engine
+        self.fetch_images = fetch_images   # image_url parts may be http(s) URLs (media.py)
         self.api_key = api_key or None
         self.cors_origins = set(cors_origins)
         self.allowed_hosts = allowed_host_names(host, allow_hosts)
@@ -244,15 +247,16 @@ class Server(OpenAIRoutes, ResponsesRoutes, anthropic.MessagesRoutes, EmbeddingR
 def make_app(engine: EngineAPI, model_names: list[str], *, api_key: str | None = None,
              cors_origins: list[str] | tuple[str, ...] = (), max_body: int = MAX_BODY,
              host: str = "127.0.0.1", allow_hosts: list[str] | tuple[str, ...] = (),
-             keepalive_s: float = KEEPALIVE_S) -> web.Application:
+             keepalive_s: float = KEEPALIVE_S, fetch_images: bool = False) -> web.Application:
     """The aiohttp app serving model_names, which are already loaded on engine.
 
     host is the address it is bound to: its name and the loopback names are the Host headers
     it answers to, with allow_hosts; bound to every interface (0.0.0.0, ::) it also answers
-    to any IP address. keepalive_s closes idle connections (any AppRunner of the app)."""
+    to any IP address. keepalive_s closes idle connections (any AppRunner of the app).
+    fetch_images: image_url parts may name http(s) URLs, which the server then fetches."""
     from aiohttp import web
 
-    server = Server(engine, api_key, cors_origins, max_body, host, allow_hosts)
+    server = Server(engine, api_key, cors_origins, max_body, host, allow_hosts, fetch_images)
     for name in model_names:
         server.add_model(name)
 

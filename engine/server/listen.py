@@ -42,14 +42,14 @@ class Listening:
 async def listen(engine: EngineAPI, model_names: list[str], *, host: str, port: int,
                  api_key: str | None = None, cors_origins: list[str] | tuple[str, ...] = (),
                  allow_hosts: list[str] | tuple[str, ...] = (),
-                 shutdown_timeout: float = 5.0) -> Listening:
+                 shutdown_timeout: float = 5.0, fetch_images: bool = False) -> Listening:
     """Serve model_names (already loaded on engine) on host:port. host is both the address
     bound and the Host name the server answers to (with the loopback names, allow_hosts,
     and any IP address when it is 0.0.0.0 or ::)."""
     from aiohttp import web
 
     app = make_app(engine, model_names, api_key=api_key, cors_origins=cors_origins,
-                   host=host, allow_hosts=allow_hosts)
+                   host=host, allow_hosts=allow_hosts, fetch_images=fetch_images)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=shutdown_timeout)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

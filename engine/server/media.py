@@ -4,9 +4,11 @@ image's bytes and puts the media marker (engine/vision/prompt.py) in the message
 its place; the bytes are decoded on a worker thread (`decode`), where a file that is not an
 image, or one past the limits, is a 400 naming the parameter.
 
-A URL that is not a data URL is refused: the server fetches nothing unless asked to."""
+An http(s) URL is kept as it is and fetched (`fetch`) only where the server was started with
+--fetch-images; otherwise it is refused: by default the server fetches nothing."""
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import re
@@ -32,20 +34,63 @@ def from_base64(text, param: str) -> bytes:
         raise bad(f"{param} is not valid base64", param, "invalid_image") from None
 
 
-def from_url(url, param: str) -> bytes:
-    """The bytes of an image URL: a data URL (base64), else a 400."""
+FETCH_TIMEOUT_S = 20.0
+
+
+def from_url(url, param: str) -> bytes | str:
+    """The bytes of a data URL (base64); an http(s) URL as it is (fetched later, if the
+    server fetches images); else a 400."""
     if not isinstance(url, str) or not url:
         raise bad(f"{param} must be a URL string", param, "invalid_type")
+    if re.match(r"https?://", url, re.I):
+        return url
     m = _DATA_URL.fullmatch(url)
     if m is None:
         scheme = url.split(":", 1)[0] if ":" in url else "a URL without a scheme"
-        raise bad(f"{param}: only data URLs (data:image/...;base64,...) are taken; images are "
-                  f"not fetched from {scheme} URLs", param, "unsupported_image_url")
+        raise bad(f"{param}: only data URLs (data:image/...;base64,...) and http(s) URLs are "
+                  f"taken, not {scheme}", param, "unsupported_image_url")
     if m["mime"] and not m["mime"].startswith("image/"):
         raise bad(f"{param}: a data URL of {m['mime']}, not an image", param, "invalid_image")
     if not m["b64"]:
         raise bad(f"{param}: the data URL is not base64", param, "invalid_image")
     return from_base64(m["data"], param)
+
+
+async def fetch(images: list[tuple[bytes | str, str]], allowed: bool) -> list[tuple[bytes, str]]:
+    """The images with their http(s) URLs fetched (at most MAX_BYTES each, FETCH_TIMEOUT_S):
+    where `allowed`, else a 400 saying how to allow it."""
+    out = []
+    for data, param in images:
+        if isinstance(data, str):
+            if not allowed:
+                raise bad(f"{param}: this server does not fetch images from URLs (start it "
+                          "with --fetch-images to allow it); send a data URL "
+                          "(data:image/...;base64,...)", param, "unsupported_image_url")
+            data = await _get(data, param)
+        out.append((data, param))
+    return out
+
+
+async def _get(url: str, param: str) -> bytes:
+    import aiohttp
+
+    try:
+        timeout = aiohttp.ClientTimeout(total=FETCH_TIMEOUT_S)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            async with session.get(url) as r:
+                if r.status != 200:
+                    raise bad(f"{param}: fetching {url} gave HTTP {r.status}", param,
+                              "invalid_image")
+                data = bytearray()
+                async for chunk in r.content.iter_chunked(1 << 16):
+                    data += chunk
+                    if len(data) > MAX_BYTES:
+                        raise bad(f"{param}: the image at {url} is larger than {MAX_BYTES} "
+                                  "bytes", param, "invalid_image")
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+        raise bad(f"{param}: cannot fetch {url}: {exc or type(exc).__name__}", param,
+                  "invalid_image") from None
+    return bytes(data)
 
 
 def decode(images: list[tuple[bytes, str]]) -> list[Image]:

@@ -314,7 +314,8 @@ class OpenAIRoutes:
                            "prompt", "invalid_value")
         else:
             if req.images:
-                req.decoded = await self._run(media.decode, req.images)
+                fetched = await media.fetch(req.images, self.fetch_images)
+                req.decoded = await self._run(media.decode, fetched)
             try:
                 ids = await self._run(req.tools.prompt, self.engine, slot.name, req.messages,
                                       req.decoded) \

@@ -26,6 +26,9 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
     s.add_argument("--mmproj", action="append", metavar="FILE",
                    help="a vision projector (mmproj GGUF) for the --model of the same place; "
                         "repeat for the next ones")
+    s.add_argument("--fetch-images", action="store_true",
+                   help="fetch image_url parts that are http(s) URLs (off: only data URLs are "
+                        "taken; the server then fetches nothing)")
     s.add_argument("--host", default=DEFAULT_HOST, help=f"address (default {DEFAULT_HOST})")
     s.add_argument("--port", type=int, default=DEFAULT_PORT,
                    help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
@@ -121,7 +124,8 @@ async def _serve(eng: EngineAPI, names: list[str], args) -> int:
     try:
         listening = await listen(eng, names, host=args.host, port=args.port,
                                  api_key=args.api_key, cors_origins=args.cors_origin or (),
-                                 allow_hosts=args.allow_host or ())
+                                 allow_hosts=args.allow_host or (),
+                                 fetch_images=args.fetch_images)
     except OSError as exc:
         why = os.strerror(exc.errno) if exc.errno else str(exc)
         raise ValueError(f"cannot listen on {args.host}:{args.port}: {why}") from None

@@ -95,7 +95,8 @@ def test_ollama_client_gives_the_same_answer(base, client, model):
     ("data:image/png;base64," + base64.b64encode(b"not an image at all").decode(),
      "invalid_image"),
     ("data:image/png;base64,%%%", "invalid_image"),
-    ("https://example.com/cat.png", "unsupported_image_url"),
+    ("https://example.com/cat.png", "unsupported_image_url"),    # not fetched: not asked to
+    ("file:///etc/passwd", "unsupported_image_url"),
 ])
 def test_a_bad_image_is_a_400_and_the_next_request_answers(client, model, url, code):
     import openai
@@ -167,3 +168,33 @@ def test_a_model_loaded_over_http_with_its_projector(base, client):
     by_name = {r.split()[0]: r for r in rows[:len(models)]}
     assert by_name["second"][col:].split()[0] != "-"
     assert by_name["plain"][col:].split()[0] == "-"
+
+
+def test_a_server_asked_to_fetches_image_urls(tmp_path):
+    """--fetch-images: an http URL's image answers as its data URL does; a URL that is not
+    there is a 400."""
+    import http.server
+    import threading
+    from functools import partial
+
+    import openai
+
+    handler = partial(http.server.SimpleHTTPRequestHandler, directory=str(IMAGES))
+    handler.log_message = lambda *a: None
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    site = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        with served("--ctx", "1024", "-m", str(DATA / "gemma3-f16.gguf"), "--mmproj",
+                    str(DATA / "gemma3-mmproj-f16.gguf"), "--fetch-images") as url:
+            c = openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0)
+            name = c.models.list().data[0].id
+            want = ask(c, name, data_url("square.png"))
+            got = ask(c, name, site + "/square.png")
+            assert got.choices[0].message.content == want.choices[0].message.content
+            assert first_top(got) == first_top(want)
+            with pytest.raises(openai.BadRequestError, match="HTTP 404") as exc:
+                ask(c, name, site + "/missing.png")
+            assert exc.value.code == "invalid_image"
+    finally:
+        httpd.shutdown()
