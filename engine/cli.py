@@ -117,6 +117,11 @@ def cmd_generate(args) -> int:
 
 def cmd_bench(args) -> int:
     from .tools.bench import run_bench
+    if args.image:
+        from .tools.imagebench import run_image_bench
+        if not args.mmproj:
+            raise ValueError("--image needs the model's --mmproj")
+        return run_image_bench(args)
     if args.json_schema:
         from .tools.constrainbench import run_constrained_bench
         return run_constrained_bench(args)
@@ -190,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--profile", action="store_true", help="per-kernel GPU times")
     b.add_argument("--json-schema", metavar="FILE",
                    help="free decode against decode constrained by this JSON schema")
+    b.add_argument("--image", metavar="FILE",
+                   help="time the first token of a one-image prompt instead (with --mmproj)")
+    b.add_argument("--mmproj", metavar="FILE", help="the model's vision projector (--image)")
+    b.add_argument("--ctx", type=int, default=2048, help="context size for --image")
     b.add_argument("--json", action="store_true")
     add_cpu_moe_argument(b)
     add_flash_attn_argument(b)

@@ -1090,6 +1090,8 @@ def main_qwen35(args, log) -> None:
                        "n_pos": int(infos[n]["n_pos"])}
                    for n in IMAGE_NAMES},
         "n_ctx": N_CTX, "data": Q_DATA_FILE,
+        # clip's token budget: mtmd_context_params.image_max_tokens (min: llama.cpp's 8)
+        "image_max_tokens": Q_MAX_TOKENS, "image_min_tokens": Q_MIN_TOKENS,
         "n_prompt": {n: len(runs[n]["ids_before"]) + int(infos[n]["n_tokens"])
                      + len(runs[n]["ids_after"]) for n in IMAGE_NAMES},
         "n_continuation": N_CONT, "weight_types": types_of(text_path),

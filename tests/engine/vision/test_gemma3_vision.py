@@ -182,3 +182,24 @@ def test_check_counts_the_projector_as_a_load_does():
         assert not other["runs"]
         assert "mmproj: the projector gives rows of 256; the model takes 128" in \
             other["problems"]
+
+
+def test_image_bench_times_the_first_token():
+    """`hotseat bench --image` as a user runs it: a one-image prompt's first token, timed."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "engine.cli", "bench", "-m", str(DATA / CASE["model_file"]),
+           "--image", str(IMAGE_DIR / "wide.png"), "-r", "1", "--json"]
+    r = subprocess.run(cmd + ["--mmproj", str(DATA / CASE["mmproj_file"])],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert report["prompt_tokens"] > CASE["n_image_tokens"]
+    assert report["rows"][0]["engine"] == "hotseat" and report["rows"][0]["ttft_s"] > 0
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert r.returncode != 0 and "--image needs the model's --mmproj" in r.stderr
