@@ -84,8 +84,9 @@ n_embd 128 and an mmproj projecting to 128 fits it) and writes:
           400-token vocabulary);
       IMG_continuation_ids [8], IMG_logits_steps [9, 400] float32: as for Gemma 3, the
           continuation decoded at positions n_past + i.
-  the "qwen35-vision" entry of index.json's "vision_cases": as Gemma 3's, and per image its
-      grid, token count and n_pos.
+  the "qwen35-vision" entry of index.json's "vision_cases": as Gemma 3's, with the token
+      budget (image_max_tokens 256, image_min_tokens 8) and per image its grid, token count
+      and n_pos.
 The same settings as Gemma 3's, with image_max_tokens 256; mtmd decodes Qwen images causally.
 Printed checks besides Gemma 3's: the preprocessed sizes, the bicubic resize against Pillow's
 Image.resize (BICUBIC), and the prompt decoded by hand (llama_decode of the text, the soft
