@@ -41,7 +41,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
 
 from .facade import Completion, Embeddings, EngineFault, ModelExists, Request, TokenLogprob
 from .formats.gguf_file import ModelFileError
@@ -58,7 +57,7 @@ from .residency.pool import enabled as shared_pool_enabled
 from .residency.check import Target, check_file
 from .residency.gamemode import GameMode, GameWatch, GaveUp
 from .residency.loop import Cancelled, Timings
-from .residency.model import Model, default_flash_attn
+from .residency.model import Media, Model, default_flash_attn
 from .residency.turns import ARENA_SLICE_S, EngineThread, Turns
 from .text.chat import ChatTemplate
 from .text.constrain import Constraint
@@ -120,7 +119,7 @@ class Loaded:
     busy: int = 0                        # requests queued or running on it
     # an image's soft tokens by its digest, the latest used last (MEDIA_KEPT of them): a
     # follow-up question about the same image does not encode it again
-    media: "OrderedDict[bytes, np.ndarray]" = field(default_factory=OrderedDict)
+    media: "OrderedDict[bytes, Media]" = field(default_factory=OrderedDict)
 
 
 class Engine:
@@ -284,9 +283,10 @@ class Engine:
     # -- models -----------------------------------------------------------------------------
     def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
              progress: Callable[[int, int], None] | None = None, cpu_moe: float = 0.0,
-             mmproj: str | None = None) -> str:
+             mmproj: str | None = None, image_max_tokens: int | None = None) -> str:
         """Parse the file here, then upload on the engine thread (budget acquired first).
-        mmproj: a vision projector file for the model's images, warm and cold with it."""
+        mmproj: a vision projector file for the model's images, warm and cold with it;
+        image_max_tokens: an image's most soft tokens where the projector sizes images."""
         path = os.fspath(path)
         name = name or os.path.splitext(os.path.basename(path))[0]
         with self._names_lock:
@@ -300,7 +300,7 @@ class Engine:
                 tok = Tokenizer.from_gguf(model.gguf)
                 chat = ChatTemplate.from_gguf(model.gguf)
                 if mmproj is not None:
-                    model.attach_vision(os.fspath(mmproj))
+                    model.attach_vision(os.fspath(mmproj), image_max_tokens)
             except ModelFileError:
                 model.close()
                 raise
@@ -707,20 +707,20 @@ class Engine:
             return m.chat.tokenize(m.tokenizer, messages, **extra)
         return m.tokenizer.encode(prompt or "", add_special=True, parse_special=False)
 
-    def _media(self, m: Loaded, images: list[Image]) -> dict[int, np.ndarray]:
+    def _media(self, m: Loaded, images: list[Image]) -> dict[int, Media]:
         """The request's images' soft tokens by media id (on the engine thread, the model
         warm): encoded, or from the model's recent ones."""
         out = {}
         for image in images:
-            rows = m.media.get(image.digest)
-            if rows is None:
-                rows = m.model.vision.encode(image)
-                m.media[image.digest] = rows
+            media = m.media.get(image.digest)
+            if media is None:
+                media = Media(*m.model.vision.encode(image))
+                m.media[image.digest] = media
                 m.model.vision.encoded += 1
                 while len(m.media) > MEDIA_KEPT:
                     m.media.popitem(last=False)
             m.media.move_to_end(image.digest)
-            out[media_prompt.media_id(image)] = rows
+            out[media_prompt.media_id(image)] = media
         return out
 
     def chat_template(self, name: str | None = None) -> ChatTemplate:

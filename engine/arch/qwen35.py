@@ -193,6 +193,16 @@ class Config(config.Config):
                        or (s % 3 == 0 and s < 3 * t))
         return tuple(out)
 
+    def rope_components(self) -> tuple[int, ...]:
+        """Per rotated pair, the position component it turns by (0 t, 1 h, 2 w, 3 e: ggml's
+        interleaved multi-section rope); images give their tokens other h and w than t
+        (engine/vision/positions.py)."""
+        from ..vision.positions import imrope_components
+
+        if not self.rope_sections:                     # qwen3next: one position
+            return (0,) * (self.rope_dims // 2)
+        return imrope_components(self.rope_sections, self.rope_dims // 2)
+
     def conv_state_bytes(self) -> int:
         """One delta-net layer's conv state: conv_kernel - 1 inputs of every channel, f32."""
         return 4 * (self.conv_kernel - 1) * self.conv_channels

@@ -398,8 +398,10 @@ class Builder:
         The angles come from the rope's table (engine/gpu/rope.py) where ggml's numerics are
         asked for or the rope is scaled; else the kernel computes them. With temp_scale,
         q is then multiplied by 1 + temp_scale * ln(1 + floor(pos / temp_floor)) (Llama 4's
-        attention temperature, as mistral3 has it)."""
-        table = self.t.ggml_numerics or not rope.plain
+        attention temperature, as mistral3 has it). A run state whose positions are not its
+        slots (`positioned`: M-RoPE after an image, a vision encoder's 2-D rope) has its
+        table written for each pass: the kernel always reads it."""
+        table = self.t.ggml_numerics or not rope.plain or getattr(self.rs, "positioned", False)
         n_dims = rope.n_dims
         count = n * ((n_head + n_head_kv) * n_dims // 2 + n_head_kv * head_dim)
         temp = bool(temp_scale)

@@ -57,6 +57,9 @@ class RunState:
                  q_gate: bool = False, n_ff_shexp: int = 0):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
         self.n_embd, self.label = n_embd, label
+        # the slots' positions are not theirs (M-RoPE after an image): rope_qkv reads the
+        # rope table, whose rows the model writes for each pass
+        self.positioned = False
         self.embd_in: vk.Buffer | None = None    # [T, n_embd] an image's rows (embd_input)
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
@@ -147,11 +150,14 @@ class RunState:
             self.rope_table(r)
 
     def rope_table(self, rope: Rope) -> vk.Buffer:
-        """(cos, sin) for every position and pair (engine/gpu/rope.py), on the device."""
+        """(cos, sin) for every position and pair (engine/gpu/rope.py), on the device; host-
+        visible where the run state is `positioned` (its rows written for each pass:
+        M-RoPE, engine/vision/positions.py)."""
         key = rope
         if key not in self.rope_tables:
             table = rope_table(self.n_ctx, rope)
-            buf = self.dev.allocator.alloc(table.nbytes, f"rope{rope.base:g}", "compute")
+            buf = self.dev.allocator.alloc(table.nbytes, f"rope{rope.base:g}", "compute",
+                                           host=self.positioned)
             with vk.Uploader(self.dev, staging_bytes=table.nbytes) as up:
                 up.write(buf, table)
             self.rope_tables[key] = buf

@@ -95,7 +95,7 @@ def _check_vision(out: dict, path: str, target: Target) -> None:
         sz = encoder_sizes(g, c)
     width = out.get("n_embd")
     out["vision"] = {"path": path, "projector": c.projector, "image_size": c.image_size,
-                     "tokens_per_image": c.n_tokens, "width": c.n_embd_text,
+                     "tokens_per_image": c.max_image_tokens, "width": c.n_embd_text,
                      "vram_bytes": sz["weights"] + sz["activations"], "ram_bytes": sz["host"]}
     if width is not None and width != c.n_embd_text:
         out["problems"].append(f"mmproj: the projector gives rows of {c.n_embd_text}; the "

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
@@ -34,7 +35,10 @@ from ..gpu.runstate import LOGPROB_WORDS, TOP_LOGPROBS, RunState, run_state_args
 from ..gpu.tensors import Tensor
 from . import placement, promptcache
 from .placement import PlacementError  # noqa: F401  (raised by Model())
+from ..gpu.rope import rope_table
+from ..vision.config import Geometry
 from ..vision.encoder import VisionEncoder
+from ..vision.positions import Positions
 
 PREFILL_CHUNK = 256           # most prompt tokens a prefill pass takes (where no matrix units)
 CHUNK_TARGET_S = 0.5          # a prefill pass (one submit) takes about this long at most
@@ -154,7 +158,10 @@ class Model:
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
                                                 # (an image's soft tokens as its media id)
-        self.media: dict[int, np.ndarray] = {}  # media id -> soft tokens, of the request
+        self.media: dict[int, Media] = {}      # media id -> soft tokens, of the request
+        # M-RoPE (a model whose rope turns pairs by position components, with images): the
+        # positions of its slots, and its rope table written for each pass
+        self.positions: Positions | None = None
         self.vision: VisionEncoder | None = None   # an mmproj's encoder: warm and cold with
                                                    # the model (attach_vision)
         # recurrent models: (tokens, host copy of the states after them), an earlier point
@@ -192,20 +199,27 @@ class Model:
         vision = self.vision.warm_bytes() if self.vision is not None else 0
         return self.weight_bytes + RunState.bytes_for(**self._run_state_args()) + vision
 
-    def attach_vision(self, path: str) -> None:
+    def attach_vision(self, path: str, max_tokens: int | None = None) -> None:
         """An mmproj file's encoder for this model's images, whose soft tokens must have
-        this model's width; made warm now if the model is."""
+        this model's width; made warm now if the model is. max_tokens: an image's most soft
+        tokens, where the projector sizes images (qwen3vl_merger; llama.cpp's 4096)."""
         enc = VisionEncoder(self.dev, self.kernels, path, self.tuning,
-                            label=f"{self.name}/vision", warm=False)
+                            label=f"{self.name}/vision", warm=False, max_tokens=max_tokens)
         if enc.config.n_embd_text != self.config.n_embd:
             enc.close()
             raise ModelFileError(path, f"the projector gives rows of {enc.config.n_embd_text}; "
                                  f"{self.name} takes {self.config.n_embd}", "unsupported")
-        if enc.config.n_tokens > self.chunk:
-            enc.close()
-            raise ModelFileError(path, f"an image of {enc.config.n_tokens} soft tokens does "
-                                 f"not fit a pass of {self.chunk}", "unsupported")
+        if enc.config.bidirectional and enc.config.max_image_tokens > self.chunk:
+            enc.close()                        # its soft tokens go in one pass
+            raise ModelFileError(path, f"an image of {enc.config.max_image_tokens} soft "
+                                 f"tokens does not fit a pass of {self.chunk}", "unsupported")
         self.vision = enc
+        components = getattr(self.config, "rope_components", None)
+        if components is not None and enc.config.projector == "qwen3vl_merger":
+            self.positions = Positions(self.n_ctx, components())
+            self._drop_graphs()                # from now on they read a written table
+            if self.rs is not None:
+                self.rs.positioned = True
         if self.state == "warm":
             enc.restore()
 
@@ -265,6 +279,7 @@ class Model:
                 self._read_spilled_states()
             if made_rs:
                 self.rs = RunState(self.dev, self.name, **self._run_state_args())
+                self.rs.positioned = self.positions is not None
                 if self.kv_shadow is not None:
                     # its own submit (it waits for the weights' copies before it): in their
                     # stream, graph recording started earlier and overran the copy (H200:
@@ -678,12 +693,13 @@ class Model:
         return g
 
     def run(self, tokens: list[int], pos0: int, greedy: bool, logprobs: bool = False,
-            embd: np.ndarray | None = None):
+            embd: Media | None = None):
         """The next-token argmax (greedy) or logits after tokens at positions pos0..; with
         logprobs, (that, (lse, top log-probabilities, their ids)): the log-softmax of the
-        logits, computed on the device (the TOP_LOGPROBS best, best first). embd: the rows
-        [len(tokens), n_embd] that go in instead of the tokens' (an image's soft tokens,
-        which see each other both ways); `tokens` are then what the cache knows them by."""
+        logits, computed on the device (the TOP_LOGPROBS best, best first). embd: an
+        image whose soft tokens [len(tokens), n_embd] go in instead of the tokens' (seeing
+        each other both ways where its projector says so); `tokens` are then what the cache
+        knows them by."""
         if self.state != "warm":
             raise RuntimeError(f"{self.name} is cold: restore it before running it")
         if pos0 + len(tokens) > self.n_ctx:
@@ -696,13 +712,20 @@ class Model:
                 raise ValueError(f"{self.name}: the recurrent state is at position "
                                  f"{len(self.cache_tokens)}, not {pos0}")
         if embd is not None:
-            if embd.shape != (len(tokens), self.config.n_embd):
-                raise ValueError(f"embeddings of shape {embd.shape} for {len(tokens)} "
+            if embd.rows.shape != (len(tokens), self.config.n_embd):
+                raise ValueError(f"embeddings of shape {embd.rows.shape} for {len(tokens)} "
                                  f"positions of width {self.config.n_embd}")
-            self.rs.embd_input().write(np.ascontiguousarray(embd, np.float32))
-            self.rs.set_step(np.zeros(len(tokens), np.uint32), pos0, bidir=True)
+            self.rs.embd_input().write(np.ascontiguousarray(embd.rows, np.float32))
+            self.rs.set_step(np.zeros(len(tokens), np.uint32), pos0,
+                             bidir=self.vision.config.bidirectional)
         else:
             self.rs.set_step(tokens, pos0)
+        if self.positions is not None:
+            rope = self.config.rope
+            rows = self.positions.rows(rope_table(self.n_ctx, rope), pos0, len(tokens),
+                                       None if embd is None else embd.geometry,
+                                       0 if embd is None else embd.first)
+            self.rs.rope_table(rope).write(rows, pos0 * rows[0].nbytes)
         graph = self._graph(len(tokens), greedy, logprobs, embd is not None)
         t0 = time.perf_counter()
         graph.replay()
@@ -737,9 +760,14 @@ class Model:
             if s and between is not None:
                 between()
             embd = None
-            if tokens[s] < 0:                          # an image's span: one pass, whole
-                n = media_span(tokens, s)
-                embd = self.media_rows(tokens[s], n)
+            if tokens[s] < 0:       # an image's span: whole where it sees itself both ways
+                first = media_start(tokens, s)
+                image = self.media_rows(tokens[s], media_span(tokens, first))
+                a = s - first
+                n = len(image.rows) - a
+                if not self.vision.config.bidirectional:
+                    n = min(n, self.chunk)
+                embd = Media(image.rows[a:a + n], image.geometry, a)
             else:
                 n = self.next_chunk(media_free(tokens, s))
             if logprobs and s + n == len(tokens):      # the last pass's logits only
@@ -749,16 +777,16 @@ class Model:
             s += n
         return out
 
-    def media_rows(self, key: int, n: int) -> np.ndarray:
+    def media_rows(self, key: int, n: int) -> Media:
         """The soft tokens of the image a prompt knows by `key` (a negative id, see
         engine/vision/prompt.py), from `media`, the request's images."""
         rows = self.media.get(key)
         if rows is None:
             raise ValueError(f"{self.name}: no image for the prompt's media id {key}")
-        if len(rows) != n:
-            raise ValueError(f"{self.name}: an image of {len(rows)} soft tokens in a span of "
-                             f"{n}")
-        if n > self.chunk:
+        if len(rows.rows) != n:
+            raise ValueError(f"{self.name}: an image of {len(rows.rows)} soft tokens in a span "
+                             f"of {n}")
+        if n > self.chunk and self.vision.config.bidirectional:
             raise ValueError(f"{self.name}: an image of {n} soft tokens does not fit a pass "
                              f"of {self.chunk}")
         return rows
@@ -823,6 +851,10 @@ class Model:
         if seq_first is None and n > 1:     # the graph reads the bounds: one sequence
             seq_first = np.zeros(n, np.uint32)
         self.rs.set_step(tokens, pos0, seq_first)
+        if self.positions is not None:      # text from position 0: the plain rows
+            plain = rope_table(self.n_ctx, self.config.rope)[:pos0 + n]
+            self.rs.rope_table(self.config.rope).write(plain)
+            self.positions.next[:pos0 + n] = np.arange(1, pos0 + n + 1)
         graph = self._hidden.get(n)
         if graph is None:
             graph = self._hidden[n] = self._record_hidden(n)
@@ -919,6 +951,15 @@ class Model:
         self.recurrent_shadow = None
         self.checkpoint = None
         self.gguf.close()
+
+
+@dataclass(frozen=True)
+class Media:
+    """An image in a prompt: its soft tokens [n_tokens, n_embd] and its geometry; in a pass
+    of part of it, the soft tokens from `first` on."""
+    rows: np.ndarray
+    geometry: Geometry
+    first: int = 0
 
 
 def media_span(tokens: list[int], s: int) -> int:

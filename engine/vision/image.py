@@ -1,8 +1,10 @@
-"""An image, from a file's bytes to the encoder's input, as llama.cpp's mtmd prepares it for
-a fixed-size encoder (mtmd-image.cpp): decoded to RGB, letterboxed into the encoder's square
-(scaled by Pillow's bilinear filter to fit, centred on black), each value v / 255 then
-(v - mean) / std per channel, and cut into patches: row-major over the image, each patch's
-values in (channel, row, column) order, a convolution's im2col."""
+"""An image, from a file's bytes to the encoder's input, as llama.cpp's mtmd prepares it
+(mtmd-image.cpp): decoded to RGB, letterboxed onto the canvas of its geometry (config.py:
+scaled to fit keeping its aspect, centred on black; Pillow's bilinear filter for gemma3,
+bicubic for qwen3vl_merger, which mtmd's resampler follows), each value v / 255 then
+(v - mean) / std per channel, and cut into patches, each patch's values in (channel, row,
+column) order, a convolution's im2col: row-major over the image (gemma3), or in 2 x 2 blocks
+of patches, the blocks row-major and the patches of a block too (qwen3vl_merger)."""
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import VisionConfig
+from .config import Geometry, VisionConfig
 
 MAX_BYTES = 20 * 1024 * 1024          # an image file larger than this is refused
 MAX_PIXELS = 50_000_000               # as is one whose width x height is larger
@@ -69,32 +71,46 @@ class Image:
         return cls(rgb, h.digest())
 
 
-def letterbox(rgb: np.ndarray, size: int) -> np.ndarray:
-    """rgb scaled to fit a size x size square, keeping its aspect, centred on black
-    (mtmd's resize with PAD_CEIL; Pillow's bilinear filter is the one it follows)."""
+def letterbox(rgb: np.ndarray, width: int, height: int, bicubic: bool = False) -> np.ndarray:
+    """rgb scaled to fit a width x height canvas, keeping its aspect, centred on black
+    (mtmd's resize with PAD_CEIL); unchanged where it is that size already."""
     from PIL import Image as PILImage
 
     h, w = rgb.shape[:2]
-    if (h, w) == (size, size):
+    if (h, w) == (height, width):
         return rgb
-    scale = min(np.float32(size) / np.float32(w), np.float32(size) / np.float32(h))
-    nw = min(int(np.ceil(np.float32(w) * scale)), size)
-    nh = min(int(np.ceil(np.float32(h) * scale)), size)
-    im = PILImage.fromarray(rgb).resize((nw, nh), PILImage.Resampling.BILINEAR,
-                                        reducing_gap=None)
-    out = np.zeros((size, size, 3), np.uint8)
-    ox, oy = (size - nw) // 2, (size - nh) // 2
+    f32 = np.float32
+    scale = min(f32(width) / f32(w), f32(height) / f32(h))
+    nw = min(int(np.ceil(f32(f32(w) * scale))), width)
+    nh = min(int(np.ceil(f32(f32(h) * scale))), height)
+    mode = PILImage.Resampling.BICUBIC if bicubic else PILImage.Resampling.BILINEAR
+    im = PILImage.fromarray(rgb).resize((nw, nh), mode, reducing_gap=None)
+    out = np.zeros((height, width, 3), np.uint8)
+    ox, oy = (width - nw) // 2, (height - nh) // 2
     out[oy:oy + nh, ox:ox + nw] = np.asarray(im, np.uint8)
     return out
 
 
-def patches(image: Image, c: VisionConfig) -> np.ndarray:
-    """The encoder's input: [n_patches, patch_len] float32, patch py * side + px, values in
-    (channel, row, column) order, then zeros to patch_len."""
-    x = letterbox(image.rgb, c.image_size).astype(np.float32) / np.float32(255.0)
+def block_order(gw: int, gh: int) -> np.ndarray:
+    """qwen3vl_merger's patch order: 2 x 2 blocks row-major, each block's four patches
+    row-major; the raster index y * gw + x of each."""
+    yb, xb, dy, dx = np.meshgrid(np.arange(gh // 2), np.arange(gw // 2), np.arange(2),
+                                 np.arange(2), indexing="ij")
+    return ((2 * yb + dy) * gw + (2 * xb + dx)).reshape(-1)
+
+
+def patches(image: Image, c: VisionConfig, g: Geometry | None = None) -> np.ndarray:
+    """The encoder's input: [n_patches, patch_len] float32, values in (channel, row, column)
+    order, then zeros to patch_len; patches in the projector's order."""
+    g = g or c.geometry(image.rgb.shape[1], image.rgb.shape[0])
+    x = letterbox(image.rgb, g.width, g.height, bicubic=c.projector != "gemma3")
+    x = x.astype(np.float32) / np.float32(255.0)
     x = (x - np.asarray(c.mean, np.float32)) / np.asarray(c.std, np.float32)
-    s, p = c.side, c.patch
-    x = x.transpose(2, 0, 1).reshape(3, s, p, s, p).transpose(1, 3, 0, 2, 4)
-    out = np.zeros((s * s, c.patch_len), np.float32)
-    out[:, :3 * p * p] = x.reshape(s * s, 3 * p * p)
+    p = c.patch
+    x = x.transpose(2, 0, 1).reshape(3, g.gh, p, g.gw, p).transpose(1, 3, 0, 2, 4)
+    x = x.reshape(g.n_patches, 3 * p * p)
+    if c.projector != "gemma3":
+        x = x[block_order(g.gw, g.gh)]
+    out = np.zeros((g.n_patches, c.patch_len), np.float32)
+    out[:, :3 * p * p] = x
     return out

@@ -2,7 +2,8 @@
 marker at each image's place; the text is tokenized piece by piece around the markers (the
 first piece with the vocabulary's BOS), and each marker becomes the projector's opening
 text, the image's soft tokens, and its closing text (Gemma 3: `<start_of_image>`, 256 soft
-tokens, `<end_of_image>`).
+tokens, `<end_of_image>`; Qwen3.5: `<|vision_start|>`, as many soft tokens as its geometry
+gives, `<|vision_end|>`).
 
 A soft token has no id: in the ids it is the image's media id, a negative number made from
 the digest of its pixels, repeated once per soft token. The KV cache knows the image by it
@@ -15,7 +16,8 @@ from .config import VisionConfig
 from .image import Image
 
 MARKER = "<__media__>"
-WRAP = {"gemma3": ("<start_of_image>", "<end_of_image>")}
+WRAP = {"gemma3": ("<start_of_image>", "<end_of_image>"),
+        "qwen3vl_merger": ("<|vision_start|>", "<|vision_end|>")}
 
 
 def media_id(image: Image) -> int:
@@ -33,7 +35,9 @@ def tokenize(tokenizer: Tokenizer, text: str, images: list[Image], c: VisionConf
     ids: list[int] = []
     for i, piece in enumerate(pieces):
         if i:
-            ids += [media_id(images[i - 1])] * c.n_tokens
+            image = images[i - 1]
+            n = c.geometry(image.rgb.shape[1], image.rgb.shape[0]).n_tokens
+            ids += [media_id(image)] * n
             piece = closing + piece
         if i < len(images):
             piece += opening

@@ -7,12 +7,12 @@ LayerNorm; then the projector: the patch grid average-pooled by `merge` a side, 
 from __future__ import annotations
 
 from ..gpu.builder import Builder
-from .config import VisionConfig
+from .config import Geometry, VisionConfig
 
 
-def forward(b: Builder, c: VisionConfig, s) -> None:
+def forward(b: Builder, c: VisionConfig, s, g: Geometry) -> None:
     """s.patches [n_patches, patch_len] -> s.out [n_tokens, n_embd_text] (s: VisionState)."""
-    w, n, d, hd = b.weights, c.n_patches, c.n_embd, c.head_dim
+    w, n, d, hd = b.weights, g.n_patches, c.n_embd, c.head_dim
     b.matmul(w["v.patch_embd.weight"], s.patches, s.x, n)
     b.add_bias(s.x, w["v.patch_embd.bias"], n)
     b.add(s.x, w["v.position_embd.weight"].binding(), s.x, n * d)
@@ -36,6 +36,6 @@ def forward(b: Builder, c: VisionConfig, s) -> None:
         b.add_bias(s.xn, w[p + "ffn_down.bias"], n)
         b.add(s.x, s.xn, s.x, n * d)
     b.layer_norm(s.x, w["v.post_ln.weight"], w["v.post_ln.bias"], s.xn, n, c.eps)
-    b.pool2d(s.xn, s.pooled, d, c.side, c.merge)
-    b.rms_norm(s.pooled, w["mm.soft_emb_norm.weight"], s.pooled, c.n_tokens, c.eps)
-    b.matmul(w["mm.input_projection.weight"], s.pooled, s.out, c.n_tokens)
+    b.pool2d(s.xn, s.pooled, d, g.gw, c.merge)
+    b.rms_norm(s.pooled, w["mm.soft_emb_norm.weight"], s.pooled, g.n_tokens, c.eps)
+    b.matmul(w["mm.input_projection.weight"], s.pooled, s.out, g.n_tokens)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from engine.residency import loop
-from engine.residency.model import Model
+from engine.residency.model import Media, Model
 from engine.text.tokenizer import Tokenizer
 from engine.vision import prompt as media_prompt
 from engine.vision.image import Image
@@ -64,11 +64,11 @@ def model(dev, kc):
 
 
 @pytest.fixture(scope="module")
-def soft_tokens(model) -> dict[str, np.ndarray]:
-    return {name: model.vision.encode(image(name)) for name in IMAGES}
+def soft_tokens(model) -> dict[str, Media]:
+    return {name: Media(*model.vision.encode(image(name))) for name in IMAGES}
 
 
-def teacher_forced(model: Model, name: str, img: Image, rows: np.ndarray) -> np.ndarray:
+def teacher_forced(model: Model, name: str, img: Image, rows: Media) -> np.ndarray:
     """The logits after the prompt and after each of llama.cpp's continuation tokens."""
     ids = prompt_ids(name, img)
     model.media = {media_prompt.media_id(img): rows}
@@ -92,13 +92,14 @@ def check_logits(name: str, got: np.ndarray) -> None:
 
 @pytest.mark.parametrize("name", IMAGES)
 def test_soft_tokens_are_llamacpps(soft_tokens, name):
-    got, want = soft_tokens[name], REF[f"{name}_embd"]
+    got, want = soft_tokens[name].rows, REF[f"{name}_embd"]
+    assert soft_tokens[name].geometry.n_tokens == CASE["n_image_tokens"]
     assert got.shape == want.shape == (CASE["n_image_tokens"], 256)
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < MAX_EMBD_ERR
 
 
 def test_the_two_images_give_other_soft_tokens(soft_tokens):
-    a, b = soft_tokens["square"], soft_tokens["wide"]
+    a, b = soft_tokens["square"].rows, soft_tokens["wide"].rows
     assert np.linalg.norm(a - b) / np.linalg.norm(a) > 0.1
 
 
@@ -120,18 +121,21 @@ def test_release_and_restore_between_two_images(model):
     """Encode and answer one image, go cold (vision included), come back, the other image:
     both still llama.cpp's; the encoder holds no device bytes while cold."""
     first = image("square")
-    check_logits("square", teacher_forced(model, "square", first, model.vision.encode(first)))
+    check_logits("square", teacher_forced(model, "square", first,
+                                          Media(*model.vision.encode(first))))
     assert model.device_bytes()["vision"] == model.vision.device_bytes() > 0
     model.release(full=True)
     assert not model.vision.warm and "vision" not in model.device_bytes()
     model.restore()
     assert model.vision.warm
     second = image("wide")
-    check_logits("wide", teacher_forced(model, "wide", second, model.vision.encode(second)))
+    check_logits("wide", teacher_forced(model, "wide", second,
+                                        Media(*model.vision.encode(second))))
 
 
 def test_tiled_attention_gives_the_same_answer(dev, kc, soft_tokens):
     m = Model(dev, kc, str(DATA / CASE["model_file"]), n_ctx=1024, flash_attn="on")
+    m.attach_vision(str(DATA / CASE["mmproj_file"]))
     try:
         assert m.paths.prefill_attention != "attention"
         check_logits("wide", teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))

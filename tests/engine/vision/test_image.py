@@ -30,7 +30,7 @@ def gradient(h: int, w: int) -> np.ndarray:
 
 def config(image_size=28, patch=14, merge=1) -> VisionConfig:
     return VisionConfig("gemma3", image_size, patch, 32, 64, 1, 2, 1e-6, (0.5,) * 3,
-                        (0.5,) * 3, merge, 64)
+                        (0.5,) * 3, merge, 64, (image_size // patch) ** 2)
 
 
 @pytest.mark.parametrize("fmt,kw,exact", [("PNG", {}, True), ("WEBP", {"lossless": True}, True),
@@ -82,12 +82,12 @@ def test_limits(monkeypatch):
 
 def test_letterbox_keeps_the_aspect_on_black():
     rgb = np.full((100, 200, 3), 200, np.uint8)
-    out = letterbox(rgb, 64)
+    out = letterbox(rgb, 64, 64)
     assert out.shape == (64, 64, 3)
     assert (out[:16] == 0).all() and (out[48:] == 0).all()      # 64 x 32, centred
     assert (out[16:48] == 200).all()
     square = gradient(64, 64)
-    assert letterbox(square, 64) is square
+    assert letterbox(square, 64, 64) is square
 
 
 def test_patches_are_rows_of_channel_row_column():

@@ -1,0 +1,154 @@
+"""Qwen3.5 with images on the GPU engine, against llama.cpp (libmtmd, CPU) on the synthetic
+qwen35 text model and a synthetic qwen3vl_merger mmproj (tests/data/synth, made by
+tests/tools/make_synth_vision.py --family qwen35, images of at most 256 soft tokens): the
+image's geometry and soft tokens, mtmd's prompt ids, the M-RoPE positions of every prompt
+token, and the logits after a prompt with an image and at each teacher-forced greedy step;
+then the same after a release and restore, and with the image's soft tokens in several
+causal passes."""
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+
+from engine.residency.model import Media, Model
+from engine.text.tokenizer import Tokenizer
+from engine.vision import prompt as media_prompt
+from engine.vision.image import Image
+from engine.vision.positions import Positions
+from tests.helpers.synth_reference import DATA, MIN_COS, TIE, cosine
+
+pytestmark = pytest.mark.gpu
+
+IMAGES = ("square", "wide")
+MAX_EMBD_ERR = 2e-3
+MAX_LOGIT_DIFF = 0.05
+
+
+def _case() -> dict | None:
+    index = DATA / "index.json"
+    if not index.exists():
+        return None
+    return next((c for c in json.loads(index.read_text()).get("vision_cases", ())
+                 if c["name"] == "qwen35-vision"), None)
+
+
+CASE = _case()
+if CASE is None:
+    pytest.skip("no qwen35-vision case in tests/data/synth", allow_module_level=True)
+REF = np.load(DATA / CASE["data"])
+IMAGE_DIR = DATA.parents[2] / CASE["image_dir"]
+
+
+def image(name: str) -> Image:
+    data = (IMAGE_DIR / CASE["images"][name]["file"]).read_bytes()
+    assert hashlib.sha256(data).hexdigest() == CASE["images"][name]["sha256"]
+    return Image.from_bytes(data)
+
+
+def prompt_ids(name: str, img: Image) -> list[int]:
+    n = CASE["images"][name]["n_image_tokens"]
+    return [int(t) for t in REF[f"{name}_ids_before"]] + [media_prompt.media_id(img)] * n + \
+        [int(t) for t in REF[f"{name}_ids_after"]]
+
+
+def open_model(dev, kc, **kw) -> Model:
+    for key in ("model", "mmproj"):
+        path = DATA / CASE[f"{key}_file"]
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == CASE[f"{key}_sha256"]
+    m = Model(dev, kc, str(DATA / CASE["model_file"]), n_ctx=1024, **kw)
+    m.attach_vision(str(DATA / CASE["mmproj_file"]), max_tokens=CASE["image_max_tokens"])
+    return m
+
+
+@pytest.fixture(scope="module")
+def model(dev, kc):
+    m = open_model(dev, kc)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="module")
+def soft_tokens(model) -> dict[str, Media]:
+    return {name: Media(*model.vision.encode(image(name))) for name in IMAGES}
+
+
+def teacher_forced(model: Model, name: str, img: Image, media: Media) -> np.ndarray:
+    ids = prompt_ids(name, img)
+    model.media = {media_prompt.media_id(img): media}
+    model.cache_tokens = []
+    model.rs.reset_recurrent()
+    out = [model.eval(ids, 0, greedy=False)]
+    for i, tok in enumerate(REF[f"{name}_continuation_ids"]):
+        out.append(model.run([int(tok)], len(ids) + i, greedy=False))
+    return np.stack(out)
+
+
+def check_logits(name: str, got: np.ndarray) -> None:
+    want = REF[f"{name}_logits_steps"]
+    assert got.shape == want.shape
+    for step, (g, w) in enumerate(zip(got, want)):
+        top2 = np.sort(w)[-2:]
+        if int(np.argmax(g)) != int(np.argmax(w)):
+            assert top2[1] - top2[0] < TIE, f"{name} step {step}: argmax differs"
+        assert cosine(g, w) >= MIN_COS, f"{name} step {step}"
+        assert np.abs(g - w).max() < MAX_LOGIT_DIFF, f"{name} step {step}"
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_geometry_and_soft_tokens_are_llamacpps(soft_tokens, name):
+    media = soft_tokens[name]
+    assert [media.geometry.nx, media.geometry.ny] == list(REF[f"{name}_grid"])
+    got, want = media.rows, REF[f"{name}_embd"]
+    assert got.shape == want.shape
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < MAX_EMBD_ERR
+
+
+def test_prompt_ids_are_mtmds(model):
+    tok = Tokenizer.from_gguf(model.gguf)
+    for name in IMAGES:
+        img = image(name)
+        ids = media_prompt.tokenize(tok, CASE["prompt_text"], [img], model.vision.config)
+        assert ids == prompt_ids(name, img)
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_positions_are_mtmds(soft_tokens, name):
+    """Every prompt token's (t, h, w, e), as llama.cpp decoded them."""
+    n0 = len(REF[f"{name}_ids_before"])
+    geometry = soft_tokens[name].geometry
+    p = Positions(1024, (0,))
+    got = np.concatenate([p.advance(0, n0, None),
+                          p.advance(n0, geometry.n_tokens, geometry),
+                          p.advance(n0 + geometry.n_tokens, len(REF[f"{name}_ids_after"]),
+                                    None)])
+    assert np.array_equal(got, REF[f"{name}_positions"])
+
+
+@pytest.mark.parametrize("name", IMAGES)
+def test_logits_after_an_image_are_llamacpps(model, soft_tokens, name):
+    check_logits(name, teacher_forced(model, name, image(name), soft_tokens[name]))
+
+
+def test_release_and_restore_between_two_images(model):
+    first = image("square")
+    check_logits("square", teacher_forced(model, "square", first,
+                                          Media(*model.vision.encode(first))))
+    model.release(full=True)
+    assert not model.vision.warm and "vision" not in model.device_bytes()
+    model.restore()
+    second = image("wide")
+    check_logits("wide", teacher_forced(model, "wide", second,
+                                        Media(*model.vision.encode(second))))
+
+
+def test_an_image_in_several_passes(dev, kc, soft_tokens, monkeypatch):
+    """A causal image may go in passes smaller than itself: the same logits."""
+    m = open_model(dev, kc)
+    try:
+        monkeypatch.setattr(Model, "chunk", property(lambda self: 64))
+        check_logits("wide", teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))
+    finally:
+        m.close()
