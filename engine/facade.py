@@ -117,9 +117,11 @@ class EngineAPI(Protocol):
     # -- models ------------------------------------------------------------------------------
     def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
              progress: Callable[[int, int], None] | None = None,
-             cpu_moe: float = 0.0, mmproj: str | None = None) -> str:
+             cpu_moe: float = 0.0, mmproj: str | None = None,
+             image_max_tokens: int | None = None) -> str:
         """Parse and upload a GGUF file (budget acquired first); its name. mmproj: a vision
-        projector file for its images (warm and cold with it)."""
+        projector file for its images (warm and cold with it); image_max_tokens: an image's
+        most soft tokens where the projector sizes images (Qwen3.5; llama.cpp's 4096)."""
 
     def check(self, path: str, n_ctx: int | None = None, mmproj: str | None = None) -> dict:
         """Whether the file will run here, before loading it (no device work): "runs",

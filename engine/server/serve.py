@@ -26,6 +26,9 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
     s.add_argument("--mmproj", action="append", metavar="FILE",
                    help="a vision projector (mmproj GGUF) for the --model of the same place; "
                         "repeat for the next ones")
+    s.add_argument("--image-max-tokens", type=int, metavar="N",
+                   help="an image's most soft tokens where the projector sizes images "
+                        "(Qwen3.5; default 4096, as llama.cpp)")
     s.add_argument("--fetch-images", action="store_true",
                    help="fetch image_url parts that are http(s) URLs (off: only data URLs are "
                         "taken; the server then fetches nothing)")
@@ -114,7 +117,12 @@ def cmd_serve(args, Engine: Callable[..., EngineAPI]) -> int:
                  flash_attn=args.flash_attn, arena=arena_enabled(args),
                  wake_on_free=args.wake_on_free, arena_label="serve (starting)")
     try:
-        names = [eng.load(p, cpu_moe=args.cpu_moe, mmproj=v) for p, v in zip(paths, mmproj)]
+        if args.image_max_tokens is not None and args.image_max_tokens < 1:
+            raise ValueError(f"--image-max-tokens must be at least 1, got "
+                             f"{args.image_max_tokens}")
+        names = [eng.load(p, cpu_moe=args.cpu_moe, mmproj=v,
+                          image_max_tokens=args.image_max_tokens)
+                 for p, v in zip(paths, mmproj)]
         return asyncio.run(_serve(eng, names, args))
     finally:
         eng.close()

@@ -122,7 +122,8 @@ class FakeEngine:
     # -- models -----------------------------------------------------------------------------
     def load(self, path: str, name: str | None = None, n_ctx: int | None = None,
              progress: Callable[[int, int], None] | None = None,
-             cpu_moe: float = 0.0, mmproj: str | None = None) -> str:
+             cpu_moe: float = 0.0, mmproj: str | None = None,
+             image_max_tokens: int | None = None) -> str:
         """Parse on the caller's thread (the real checks of GGUFFile), then "upload" holding
         the device lock, LOAD_STEPS progress calls load_delay_s apart."""
         path = os.fspath(path)

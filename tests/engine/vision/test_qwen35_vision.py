@@ -152,3 +152,28 @@ def test_an_image_in_several_passes(dev, kc, soft_tokens, monkeypatch):
         check_logits("wide", teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))
     finally:
         m.close()
+
+
+def test_the_engine_answers_an_image_and_again_from_its_cache():
+    """Through Engine.generate as the server calls it: llama.cpp's greedy tokens; the same
+    request again resumes from the recurrent model's checkpoint past the image and answers
+    the same; the image is encoded once. (The square image: the wide one's first step is a
+    near tie in llama.cpp, 0.007 apart.)"""
+    from engine.api import Engine
+    from engine.facade import Request
+    from engine.text.sampling import SamplingParams
+
+    greedy = SamplingParams(temperature=0.0)
+    data = (IMAGE_DIR / CASE["images"]["square"]["file"]).read_bytes()
+    with Engine(n_ctx=1024) as eng:
+        name = eng.load(str(DATA / CASE["model_file"]), mmproj=str(DATA / CASE["mmproj_file"]),
+                        image_max_tokens=CASE["image_max_tokens"])
+        req = Request(name, prompt=CASE["prompt_text"], images=[data], max_tokens=8,
+                      sampling=greedy)
+        first = eng.generate(req)
+        assert first.tokens == [int(t) for t in REF["square_continuation_ids"]]
+        assert len(first.prompt_tokens) == CASE["n_prompt"]["square"]
+        again = eng.generate(req)
+        assert again.tokens == first.tokens
+        assert again.timings["cached_tokens"] > len(REF["square_ids_before"]) + 256
+        assert eng.models[name].model.vision.encoded == 1
