@@ -9,36 +9,19 @@ patches come in that order), an MLP of GELU (tanh) into the text model's width."
 from __future__ import annotations
 
 from ..gpu.builder import Builder
+from . import vit
 from .config import Geometry, VisionConfig
 
 
 def forward(b: Builder, c: VisionConfig, s, g: Geometry) -> None:
     """s.patches [n_patches, patch_len] -> s.out [n_tokens, n_embd_text] (s: VisionState)."""
-    w, n, d, hd = b.weights, g.n_patches, c.n_embd, c.head_dim
+    w, n, d = b.weights, g.n_patches, c.n_embd
     b.matmul(w["v.patch_embd.weight"], s.patches, s.x, n)
     b.matmul(w["v.patch_embd.weight.1"], s.patches, s.x, n, accumulate=True)
     b.add_bias(s.x, w["v.patch_embd.bias"], n)
     b.add(s.x, s.pos, s.x, n * d)
     for i in range(c.n_layer):
-        p = f"v.blk.{i}."
-        b.layer_norm(s.x, w[p + "ln1.weight"], w[p + "ln1.bias"], s.xn, n, c.eps)
-        for name, y in (("attn_q", s.q), ("attn_k", s.k), ("attn_v", s.v)):
-            b.matmul(w[p + name + ".weight"], s.xn, y, n)
-            b.add_bias(y, w[p + name + ".bias"], n)
-        b.rope_qkv(s.q, s.k, s.v, s.k_cache, s.v_cache, c.n_head, c.n_head, hd, n,
-                   s.vision_rope, neox=True)
-        b.attention(s.q, s.k_cache, s.v_cache, s.att, c.n_head, c.n_head, hd, n,
-                    scale=hd ** -0.5)
-        b.matmul(w[p + "attn_out.weight"], s.att, s.xn, n)
-        b.add_bias(s.xn, w[p + "attn_out.bias"], n)
-        b.add(s.x, s.xn, s.x, n * d)
-        b.layer_norm(s.x, w[p + "ln2.weight"], w[p + "ln2.bias"], s.xn, n, c.eps)
-        b.matmul(w[p + "ffn_up.weight"], s.xn, s.ff, n)
-        b.add_bias(s.ff, w[p + "ffn_up.bias"], n)
-        b.gelu(s.ff, s.ff, n * c.ff_len)
-        b.matmul(w[p + "ffn_down.weight"], s.ff, s.xn, n)
-        b.add_bias(s.xn, w[p + "ffn_down.bias"], n)
-        b.add(s.x, s.xn, s.x, n * d)
+        vit.layer(b, c, s, i, n)
     b.layer_norm(s.x, w["v.post_ln.weight"], w["v.post_ln.bias"], s.xn, n, c.eps)
     t = g.n_tokens                                 # s.xn as [t, 4 d]: a block a row
     merged = w["mm.0.weight"]

@@ -5,7 +5,6 @@ an image and at each teacher-forced greedy step; then the same across a release 
 between two images, with tiled attention, and through the prompt cache."""
 from __future__ import annotations
 
-import hashlib
 import json
 
 import numpy as np
@@ -16,49 +15,29 @@ from engine.residency.model import Media, Model
 from engine.text.tokenizer import Tokenizer
 from engine.vision import prompt as media_prompt
 from engine.vision.image import Image
-from tests.helpers.synth_reference import DATA, MIN_COS, TIE, cosine
+from tests.helpers import vision_cases
+from tests.helpers.synth_reference import DATA
 
 pytestmark = pytest.mark.gpu
 
 IMAGES = ("square", "wide")
-MAX_EMBD_ERR = 2e-3            # relative (Frobenius) to llama.cpp's soft tokens
-MAX_LOGIT_DIFF = 0.05
-
-
-def _case() -> dict | None:
-    index = DATA / "index.json"
-    if not index.exists():
-        return None
-    return next((c for c in json.loads(index.read_text()).get("vision_cases", ())
-                 if c["name"] == "gemma3-vision"), None)
-
-
-CASE = _case()
+CASE = vision_cases.load("gemma3-vision")
 if CASE is None:
     pytest.skip("no gemma3-vision case in tests/data/synth", allow_module_level=True)
-REF = np.load(DATA / CASE["data"])
-IMAGE_DIR = DATA.parents[2] / CASE["image_dir"]
-
-
-def image(name: str) -> Image:
-    data = (IMAGE_DIR / CASE["images"][name]["file"]).read_bytes()
-    assert hashlib.sha256(data).hexdigest() == CASE["images"][name]["sha256"]
-    return Image.from_bytes(data)
+REF, N_IMAGE = CASE.ref, CASE.entry["n_image_tokens"]
+image = CASE.image
+check_logits = CASE.check_logits
 
 
 def prompt_ids(name: str, img: Image) -> list[int]:
-    return [int(t) for t in REF[f"{name}_ids_before"]] + \
-        [media_prompt.media_id(img)] * int(REF["n_image_tokens"]) + \
-        [int(t) for t in REF[f"{name}_ids_after"]]
+    return CASE.prompt_ids(name, media_prompt.media_id(img), N_IMAGE)
 
 
 @pytest.fixture(scope="module")
 def model(dev, kc):
-    for key in ("model", "mmproj"):
-        path = DATA / CASE[f"{key}_file"]
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == CASE[f"{key}_sha256"]
-    m = Model(dev, kc, str(DATA / CASE["model_file"]), n_ctx=1024)
-    m.attach_vision(str(DATA / CASE["mmproj_file"]))
+    CASE.check_files()
+    m = Model(dev, kc, CASE.model_path, n_ctx=1024)
+    m.attach_vision(CASE.mmproj_path)
     yield m
     m.close()
 
@@ -79,23 +58,10 @@ def teacher_forced(model: Model, name: str, img: Image, rows: Media) -> np.ndarr
     return np.stack(out)
 
 
-def check_logits(name: str, got: np.ndarray) -> None:
-    want = REF[f"{name}_logits_steps"]
-    assert got.shape == want.shape
-    for step, (g, w) in enumerate(zip(got, want)):
-        top2 = np.sort(w)[-2:]
-        if int(np.argmax(g)) != int(np.argmax(w)):
-            assert top2[1] - top2[0] < TIE, f"{name} step {step}: argmax differs"
-        assert cosine(g, w) >= MIN_COS, f"{name} step {step}"
-        assert np.abs(g - w).max() < MAX_LOGIT_DIFF, f"{name} step {step}"
-
-
 @pytest.mark.parametrize("name", IMAGES)
 def test_soft_tokens_are_llamacpps(soft_tokens, name):
-    got, want = soft_tokens[name].rows, REF[f"{name}_embd"]
-    assert soft_tokens[name].geometry.n_tokens == CASE["n_image_tokens"]
-    assert got.shape == want.shape == (CASE["n_image_tokens"], 256)
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < MAX_EMBD_ERR
+    assert soft_tokens[name].geometry.n_tokens == N_IMAGE
+    CASE.check_soft_tokens(name, soft_tokens[name].rows)
 
 
 def test_the_two_images_give_other_soft_tokens(soft_tokens):
@@ -106,10 +72,10 @@ def test_the_two_images_give_other_soft_tokens(soft_tokens):
 def test_prompt_ids_are_mtmds(model):
     tok = Tokenizer.from_gguf(model.gguf)
     img = image("square")
-    ids = media_prompt.tokenize(tok, CASE["prompt_text"], [img], model.vision.config)
+    ids = media_prompt.tokenize(tok, CASE.entry["prompt_text"], [img], model.vision.config)
     assert ids == prompt_ids("square", img)
     with pytest.raises(ValueError, match="1 image markers for 2 images"):
-        media_prompt.tokenize(tok, CASE["prompt_text"], [img, img], model.vision.config)
+        media_prompt.tokenize(tok, CASE.entry["prompt_text"], [img, img], model.vision.config)
 
 
 @pytest.mark.parametrize("name", IMAGES)
@@ -134,8 +100,8 @@ def test_release_and_restore_between_two_images(model):
 
 
 def test_tiled_attention_gives_the_same_answer(dev, kc, soft_tokens):
-    m = Model(dev, kc, str(DATA / CASE["model_file"]), n_ctx=1024, flash_attn="on")
-    m.attach_vision(str(DATA / CASE["mmproj_file"]))
+    m = Model(dev, kc, CASE.model_path, n_ctx=1024, flash_attn="on")
+    m.attach_vision(CASE.mmproj_path)
     try:
         assert m.paths.prefill_attention != "attention"
         check_logits("wide", teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))
@@ -169,7 +135,7 @@ def test_check_counts_the_projector_as_a_load_does():
     (the encoder's included) and, warm, its device bytes by kind."""
     from engine.api import Engine
 
-    model, mmproj = str(DATA / CASE["model_file"]), str(DATA / CASE["mmproj_file"])
+    model, mmproj = CASE.model_path, CASE.mmproj_path
     with Engine(n_ctx=1024) as eng:
         report = eng.check(model, mmproj=mmproj)
         assert report["runs"] and report["vision"]["tokens_per_image"] == 256
@@ -182,7 +148,7 @@ def test_check_counts_the_projector_as_a_load_does():
         alone = eng.check(model)
         assert alone["vram"]["total_bytes"] + report["vision"]["vram_bytes"] == \
             report["vram"]["total_bytes"]
-        other = eng.check(str(DATA / "qwen35-f16.gguf"), mmproj=mmproj)
+        other = eng.check(str(DATA / "qwen35-f16.gguf"), mmproj=mmproj)   # 128 wide
         assert not other["runs"]
         assert "mmproj: the projector gives rows of 256; the model takes 128" in \
             other["problems"]
@@ -197,13 +163,13 @@ def test_image_bench_times_the_first_token():
     from tests.conftest import ROOT
 
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "engine.cli", "bench", "-m", str(DATA / CASE["model_file"]),
-           "--image", str(IMAGE_DIR / "wide.png"), "-r", "1", "--json"]
-    r = subprocess.run(cmd + ["--mmproj", str(DATA / CASE["mmproj_file"])],
+    cmd = [sys.executable, "-m", "engine.cli", "bench", "-m", CASE.model_path,
+           "--image", str(CASE.image_dir / "wide.png"), "-r", "1", "--json"]
+    r = subprocess.run(cmd + ["--mmproj", CASE.mmproj_path],
                        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
-    assert report["prompt_tokens"] > CASE["n_image_tokens"]
+    assert report["prompt_tokens"] > N_IMAGE
     assert report["rows"][0]["engine"] == "hotseat" and report["rows"][0]["ttft_s"] > 0
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert r.returncode != 0 and "--image needs the model's --mmproj" in r.stderr

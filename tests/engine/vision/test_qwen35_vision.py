@@ -7,9 +7,6 @@ then the same after a release and restore, and with the image's soft tokens in s
 causal passes."""
 from __future__ import annotations
 
-import hashlib
-import json
-
 import numpy as np
 import pytest
 
@@ -18,48 +15,28 @@ from engine.text.tokenizer import Tokenizer
 from engine.vision import prompt as media_prompt
 from engine.vision.image import Image
 from engine.vision.positions import Positions
-from tests.helpers.synth_reference import DATA, MIN_COS, TIE, cosine
+from tests.helpers import vision_cases
 
 pytestmark = pytest.mark.gpu
 
 IMAGES = ("square", "wide")
-MAX_EMBD_ERR = 2e-3
-MAX_LOGIT_DIFF = 0.05
-
-
-def _case() -> dict | None:
-    index = DATA / "index.json"
-    if not index.exists():
-        return None
-    return next((c for c in json.loads(index.read_text()).get("vision_cases", ())
-                 if c["name"] == "qwen35-vision"), None)
-
-
-CASE = _case()
+CASE = vision_cases.load("qwen35-vision")
 if CASE is None:
     pytest.skip("no qwen35-vision case in tests/data/synth", allow_module_level=True)
-REF = np.load(DATA / CASE["data"])
-IMAGE_DIR = DATA.parents[2] / CASE["image_dir"]
-
-
-def image(name: str) -> Image:
-    data = (IMAGE_DIR / CASE["images"][name]["file"]).read_bytes()
-    assert hashlib.sha256(data).hexdigest() == CASE["images"][name]["sha256"]
-    return Image.from_bytes(data)
+REF = CASE.ref
+image = CASE.image
+check_logits = CASE.check_logits
 
 
 def prompt_ids(name: str, img: Image) -> list[int]:
-    n = CASE["images"][name]["n_image_tokens"]
-    return [int(t) for t in REF[f"{name}_ids_before"]] + [media_prompt.media_id(img)] * n + \
-        [int(t) for t in REF[f"{name}_ids_after"]]
+    return CASE.prompt_ids(name, media_prompt.media_id(img),
+                           CASE.entry["images"][name]["n_image_tokens"])
 
 
 def open_model(dev, kc, **kw) -> Model:
-    for key in ("model", "mmproj"):
-        path = DATA / CASE[f"{key}_file"]
-        assert hashlib.sha256(path.read_bytes()).hexdigest() == CASE[f"{key}_sha256"]
-    m = Model(dev, kc, str(DATA / CASE["model_file"]), n_ctx=1024, **kw)
-    m.attach_vision(str(DATA / CASE["mmproj_file"]), max_tokens=CASE["image_max_tokens"])
+    CASE.check_files()
+    m = Model(dev, kc, CASE.model_path, n_ctx=1024, **kw)
+    m.attach_vision(CASE.mmproj_path, max_tokens=CASE.entry["image_max_tokens"])
     return m
 
 
@@ -86,31 +63,18 @@ def teacher_forced(model: Model, name: str, img: Image, media: Media) -> np.ndar
     return np.stack(out)
 
 
-def check_logits(name: str, got: np.ndarray) -> None:
-    want = REF[f"{name}_logits_steps"]
-    assert got.shape == want.shape
-    for step, (g, w) in enumerate(zip(got, want)):
-        top2 = np.sort(w)[-2:]
-        if int(np.argmax(g)) != int(np.argmax(w)):
-            assert top2[1] - top2[0] < TIE, f"{name} step {step}: argmax differs"
-        assert cosine(g, w) >= MIN_COS, f"{name} step {step}"
-        assert np.abs(g - w).max() < MAX_LOGIT_DIFF, f"{name} step {step}"
-
-
 @pytest.mark.parametrize("name", IMAGES)
 def test_geometry_and_soft_tokens_are_llamacpps(soft_tokens, name):
     media = soft_tokens[name]
     assert [media.geometry.nx, media.geometry.ny] == list(REF[f"{name}_grid"])
-    got, want = media.rows, REF[f"{name}_embd"]
-    assert got.shape == want.shape
-    assert np.linalg.norm(got - want) / np.linalg.norm(want) < MAX_EMBD_ERR
+    CASE.check_soft_tokens(name, media.rows)
 
 
 def test_prompt_ids_are_mtmds(model):
     tok = Tokenizer.from_gguf(model.gguf)
     for name in IMAGES:
         img = image(name)
-        ids = media_prompt.tokenize(tok, CASE["prompt_text"], [img], model.vision.config)
+        ids = media_prompt.tokenize(tok, CASE.entry["prompt_text"], [img], model.vision.config)
         assert ids == prompt_ids(name, img)
 
 
@@ -164,15 +128,15 @@ def test_the_engine_answers_an_image_and_again_from_its_cache():
     from engine.text.sampling import SamplingParams
 
     greedy = SamplingParams(temperature=0.0)
-    data = (IMAGE_DIR / CASE["images"]["square"]["file"]).read_bytes()
+    data = CASE.image_bytes("square")
     with Engine(n_ctx=1024) as eng:
-        name = eng.load(str(DATA / CASE["model_file"]), mmproj=str(DATA / CASE["mmproj_file"]),
-                        image_max_tokens=CASE["image_max_tokens"])
-        req = Request(name, prompt=CASE["prompt_text"], images=[data], max_tokens=8,
+        name = eng.load(CASE.model_path, mmproj=CASE.mmproj_path,
+                        image_max_tokens=CASE.entry["image_max_tokens"])
+        req = Request(name, prompt=CASE.entry["prompt_text"], images=[data], max_tokens=8,
                       sampling=greedy)
         first = eng.generate(req)
         assert first.tokens == [int(t) for t in REF["square_continuation_ids"]]
-        assert len(first.prompt_tokens) == CASE["n_prompt"]["square"]
+        assert len(first.prompt_tokens) == CASE.entry["n_prompt"]["square"]
         again = eng.generate(req)
         assert again.tokens == first.tokens
         assert again.timings["cached_tokens"] > len(REF["square_ids_before"]) + 256
