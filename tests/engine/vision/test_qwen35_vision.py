@@ -141,3 +141,22 @@ def test_the_engine_answers_an_image_and_again_from_its_cache():
         assert again.tokens == first.tokens
         assert again.timings["cached_tokens"] > len(REF["square_ids_before"]) + 256
         assert eng.models[name].model.vision.encoded == 1
+
+
+def test_text_after_an_image_prompt_is_at_its_own_positions(dev, kc, model, soft_tokens):
+    """Once an image has moved the rope rows of its slots, a hidden-state pass (embeddings)
+    and a text prompt from position 0 get the plain rows back: the same as a model that
+    never saw an image."""
+    plain = Model(dev, kc, CASE.model_path, n_ctx=1024)
+    try:
+        text = [int(t) for t in REF["square_ids_after"]] * 3
+        want_hidden, want_logits = plain.hidden(text), plain.eval(text, 0, greedy=False)
+        teacher_forced(model, "square", image("square"), soft_tokens["square"])
+        got_hidden = model.hidden(text)
+        assert np.abs(got_hidden - want_hidden).max() < 1e-4
+        teacher_forced(model, "square", image("square"), soft_tokens["square"])
+        model.cache_tokens = []
+        model.rs.reset_recurrent()
+        assert np.abs(model.eval(text, 0, greedy=False) - want_logits).max() < 1e-4
+    finally:
+        plain.close()
