@@ -133,32 +133,59 @@ def _padded(a: np.ndarray, cols: int = 0, rows: int = 0) -> np.ndarray:
     return out
 
 
-def host_weights(g: GGUFFile, c: VisionConfig) -> dict[str, tuple[str, tuple, np.ndarray]]:
-    """Each tensor as the graph reads it: (type, ggml shape, bytes). The patch kernels as
-    F16 [patch_len, n_embd] matrices (ggml's convolution takes f16 from im2col), gemma3's
-    position embedding F32 and projection transposed to rows of the encoder's width,
-    qwen3vl_merger's fused q | k | v cut in three, the feed-forward's products padded to
-    ff_len; the rest as in the file (memmap views). qwen3vl_merger's position table is not
-    here: the host resamples it for each image."""
-    out = {}
+class HostTensor:
+    """A tensor as the graph reads it, on the host: its type, ggml shape and bytes, either
+    held (a view of the file, or a small reshaped copy) or made at each upload from the
+    file (`make`: the feed-forward's padded products, which would double the RAM kept)."""
+
+    def __init__(self, wtype: str, shape: tuple, data: np.ndarray | None = None,
+                 make=None, nbytes: int = 0):
+        self.wtype, self.shape, self._data, self._make = wtype, tuple(shape), data, make
+        self.nbytes = data.nbytes if data is not None else nbytes
+
+    def data(self) -> np.ndarray:
+        if self._data is not None:
+            return self._data
+        return np.ascontiguousarray(self._make()).reshape(-1).view(np.uint8)
+
+    def held_bytes(self, mapped: np.ndarray) -> int:
+        """RAM this holds beyond the file's pages."""
+        if self._data is None or np.shares_memory(self._data, mapped):
+            return 0
+        return self._data.nbytes
+
+
+def _u8(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def host_weights(g: GGUFFile, c: VisionConfig) -> dict[str, HostTensor]:
+    """Each tensor as the graph reads it. The patch kernels as F16 [patch_len, n_embd]
+    matrices (ggml's convolution takes f16 from im2col), gemma3's position embedding F32 and
+    projection transposed to rows of the encoder's width, qwen3vl_merger's fused q | k | v
+    cut in three (views), the feed-forward's products padded to ff_len (made at upload);
+    the rest as in the file (memmap views). qwen3vl_merger's position table is not here:
+    the host resamples it for each image."""
+    out: dict[str, HostTensor] = {}
     d, ff = c.n_embd, c.ff_len
     pad_ff = ff != c.n_ff
     for name, shape in c.tensor_shapes().items():
         t = g.tensor(name)
         if name.startswith("v.patch_embd.weight"):
             a = _padded(g.dequantize(name).reshape(d, -1).astype(np.float16), c.patch_len)
-            out[name] = ("F16", (c.patch_len, d), a)
+            out[name] = HostTensor("F16", (c.patch_len, d), _u8(a))
         elif name == "v.position_embd.weight":
             if c.projector == "gemma3":
-                out[name] = ("F32", shape, g.dequantize(name))
+                out[name] = HostTensor("F32", shape, _u8(g.dequantize(name)))
         elif name == "mm.input_projection.weight":
             a = g.dequantize(name)                     # [n_embd, n_embd_text] numpy order
             dtype = np.float16 if t.type_name == "F16" else np.float32
-            out[name] = (t.type_name, (d, c.n_embd_text), np.ascontiguousarray(a.T, dtype))
+            out[name] = HostTensor(t.type_name, (d, c.n_embd_text),
+                                   _u8(np.ascontiguousarray(a.T, dtype)))
         elif name.endswith(("attn_qkv.weight", "attn_qkv.bias")):
             part = t.nbytes // 3                       # q, k and v: a third of the rows each
             for k, which in enumerate(("attn_q", "attn_k", "attn_v")):
-                out[name.replace("attn_qkv", which)] = (
+                out[name.replace("attn_qkv", which)] = HostTensor(
                     t.type_name, (d,) if len(shape) == 1 else (d, d),
                     t.data[k * part:(k + 1) * part])
         elif pad_ff and name.endswith(("ffn_up.weight", "ffn_up.bias", "ffn_down.weight")):
@@ -166,30 +193,33 @@ def host_weights(g: GGUFFile, c: VisionConfig) -> dict[str, tuple[str, tuple, np
                 raise ModelFileError(g.path, f"tensor {name} is {t.type_name} with a feed-"
                                      f"forward of {c.n_ff}, no multiple of 32", "unsupported")
             dtype = np.float16 if t.type_name == "F16" else np.float32
-            a = g.dequantize(name).astype(dtype)
-            a = _padded(a.reshape(1, -1), ff) if name.endswith("bias") else \
-                _padded(a, rows=ff) if "ffn_up" in name else _padded(a, ff)
+
+            def make(name=name, dtype=dtype):
+                a = g.dequantize(name).astype(dtype)
+                return _padded(a.reshape(1, -1), ff) if name.endswith("bias") else \
+                    _padded(a, rows=ff) if "ffn_up" in name else _padded(a, ff)
             new = (ff,) if name.endswith("bias") else (d, ff) if "ffn_up" in name else (ff, d)
-            out[name] = (t.type_name, new, a)
+            count = 1
+            for n in new:
+                count *= n
+            out[name] = HostTensor(t.type_name, new, make=make,
+                                   nbytes=count * np.dtype(dtype).itemsize)
         else:
-            out[name] = (t.type_name, tuple(t.shape), t.data)
-    return {k: (wt, sh, np.ascontiguousarray(a).reshape(-1).view(np.uint8))
-            for k, (wt, sh, a) in out.items()}
+            out[name] = HostTensor(t.type_name, tuple(t.shape), t.data)
+    return out
 
 
 def sizes(g: GGUFFile, c: VisionConfig) -> dict[str, int]:
     """What an encoder of this file holds: "weights" and "activations" (the device bytes
     warm), "host" (RAM kept cold beyond the file's pages). Reads the tensors the host
     reshapes (small beside the layers)."""
-    weights = host = 0
     mapped = g.mapped
-    for _, _, data in host_weights(g, c).values():
-        weights += -(-len(data) // BIND_ALIGN) * BIND_ALIGN
-        if not np.shares_memory(data, mapped):
-            host += data.nbytes
+    host = host_weights(g, c).values()
+    weights = sum(-(-t.nbytes // BIND_ALIGN) * BIND_ALIGN for t in host)
+    held = sum(t.held_bytes(mapped) for t in host)
     if c.projector != "gemma3":                         # the position table, as f32
-        host += 4 * c.n_embd * c.n_pos_embd
-    return {"weights": weights, "activations": 4 * VisionState.floats(c), "host": host}
+        held += 4 * c.n_embd * c.n_pos_embd
+    return {"weights": weights, "activations": 4 * VisionState.floats(c), "host": held}
 
 
 class VisionEncoder:
@@ -220,7 +250,7 @@ class VisionEncoder:
         return self.state is not None
 
     def weight_bytes(self) -> int:
-        return sum(-(-len(b) // BIND_ALIGN) * BIND_ALIGN for _, _, b in self.host.values())
+        return sum(-(-t.nbytes // BIND_ALIGN) * BIND_ALIGN for t in self.host.values())
 
     def warm_bytes(self) -> int:
         """Device bytes when warm: the weights and the largest image's activations."""
@@ -236,8 +266,7 @@ class VisionEncoder:
         """RAM the cold copy takes beyond the file's pages (the reshaped tensors)."""
         mapped = self.gguf.mapped
         extra = self.positions.nbytes if self.positions is not None else 0
-        return extra + sum(b.nbytes for _, _, b in self.host.values()
-                           if not np.shares_memory(b, mapped))
+        return extra + sum(t.held_bytes(mapped) for t in self.host.values())
 
     def restore(self) -> None:
         """Weights onto the device, the activations allocated (graphs: on first use)."""
@@ -248,14 +277,14 @@ class VisionEncoder:
                                                   "weights")
             at = 0
             with vk.Uploader(self.dev) as up:
-                for name, (wtype, shape, data) in self.host.items():
-                    up.write(self.arena, data, at)
+                for name, t in self.host.items():
+                    up.write(self.arena, t.data(), at)
                     rows = 1
-                    for s in shape[1:]:
+                    for s in t.shape[1:]:
                         rows *= s
-                    self.weights[name] = Tensor(wtype, shape, [(0, rows, 0, at, len(data))],
+                    self.weights[name] = Tensor(t.wtype, t.shape, [(0, rows, 0, at, t.nbytes)],
                                                 [self.arena])
-                    at += -(-len(data) // BIND_ALIGN) * BIND_ALIGN
+                    at += -(-t.nbytes // BIND_ALIGN) * BIND_ALIGN
             self.state = VisionState(self.dev, self.config, self.label)
         except BaseException:
             self.release()

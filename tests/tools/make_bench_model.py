@@ -25,6 +25,12 @@ taps, ssm_a and ssm_dt. The shapes are Qwen3.5's published configs (HYBRID_SHAPE
 The mixture-of-experts shapes (--arch qwen3moe --shape 30b-a3b, --arch gpt-oss --shape 20b;
 `tiny` of each) are written the same way (MOE_SHAPES): Qwen3-30B-A3B in Q4_K_M's types,
 gpt-oss-20b as llama.cpp's MXFP4_MOE quantizes it (experts MXFP4, the other matrices Q8_0).
+
+Gemma 3 4B's text shape (--arch gemma3 --shape 4b) is written the same way, in Q4_K_M's
+types (the tied embedding Q6_K). Vision projectors of the real sizes for the image runs
+(--mmproj gemma3|qwen35 --text-width N OUT): SigLIP-so400m at 896 px with Gemma 3's
+projector, and Qwen3.5's 27-layer tower with its 2 x 2 merger, F16 matrices as the
+converters write them, random with std 1/sqrt(fan_in).
 """
 from __future__ import annotations
 
@@ -79,6 +85,21 @@ MOE_SHAPES = {
     ("gpt-oss", "tiny"): dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
                               n_expert=4, n_expert_used=2, n_ff_exp=256, n_vocab=49152,
                               rope_base=150000.0, ctx=4096, window=16),
+}
+# Gemma 3 4B (HF text_config): 34 layers of 2560, 8 heads of 256, 4 KV heads, feed-forward
+# 10240, 262144 tokens, a 1024-token window on five layers of six, rope 1e6 linear x8 on the
+# global ones; tied embeddings
+GEMMA3_SHAPES = {
+    ("gemma3", "4b"): dict(n_embd=2560, n_layer=34, n_head=8, n_head_kv=4, head_dim=256,
+                           n_ff=10240, n_vocab=262144, window=1024, ctx=131072),
+    ("gemma3", "tiny"): dict(n_embd=256, n_layer=2, n_head=4, n_head_kv=2, head_dim=64,
+                             n_ff=512, n_vocab=49152, window=512, ctx=4096),
+}
+# the vision towers: width, layers, heads, feed-forward, patch, and gemma3's image size or
+# qwen35's position table side
+MMPROJ_SHAPES = {
+    "gemma3": dict(width=1152, layers=27, heads=16, ff=4304, patch=14, image=896),
+    "qwen35": dict(width=1152, layers=27, heads=16, ff=4304, patch=16, pos_side=48),
 }
 HYBRID_DEFAULTS = dict(head_dim=256, k_heads=16, v_heads=32, d_state=128, conv=4, n_rot=64,
                        sections=[11, 11, 10, 0], interval=4, n_vocab=248320, ctx=262144)
@@ -259,11 +280,110 @@ def write_moe(a, kv: dict) -> int:
     return write_tensors(w, moe_tensors(a.arch, h))
 
 
+def gemma3_tensors(h: dict):
+    """(name, ggml type, numpy shape, fill) of a gemma3 text model, as hybrid_tensors."""
+    e, L, hd, f = h["n_embd"], h["n_layer"], h["head_dim"], h["n_ff"]
+    q, kv = h["n_head"] * hd, h["n_head_kv"] * hd
+    out = [("token_embd.weight", T.Q6_K, (h["n_vocab"], e), "q"),
+           ("output_norm.weight", T.F32, (e,), "ones")]
+    for i in range(L):
+        b, big = f"blk.{i}.", T.Q6_K if more_bits(i, L) else T.Q4_K
+        out += [(b + "attn_norm.weight", T.F32, (e,), "ones"),
+                (b + "attn_q.weight", T.Q4_K, (q, e), "q"),
+                (b + "attn_k.weight", T.Q4_K, (kv, e), "q"),
+                (b + "attn_v.weight", big, (kv, e), "q"),
+                (b + "attn_q_norm.weight", T.F32, (hd,), "ones"),
+                (b + "attn_k_norm.weight", T.F32, (hd,), "ones"),
+                (b + "attn_output.weight", T.Q4_K, (e, q), "q"),
+                (b + "post_attention_norm.weight", T.F32, (e,), "ones"),
+                (b + "ffn_norm.weight", T.F32, (e,), "ones"),
+                (b + "ffn_gate.weight", T.Q4_K, (f, e), "q"),
+                (b + "ffn_up.weight", T.Q4_K, (f, e), "q"),
+                (b + "ffn_down.weight", big, (e, f), "q"),
+                (b + "post_ffw_norm.weight", T.F32, (e,), "ones")]
+    return out
+
+
+def write_gemma3(a, kv: dict) -> int:
+    h = GEMMA3_SHAPES[a.arch, a.shape]
+    w = gguf.GGUFWriter(a.out, "gemma3")
+    w.add_name(f"synthetic-gemma3-{a.shape}-q4_k_m")
+    w.add_file_type(15)
+    w.add_context_length(a.ctx or h["ctx"])
+    w.add_embedding_length(h["n_embd"])
+    w.add_block_count(h["n_layer"])
+    w.add_feed_forward_length(h["n_ff"])
+    w.add_head_count(h["n_head"])
+    w.add_head_count_kv(h["n_head_kv"])
+    w.add_key_length(h["head_dim"])
+    w.add_value_length(h["head_dim"])
+    w.add_rope_freq_base(1e6)
+    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(8.0)
+    w.add_sliding_window(h["window"])
+    w.add_layer_norm_rms_eps(1e-6)
+    add_vocab_keys(w, kv, h["n_vocab"])
+    return write_tensors(w, gemma3_tensors(h))
+
+
+def write_mmproj(kind: str, text_width: int, out: str) -> int:
+    """A vision projector of the real sizes (MMPROJ_SHAPES), for a text model of that width."""
+    v = MMPROJ_SHAPES[kind]
+    d, p, ff = v["width"], v["patch"], v["ff"]
+    w = gguf.GGUFWriter(out, "clip")
+    w.add_name(f"synthetic-mmproj-{kind}")
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_string("clip.projector_type", "gemma3" if kind == "gemma3" else "qwen3vl_merger")
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.use_gelu", True)
+    side = v["image"] // p if kind == "gemma3" else v["pos_side"]
+    for key, val in (("image_size", side * p), ("patch_size", p), ("embedding_length", d),
+                     ("feed_forward_length", ff), ("block_count", v["layers"]),
+                     ("projection_dim", text_width), ("attention.head_count", v["heads"])):
+        w.add_uint32("clip.vision." + key, val)
+    if kind != "gemma3":
+        w.add_uint32("clip.vision.spatial_merge_size", 2)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", 1e-6)
+    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
+    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    t = [("v.patch_embd.weight", T.F32 if kind == "gemma3" else T.F16, (d, 3, p, p), "r"),
+         ("v.patch_embd.bias", T.F32, (d,), 0.0),
+         ("v.position_embd.weight", T.F32, (side * side, d), "r")]
+    if kind != "gemma3":
+        t.insert(1, ("v.patch_embd.weight.1", T.F16, (d, 3, p, p), "r"))
+    for i in range(v["layers"]):
+        b = f"v.blk.{i}."
+        t += [(b + "ln1.weight", T.F32, (d,), "ones"), (b + "ln1.bias", T.F32, (d,), 0.0)]
+        if kind == "gemma3":
+            for name in ("attn_q", "attn_k", "attn_v"):
+                t += [(b + name + ".weight", T.F16, (d, d), "r"),
+                      (b + name + ".bias", T.F32, (d,), 0.0)]
+        else:
+            t += [(b + "attn_qkv.weight", T.F16, (3 * d, d), "r"),
+                  (b + "attn_qkv.bias", T.F32, (3 * d,), 0.0)]
+        t += [(b + "attn_out.weight", T.F16, (d, d), "r"), (b + "attn_out.bias", T.F32, (d,), 0.0),
+              (b + "ln2.weight", T.F32, (d,), "ones"), (b + "ln2.bias", T.F32, (d,), 0.0),
+              (b + "ffn_up.weight", T.F16, (ff, d), "r"), (b + "ffn_up.bias", T.F32, (ff,), 0.0),
+              (b + "ffn_down.weight", T.F16, (d, ff), "r"),
+              (b + "ffn_down.bias", T.F32, (d,), 0.0)]
+    t += [("v.post_ln.weight", T.F32, (d,), "ones"), ("v.post_ln.bias", T.F32, (d,), 0.0)]
+    if kind == "gemma3":
+        t += [("mm.soft_emb_norm.weight", T.F32, (d,), "ones"),
+              ("mm.input_projection.weight", T.F16, (d, text_width), "r")]
+    else:
+        m = 4 * d
+        t += [("mm.0.weight", T.F16, (m, m), "r"), ("mm.0.bias", T.F32, (m,), 0.0),
+              ("mm.2.weight", T.F16, (text_width, m), "r"),
+              ("mm.2.bias", T.F32, (text_width,), 0.0)]
+    return write_tensors(w, t)
+
+
 def write_tensors(w, tensors) -> int:
     """Tensor infos, then each tensor's data, one at a time; the bytes of tensors written."""
     for name, qtype, shape, fill in tensors:
-        if qtype == T.F32:
-            w.add_tensor_info(name, shape, np.dtype(np.float32), 4 * int(np.prod(shape)))
+        if qtype in (T.F32, T.F16):
+            dtype = np.dtype(np.float32 if qtype == T.F32 else np.float16)
+            w.add_tensor_info(name, shape, dtype, dtype.itemsize * int(np.prod(shape)))
         else:
             byte_shape = tensor_bytes(qtype, shape)
             w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape)),
@@ -273,7 +393,11 @@ def write_tensors(w, tensors) -> int:
     w.write_ti_data_to_file()
     rng = np.random.default_rng(0)
     for name, qtype, shape, fill in tensors:
-        if qtype == T.F32:
+        if fill == "r":                      # random, std 1 / sqrt(fan in)
+            fan = int(np.prod(shape[1:])) if len(shape) > 1 else 1
+            data = (rng.standard_normal(shape, np.float32) / np.sqrt(fan)).astype(
+                np.float32 if qtype == T.F32 else np.float16)
+        elif qtype == T.F32:
             data = np.ones(shape, np.float32) if fill == "ones" else \
                 np.full(shape, fill, np.float32)
             if name.endswith("ffn_gate_inp.weight"):     # routing that varies by token
@@ -283,8 +407,8 @@ def write_tensors(w, tensors) -> int:
             data = rand_blocks(rng, qtype, rows, shape[-1]).reshape(tensor_bytes(qtype, shape))
         w.write_tensor_data(data)
     w.close()
-    return sum(4 * int(np.prod(s)) if q == T.F32 else int(np.prod(tensor_bytes(q, s)))
-               for _, q, s, _ in tensors)
+    return sum({T.F32: 4, T.F16: 2}[q] * int(np.prod(s)) if q in (T.F32, T.F16)
+               else int(np.prod(tensor_bytes(q, s))) for _, q, s, _ in tensors)
 
 
 def tensor_bytes(qtype, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -333,14 +457,27 @@ def write_hybrid(a, kv: dict) -> int:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--arch", default="qwen3",
-                    choices=sorted({a for a, _ in [*SHAPES, *HYBRID_SHAPES, *MOE_SHAPES]}))
+                    choices=sorted({a for a, _ in [*SHAPES, *HYBRID_SHAPES, *MOE_SHAPES,
+                                                   *GEMMA3_SHAPES]}))
     ap.add_argument("--shape", default="8b")
-    ap.add_argument("--tokenizer", required=True, help="pickled tokenizer.* keys")
+    ap.add_argument("--tokenizer", help="pickled tokenizer.* keys (a text model)")
+    ap.add_argument("--mmproj", choices=sorted(MMPROJ_SHAPES),
+                    help="write a vision projector of this kind instead")
+    ap.add_argument("--text-width", type=int, help="with --mmproj: the text model's n_embd")
     ap.add_argument("--ctx", type=int, default=0, help="context_length (default: the "
                                                        "model's, 40960 for qwen3)")
     ap.add_argument("out")
     a = ap.parse_args()
-    streamed = {**{k: write_hybrid for k in HYBRID_SHAPES}, **{k: write_moe for k in MOE_SHAPES}}
+    if a.mmproj:
+        if not a.text_width:
+            ap.error("--mmproj needs --text-width")
+        n = write_mmproj(a.mmproj, a.text_width, a.out)
+        print(f"wrote {a.out} ({n / 1e9:.2f} GB of tensors)")
+        return 0
+    if not a.tokenizer:
+        ap.error("a text model needs --tokenizer")
+    streamed = {**{k: write_hybrid for k in HYBRID_SHAPES}, **{k: write_moe for k in MOE_SHAPES},
+                **{k: write_gemma3 for k in GEMMA3_SHAPES}}
     if (a.arch, a.shape) in streamed:
         with open(a.tokenizer, "rb") as f:
             kv = pickle.load(f)
