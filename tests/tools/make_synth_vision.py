@@ -113,8 +113,8 @@ IMAGES = ROOT / "tests" / "data" / "images"
 CASE = "gemma3-vision"
 TEXT_FILE = "gemma3-f16.gguf"
 MMPROJ_FILE = "gemma3-mmproj-f16.gguf"
-DATA_FILE = f"{CASE}.npz"
 IMAGE_NAMES = ("square", "wide")
+IMAGE_PATHS = {n: IMAGES / f"{n}.png" for n in IMAGE_NAMES}
 
 N_CONT = 8
 N_THREADS = 2
@@ -164,46 +164,45 @@ def make_gemma3(path: Path, vocab: dict) -> None:
     msm.finish(w)
 
 
-def make_mmproj(path: Path) -> None:
-    """The gemma3 mmproj: the keys clip.cpp reads, the tensors of the SigLIP tower and the
-    gemma3 projector (numpy shapes are torch's: a Linear weight is (out, in))."""
+def as_f32(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float32)
+
+
+def clip_writer(path: Path, projector: str, *, image_size: int, patch: int, n_embd: int,
+                n_ff: int, n_layer: int, n_out: int, n_head: int, eps: float):
+    """A GGUFWriter for an mmproj with the keys clip.cpp reads of every vision tower here: the
+    projector type, a vision encoder with GELU (tanh), its geometry, projection_dim n_out (the
+    text model's width), image mean and std 0.5."""
     import gguf
-
-    r, D, F = msm.Rand(path.stem), V_EMBD, V_FF
-    rng = r.rng
-
-    def f32(a) -> np.ndarray:
-        return np.ascontiguousarray(a, dtype=np.float32)
 
     w = gguf.GGUFWriter(str(path), "clip")
     w.add_name(f"synthetic {path.stem}")
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_string("clip.projector_type", "gemma3")
+    w.add_string("clip.projector_type", projector)
     w.add_bool("clip.has_vision_encoder", True)
     w.add_bool("clip.use_gelu", True)
-    w.add_uint32("clip.vision.image_size", IMG_SIZE)
-    w.add_uint32("clip.vision.patch_size", PATCH)
-    w.add_uint32("clip.vision.embedding_length", D)
-    w.add_uint32("clip.vision.feed_forward_length", F)
-    w.add_uint32("clip.vision.block_count", V_LAYER)
-    w.add_uint32("clip.vision.projection_dim", msm.N_EMBD)
-    w.add_uint32("clip.vision.attention.head_count", V_HEAD)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", V_EPS)
+    w.add_uint32("clip.vision.image_size", image_size)
+    w.add_uint32("clip.vision.patch_size", patch)
+    w.add_uint32("clip.vision.embedding_length", n_embd)
+    w.add_uint32("clip.vision.feed_forward_length", n_ff)
+    w.add_uint32("clip.vision.block_count", n_layer)
+    w.add_uint32("clip.vision.projection_dim", n_out)
+    w.add_uint32("clip.vision.attention.head_count", n_head)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", eps)
     w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
     w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    return w
 
-    fan = 3 * PATCH * PATCH
-    w.add_tensor("v.patch_embd.weight",                              # ne [14, 14, 3, D]
-                 f32(rng.standard_normal((D, 3, PATCH, PATCH)) / np.sqrt(fan)))
-    w.add_tensor("v.patch_embd.bias", r.vec(D, 0.1))
-    w.add_tensor("v.position_embd.weight", f32(0.1 * rng.standard_normal((N_PATCH, D))))
-    for il in range(V_LAYER):
+
+def add_encoder_layers(w, r: msm.Rand, n_layer: int, D: int, F: int, add_qkv) -> None:
+    """The tower's layers and v.post_ln: LayerNorms (weight ~1, bias std 0.1), attention
+    (add_qkv(prefix) adds the family's Q, K and V tensors) with attn_out, and the FFN, matrices
+    std 1/sqrt(fan_in)."""
+    for il in range(n_layer):
         b = f"v.blk.{il}."
         w.add_tensor(b + "ln1.weight", r.norm(D))
         w.add_tensor(b + "ln1.bias", r.vec(D, 0.1))
-        for n, scale in (("attn_q", 1.5), ("attn_k", 1.5), ("attn_v", 1.0)):
-            w.add_tensor(b + n + ".weight", r.mat(D, D, scale=scale))
-            w.add_tensor(b + n + ".bias", r.vec(D, 0.1))
+        add_qkv(b)
         w.add_tensor(b + "attn_out.weight", r.mat(D, D))
         w.add_tensor(b + "attn_out.bias", r.vec(D, 0.1))
         w.add_tensor(b + "ln2.weight", r.norm(D))
@@ -212,8 +211,30 @@ def make_mmproj(path: Path) -> None:
         w.add_tensor(b + "ffn_up.bias", r.vec(F, 0.1))
         w.add_tensor(b + "ffn_down.weight", r.mat(D, F))            # ne [F, D]: HF fc2
         w.add_tensor(b + "ffn_down.bias", r.vec(D, 0.1))
-    w.add_tensor("v.post_ln.weight", r.norm(D))
+    w.add_tensor("v.post_ln.weight", r.norm(D))                     # Qwen's HF merger.norm
     w.add_tensor("v.post_ln.bias", r.vec(D, 0.1))
+
+
+def make_mmproj(path: Path) -> None:
+    """The gemma3 mmproj: the keys clip.cpp reads, the tensors of the SigLIP tower and the
+    gemma3 projector (numpy shapes are torch's: a Linear weight is (out, in))."""
+    r, D = msm.Rand(path.stem), V_EMBD
+    rng = r.rng
+    w = clip_writer(path, "gemma3", image_size=IMG_SIZE, patch=PATCH, n_embd=D, n_ff=V_FF,
+                    n_layer=V_LAYER, n_out=msm.N_EMBD, n_head=V_HEAD, eps=V_EPS)
+
+    fan = 3 * PATCH * PATCH
+    w.add_tensor("v.patch_embd.weight",                              # ne [14, 14, 3, D]
+                 as_f32(rng.standard_normal((D, 3, PATCH, PATCH)) / np.sqrt(fan)))
+    w.add_tensor("v.patch_embd.bias", r.vec(D, 0.1))
+    w.add_tensor("v.position_embd.weight", as_f32(0.1 * rng.standard_normal((N_PATCH, D))))
+
+    def add_qkv(b: str) -> None:
+        for n, scale in (("attn_q", 1.5), ("attn_k", 1.5), ("attn_v", 1.0)):
+            w.add_tensor(b + n + ".weight", r.mat(D, D, scale=scale))
+            w.add_tensor(b + n + ".bias", r.vec(D, 0.1))
+
+    add_encoder_layers(w, r, V_LAYER, D, V_FF, add_qkv)
     # HF mm_input_projection_weight (D, n_text), used as x @ W: ne [n_text, D]. The RMS-normed
     # rows (RMS ~1) come out with RMS IMG_EMBD_RMS.
     proj = rng.standard_normal((D, msm.N_EMBD), dtype=np.float32) * (IMG_EMBD_RMS / np.sqrt(D))
@@ -268,13 +289,15 @@ def write_images(folder: Path) -> dict[str, np.ndarray]:
 # -- llama.cpp -----------------------------------------------------------------------------------
 
 class Mtmd:
-    """The text model, an mtmd context on the mmproj, and llama contexts on demand."""
+    """The text model, an mtmd context on the mmproj, and llama contexts on demand; llama.cpp
+    and mtmd log nothing while it lives."""
 
     def __init__(self, text_path: Path, mmproj_path: Path, image_max_tokens: int = -1):
         import llama_cpp as L
         from llama_cpp import mtmd_cpp as M
 
         self.L, self.M = L, M
+        self.quiet = quiet_llama_cpp()          # kept alive while llama.cpp runs
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
         self.model = L.llama_model_load_from_file(str(text_path).encode(), mp)
@@ -521,9 +544,9 @@ def letterbox(img: np.ndarray, size: int) -> np.ndarray:
     return canvas
 
 
-def read_mmproj(path: str):
-    """(kv(name, default) for the metadata, tensors as float64 in numpy (torch) order, tensor
-    name -> ggml type name)."""
+def read_mmproj(path: str, projector: str):
+    """(kv(name, default) for the metadata, the hparams both towers read, tensors as float64 in
+    numpy (torch) order, tensor name -> ggml type name) of an mmproj of that projector type."""
     import gguf
 
     r = gguf.GGUFReader(path)
@@ -538,21 +561,9 @@ def read_mmproj(path: str):
             return bytes(f.parts[f.data[0]]).decode()
         return f.parts[f.data[0]].tolist()[0]
 
-    T, types = {}, {}
-    for t in r.tensors:
-        shape = tuple(int(n) for n in reversed(t.shape))       # ne reversed = numpy order
-        a = gguf.quants.dequantize(np.array(t.data), t.tensor_type)
-        T[t.name] = np.asarray(a, np.float64).reshape(shape)
-        types[t.name] = t.tensor_type.name
-    return kv, T, types
-
-
-def load_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
-    """(hparams, tensors as float64 in numpy (torch) order, tensor name -> ggml type name)."""
-    kv, T, types = read_mmproj(path)
     proj = kv("clip.projector_type", kv("clip.vision.projector_type"))
-    if proj != "gemma3":
-        raise ValueError(f"{path}: projector {proj!r}, not gemma3")
+    if proj != projector:
+        raise ValueError(f"{path}: projector {proj!r}, not {projector}")
     D = kv("clip.vision.embedding_length")
     n_head = kv("clip.vision.attention.head_count")
     hp = {
@@ -560,18 +571,30 @@ def load_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]
         "head_dim": kv("clip.vision.attention.head_dim", D // n_head),
         "n_layer": kv("clip.vision.block_count"),
         "eps": kv("clip.vision.attention.layer_norm_epsilon"),
-        "image_size": kv("clip.vision.image_size"),
         "patch_size": kv("clip.vision.patch_size"),
         "mean": kv("clip.vision.image_mean"), "std": kv("clip.vision.image_std"),
-        "n_merge": kv("clip.vision.projector.scale_factor", 4),
         # clip.cpp: use_gelu -> GELU (tanh), use_silu -> SiLU, neither -> GELU_QUICK
         "act": "gelu" if kv("clip.use_gelu", False) else
                "silu" if kv("clip.use_silu", False) else "gelu_quick",
     }
+    T, types = {}, {}
+    for t in r.tensors:
+        shape = tuple(int(n) for n in reversed(t.shape))       # ne reversed = numpy order
+        a = gguf.quants.dequantize(np.array(t.data), t.tensor_type)
+        T[t.name] = np.asarray(a, np.float64).reshape(shape)
+        types[t.name] = t.tensor_type.name
+    return kv, hp, T, types
+
+
+def load_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+    """(hparams, tensors as float64 in numpy (torch) order, tensor name -> ggml type name)."""
+    kv, hp, T, types = read_mmproj(path, "gemma3")
+    hp["image_size"] = kv("clip.vision.image_size")
+    hp["n_merge"] = kv("clip.vision.projector.scale_factor", 4)
     # legacy conversions named fc1 ffn_down: llama.cpp swaps by shape (clip.cpp)
     for il in range(hp["n_layer"]):
         b = f"v.blk.{il}."
-        if T[b + "ffn_down.weight"].shape[-1] == D:             # ne[0] == n_embd: it is fc1
+        if T[b + "ffn_down.weight"].shape[-1] == hp["n_embd"]:  # ne[0] == n_embd: it is fc1
             for s in ("weight", "bias"):
                 T[b + "ffn_up." + s], T[b + "ffn_down." + s] = \
                     T[b + "ffn_down." + s], T[b + "ffn_up." + s]
@@ -602,6 +625,82 @@ def _gelu_tanh(a: np.ndarray) -> np.ndarray:
     return 0.5 * a * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (a + 0.044715 * a ** 3)))
 
 
+def _activation(a: np.ndarray, kind: str, ggml_rounding: bool) -> np.ndarray:
+    """The FFN activation hp["act"] names; with ggml_rounding, GELU as ggml's CPU backend
+    computes it."""
+    if kind == "gelu":
+        if not ggml_rounding:
+            return _gelu_tanh(a)
+        # ggml CPU: f16 table of GELU at f16(x) for -10 < x < 10, 0 below, x above
+        g = _f16(_gelu_tanh(_f16(a)))
+        return np.where(a <= -10.0, 0.0, np.where(a >= 10.0, a, g))
+    if kind == "silu":
+        return a / (1.0 + np.exp(-a))
+    return a / (1.0 + np.exp(-1.702 * a))
+
+
+def _layer_norm(a: np.ndarray, w: np.ndarray, b: np.ndarray, eps: float) -> np.ndarray:
+    m = a.mean(-1, keepdims=True)
+    v = ((a - m) ** 2).mean(-1, keepdims=True)
+    return (a - m) / np.sqrt(v + eps) * w + b
+
+
+def _linear(T: dict, types: dict, ggml_rounding: bool):
+    """mm(x, name): x @ W.T for the Linear weight of that name (numpy (out, in)), x rounded as
+    ggml's CPU mul_mat rounds it beside W's type when ggml_rounding."""
+    def mm(x, name):
+        if ggml_rounding:
+            x = _as_ggml_rounds(x, types[name])
+        return x @ T[name].T
+    return mm
+
+
+def _patch_embd(px: np.ndarray, hp: dict, T: dict, types: dict, kernels: tuple[str, ...],
+                ggml_rounding: bool) -> np.ndarray:
+    """clip's patch embedding of the preprocessed (H, W, 3) u8 image, [n_patch, D] float64:
+    the patches (raster order) through each of kernels, summed, plus v.patch_embd.bias where
+    there is one. ggml_rounding: im2col's f16 pixels and kernels (unless BF16)."""
+    P, D = hp["patch_size"], hp["n_embd"]
+    gh, gw = px.shape[0] // P, px.shape[1] // P
+    # clip_image_f32::from_u8 (v / 255.0f), normalize ((v - mean) / std), all float32 in C
+    x = px.astype(np.float32) / np.float32(255.0)
+    mean = np.asarray(hp["mean"], np.float32)
+    std = np.asarray(hp["std"], np.float32)
+    x = ((x - mean) / std).astype(np.float64).transpose(2, 0, 1)          # planar CHW
+    # conv2d as im2col + mul_mat: patch p = py * gw + px, column c * P * P + kh * P + kw
+    cols = x.reshape(3, gh, P, gw, P).transpose(1, 3, 0, 2, 4).reshape(gh * gw, 3 * P * P)
+    kerns = [T[k].reshape(D, 3 * P * P) for k in kernels]
+    if ggml_rounding and types[kernels[0]] != "BF16":              # im2col is f16 then
+        cols, kerns = _f16(cols), [_f16(k) for k in kerns]
+    h = cols @ kerns[0].T
+    for k in kerns[1:]:
+        h = h + cols @ k.T
+    if "v.patch_embd.bias" in T:
+        h = h + T["v.patch_embd.bias"]
+    return h
+
+
+def _encoder_layers(h: np.ndarray, hp: dict, T: dict, mm, act, qkv) -> np.ndarray:
+    """The tower's layers on h [n, D], then v.post_ln: qkv(t, prefix) gives the family's Q, K
+    and V of the normed t, [n, n_head, head_dim] each; attention has no mask (every patch
+    sees every patch)."""
+    n, nh, dh, eps = h.shape[0], hp["n_head"], hp["head_dim"], hp["eps"]
+    for il in range(hp["n_layer"]):
+        b = f"v.blk.{il}."
+        t = _layer_norm(h, T[b + "ln1.weight"], T[b + "ln1.bias"], eps)
+        q, k, v = qkv(t, b)
+        o = np.empty_like(q)
+        for hh in range(nh):
+            a = (q[:, hh] @ k[:, hh].T) / np.sqrt(dh)
+            a = np.exp(a - a.max(-1, keepdims=True))
+            o[:, hh] = (a / a.sum(-1, keepdims=True)) @ v[:, hh]
+        h = h + mm(o.reshape(n, nh * dh), b + "attn_out.weight") + T[b + "attn_out.bias"]
+        t = _layer_norm(h, T[b + "ln2.weight"], T[b + "ln2.bias"], eps)
+        t = act(mm(t, b + "ffn_up.weight") + T[b + "ffn_up.bias"])
+        h = h + mm(t, b + "ffn_down.weight") + T[b + "ffn_down.bias"]
+    return _layer_norm(h, T["v.post_ln.weight"], T["v.post_ln.bias"], eps)
+
+
 def encode(image_rgb_u8: np.ndarray, mmproj_path: str, *, ggml_rounding: bool = False,
            return_pixels: bool = False):
     """The image embeddings mtmd_get_output_embd returns for this image: [n_tokens, n_text]
@@ -615,67 +714,19 @@ def encode(image_rgb_u8: np.ndarray, mmproj_path: str, *, ggml_rounding: bool = 
     S, P, D, eps = hp["image_size"], hp["patch_size"], hp["n_embd"], hp["eps"]
     nh, dh = hp["n_head"], hp["head_dim"]
     px = letterbox(img, S)
+    mm = _linear(T, types, ggml_rounding)
+    h = _patch_embd(px, hp, T, types, ("v.patch_embd.weight",), ggml_rounding)
+    h = h + T["v.position_embd.weight"]                                    # [n_patch, D]
 
-    def mm(x, name):
-        """x @ W.T for a Linear weight (numpy (out, in))."""
-        if ggml_rounding:
-            x = _as_ggml_rounds(x, types[name])
-        return x @ T[name].T
+    def qkv(t, b):
+        return [(mm(t, b + n + ".weight") + T[b + n + ".bias"]).reshape(len(t), nh, dh)
+                for n in ("attn_q", "attn_k", "attn_v")]
 
-    # clip_image_f32::from_u8 (v / 255.0f), normalize ((v - mean) / std), all float32 in C
-    x = px.astype(np.float32) / np.float32(255.0)
-    mean = np.asarray(hp["mean"], np.float32)
-    std = np.asarray(hp["std"], np.float32)
-    x = ((x - mean) / std).astype(np.float64).transpose(2, 0, 1)          # planar CHW
-    G = S // P
-    # conv2d as im2col + mul_mat: patch p = py * G + px, column c * P * P + kh * P + kw
-    cols = x.reshape(3, G, P, G, P).transpose(1, 3, 0, 2, 4).reshape(G * G, 3 * P * P)
-    kern = T["v.patch_embd.weight"].reshape(D, 3 * P * P)
-    if ggml_rounding and types["v.patch_embd.weight"] != "BF16":   # im2col is f16 then
-        cols, kern = _f16(cols), _f16(kern)
-    h = cols @ kern.T
-    if "v.patch_embd.bias" in T:
-        h = h + T["v.patch_embd.bias"]
-    h = h + T["v.position_embd.weight"]                                    # [G*G, D]
-
-    def ln(a, w, b):
-        m = a.mean(-1, keepdims=True)
-        v = ((a - m) ** 2).mean(-1, keepdims=True)
-        return (a - m) / np.sqrt(v + eps) * w + b
-
-    def act(a):
-        if hp["act"] == "gelu":
-            if not ggml_rounding:
-                return _gelu_tanh(a)
-            # ggml CPU: f16 table of GELU at f16(x) for -10 < x < 10, 0 below, x above
-            g = _f16(_gelu_tanh(_f16(a)))
-            return np.where(a <= -10.0, 0.0, np.where(a >= 10.0, a, g))
-        if hp["act"] == "silu":
-            return a / (1.0 + np.exp(-a))
-        return a / (1.0 + np.exp(-1.702 * a))
-
-    for il in range(hp["n_layer"]):
-        b = f"v.blk.{il}."
-        t = ln(h, T[b + "ln1.weight"], T[b + "ln1.bias"])
-        q = mm(t, b + "attn_q.weight") + T[b + "attn_q.bias"]
-        k = mm(t, b + "attn_k.weight") + T[b + "attn_k.bias"]
-        v = mm(t, b + "attn_v.weight") + T[b + "attn_v.bias"]
-        o = np.empty_like(q)
-        for hh in range(nh):                       # head hh: channels [hh * dh, hh * dh + dh)
-            s = slice(hh * dh, (hh + 1) * dh)
-            a = (q[:, s] @ k[:, s].T) / np.sqrt(dh)     # no mask: bidirectional
-            a = np.exp(a - a.max(-1, keepdims=True))
-            a /= a.sum(-1, keepdims=True)
-            o[:, s] = a @ v[:, s]
-        h = h + mm(o, b + "attn_out.weight") + T[b + "attn_out.bias"]
-        t = ln(h, T[b + "ln2.weight"], T[b + "ln2.bias"])
-        t = act(mm(t, b + "ffn_up.weight") + T[b + "ffn_up.bias"])
-        h = h + mm(t, b + "ffn_down.weight") + T[b + "ffn_down.bias"]
-    h = ln(h, T["v.post_ln.weight"], T["v.post_ln.bias"])
+    h = _encoder_layers(h, hp, T, mm, lambda a: _activation(a, hp["act"], ggml_rounding), qkv)
 
     # gemma3 projector: n_merge x n_merge average pool of the G x G grid (rows = y),
     # RMS norm times the stored soft_emb_norm (already 1 + w), then x @ input_projection
-    k4 = hp["n_merge"]
+    G, k4 = S // P, hp["n_merge"]
     g = G // k4
     t = h.reshape(G, G, D).reshape(g, k4, g, k4, D).mean(axis=(1, 3)).reshape(g * g, D)
     t = t / np.sqrt((t ** 2).mean(-1, keepdims=True) + eps) * T["mm.soft_emb_norm.weight"]
@@ -695,7 +746,6 @@ def encode(image_rgb_u8: np.ndarray, mmproj_path: str, *, ggml_rounding: bool = 
 Q_CASE = "qwen35-vision"
 Q_TEXT_FILE = "qwen35-f16.gguf"
 Q_MMPROJ_FILE = "qwen35-mmproj-f16.gguf"
-Q_DATA_FILE = f"{Q_CASE}.npz"
 Q_PROMPT = ("<|im_start|>user\n" + MARKER
             + "What is in this picture?<|im_end|>\n<|im_start|>assistant\n")
 Q_PATCH, Q_MERGE = 16, 2                    # Qwen3.5's patch and spatial merge
@@ -711,30 +761,11 @@ def make_qwen35_mmproj(path: Path) -> None:
     """The qwen3vl_merger mmproj: the keys clip.cpp reads (and the converter's
     spatial_merge_size and is_deepstack_layers), the two temporal halves of the patch
     kernel, fused QKV, and the merger (post_ln, mm.0, mm.2). numpy shapes are torch's."""
-    import gguf
-
-    r, D, F = msm.Rand(path.stem), Q_EMBD, Q_FF
+    r, D = msm.Rand(path.stem), Q_EMBD
     rng = r.rng
-
-    def f32(a) -> np.ndarray:
-        return np.ascontiguousarray(a, dtype=np.float32)
-
-    w = gguf.GGUFWriter(str(path), "clip")
-    w.add_name(f"synthetic {path.stem}")
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_string("clip.projector_type", "qwen3vl_merger")
-    w.add_bool("clip.has_vision_encoder", True)
-    w.add_bool("clip.use_gelu", True)
-    w.add_uint32("clip.vision.image_size", Q_POS_SIDE * Q_PATCH)     # 768, unused by clip
-    w.add_uint32("clip.vision.patch_size", Q_PATCH)
-    w.add_uint32("clip.vision.embedding_length", D)
-    w.add_uint32("clip.vision.feed_forward_length", F)
-    w.add_uint32("clip.vision.block_count", Q_LAYER)
-    w.add_uint32("clip.vision.projection_dim", msm.HYB_EMBD)
-    w.add_uint32("clip.vision.attention.head_count", Q_HEAD)
-    w.add_float32("clip.vision.attention.layer_norm_epsilon", Q_EPS)
-    w.add_array("clip.vision.image_mean", [0.5, 0.5, 0.5])
-    w.add_array("clip.vision.image_std", [0.5, 0.5, 0.5])
+    w = clip_writer(path, "qwen3vl_merger", image_size=Q_POS_SIDE * Q_PATCH,   # 768, unused by clip
+                    patch=Q_PATCH, n_embd=D, n_ff=Q_FF, n_layer=Q_LAYER, n_out=msm.HYB_EMBD,
+                    n_head=Q_HEAD, eps=Q_EPS)
     w.add_uint32("clip.vision.spatial_merge_size", Q_MERGE)
     w.add_array("clip.vision.is_deepstack_layers", [False] * Q_LAYER)
 
@@ -744,25 +775,15 @@ def make_qwen35_mmproj(path: Path) -> None:
         w.add_tensor(name, k.astype(np.float16))
     w.add_tensor("v.patch_embd.bias", r.vec(D, 0.1))
     w.add_tensor("v.position_embd.weight",
-                 f32(0.3 * rng.standard_normal((Q_POS_SIDE * Q_POS_SIDE, D))))
-    for il in range(Q_LAYER):
-        b = f"v.blk.{il}."
-        w.add_tensor(b + "ln1.weight", r.norm(D))
-        w.add_tensor(b + "ln1.bias", r.vec(D, 0.1))
+                 as_f32(0.3 * rng.standard_normal((Q_POS_SIDE * Q_POS_SIDE, D))))
+
+    def add_qkv(b: str) -> None:
         # HF attn.qkv (3D, D): rows Q, K, V, each head's d_head rows together
         qkv = np.concatenate([r.mat(D, D, scale=1.5), r.mat(D, D, scale=1.5), r.mat(D, D)])
         w.add_tensor(b + "attn_qkv.weight", qkv)
         w.add_tensor(b + "attn_qkv.bias", r.vec(3 * D, 0.1))
-        w.add_tensor(b + "attn_out.weight", r.mat(D, D))
-        w.add_tensor(b + "attn_out.bias", r.vec(D, 0.1))
-        w.add_tensor(b + "ln2.weight", r.norm(D))
-        w.add_tensor(b + "ln2.bias", r.vec(D, 0.1))
-        w.add_tensor(b + "ffn_up.weight", r.mat(F, D))              # HF mlp.linear_fc1
-        w.add_tensor(b + "ffn_up.bias", r.vec(F, 0.1))
-        w.add_tensor(b + "ffn_down.weight", r.mat(D, F))            # HF mlp.linear_fc2
-        w.add_tensor(b + "ffn_down.bias", r.vec(D, 0.1))
-    w.add_tensor("v.post_ln.weight", r.norm(D))                     # HF merger.norm
-    w.add_tensor("v.post_ln.bias", r.vec(D, 0.1))
+
+    add_encoder_layers(w, r, Q_LAYER, D, Q_FF, add_qkv)
     w.add_tensor("mm.0.weight", r.mat(4 * D, 4 * D))                # HF merger.linear_fc1
     w.add_tensor("mm.0.bias", r.vec(4 * D, 0.1))
     w.add_tensor("mm.2.weight", r.mat(msm.HYB_EMBD, 4 * D, scale=Q_FC2_SCALE))   # linear_fc2
@@ -816,21 +837,8 @@ def qwen35_preprocess(img: np.ndarray, **limits) -> np.ndarray:
 
 
 def load_qwen35_mmproj(path: str) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
-    kv, T, types = read_mmproj(path)
-    proj = kv("clip.projector_type", kv("clip.vision.projector_type"))
-    if proj != "qwen3vl_merger":
-        raise ValueError(f"{path}: projector {proj!r}, not qwen3vl_merger")
-    D = kv("clip.vision.embedding_length")
-    n_head = kv("clip.vision.attention.head_count")
-    hp = {"n_embd": D, "n_head": n_head,
-          "head_dim": kv("clip.vision.attention.head_dim", D // n_head),
-          "n_layer": kv("clip.vision.block_count"),
-          "eps": kv("clip.vision.attention.layer_norm_epsilon"),
-          "patch_size": kv("clip.vision.patch_size"),
-          "n_merge": kv("clip.vision.spatial_merge_size", 2),
-          "mean": kv("clip.vision.image_mean"), "std": kv("clip.vision.image_std"),
-          "act": "gelu" if kv("clip.use_gelu", False) else
-                 "silu" if kv("clip.use_silu", False) else "gelu_quick"}
+    kv, hp, T, types = read_mmproj(path, "qwen3vl_merger")
+    hp["n_merge"] = kv("clip.vision.spatial_merge_size", 2)
     return hp, T, types
 
 
@@ -884,55 +892,30 @@ def encode_qwen35(image_rgb_u8: np.ndarray, mmproj_path: str, *, ggml_rounding: 
     matrices, GELU's f16 table)."""
     hp, T, types = load_qwen35_mmproj(mmproj_path)
     assert hp["n_merge"] == 2, "the qwen3vl graph merges 2 x 2"
-    P, D, eps, nh, dh = hp["patch_size"], hp["n_embd"], hp["eps"], hp["n_head"], hp["head_dim"]
+    assert hp["act"] == "gelu"
+    P, D, nh, dh = hp["patch_size"], hp["n_embd"], hp["n_head"], hp["head_dim"]
     px_img = qwen35_preprocess(np.ascontiguousarray(image_rgb_u8, np.uint8), **limits)
     gh, gw = px_img.shape[0] // P, px_img.shape[1] // P
-
-    def mm(x, name):
-        return (_as_ggml_rounds(x, types[name]) if ggml_rounding else x) @ T[name].T
+    mm = _linear(T, types, ggml_rounding)
 
     def gelu(a):
-        if not ggml_rounding:
-            return _gelu_tanh(a)
-        g = _f16(_gelu_tanh(_f16(a)))
-        return np.where(a <= -10.0, 0.0, np.where(a >= 10.0, a, g))
+        return _activation(a, "gelu", ggml_rounding)
 
-    def ln(a, w, b):
-        m = a.mean(-1, keepdims=True)
-        return (a - m) / np.sqrt(((a - m) ** 2).mean(-1, keepdims=True) + eps) * w + b
-
-    assert hp["act"] == "gelu"
-    x = px_img.astype(np.float32) / np.float32(255.0)
-    x = (x - np.asarray(hp["mean"], np.float32)) / np.asarray(hp["std"], np.float32)
-    x = x.astype(np.float64).transpose(2, 0, 1)
-    cols = x.reshape(3, gh, P, gw, P).transpose(1, 3, 0, 2, 4).reshape(gh * gw, 3 * P * P)
-    k0 = T["v.patch_embd.weight"].reshape(D, -1)
-    k1 = T["v.patch_embd.weight.1"].reshape(D, -1)
-    if ggml_rounding and types["v.patch_embd.weight"] != "BF16":
-        cols, k0, k1 = _f16(cols), _f16(k0), _f16(k1)
-    h = cols @ k0.T + cols @ k1.T + T["v.patch_embd.bias"]
+    h = _patch_embd(px_img, hp, T, types, ("v.patch_embd.weight", "v.patch_embd.weight.1"),
+                    ggml_rounding)
     h = h + interp_align_corners(T["v.position_embd.weight"], gw, gh)
     order = block_order(gw, gh)
     h = h[order]
     py, px = (order // gw).astype(np.float64), (order % gw).astype(np.float64)
     n = h.shape[0]
-    for il in range(hp["n_layer"]):
-        b = f"v.blk.{il}."
-        t = ln(h, T[b + "ln1.weight"], T[b + "ln1.bias"])
-        qkv = mm(t, b + "attn_qkv.weight") + T[b + "attn_qkv.bias"]
-        q = vision_rope(qkv[:, :D].reshape(n, nh, dh), py, px)
-        k = vision_rope(qkv[:, D:2 * D].reshape(n, nh, dh), py, px)
-        v = qkv[:, 2 * D:].reshape(n, nh, dh)
-        o = np.empty((n, nh, dh))
-        for hh in range(nh):                      # no mask: every patch sees every patch
-            a = (q[:, hh] @ k[:, hh].T) / np.sqrt(dh)
-            a = np.exp(a - a.max(-1, keepdims=True))
-            o[:, hh] = (a / a.sum(-1, keepdims=True)) @ v[:, hh]
-        h = h + mm(o.reshape(n, D), b + "attn_out.weight") + T[b + "attn_out.bias"]
-        t = ln(h, T[b + "ln2.weight"], T[b + "ln2.bias"])
-        t = gelu(mm(t, b + "ffn_up.weight") + T[b + "ffn_up.bias"])
-        h = h + mm(t, b + "ffn_down.weight") + T[b + "ffn_down.bias"]
-    h = ln(h, T["v.post_ln.weight"], T["v.post_ln.bias"])
+
+    def qkv(t, b):
+        x = mm(t, b + "attn_qkv.weight") + T[b + "attn_qkv.bias"]
+        return (vision_rope(x[:, :D].reshape(n, nh, dh), py, px),
+                vision_rope(x[:, D:2 * D].reshape(n, nh, dh), py, px),
+                x[:, 2 * D:].reshape(n, nh, dh))
+
+    h = _encoder_layers(h, hp, T, mm, gelu, qkv)
     t = gelu(mm(h.reshape(n // 4, 4 * D), "mm.0.weight") + T["mm.0.bias"])
     return mm(t, "mm.2.weight") + T["mm.2.bias"], (gw // 2, gh // 2)
 
@@ -970,56 +953,33 @@ def qwen35_image_positions(nx: int, ny: int, pos_0: int) -> np.ndarray:
                      np.zeros_like(i)], axis=1).astype(np.int32)
 
 
-def main_qwen35(args, log) -> None:
-    import llama_cpp
-    from PIL import Image
+def prompts_by_hand(mt: Mtmd, lctx, runs: dict, infos: dict) -> dict[str, list[np.ndarray]]:
+    """Per image, prompt_by_hand's logits with the soft tokens at the positions mtmd recorded
+    (they must be mtmd's) and at sequential positions (p, p, p, 0) (they are not)."""
+    out = {}
+    for n in IMAGE_NAMES:
+        r, i = runs[n], infos[n]
+        nb, k = len(r["ids_before"]), i["n_tokens"]
+        out[n] = [prompt_by_hand(mt, lctx, r, i["image_pos"], nb + i["n_pos"]),
+                  prompt_by_hand(mt, lctx, r, text_positions(nb, k), nb + k)]
+    return out
 
-    import make_synth_reference as msr
+
+def main_qwen35(args, log) -> None:
+    from PIL import Image
 
     del args
     text_path, mmproj_path = SYNTH / Q_TEXT_FILE, SYNTH / Q_MMPROJ_FILE
     if not text_path.exists():
         raise RuntimeError(f"{text_path} missing: run make_synth_models.py first")
     make_qwen35_mmproj(mmproj_path)
-    log(f"wrote {mmproj_path.relative_to(ROOT)}: {mmproj_path.stat().st_size / 1e3:.1f} kB")
-    diff = msr.dequant_diff(mmproj_path)
-    if diff:
-        raise RuntimeError(f"{mmproj_path.name}: gguf.quants and ggml dequantize {diff} apart")
-    paths = {n: IMAGES / f"{n}.png" for n in IMAGE_NAMES}
-    images = {n: np.asarray(Image.open(p).convert("RGB")) for n, p in paths.items()}
+    log_wrote(log, mmproj_path)
+    check_dequant(mmproj_path)
+    images = {n: np.asarray(Image.open(p).convert("RGB")) for n, p in IMAGE_PATHS.items()}
 
-    quiet = quiet_llama_cpp()                   # noqa: F841 (kept alive while llama.cpp runs)
-    mt = Mtmd(text_path, mmproj_path, image_max_tokens=Q_MAX_TOKENS)
-    try:
-        assert mt.n_embd == msm.HYB_EMBD and mt.n_vocab == msm.N_VOCAB
-        assert llama_cpp.llama_model_n_embd_inp(mt.model) == mt.n_embd
-        assert mt.M.mtmd_decode_use_mrope(mt.mctx)
-        lctx = mt.new_context()
-        try:
-            runs, infos = {}, {}
-            for n in IMAGE_NAMES:
-                runs[n], infos[n] = mt.run(lctx, paths[n], images[n], Q_PROMPT)
-        finally:
-            llama_cpp.llama_free(lctx)
-        lctx = mt.new_context()                 # the same again on a fresh context
-        try:
-            again, _ = mt.run(lctx, paths["square"], images["square"], Q_PROMPT)
-            # the prompt by hand: the image's soft tokens at the recorded positions must give
-            # mtmd's logits; at sequential positions (p, p, p, 0) they give others
-            by_hand = {}
-            for n in IMAGE_NAMES:
-                r, i = runs[n], infos[n]
-                nb, k = len(r["ids_before"]), i["n_tokens"]
-                by_hand[n] = [prompt_by_hand(mt, lctx, r, i["image_pos"], nb + i["n_pos"]),
-                              prompt_by_hand(mt, lctx, r, text_positions(nb, k), nb + k)]
-        finally:
-            llama_cpp.llama_free(lctx)
-        mtmd_params = mt.params
-    finally:
-        mt.close()
-    for k, v in again.items():
-        assert np.array_equal(v, runs["square"][k]), f"second square run differs in {k}"
-    log("second run of square on a fresh context: identical")
+    runs, infos, mtmd_params, by_hand = run_mtmd(
+        log, text_path, mmproj_path, images, Q_PROMPT, n_embd=msm.HYB_EMBD, mrope=True,
+        image_max_tokens=Q_MAX_TOKENS, on_fresh=prompts_by_hand)
 
     for n in IMAGE_NAMES:
         r, i = runs[n], infos[n]
@@ -1050,79 +1010,32 @@ def main_qwen35(args, log) -> None:
         log(f"{n}: the prompt by hand at the recorded positions gives mtmd's logits exactly; "
             f"with the image at sequential positions (p, p, p, 0) they move by max |diff| "
             f"{np.abs(moved - ref).max():.3f} (cosine {cosine(moved, ref):.5f})")
-    sq, wd = runs["square"], runs["wide"]
-    n_cmp = min(len(sq["embd"]), len(wd["embd"]))
-    log(f"soft tokens, square vs wide (first {n_cmp}): relative Frobenius difference "
-        f"{rel(sq['embd'][:n_cmp], wd['embd'][:n_cmp]):.3f}")
-    log(f"logits after the prompt, square vs wide: max |diff| "
-        f"{np.abs(sq['logits_steps'][0] - wd['logits_steps'][0]).max():.3f} "
-        f"(logit std {sq['logits_steps'][0].std():.3f}, {wd['logits_steps'][0].std():.3f})")
-    for n in IMAGE_NAMES:
-        e = runs[n]["embd"]
-        plain, grid = encode_qwen35(images[n], str(mmproj_path))
-        rounded, _ = encode_qwen35(images[n], str(mmproj_path), ggml_rounding=True)
-        assert grid == infos[n]["grid"]
-        steps = np.sort(runs[n]["logits_steps"], axis=1)
-        log(f"{n}: soft token RMS {np.sqrt((e.astype(np.float64) ** 2).mean()):.3f} (token "
-            f"embeddings {Q_TEXT_EMBD_RMS}); llama.cpp vs float64 reference: relative error "
-            f"{rel(e, plain):.2e}, {rel(e, rounded):.2e} with ggml's f16 rounding; max |diff| "
-            f"{np.abs(e - rounded).max():.2e}")
-        log(f"{n}: ids before {runs[n]['ids_before'].tolist()}")
-        log(f"{n}: ids after {runs[n]['ids_after'].tolist()}")
-        log(f"{n}: continuation {runs[n]['continuation_ids'].tolist()}, smallest top-2 gap "
-            f"{(steps[:, -1] - steps[:, -2]).min():.3f}")
 
-    data = {}
-    for n in IMAGE_NAMES:
-        for k, v in runs[n].items():
-            data[f"{n}_{k}"] = v
-    np.savez_compressed(SYNTH / Q_DATA_FILE, **data)
-    log(f"wrote {(SYNTH / Q_DATA_FILE).relative_to(ROOT)}: "
-        f"{(SYNTH / Q_DATA_FILE).stat().st_size / 1e3:.1f} kB")
+    def reference(n: str, ggml_rounding: bool) -> np.ndarray:
+        e, grid = encode_qwen35(images[n], str(mmproj_path), ggml_rounding=ggml_rounding)
+        assert grid == infos[n]["grid"], n
+        return e
 
-    entry = {
-        "name": Q_CASE, "model_file": Q_TEXT_FILE, "model_sha256": sha256(text_path),
-        "mmproj_file": Q_MMPROJ_FILE, "mmproj_sha256": sha256(mmproj_path),
-        "image_dir": str(IMAGES.relative_to(ROOT)),
-        "images": {n: {"file": paths[n].name, "sha256": sha256(paths[n]),
-                       "width": int(images[n].shape[1]), "height": int(images[n].shape[0]),
-                       "grid": [int(g) for g in infos[n]["grid"]],
-                       "n_image_tokens": int(infos[n]["n_tokens"]),
-                       "n_pos": int(infos[n]["n_pos"])}
-                   for n in IMAGE_NAMES},
-        "n_ctx": N_CTX, "data": Q_DATA_FILE,
+    log_checks(log, runs, reference, "soft token", f"{Q_TEXT_EMBD_RMS}")
+    write_npz(log, Q_CASE, runs)
+    write_entry(
+        log, Q_CASE, text_path, mmproj_path, images, runs, infos, Q_PROMPT, mtmd_params,
+        image_fields={n: {"grid": [int(g) for g in infos[n]["grid"]],
+                          "n_image_tokens": int(infos[n]["n_tokens"]),
+                          "n_pos": int(infos[n]["n_pos"])} for n in IMAGE_NAMES},
         # clip's token budget: mtmd_context_params.image_max_tokens (min: llama.cpp's 8)
-        "image_max_tokens": Q_MAX_TOKENS, "image_min_tokens": Q_MIN_TOKENS,
-        "n_prompt": {n: len(runs[n]["ids_before"]) + int(infos[n]["n_tokens"])
-                     + len(runs[n]["ids_after"]) for n in IMAGE_NAMES},
-        "n_continuation": N_CONT, "weight_types": types_of(text_path),
-        "mmproj_weight_types": types_of(mmproj_path),
-        "exercises": "make_synth_models.py's qwen35-f16 (gated delta-net layers 0-2, gated "
-                     "attention on 3 with IMROPE sections [3, 3, 2, 0] over 16 of 64 dims) "
-                     "taking image soft tokens at M-RoPE positions (t, t + row, t + column, "
-                     "0), causally; text after the image at t + max(nx, ny). Image: "
-                     "qwen3vl_merger (patch 16 as two conv kernels, 48 x 48 position "
-                     "embeddings resized bilinear with aligned corners, 2 layers of 64, 2 "
-                     "heads with 2-D vision rope, fused QKV, GELU, post_ln, 2 x 2 merge into "
-                     "an MLP to 128), mtmd's dyn_size preprocessing (sides to multiples of "
-                     "32 under image_max_tokens 256, bicubic letterbox on black).",
-        "gguf_quants_equals_ggml_to_float": True,
-        "llama_cpp_python_version": llama_cpp.__version__,
-        "prompt_text": Q_PROMPT,
-        "settings": {"backend": "CPU", "n_threads": N_THREADS, "n_ctx": N_CTX,
-                     "n_batch": N_BATCH, "n_ubatch": N_BATCH, "flash_attn": False,
-                     "type_k": "f16", "type_v": "f16",
-                     "mtmd": mtmd_params, "mtmd_tokenize": {"add_special": True,
-                                                            "parse_special": True},
-                     "image_input": "mtmd_helper_bitmap_init_from_file (PNG decoded by mtmd)",
-                     "prompt": f"mtmd_helper_eval_chunks, n_batch {N_BATCH}, logits of the "
-                               "last token",
-                     "continuation": "argmax of the last logits, one llama_decode per token "
-                                     "at position n_past + i",
-                     "between_images": "llama_memory_clear"},
-    }
-    write_vision_case(entry)
-    log(f"wrote the {Q_CASE} entry of {(SYNTH / 'index.json').relative_to(ROOT)}")
+        counts={"image_max_tokens": Q_MAX_TOKENS, "image_min_tokens": Q_MIN_TOKENS},
+        exercises="make_synth_models.py's qwen35-f16 (gated delta-net layers 0-2, gated "
+                  "attention on 3 with IMROPE sections [3, 3, 2, 0] over 16 of 64 dims) "
+                  "taking image soft tokens at M-RoPE positions (t, t + row, t + column, "
+                  "0), causally; text after the image at t + max(nx, ny). Image: "
+                  "qwen3vl_merger (patch 16 as two conv kernels, 48 x 48 position "
+                  "embeddings resized bilinear with aligned corners, 2 layers of 64, 2 "
+                  "heads with 2-D vision rope, fused QKV, GELU, post_ln, 2 x 2 merge into "
+                  "an MLP to 128), mtmd's dyn_size preprocessing (sides to multiples of "
+                  "32 under image_max_tokens 256, bicubic letterbox on black).",
+        continuation="argmax of the last logits, one llama_decode per token at position "
+                     "n_past + i")
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -1155,119 +1068,123 @@ def quiet_llama_cpp():
     return quiet
 
 
-def write_vision_case(entry: dict) -> None:
-    """Put entry among index.json's "vision_cases", replacing the one of its name."""
-    index_path = SYNTH / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.exists() else {"cases": []}
-    cases = index.get("vision_cases", [])
-    names = [c["name"] for c in cases]
-    if entry["name"] in names:
-        cases[names.index(entry["name"])] = entry
-    else:
-        cases.append(entry)
-    index["vision_cases"] = cases
-    index_path.write_text(json.dumps(index, indent=1) + "\n")
+def log_wrote(log, *paths: Path) -> None:
+    for p in paths:
+        log(f"wrote {p.relative_to(ROOT)}: {p.stat().st_size / 1e3:.1f} kB")
 
 
-def main_gemma3(args, log) -> None:
-    import llama_cpp
-    from PIL import Image
-
+def check_dequant(*paths: Path) -> None:
+    """Fail unless gguf.quants (what the tests read with) and ggml dequantize each GGUF alike."""
     import make_synth_reference as msr
 
-    SYNTH.mkdir(parents=True, exist_ok=True)
-    text_path, mmproj_path = SYNTH / TEXT_FILE, SYNTH / MMPROJ_FILE
-    make_gemma3(text_path, msm.small_vocab(args.tokenizer))
-    make_mmproj(mmproj_path)
-    images = write_images(IMAGES)
-    paths = {n: IMAGES / f"{n}.png" for n in IMAGE_NAMES}
-    for p in (text_path, mmproj_path, *paths.values()):
-        log(f"wrote {p.relative_to(ROOT)}: {p.stat().st_size / 1e3:.1f} kB")
-    for p in (text_path, mmproj_path):
+    for p in paths:
         diff = msr.dequant_diff(p)
         if diff:
             raise RuntimeError(f"{p.name}: gguf.quants and ggml dequantize {diff} apart")
 
-    quiet = quiet_llama_cpp()                   # noqa: F841 (kept alive while llama.cpp runs)
-    mt = Mtmd(text_path, mmproj_path)
+
+def run_mtmd(log, text_path: Path, mmproj_path: Path, images: dict[str, np.ndarray],
+             prompt: str, *, n_embd: int, mrope: bool, image_max_tokens: int = -1,
+             on_fresh=None):
+    """Mtmd.run of prompt with each image on one llama context, then of square again on a
+    fresh context, which must give the same numbers. n_embd: the text model's width (also
+    that of its input); mrope: whether mtmd decodes with M-RoPE. on_fresh(mt, lctx, runs,
+    infos), if given, runs on the fresh context after that. Returns runs, infos (by image
+    name), Mtmd.params and what on_fresh returned."""
+    import llama_cpp
+
+    mt = Mtmd(text_path, mmproj_path, image_max_tokens=image_max_tokens)
     try:
-        assert mt.n_embd == msm.N_EMBD and mt.n_vocab == msm.N_VOCAB
+        assert mt.n_embd == n_embd and mt.n_vocab == msm.N_VOCAB
+        assert llama_cpp.llama_model_n_embd_inp(mt.model) == mt.n_embd
+        assert bool(mt.M.mtmd_decode_use_mrope(mt.mctx)) == mrope
         lctx = mt.new_context()
         try:
             runs, infos = {}, {}
             for n in IMAGE_NAMES:
-                runs[n], infos[n] = mt.run(lctx, paths[n], images[n])
+                runs[n], infos[n] = mt.run(lctx, IMAGE_PATHS[n], images[n], prompt)
         finally:
             llama_cpp.llama_free(lctx)
         lctx = mt.new_context()                 # the same again on a fresh context
         try:
-            again, _ = mt.run(lctx, paths["square"], images["square"])
+            again, _ = mt.run(lctx, IMAGE_PATHS["square"], images["square"], prompt)
+            extra = on_fresh(mt, lctx, runs, infos) if on_fresh else None
         finally:
             llama_cpp.llama_free(lctx)
         mtmd_params = mt.params
     finally:
         mt.close()
-    for n in IMAGE_NAMES:
-        i = infos[n]
-        assert i["n_tokens"] == N_IMG_TOKENS and i["n_pos"] == N_IMG_TOKENS, i
-        assert i["non_causal"] and "image_pos" not in i, i
     for k, v in again.items():
         assert np.array_equal(v, runs["square"][k]), f"second square run differs in {k}"
     log("second run of square on a fresh context: identical")
+    return runs, infos, mtmd_params, extra
 
-    # the checks
-    nw, nh, ox, oy = letterbox_size(640, 400, IMG_SIZE)
-    ours = resize_u8(images["wide"], nw, nh)
-    pil = np.asarray(Image.fromarray(images["wide"]).resize((nw, nh), Image.BILINEAR))
-    log(f"wide.png letterboxed to {nw}x{nh} at offset ({ox}, {oy}); numpy resize vs Pillow: "
-        f"{int((ours != pil).sum())} of {ours.size} values differ")
+
+def log_checks(log, runs: dict, reference, what: str, text_rms: str) -> None:
+    """Print square against wide (the soft tokens both have, the logits after the prompt), then
+    per image the soft tokens' RMS beside text_rms (that of the token embeddings), their
+    relative error against reference(name, ggml_rounding) (the float64 encoder), the prompt's
+    ids and the continuation. what: the soft tokens' name in the lines."""
     sq, wd = runs["square"], runs["wide"]
-    log(f"embeddings, square vs wide: relative Frobenius difference "
-        f"{rel(sq['embd'], wd['embd']):.3f}")
+    n_cmp = min(len(sq["embd"]), len(wd["embd"]))
+    first = "" if len(sq["embd"]) == len(wd["embd"]) else f" (first {n_cmp})"
+    log(f"{what}s, square vs wide{first}: relative Frobenius difference "
+        f"{rel(sq['embd'][:n_cmp], wd['embd'][:n_cmp]):.3f}")
     log(f"logits after the prompt, square vs wide: max |diff| "
         f"{np.abs(sq['logits_steps'][0] - wd['logits_steps'][0]).max():.3f} "
         f"(logit std {sq['logits_steps'][0].std():.3f}, {wd['logits_steps'][0].std():.3f})")
     for n in IMAGE_NAMES:
         e = runs[n]["embd"]
-        plain = encode(images[n], str(mmproj_path))
-        rounded = encode(images[n], str(mmproj_path), ggml_rounding=True)
+        plain, rounded = reference(n, False), reference(n, True)
         steps = np.sort(runs[n]["logits_steps"], axis=1)
-        log(f"{n}: embedding RMS {np.sqrt((e.astype(np.float64) ** 2).mean()):.3f} (token "
-            f"embeddings enter at {IMG_EMBD_RMS:.3f}); llama.cpp vs float64 reference: "
-            f"relative error {rel(e, plain):.2e}, {rel(e, rounded):.2e} with ggml's f16 "
-            f"rounding; max |diff| {np.abs(e - rounded).max():.2e}")
+        log(f"{n}: {what} RMS {np.sqrt((e.astype(np.float64) ** 2).mean()):.3f} (token "
+            f"embeddings {text_rms}); llama.cpp vs float64 reference: relative error "
+            f"{rel(e, plain):.2e}, {rel(e, rounded):.2e} with ggml's f16 rounding; max |diff| "
+            f"{np.abs(e - rounded).max():.2e}")
         log(f"{n}: ids before {runs[n]['ids_before'].tolist()}")
         log(f"{n}: ids after {runs[n]['ids_after'].tolist()}")
         log(f"{n}: continuation {runs[n]['continuation_ids'].tolist()}, smallest top-2 gap "
             f"{(steps[:, -1] - steps[:, -2]).min():.3f}")
 
-    data = {"n_image_tokens": np.int32(N_IMG_TOKENS)}
+
+def write_npz(log, case: str, runs: dict, data: dict | None = None) -> None:
+    """SYNTH/<case>.npz: data, then IMG_key for each image IMG and key of runs[IMG]."""
+    data = dict(data or {})
     for n in IMAGE_NAMES:
         for k, v in runs[n].items():
             data[f"{n}_{k}"] = v
-    np.savez_compressed(SYNTH / DATA_FILE, **data)
-    log(f"wrote {(SYNTH / DATA_FILE).relative_to(ROOT)}: "
-        f"{(SYNTH / DATA_FILE).stat().st_size / 1e3:.1f} kB")
+    path = SYNTH / f"{case}.npz"
+    np.savez_compressed(path, **data)
+    log_wrote(log, path)
+
+
+def write_entry(log, case: str, text_path: Path, mmproj_path: Path,
+                images: dict[str, np.ndarray], runs: dict, infos: dict, prompt: str,
+                mtmd_params: dict, *, counts: dict, exercises: str, continuation: str,
+                image_fields: dict | None = None) -> None:
+    """Put the case's entry among index.json's "vision_cases", replacing the one of its name:
+    the files and their sha256, each image's file, size and image_fields[name], the family's
+    token counts (counts, after "data"), the prompt and the settings (continuation: how the
+    greedy tokens are decoded)."""
+    import llama_cpp
 
     entry = {
-        "name": CASE, "model_file": TEXT_FILE, "model_sha256": sha256(text_path),
-        "mmproj_file": MMPROJ_FILE, "mmproj_sha256": sha256(mmproj_path),
+        "name": case, "model_file": text_path.name, "model_sha256": sha256(text_path),
+        "mmproj_file": mmproj_path.name, "mmproj_sha256": sha256(mmproj_path),
         "image_dir": str(IMAGES.relative_to(ROOT)),
-        "images": {n: {"file": paths[n].name, "sha256": sha256(paths[n]),
-                       "width": int(images[n].shape[1]), "height": int(images[n].shape[0])}
-                   for n in IMAGE_NAMES},
-        "n_ctx": N_CTX, "data": DATA_FILE, "n_image_tokens": N_IMG_TOKENS,
-        "n_prompt": {n: len(runs[n]["ids_before"]) + N_IMG_TOKENS + len(runs[n]["ids_after"])
-                     for n in IMAGE_NAMES},
+        "images": {n: {"file": p.name, "sha256": sha256(p),
+                       "width": int(images[n].shape[1]), "height": int(images[n].shape[0]),
+                       **(image_fields or {}).get(n, {})}
+                   for n, p in IMAGE_PATHS.items()},
+        "n_ctx": N_CTX, "data": f"{case}.npz", **counts,
+        "n_prompt": {n: len(runs[n]["ids_before"]) + int(infos[n]["n_tokens"])
+                     + len(runs[n]["ids_after"]) for n in IMAGE_NAMES},
         "n_continuation": N_CONT, "weight_types": types_of(text_path),
         "mmproj_weight_types": types_of(mmproj_path),
-        "exercises": " ".join(make_gemma3.__doc__.split()) + " Image: "
-                     "SigLIP (896 px, patch 14, 2 layers of 64, 2 heads, GELU), gemma3 "
-                     "projector (4x4 average pool to 256 tokens, soft_emb RMS norm, input "
-                     "projection), mtmd's letterbox resize, non-causal image decode.",
+        "exercises": exercises,
         "gguf_quants_equals_ggml_to_float": True,
         "llama_cpp_python_version": llama_cpp.__version__,
-        "prompt_text": PROMPT,
+        "prompt_text": prompt,
         "settings": {"backend": "CPU", "n_threads": N_THREADS, "n_ctx": N_CTX,
                      "n_batch": N_BATCH, "n_ubatch": N_BATCH, "flash_attn": False,
                      "type_k": "f16", "type_v": "f16",
@@ -1276,11 +1193,58 @@ def main_gemma3(args, log) -> None:
                      "image_input": "mtmd_helper_bitmap_init_from_file (PNG decoded by mtmd)",
                      "prompt": f"mtmd_helper_eval_chunks, n_batch {N_BATCH}, logits of the "
                                "last token",
-                     "continuation": "argmax of the last logits, one llama_decode per token",
+                     "continuation": continuation,
                      "between_images": "llama_memory_clear"},
     }
-    write_vision_case(entry)
-    log(f"wrote the {CASE} entry of {(SYNTH / 'index.json').relative_to(ROOT)}")
+    index_path = SYNTH / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {"cases": []}
+    cases = index.get("vision_cases", [])
+    names = [c["name"] for c in cases]
+    if case in names:
+        cases[names.index(case)] = entry
+    else:
+        cases.append(entry)
+    index["vision_cases"] = cases
+    index_path.write_text(json.dumps(index, indent=1) + "\n")
+    log(f"wrote the {case} entry of {index_path.relative_to(ROOT)}")
+
+
+def main_gemma3(args, log) -> None:
+    from PIL import Image
+
+    SYNTH.mkdir(parents=True, exist_ok=True)
+    text_path, mmproj_path = SYNTH / TEXT_FILE, SYNTH / MMPROJ_FILE
+    make_gemma3(text_path, msm.small_vocab(args.tokenizer))
+    make_mmproj(mmproj_path)
+    images = write_images(IMAGES)
+    log_wrote(log, text_path, mmproj_path, *IMAGE_PATHS.values())
+    check_dequant(text_path, mmproj_path)
+
+    runs, infos, mtmd_params, _ = run_mtmd(log, text_path, mmproj_path, images, PROMPT,
+                                           n_embd=msm.N_EMBD, mrope=False)
+    for n in IMAGE_NAMES:
+        i = infos[n]
+        assert i["n_tokens"] == N_IMG_TOKENS and i["n_pos"] == N_IMG_TOKENS, i
+        assert i["non_causal"] and "image_pos" not in i, i
+
+    # the checks
+    nw, nh, ox, oy = letterbox_size(640, 400, IMG_SIZE)
+    ours = resize_u8(images["wide"], nw, nh)
+    pil = np.asarray(Image.fromarray(images["wide"]).resize((nw, nh), Image.BILINEAR))
+    log(f"wide.png letterboxed to {nw}x{nh} at offset ({ox}, {oy}); numpy resize vs Pillow: "
+        f"{int((ours != pil).sum())} of {ours.size} values differ")
+    log_checks(log, runs,
+               lambda n, rounding: encode(images[n], str(mmproj_path), ggml_rounding=rounding),
+               "embedding", f"enter at {IMG_EMBD_RMS:.3f}")
+    write_npz(log, CASE, runs, {"n_image_tokens": np.int32(N_IMG_TOKENS)})
+    write_entry(
+        log, CASE, text_path, mmproj_path, images, runs, infos, PROMPT, mtmd_params,
+        counts={"n_image_tokens": N_IMG_TOKENS},
+        exercises=" ".join(make_gemma3.__doc__.split()) + " Image: "
+                  "SigLIP (896 px, patch 14, 2 layers of 64, 2 heads, GELU), gemma3 "
+                  "projector (4x4 average pool to 256 tokens, soft_emb RMS norm, input "
+                  "projection), mtmd's letterbox resize, non-causal image decode.",
+        continuation="argmax of the last logits, one llama_decode per token")
 
 
 def main() -> None:

@@ -173,3 +173,60 @@ def test_image_bench_times_the_first_token():
     assert report["rows"][0]["engine"] == "hotseat" and report["rows"][0]["ttft_s"] > 0
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert r.returncode != 0 and "--image needs the model's --mmproj" in r.stderr
+
+
+def _ask(eng, name, img):
+    from engine.facade import Request
+    from engine.text.sampling import SamplingParams
+
+    return eng.generate(Request(name, prompt=CASE.entry["prompt_text"],
+                                images=[CASE.image_bytes(img)], max_tokens=6,
+                                sampling=SamplingParams(temperature=0.0))).tokens
+
+
+def test_a_fault_while_encoding_is_recovered_and_the_answer_is_the_same():
+    """A device fault in the image's encoding (its pass's wait times out): the engine resets
+    every model from its host copies, the request that showed nothing runs once more, and
+    answers as without the fault."""
+    from engine.api import Engine
+    from engine.gpu import vk
+
+    with Engine(n_ctx=1024) as eng:
+        name = eng.load(CASE.model_path, mmproj=CASE.mmproj_path)
+        want = _ask(eng, name, "wide")
+        eng.models[name].media.clear()             # the next request encodes again
+        vk.inject("wait", "timeout")
+        try:
+            assert _ask(eng, name, "wide") == want
+        finally:
+            vk.clear_faults()
+        assert eng.health()["faults"] == 1 and eng.models[name].model.vision.encoded == 2
+
+
+def test_no_memory_for_the_encoder_fails_the_request_and_the_next_one_answers(monkeypatch):
+    """Out of memory while the encoder's buffers are made (the model coming back warm): the
+    request fails with that error, the model stays whole and cold, and the next request
+    answers as before."""
+    from engine.api import Engine
+    from engine.gpu import vk
+    from engine.vision.encoder import VisionEncoder
+
+    real = VisionEncoder.restore
+
+    def short_of_memory(self):
+        vk.inject("alloc", "out_of_memory")
+        try:
+            return real(self)
+        finally:
+            vk.clear_faults()
+    with Engine(n_ctx=1024) as eng:
+        name = eng.load(CASE.model_path, mmproj=CASE.mmproj_path)
+        want = _ask(eng, name, "wide")
+        eng.evict(name, full=True)
+        monkeypatch.setattr(VisionEncoder, "restore", short_of_memory)
+        with pytest.raises(vk.OutOfMemory):
+            _ask(eng, name, "wide")
+        monkeypatch.setattr(VisionEncoder, "restore", real)
+        st = eng.status()[0]
+        assert st["state"] == "cold" and "vision" not in st["device_bytes"]
+        assert _ask(eng, name, "wide") == want
