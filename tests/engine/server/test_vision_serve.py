@@ -198,3 +198,37 @@ def test_a_server_asked_to_fetches_image_urls(tmp_path):
             assert exc.value.code == "invalid_image"
     finally:
         httpd.shutdown()
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--mmproj", "a.gguf", "--mmproj", "b.gguf"], "2 --mmproj for 1 models"),
+    (["--mmproj", "x.gguf", "--image-max-tokens", "0"], "--image-max-tokens must be at least 1"),
+])
+def test_serve_refuses_projector_options_it_cannot_use(args, words):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--port", "0", "-m",
+                        str(DATA / "gemma3-f16.gguf"), *args], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=env)
+    assert r.returncode != 0 and words in r.stderr, r.stderr
+
+
+def test_a_projector_file_that_is_missing_is_one_line(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "serve", "--port", "0", "-m",
+                        str(DATA / "gemma3-f16.gguf"), "--mmproj", str(tmp_path / "no.gguf")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode != 0
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no.gguf" in lines[0], r.stderr
