@@ -45,6 +45,18 @@ class VisionCase:
         return [int(t) for t in self.ref[f"{name}_ids_before"]] + [media_id] * n_tokens + \
             [int(t) for t in self.ref[f"{name}_ids_after"]]
 
+    def teacher_forced(self, model, name: str, media_id: int, media) -> np.ndarray:
+        """A Model's logits after the prompt with the image (`media`, a residency.Media, as
+        media_id) and after each of llama.cpp's continuation tokens, from an empty cache."""
+        ids = self.prompt_ids(name, media_id, len(media.rows))
+        model.media = {media_id: media}
+        model.cache_tokens = []
+        model.rs.reset_recurrent()
+        out = [model.eval(ids, 0, greedy=False)]
+        for i, tok in enumerate(self.ref[f"{name}_continuation_ids"]):
+            out.append(model.run([int(tok)], len(ids) + i, greedy=False))
+        return np.stack(out)
+
     def check_soft_tokens(self, name: str, rows: np.ndarray) -> None:
         want = self.ref[f"{name}_embd"]
         assert rows.shape == want.shape

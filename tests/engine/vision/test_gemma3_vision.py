@@ -47,15 +47,8 @@ def soft_tokens(model) -> dict[str, Media]:
     return {name: Media(*model.vision.encode(image(name))) for name in IMAGES}
 
 
-def teacher_forced(model: Model, name: str, img: Image, rows: Media) -> np.ndarray:
-    """The logits after the prompt and after each of llama.cpp's continuation tokens."""
-    ids = prompt_ids(name, img)
-    model.media = {media_prompt.media_id(img): rows}
-    model.cache_tokens = []
-    out = [model.eval(ids, 0, greedy=False)]
-    for i, tok in enumerate(REF[f"{name}_continuation_ids"]):
-        out.append(model.run([int(tok)], len(ids) + i, greedy=False))
-    return np.stack(out)
+def teacher_forced(model: Model, name: str, img: Image, media: Media) -> np.ndarray:
+    return CASE.teacher_forced(model, name, media_prompt.media_id(img), media)
 
 
 @pytest.mark.parametrize("name", IMAGES)

@@ -53,14 +53,7 @@ def soft_tokens(model) -> dict[str, Media]:
 
 
 def teacher_forced(model: Model, name: str, img: Image, media: Media) -> np.ndarray:
-    ids = prompt_ids(name, img)
-    model.media = {media_prompt.media_id(img): media}
-    model.cache_tokens = []
-    model.rs.reset_recurrent()
-    out = [model.eval(ids, 0, greedy=False)]
-    for i, tok in enumerate(REF[f"{name}_continuation_ids"]):
-        out.append(model.run([int(tok)], len(ids) + i, greedy=False))
-    return np.stack(out)
+    return CASE.teacher_forced(model, name, media_prompt.media_id(img), media)
 
 
 @pytest.mark.parametrize("name", IMAGES)
