@@ -29,6 +29,9 @@ def add_parser(subparsers, model_help: str) -> argparse.ArgumentParser:
     s.add_argument("--image-max-tokens", type=int, metavar="N",
                    help="an image's most soft tokens where the projector sizes images "
                         "(Qwen3.5; default 4096, as llama.cpp)")
+    s.add_argument("--image-scale-pixels", type=int, metavar="N",
+                   help="scale larger images down to N pixels before anything else "
+                        "(default: $HOTSEAT_IMAGE_SCALE_PIXELS, else 16000000)")
     s.add_argument("--fetch-images", action="store_true",
                    help="fetch image_url parts that are http(s) URLs (off: only data URLs are "
                         "taken; the server then fetches nothing)")
@@ -117,6 +120,11 @@ def cmd_serve(args, Engine: Callable[..., EngineAPI]) -> int:
                  flash_attn=args.flash_attn, arena=arena_enabled(args),
                  wake_on_free=args.wake_on_free, arena_label="serve (starting)")
     try:
+        if args.image_scale_pixels is not None:
+            if args.image_scale_pixels < 1:
+                raise ValueError(f"--image-scale-pixels must be at least 1, got "
+                                 f"{args.image_scale_pixels}")
+            os.environ["HOTSEAT_IMAGE_SCALE_PIXELS"] = str(args.image_scale_pixels)
         if args.image_max_tokens is not None and args.image_max_tokens < 1:
             raise ValueError(f"--image-max-tokens must be at least 1, got "
                              f"{args.image_max_tokens}")

@@ -18,6 +18,15 @@ from .config import Geometry, VisionConfig
 MAX_BYTES = 20 * 1024 * 1024          # an image file larger than this is refused
 MAX_PIXELS = 50_000_000               # as is one whose width x height is larger
 SCALE_PIXELS = 16_000_000             # larger ones are scaled down to this before anything
+SCALE_SETTING = "HOTSEAT_IMAGE_SCALE_PIXELS"    # that bound, where set (serve's option)
+
+
+def scale_pixels() -> int:
+    """The pixels an image is scaled down to before anything else: $HOTSEAT_IMAGE_SCALE_PIXELS
+    (hotseat serve --image-scale-pixels), else SCALE_PIXELS."""
+    from ..gpu.paths import count_setting
+
+    return count_setting(SCALE_SETTING, SCALE_PIXELS)
 
 
 class ImageError(ValueError):
@@ -40,17 +49,18 @@ class Image:
             raise ImageError(f"the image is {len(data)} bytes; the limit is {MAX_BYTES}")
         if not data:
             raise ImageError("the image is empty")
+        bound = scale_pixels()
         try:
             with PILImage.open(io.BytesIO(data)) as im:
                 w, h = im.size
                 if w * h > MAX_PIXELS:
                     raise ImageError(f"the image is {w}x{h} pixels; the limit is "
                                      f"{MAX_PIXELS} pixels")
-                if w * h > SCALE_PIXELS:
+                if w * h > bound:
                     im.draft("RGB", (w // 2, h // 2))     # JPEG: decode at a smaller scale
                 im = im.convert("RGB")
-                if im.width * im.height > SCALE_PIXELS:
-                    f = (SCALE_PIXELS / (im.width * im.height)) ** 0.5
+                if im.width * im.height > bound:
+                    f = (bound / (im.width * im.height)) ** 0.5
                     im = im.resize((max(1, int(im.width * f)), max(1, int(im.height * f))),
                                    PILImage.Resampling.BILINEAR)
                 rgb = np.asarray(im, np.uint8)

@@ -75,7 +75,7 @@ def test_limits(monkeypatch):
     PIL.new("1", (10000, 6000)).save(big, format="PNG")      # 6e7 pixels, a small file
     with pytest.raises(ImageError, match="pixels; the limit is"):
         Image.from_bytes(big.getvalue())
-    monkeypatch.setattr(images, "SCALE_PIXELS", 100)
+    monkeypatch.setenv(images.SCALE_SETTING, "100")
     small = Image.from_bytes(encoded(gradient(40, 20), "PNG")).rgb   # scaled to fit
     assert small.shape[0] * small.shape[1] <= 100 and small.shape[0] > small.shape[1]
 
@@ -111,3 +111,9 @@ def test_media_ids():
     assert -2 ** 31 <= media_id(a) < 0 and -2 ** 31 <= media_id(b) < 0
     with pytest.raises(ImageError, match="not \\[height, width, 3\\]"):
         Image.from_rgb(np.zeros((4, 4), np.uint8))
+
+
+def test_the_scale_bound_setting_is_checked(monkeypatch):
+    monkeypatch.setenv(images.SCALE_SETTING, "lots")
+    with pytest.raises(ValueError, match="^HOTSEAT_IMAGE_SCALE_PIXELS: 'lots' is not a whole"):
+        Image.from_bytes(encoded(gradient(4, 4), "PNG"))
