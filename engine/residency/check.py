@@ -101,8 +101,9 @@ def _check_vision(out: dict, path: str, target: Target) -> None:
         out["problems"].append(f"mmproj: the projector gives rows of {c.n_embd_text}; the "
                                f"model takes {width}")
     vram, ram = out["vram"], out["ram"]
-    if vram is not None:
-        vram["vision_bytes"] = out["vision"]["vram_bytes"]
+    if vram is not None:                    # the encoder, and a pass's image rows
+        vram["vision_bytes"] = out["vision"]["vram_bytes"] + \
+            4 * vram["pass_tokens"] * (width or 0)
         vram["total_bytes"] += vram["vision_bytes"]
         ram["vision_bytes"] = sz["host"]
         ram["upper_bound_bytes"] += sz["host"]
@@ -242,7 +243,8 @@ def _sizes(g: GGUFFile, cfg, n_ctx: int, target: Target) -> tuple[dict, dict]:
     kv = 2 * (2 * n_ctx * args["kv_dim"]) * layers          # K and V, f16
     recurrent = RunState.recurrent_bytes(**args)
     vram = {"weights_bytes": weights, "kv_bytes": kv, "recurrent_bytes": recurrent,
-            "compute_bytes": state - kv - recurrent, "total_bytes": weights + state}
+            "compute_bytes": state - kv - recurrent, "total_bytes": weights + state,
+            "pass_tokens": args["max_tokens"]}
     # cold: the weights' host copy; a full eviction adds the used KV (at most a full
     # context's) and the recurrent states
     ram = {"weights_bytes": weights, "kv_full_context_bytes": kv,

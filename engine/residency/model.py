@@ -196,8 +196,10 @@ class Model:
 
     def warm_bytes(self) -> int:
         """Device bytes this model holds when warm (what the arbiter must grant)."""
-        vision = self.vision.warm_bytes() if self.vision is not None else 0
-        return self.weight_bytes + RunState.bytes_for(**self._run_state_args()) + vision
+        args = self._run_state_args()
+        vision = self.vision.warm_bytes() + 4 * args["max_tokens"] * self.config.n_embd \
+            if self.vision is not None else 0          # the encoder, and a pass's image rows
+        return self.weight_bytes + RunState.bytes_for(**args) + vision
 
     def attach_vision(self, path: str, max_tokens: int | None = None) -> None:
         """An mmproj file's encoder for this model's images, whose soft tokens must have
@@ -296,6 +298,7 @@ class Model:
                 stream.wait()
             if self.vision is not None:
                 self.vision.restore()
+                self.rs.embd_input()           # counted with the encoder: made with it
         except BaseException:
             if stream is not None:
                 stream.close()
@@ -915,14 +918,17 @@ class Model:
         return n
 
     def device_bytes(self) -> dict[str, int]:
-        """Device bytes held now, by kind; an encoder's all under "vision"."""
+        """Device bytes held now, by kind; an encoder's all under "vision", with the rows
+        that take an image's soft tokens into a pass."""
         out: dict[str, int] = {}
         bufs = list(self.arenas) + (self.rs.buffers() if self.rs else [])
+        embd = self.rs.embd_in if self.rs is not None else None
         for b in bufs:
             if not b.released:
-                out[b.kind] = out.get(b.kind, 0) + b.nbytes
+                kind = "vision" if b is embd else b.kind
+                out[kind] = out.get(kind, 0) + b.nbytes
         if self.vision is not None and self.vision.warm:
-            out["vision"] = self.vision.device_bytes()
+            out["vision"] = out.get("vision", 0) + self.vision.device_bytes()
         return out
 
     def close(self) -> None:
