@@ -179,7 +179,8 @@ def test_prefill_groups_tokens_by_expert(dev, kc, moe_path):
         try:
             logits = [m.run(prompt, 0, greedy=False), m.run([42], len(prompt), greedy=False)]
             ops = [[kernel_of(n) for n in g._op_names]
-                   for g in (m._prefill[(len(prompt), False, False)], m._decode[False, False])]
+                   for g in (m._prefill[(len(prompt), False, False, False)],
+                             m._decode[False, False])]
             runs[grouped] = logits, ops
         finally:
             m.close()
