@@ -773,10 +773,11 @@ class Model:
                 embd = Media(image.rows[a:a + n], image.geometry, a)
             else:
                 n = self.next_chunk(media_free(tokens, s))
+            kw = {} if embd is None else {"embd": embd}
             if logprobs and s + n == len(tokens):      # the last pass's logits only
-                out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs=True, embd=embd)
+                out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs=True, **kw)
             else:
-                out = self.run(tokens[s:s + n], pos0 + s, greedy, embd=embd)
+                out = self.run(tokens[s:s + n], pos0 + s, greedy, **kw)
             s += n
         return out
 

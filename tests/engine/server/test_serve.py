@@ -295,6 +295,8 @@ BAD = [
      "invalid_type"),
     (CHAT, {"messages": [{"role": "user"}]}, 400, "messages[0].content", "invalid_type"),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages[0].content[0].image_url", "invalid_type"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "audio"}]}]}, 400,
      "messages[0].content", "invalid_type"),
     (CHAT, chat_body(temperature="hot"), 400, "temperature", "invalid_type"),
     (CHAT, chat_body(temperature=-1), 400, "temperature", "invalid_value"),
