@@ -41,7 +41,6 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-
 from .facade import Completion, Embeddings, EngineFault, ModelExists, Request, TokenLogprob
 from .formats.gguf_file import ModelFileError
 from .gpu import vk
@@ -716,7 +715,6 @@ class Engine:
             if media is None:
                 media = Media(*m.model.vision.encode(image))
                 m.media[image.digest] = media
-                m.model.vision.encoded += 1
                 while len(m.media) > MEDIA_KEPT:
                     m.media.popitem(last=False)
             m.media.move_to_end(image.digest)

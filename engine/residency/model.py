@@ -31,14 +31,14 @@ from ..gpu.builder import Builder
 from ..gpu.graph import Graph
 from ..gpu.kernels import KernelCache
 from ..gpu.paths import Paths, Tuning, flash_attn_mode
+from ..gpu.rope import rope_table
 from ..gpu.runstate import LOGPROB_WORDS, TOP_LOGPROBS, RunState, run_state_args
 from ..gpu.tensors import Tensor
-from . import placement, promptcache
-from .placement import PlacementError  # noqa: F401  (raised by Model())
-from ..gpu.rope import rope_table
 from ..vision.config import Geometry
 from ..vision.encoder import VisionEncoder
 from ..vision.positions import Positions
+from . import placement, promptcache
+from .placement import PlacementError  # noqa: F401  (raised by Model())
 
 PREFILL_CHUNK = 256           # most prompt tokens a prefill pass takes (where no matrix units)
 CHUNK_TARGET_S = 0.5          # a prefill pass (one submit) takes about this long at most
@@ -784,16 +784,16 @@ class Model:
     def media_rows(self, key: int, n: int) -> Media:
         """The soft tokens of the image a prompt knows by `key` (a negative id, see
         engine/vision/prompt.py), from `media`, the request's images."""
-        rows = self.media.get(key)
-        if rows is None:
+        media = self.media.get(key)
+        if media is None:
             raise ValueError(f"{self.name}: no image for the prompt's media id {key}")
-        if len(rows.rows) != n:
-            raise ValueError(f"{self.name}: an image of {len(rows.rows)} soft tokens in a span "
-                             f"of {n}")
+        if len(media.rows) != n:
+            raise ValueError(f"{self.name}: an image of {len(media.rows)} soft tokens in a "
+                             f"span of {n}")
         if n > self.chunk and self.vision.config.bidirectional:
             raise ValueError(f"{self.name}: an image of {n} soft tokens does not fit a pass "
                              f"of {self.chunk}")
-        return rows
+        return media
 
     def hidden(self, tokens: list[int], between: Callable[[], None] | None = None) -> np.ndarray:
         """The final-normed hidden states [len(tokens), n_embd] of tokens run as a sequence

@@ -331,6 +331,7 @@ class VisionEncoder:
         self.state.patches.write(images.patches(image, c, g))
         self.state.set_image(c, g, self.positions)
         graph.replay()
+        self.encoded += 1
         rows = self.state.out.read(np.float32, g.n_tokens * c.n_embd_text)
         return rows.reshape(g.n_tokens, c.n_embd_text), g
 
