@@ -75,13 +75,13 @@ def check_file(path: str, n_ctx: int, target: Target | None = None,
     GGUF."""
     target = target or Target.typical()
     with GGUFFile(path) as g:
-        out = _check(g, int(n_ctx), target)
+        out, cfg = _check(g, int(n_ctx), target)
     if mmproj is not None:
-        _check_vision(out, mmproj, target)
+        _check_vision(out, cfg, mmproj, target)
     return out
 
 
-def _check_vision(out: dict, path: str, target: Target) -> None:
+def _check_vision(out: dict, cfg, path: str, target: Target) -> None:
     """The projector's part of the report: its problems, and its bytes joined to the
     model's (the encoder is warm and cold with it)."""
     with GGUFFile(path) as g:
@@ -93,7 +93,7 @@ def _check_vision(out: dict, path: str, target: Target) -> None:
             out["runs"] = False
             return
         sz = encoder_sizes(g, c)
-    width = out.get("n_embd")
+    width = cfg.n_embd if cfg is not None else None
     out["vision"] = {"path": path, "projector": c.projector, "image_size": c.image_size,
                      "tokens_per_image": c.max_image_tokens, "width": c.n_embd_text,
                      "vram_bytes": sz["weights"] + sz["activations"], "ram_bytes": sz["host"]}
@@ -102,8 +102,8 @@ def _check_vision(out: dict, path: str, target: Target) -> None:
                                f"model takes {width}")
     vram, ram = out["vram"], out["ram"]
     if vram is not None:                    # the encoder, and a pass's image rows
-        vram["vision_bytes"] = out["vision"]["vram_bytes"] + \
-            4 * vram["pass_tokens"] * (width or 0)
+        pass_tokens = run_state_sizes(cfg, out["context"]["n_ctx"], target.tuning)["max_tokens"]
+        vram["vision_bytes"] = out["vision"]["vram_bytes"] + 4 * pass_tokens * width
         vram["total_bytes"] += vram["vision_bytes"]
         ram["vision_bytes"] = sz["host"]
         ram["upper_bound_bytes"] += sz["host"]
@@ -125,7 +125,8 @@ def _tensors(n: int) -> str:
     return f"{n} tensor" if n == 1 else f"{n} tensors"
 
 
-def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
+def _check(g: GGUFFile, n_ctx: int, target: Target) -> tuple[dict, object]:
+    """The report, and the model's config (None where it cannot be read)."""
     registry = architectures.ARCHITECTURES           # as registered now
     problems: list[str] = []
     notes: list[str] = []
@@ -175,7 +176,6 @@ def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
     sized = False
     if cfg is not None:
         out["context"]["trained"] = cfg.n_ctx_train
-        out["n_embd"] = cfg.n_embd
         missing = [n for n in read if n not in g.tensors]
         wrong = {n: (list(g.tensors[n].shape), list(s)) for n, s in read.items()
                  if n in g.tensors and g.tensors[n].shape != s}
@@ -216,7 +216,7 @@ def _check(g: GGUFFile, n_ctx: int, target: Target) -> dict:
         problems.append(f"needs {_mib(vram['total_bytes'])} of VRAM warm, more than the "
                         f"budget of {_mib(target.budget_bytes)} on {target.name}")
     out["runs"] = not problems
-    return out
+    return out, cfg
 
 
 def _check_tokenizer(g: GGUFFile, problems: list[str]) -> None:
@@ -243,8 +243,7 @@ def _sizes(g: GGUFFile, cfg, n_ctx: int, target: Target) -> tuple[dict, dict]:
     kv = 2 * (2 * n_ctx * args["kv_dim"]) * layers          # K and V, f16
     recurrent = RunState.recurrent_bytes(**args)
     vram = {"weights_bytes": weights, "kv_bytes": kv, "recurrent_bytes": recurrent,
-            "compute_bytes": state - kv - recurrent, "total_bytes": weights + state,
-            "pass_tokens": args["max_tokens"]}
+            "compute_bytes": state - kv - recurrent, "total_bytes": weights + state}
     # cold: the weights' host copy; a full eviction adds the used KV (at most a full
     # context's) and the recurrent states
     ram = {"weights_bytes": weights, "kv_full_context_bytes": kv,
