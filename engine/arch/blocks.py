@@ -61,14 +61,16 @@ def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *
     if qkv_bias:
         for name, y in (("attn_q", rs.q), ("attn_k", rs.k), ("attn_v", rs.v)):
             b.add_bias(y, w[p + name + ".bias"], n)
-    if qk_norm:                                    # rows of a head, or of a whole projection
-        whole = qk_norm == "whole"
-        b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n if whole else rows, c.rms_eps)
-        b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n if whole else n * c.n_head_kv,
-                   c.rms_eps)
+    head_norm = None                        # per head: in rope_qkv's pass; whole: before it
+    if qk_norm == "head":
+        head_norm = (w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"], c.rms_eps)
+    elif qk_norm:
+        b.rms_norm(rs.q, w[p + "attn_q_norm.weight"], rs.q, n, c.rms_eps)
+        b.rms_norm(rs.k, w[p + "attn_k_norm.weight"], rs.k, n, c.rms_eps)
     if not roped:
         b.rope_qkv(rs.q, rs.k, rs.v, rs.k_cache[i], rs.v_cache[i], c.n_head, c.n_head_kv,
-                   c.head_dim, n, rope, neox=neox, temp_scale=temp[0], temp_floor=temp[1])
+                   c.head_dim, n, rope, neox=neox, temp_scale=temp[0], temp_floor=temp[1],
+                   head_norm=head_norm)
     b.attention(rs.q, rs.k_cache[i], rs.v_cache[i], rs.att, c.n_head, c.n_head_kv,
                 c.head_dim, n, scale=scale, window=window, softcap=softcap,
                 sinks=w[p + "attn_sinks.weight"] if sinks else None)

@@ -384,17 +384,20 @@ class Builder:
         """k and v into the f16 K and V caches at step.pos0, unrotated: rope_qkv with no
         query heads and a rotation by angle 0 (freq_scale 0 makes every angle 0, and cos 0
         = 1, sin 0 = 0 leave each value as it is)."""
-        self.g.op("rope_qkv", [k, k, v, k_cache, v_cache, self.rs.step, k],
+        self.g.op("rope_qkv", [k, k, v, k_cache, v_cache, self.rs.step, k, k, k],
                   (-(-(n * n_head_kv * (1 + head_dim)) // 64), 1, 1),
-                  spec=dict(NEOX=0, TABLE=0, TEMP=0, SEQS=0),
+                  spec=dict(NEOX=0, TABLE=0, TEMP=0, SEQS=0, NORM=0),
                   n_head=0, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=2, n_tokens=n,
-                  freq_base=1.0, freq_scale=0.0, temp_scale=0.0, temp_floor=1)
+                  freq_base=1.0, freq_scale=0.0, temp_scale=0.0, temp_floor=1, eps=0.0)
 
     def rope_qkv(self, q: vk.Buffer, k: vk.Buffer, v: vk.Buffer, k_cache: vk.Buffer,
                  v_cache: vk.Buffer, n_head: int, n_head_kv: int, head_dim: int, n: int,
-                 rope: Rope, neox: bool, temp_scale: float = 0.0, temp_floor: int = 0) -> None:
+                 rope: Rope, neox: bool, temp_scale: float = 0.0, temp_floor: int = 0,
+                 head_norm: tuple[Tensor, Tensor, float] | None = None) -> None:
         """rope(q) in place, rope(k) into the K cache and v into the V cache, at step.pos0
         (with seqs, each token at its slot less step.seq_first: its own sequence's position).
+        head_norm (q's weight, k's, eps) RMS-norms each head of q and k first, in the same
+        pass (a workgroup a head).
         The angles come from the rope's table (engine/gpu/rope.py) where ggml's numerics are
         asked for or the rope is scaled; else the kernel computes them. With temp_scale,
         q is then multiplied by 1 + temp_scale * ln(1 + floor(pos / temp_floor)) (Llama 4's
@@ -407,13 +410,18 @@ class Builder:
         temp = bool(temp_scale)
         if temp and temp_floor <= 0:
             raise ValueError(f"attention temperature: floor scale {temp_floor}")
+        if head_norm is None:
+            norms, eps, groups = [q, q], 0.0, (-(-count // 64), 1, 1)
+        else:
+            norms, eps = [head_norm[0].binding(), head_norm[1].binding()], head_norm[2]
+            groups = (n_head + n_head_kv + -(-(n_head_kv * head_dim) // 64), n, 1)
         self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step,
-                               self.rs.rope_table(rope) if table else q],
-                  (-(-count // 64), 1, 1),
-                  spec=dict(NEOX=int(neox), TABLE=int(table), TEMP=int(temp), SEQS=self.seqs),
+                               self.rs.rope_table(rope) if table else q, *norms],
+                  groups, spec=dict(NEOX=int(neox), TABLE=int(table), TEMP=int(temp),
+                                    SEQS=self.seqs, NORM=int(head_norm is not None)),
                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
                   n_tokens=n, freq_base=rope.base, freq_scale=rope.freq_scale,
-                  temp_scale=temp_scale, temp_floor=max(temp_floor, 1))
+                  temp_scale=temp_scale, temp_floor=max(temp_floor, 1), eps=eps)
         self._wrote(q)
 
     def attention(self, q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer, out: vk.Buffer,

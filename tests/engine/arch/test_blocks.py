@@ -110,3 +110,39 @@ def test_int8_decode_layer_is_seven_dispatches(dev, kc):
     layer = ["vecq"] * 3 + ["attn"] + ["vecq"] * 3
     assert kinds[0].startswith("get_rows") and kinds[-3:] == ["rms_norm", "vecq", "argmax"]
     assert kinds[1:-3] == layer * m.config.n_layer, names
+
+
+HEAD_NORMS = {"qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe", "qwen3next", "lfm2"}
+
+
+@pytest.mark.parametrize("name", [n for n in one_per_architecture()
+                                  if n.split("-")[0] in HEAD_NORMS])
+@pytest.mark.parametrize("n", [1, 4])
+def test_head_norms_go_into_rope_qkv(dev, kc, name, n, monkeypatch):
+    """Per-head q and k norms (qwen3's attn_q_norm, attn_k_norm) are rope_qkv's, in its pass:
+    no rms_norm pass reads q or k, and every attention layer's rope_qkv takes them."""
+    case = sr.load_case(name)
+    m = Model(dev, kc, str(case.model_path), n_ctx=case.n_ctx, name=name)
+    normed, roped = [], []
+    rms_norm, rope_qkv = Builder.rms_norm, Builder.rope_qkv
+
+    def rms(self, x, w, out, *a, **kw):
+        normed.append(x)
+        return rms_norm(self, x, w, out, *a, **kw)
+
+    def rope(self, *a, head_norm=None, **kw):
+        roped.append(head_norm is not None)
+        return rope_qkv(self, *a, head_norm=head_norm, **kw)
+
+    monkeypatch.setattr(Builder, "rms_norm", rms)
+    monkeypatch.setattr(Builder, "rope_qkv", rope)
+    try:
+        m.rs.set_step([1] * n, 0)
+        m._record(n, greedy=True).close()
+        q, k = m.rs.q, m.rs.k
+        state = m.config.state()
+        n_attn = m.config.n_layer if state.kv_layers is None else len(state.kv_layers)
+    finally:
+        m.close()
+    assert not [x for x in normed if x is q or x is k]
+    assert roped == [True] * n_attn

@@ -1084,10 +1084,10 @@ def test_rope_qkv_fused(dev, kc, neox, table):
     kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
     count = n_tok * ((n_head + n_kv) * hd // 2 + n_kv * hd)
     run_once(dev, kc, "rope_qkv", [bq, bk, bv, kc_, vc_, rs.step,
-                                    rs.rope_table(Rope(1e4, hd))],
+                                    rs.rope_table(Rope(1e4, hd)), bq, bq],
              (-(-count // 64), 1, 1), spec=dict(NEOX=neox, TABLE=table), n_head=n_head,
              n_head_kv=n_kv, head_dim=hd, n_dims=hd, n_tokens=n_tok, freq_base=1e4,
-             freq_scale=1.0, temp_scale=0.0, temp_floor=1)
+             freq_scale=1.0, temp_scale=0.0, temp_floor=1, eps=0.0)
     assert nmse(read(dev, bq).reshape(q.shape), rope_ref(q, pos0, hd, 1e4, bool(neox))) < 1e-11
     kk = read(dev, kc_, np.float16).reshape(n_ctx, n_kv, hd).astype(np.float32)
     assert nmse(kk[pos0:pos0 + n_tok], rope_ref(k, pos0, hd, 1e4, bool(neox))) < 1e-6
@@ -1142,6 +1142,54 @@ def test_rope_qkv_attention_temperature(dev, kc, n_dims):
     assert nmse(kk[pos0:pos0 + n_tok], rotated(k)) < 1e-6
     vv = read(dev, vc_, np.float16).reshape(n_ctx, n_kv, hd)
     assert np.array_equal(vv[pos0:pos0 + n_tok], v.astype(np.float16))
+    g.close()
+    rs.close()
+
+
+@pytest.mark.parametrize("hd,n_dims", [(64, 64), (64, 32), (128, 128), (256, 256)])
+@pytest.mark.parametrize("neox", [0, 1])
+def test_rope_qkv_head_norm(dev, kc, hd, n_dims, neox):
+    """head_norm: each head of q and k RMS-normed over head_dim with its weights (qwen3's
+    attn_q_norm and attn_k_norm), then rotated, in rope_qkv's one pass; the unrotated dims
+    normed too; v as without it."""
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
+
+    rng = np.random.default_rng(23)
+    n_tok, n_head, n_kv, pos0, n_ctx, eps = 3, 4, 2, 6, 16, 1e-6
+    q = (rng.standard_normal((n_tok, n_head, hd)) * 3).astype(np.float32)
+    k = (rng.standard_normal((n_tok, n_kv, hd)) * 0.2).astype(np.float32)
+    v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    wq, wk = (rng.uniform(0.5, 1.5, hd).astype(np.float32) for _ in range(2))
+    rope = Rope(1e4, n_dims)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=n_head, q_dim=n_head * hd,
+                  kv_dim=n_kv * hd, n_ff=64, n_vocab=64, n_ctx=n_ctx, max_tokens=n_tok,
+                  rope=(rope,))
+    rs.set_step([0] * n_tok, pos0)
+    bq, bk, bv, bwq, bwk = buf(dev, q), buf(dev, k), buf(dev, v), buf(dev, wq), buf(dev, wk)
+    kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
+    norms = [Tensor("F32", (hd,), [(0, 1, 0, 0, hd * 4)], [b]) for b in (bwq, bwk)]
+    g = Graph(dev, kc, "t")
+    Builder(g, {}, rs, Tuning.for_device(dev)).rope_qkv(
+        bq, bk, bv, kc_, vc_, n_head, n_kv, hd, n_tok, rope, neox=bool(neox),
+        head_norm=(norms[0], norms[1], eps))
+    g.replay()
+
+    def normed(x, w):
+        x = x.astype(np.float64)
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+
+    want_q = rope_ref(normed(q, wq), pos0, n_dims, 1e4, bool(neox))
+    want_k = rope_ref(normed(k, wk), pos0, n_dims, 1e4, bool(neox))
+    assert nmse(read(dev, bq).reshape(q.shape), want_q) < 1e-11
+    kk = read(dev, kc_, np.float16).reshape(n_ctx, n_kv, hd).astype(np.float32)
+    assert nmse(kk[pos0:pos0 + n_tok], want_k) < 1e-6
+    vv = read(dev, vc_, np.float16).reshape(n_ctx, n_kv, hd)
+    assert np.array_equal(vv[pos0:pos0 + n_tok], v.astype(np.float16))
+    assert not kk[:pos0].any() and not vv[pos0 + n_tok:].any()
     g.close()
     rs.close()
 

@@ -64,10 +64,10 @@ def test_rope_qkv_packed(dev, kc, neox, table):
     kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
     count = n_tok * ((n_head + n_kv) * hd // 2 + n_kv * hd)
     run_once(dev, kc, "rope_qkv", [bq, bk, bv, kc_, vc_, rs.step,
-                                    rs.rope_table(Rope(1e4, hd))],
+                                    rs.rope_table(Rope(1e4, hd)), bq, bq],
              (-(-count // 64), 1, 1), spec=dict(NEOX=neox, TABLE=table, SEQS=1), n_head=n_head,
              n_head_kv=n_kv, head_dim=hd, n_dims=hd, n_tokens=n_tok, freq_base=1e4,
-             freq_scale=1.0, temp_scale=0.0, temp_floor=1)
+             freq_scale=1.0, temp_scale=0.0, temp_floor=1, eps=0.0)
     wq = np.concatenate([rope_ref(x, 0, hd, 1e4, bool(neox)) for x in np.split(q, np.cumsum(
         lengths)[:-1])])
     wk = np.concatenate([rope_ref(x, 0, hd, 1e4, bool(neox)) for x in np.split(k, np.cumsum(
