@@ -72,8 +72,9 @@ class Tuning:
     split_chunk: int = 32        # ... and the fewest positions a split takes
     decode_wg: int = 64          # attn_decode's lanes: more position groups walk a split's
                                  # KV side by side, fewer one after another
-    decode_heads: int = 4        # attn_decode: most query heads of one KV head a workgroup
-                                 # takes (each K and V row read once for all of them)
+    decode_heads: int = 1        # attn_decode: most query heads of one KV head a workgroup
+                                 # takes (each K and V row read once for all of them; fewer
+                                 # workgroups: on the H200 4 took an 8B layer 53 us, 1 21)
     moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
                                  # else one per token and slot (mul_mat_id, as decode)
     delta_chunk: int = 0         # gated delta rule: tokens per chunk of its prefill path
@@ -115,7 +116,7 @@ class Tuning:
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup,
                        **common)
-        t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, decode_wg=256, **common)
+        t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
         # to measure attn_decode's width and its query heads per workgroup
         t.decode_wg = count_setting("HOTSEAT_DECODE_WG", t.decode_wg)
         t.decode_heads = count_setting("HOTSEAT_DECODE_HEADS", t.decode_heads)

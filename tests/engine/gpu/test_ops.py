@@ -145,7 +145,10 @@ def test_matvecq_choices_and_settings(monkeypatch):
             t.matvecq_shape("Q4_K", 4096, 4096)
     monkeypatch.setenv("HOTSEAT_MATVECQ", "off")
     assert t.matvecq_shape("Q4_K", 4096, 4096) == (256, 1, 2, 0)
-    # attn_decode: 8 lanes a position at head 128 leave 4 vec4s a lane, so 4 heads fit
+    # attn_decode: a head a workgroup unless asked; 8 lanes a position at head 128 leave 4
+    # vec4s a lane, so 4 heads fit
+    assert (t.decode_wg, t.decode_group(128, 32, 8)) == (64, 1)
+    t.decode_heads = 4
     assert t.decode_group(128, 32, 8) == 4 and t.decode_group(128, 32, 32) == 1
     assert t.decode_group(64, 24, 8) == 3 and t.decode_group(256, 16, 2) == 2
     t.decode_wg = 256
