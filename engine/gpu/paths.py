@@ -89,6 +89,7 @@ class Tuning:
     dot4: bool = False           # the device has 4-wide int8 dot products: decode products
                                  # of the types mul_mat_vecq reads take int8 activations
                                  # there (where ggml's rounding is not asked for)
+    compute_units: int = 0       # the GPU's SMs or CUs where the driver tells them; 0: not
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
@@ -96,16 +97,18 @@ class Tuning:
                    and compiled("flash_attn_cm"))
         return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat,
                             dot4=dev.dot4 and compiled("mul_mat_vecq")
-                            and os.environ.get("HOTSEAT_MATVECQ") != "off")
+                            and os.environ.get("HOTSEAT_MATVECQ") != "off",
+                            compute_units=dev.compute_units)
 
     @classmethod
     def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
                  flash_attn: str = "auto", coopmat: bool = False,
-                 dot4: bool = False) -> "Tuning":
+                 dot4: bool = False, compute_units: int = 0) -> "Tuning":
         driver = limits.for_device(info)
         common = dict(subgroup=subgroup, flash_attn=flash_attn_mode(flash_attn),
                       loop_ticks=driver.loop_ticks, max_ctx=driver.max_ctx,
                       amd_gcn=is_amd_gcn(info), coopmat=coopmat, dot4=dot4,
+                      compute_units=compute_units,
                       prefill_tokens=512 if coopmat else 0, max_shared=max_shared,
                       # where the matrix units can take prefill, their f16 inputs cannot
                       # follow ggml's CPU rounding anyway: decode does not either
@@ -178,14 +181,16 @@ class Tuning:
         the others two where rows are many; Q6_K's long rows four super-blocks ahead (29.2 us
         for 4096 of 14336 against 30.4 at two); tall matrices 512 looping workgroups (21.0
         us for 14336 rows of 4096 against 25.9, 52.6 for 32768 of Q6_K against 54.2), so x is
-        staged fewer times. $HOTSEAT_MATVECQ ("Q4_K=128x2x2x0") sets them per weight type,
-        to measure a choice in a whole model."""
+        staged fewer times: four a compute unit where the driver gives their count (the
+        H200's 132 SMs take 528), else one a row tile. $HOTSEAT_MATVECQ ("Q4_K=128x2x2x0")
+        sets them per weight type, to measure a choice in a whole model."""
         chosen = matvecq_override().get(wtype)
         if chosen is not None:
             return chosen
         rows = 1 if wtype == "Q4_K" or n_out <= 2048 else 2
         ahead = 4 if wtype == "Q6_K" and n_in >= 8192 else 2
-        return max(256, self.subgroup), rows, ahead, 512 if n_out > 8192 else 0
+        looping = 4 * self.compute_units if n_out > 8192 else 0
+        return max(256, self.subgroup), rows, ahead, looping
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
         """Tiled attention for this pass? Never for decode (one token), which splits instead."""

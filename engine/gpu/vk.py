@@ -268,6 +268,7 @@ class Device:
             _vk.vkGetPhysicalDeviceProperties2(self.physical,
                                                _vk.VkPhysicalDeviceProperties2(pNext=ext))
             self.host_import_align = int(ext.minImportedHostPointerAlignment)
+        self.compute_units = self._compute_units(dev_exts)
         self.max_allocation = 1 << 30
         m3 = _vk.VkPhysicalDeviceMaintenance3Properties()
         _vk.vkGetPhysicalDeviceProperties2(self.physical, _vk.VkPhysicalDeviceProperties2(pNext=m3))
@@ -334,6 +335,22 @@ class Device:
         self._cache_path = None
         self.pipeline_cache = self._open_pipeline_cache(cache_dir)
         self.allocator = Allocator(self)
+
+    def _compute_units(self, dev_exts: set[str]) -> int:
+        """The GPU's streaming multiprocessors (NVIDIA) or compute units (AMD), where the
+        driver tells them (VK_NV_shader_sm_builtins, VK_AMD_shader_core_properties); else 0."""
+        if "VK_NV_shader_sm_builtins" in dev_exts:
+            sm = _vk.VkPhysicalDeviceShaderSMBuiltinsPropertiesNV()
+            _vk.vkGetPhysicalDeviceProperties2(self.physical,
+                                               _vk.VkPhysicalDeviceProperties2(pNext=sm))
+            return int(sm.shaderSMCount)
+        if "VK_AMD_shader_core_properties" in dev_exts:
+            core = _vk.VkPhysicalDeviceShaderCorePropertiesAMD()
+            _vk.vkGetPhysicalDeviceProperties2(self.physical,
+                                               _vk.VkPhysicalDeviceProperties2(pNext=core))
+            return int(core.shaderEngineCount * core.shaderArraysPerEngineCount
+                       * core.computeUnitsPerShaderArray)
+        return 0
 
     def _coopmat_16x16x16(self) -> bool:
         """Whether the driver lists 16x16x16 f16 x f16 + f32 cooperative matrices in subgroup

@@ -133,7 +133,10 @@ def test_matvecq_choices_and_settings(monkeypatch):
     assert not t.matvecq_fits("Q4_K", 2880)                              # not whole blocks
     assert not t.matvecq_fits("Q5_K", 4096) and not t.matvecq_fits("Q4_0", 40960)
     assert t.matvecq_shape("Q4_K", 4096, 4096) == (256, 1, 2, 0)
-    assert t.matvecq_shape("Q4_K", 14336, 4096) == (256, 1, 2, 512)     # tall: looping groups
+    assert t.matvecq_shape("Q4_K", 14336, 4096) == (256, 1, 2, 0)       # compute units unknown
+    t.compute_units = 132
+    assert t.matvecq_shape("Q4_K", 14336, 4096) == (256, 1, 2, 528)     # tall: four a unit
+    assert t.matvecq_shape("Q4_K", 4096, 4096) == (256, 1, 2, 0)
     assert t.matvecq_shape("Q6_K", 4096, 14336) == (256, 2, 4, 0)       # long rows read ahead
     assert t.matvecq_shape("Q4_0", 2048, 2048) == (256, 1, 2, 0)
     monkeypatch.setenv("HOTSEAT_MATVECQ", "Q4_K=128x4x1x264")
