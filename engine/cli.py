@@ -227,12 +227,14 @@ def build_parser() -> argparse.ArgumentParser:
     sb.set_defaults(func=cmd_swap_bench)
 
     kb = sub.add_parser("kernel-bench", help="time one kernel's paths against each other")
-    kb.add_argument("kernel", choices=["concat", "mul_mat_vec", "mul_mat_cm", "mul_mat_moe"],
+    kb.add_argument("kernel", choices=["concat", "mul_mat_vec", "mul_mat_cm", "mul_mat_moe",
+                                       "attn_decode"],
                     help="concat: the tiled (transposed source) path against the element-wise "
                          "one; mul_mat_vec: the decode product's rows x lanes against mul_mat; "
                          "mul_mat_cm: the cooperative-matrix tiles against mul_mat; "
                          "mul_mat_moe: prefill expert products grouped by expert against "
-                         "mul_mat_id's one per token and slot")
+                         "mul_mat_id's one per token and slot; attn_decode: decode attention's "
+                         "lanes, heads a workgroup, splits and split sizes")
     kb.add_argument("-r", "--repeats", type=int, default=50, help="replays per path (default 50)")
     kb.add_argument("--types", metavar="T,T",
                     help="mul_mat_vec: only these weight types (e.g. Q4_K,Q6_K)")

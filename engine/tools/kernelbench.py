@@ -1,4 +1,5 @@
-"""`hotseat kernel-bench concat|mul_mat_vec|mul_mat_cm|mul_mat_moe`: a kernel's paths against each other.
+"""`hotseat kernel-bench concat|mul_mat_vec|mul_mat_cm|mul_mat_moe|attn_decode`: a kernel's paths
+against each other.
 
 concat: its two paths on the shapes lfm2 gives it. mul_mat_moe: a prefill chunk's expert
 products, one per token and slot against grouped by expert.
@@ -429,6 +430,90 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
     return out
 
 
+# (n_head, n_head_kv, head_dim, positions): one token's attention in the 1B and 8B Llama
+# shapes after a 512-token prompt and after 4096
+ATTN_SHAPES = ((32, 8, 64, 640), (32, 8, 128, 640), (32, 8, 64, 4160), (32, 8, 128, 4160))
+# attn_decode's (lanes, query heads a workgroup, splits, fewest positions a split takes)
+ATTN_GRID = tuple((lanes, heads, splits, chunk) for lanes in (64, 128, 256) for heads in (1, 2)
+                  for splits in (8, 16, 32) for chunk in (32, 64))
+ATTN_COPIES = 64         # K and V copies at most, one an op, so each op reads its own
+
+
+def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -> list[dict]:
+    """Decode attention (attn_decode, one pass with its splits joined by the last workgroup)
+    at every (lanes, heads, splits, chunk) of the grid, K and V read cold (each op its own
+    copy, COLD_BYTES over), each variant's output checked against numpy first."""
+    import dataclasses
+
+    from ..gpu.builder import Builder
+    from ..gpu.rope import Rope
+    from ..gpu.runstate import RunState
+    from ..gpu.paths import Tuning
+
+    rng = np.random.default_rng(0)
+    base = Tuning.for_device(dev)
+    shapes, grid = shapes or ATTN_SHAPES, grid or ATTN_GRID
+    out = []
+    for n_head, n_kv, hd, positions in shapes:
+        n_ctx = max(positions, 128 * max(s for _, _, s, _ in grid))
+        q = rng.standard_normal((n_head, hd)).astype(np.float32)
+        k = rng.standard_normal((positions, n_kv, hd)).astype(np.float16)
+        v = rng.standard_normal((positions, n_kv, hd)).astype(np.float16)
+        scale = hd ** -0.5
+        group = n_head // n_kv                   # query head h reads KV head h // group
+        scores = np.einsum("hd,phd->hp", q, np.repeat(k.astype(np.float32), group, 1)) * scale
+        p = np.exp(scores - scores.max(1, keepdims=True))
+        want = np.einsum("hp,phd->hd", p / p.sum(1, keepdims=True),
+                         np.repeat(v.astype(np.float32), group, 1))
+        kv_bytes = 2 * n_ctx * n_kv * hd * 2
+        copies = max(2, min(ATTN_COPIES, -(-COLD_BYTES // kv_bytes)))
+        rs = RunState(dev, "bench", n_layer=1, n_embd=n_head * hd, n_head=n_head,
+                      q_dim=n_head * hd, kv_dim=n_kv * hd, n_ff=64, n_vocab=64, n_ctx=n_ctx,
+                      max_tokens=1, rope=(Rope(1e4, hd),))
+        alloc = dev.allocator.alloc
+        caches = [(alloc(kv_bytes // 2, "bench/k", "scratch"),
+                   alloc(kv_bytes // 2, "bench/v", "scratch")) for _ in range(copies)]
+        bq = alloc(q.nbytes, "bench/q", "scratch")
+        bo = alloc(q.nbytes, "bench/o", "scratch")
+        try:
+            rs.set_step([0], positions - 1)
+            vk.upload(dev, bq, q)
+            full = np.zeros((2, n_ctx, n_kv, hd), np.float16)
+            full[0, :positions], full[1, :positions] = k, v
+            for bk, bv in caches:
+                vk.upload(dev, bk, full[0])
+                vk.upload(dev, bv, full[1])
+            variants = []
+            for lanes, heads, splits, chunk in grid:
+                if lanes % base.subgroup or (n_head // n_kv) % heads:
+                    continue
+                t = dataclasses.replace(base, decode_wg=lanes, decode_heads=heads,
+                                        split_max=splits, split_chunk=chunk, matvec=True,
+                                        ggml_numerics=False)      # the path: attn_decode
+                builders: dict = {}
+
+                def record(g, i, t=t, builders=builders):
+                    b = builders.setdefault(id(g), Builder(g, {}, rs, t))
+                    b.attention(bq, *caches[i], bo, n_head, n_kv, hd, 1, scale=scale)
+                us = _time_records(dev, kernels, record, repeats, copies)
+                err = _rel_err(vk.download(dev, bo).view(np.float32).reshape(want.shape), want)
+                if not err <= 1e-2:
+                    raise RuntimeError(f"attn_decode {lanes}x{heads}x{splits}x{chunk} disagrees "
+                                       f"with numpy (max error {err:.2e} of the largest)")
+                variants.append({"lanes": t.decode_lanes(hd),
+                                 "heads": t.decode_group(hd, n_head, n_kv),
+                                 "splits": t.decode_splits(n_ctx), "chunk": chunk, "us": us,
+                                 "gb_per_s": kv_bytes * positions / n_ctx / us / 1e3})
+            out.append({"n_head": n_head, "n_head_kv": n_kv, "head_dim": hd,
+                        "positions": positions, "copies": copies, "variants": variants,
+                        "best": min(variants, key=lambda v: v["us"]) if variants else None})
+        finally:
+            for b in [bq, bo] + [x for pair in caches for x in pair]:
+                dev.allocator.free(b)
+            rs.close()
+    return out
+
+
 def run_kernel_bench(args) -> int:
     from ..gpu.kernels import KernelCache
 
@@ -438,7 +523,8 @@ def run_kernel_bench(args) -> int:
         kernels = KernelCache(dev)
         try:
             bench = {"mul_mat_vec": bench_mul_mat_vec, "mul_mat_cm": bench_mul_mat_cm,
-                     "mul_mat_moe": bench_mul_mat_moe, "concat": bench_concat}[args.kernel]
+                     "mul_mat_moe": bench_mul_mat_moe, "concat": bench_concat,
+                     "attn_decode": bench_attn_decode}[args.kernel]
             types = getattr(args, "types", None)
             kw = {"types": set(types.split(","))} if types else {}
             rows = bench(dev, kernels, args.repeats, **kw)
@@ -466,6 +552,20 @@ def run_kernel_bench(args) -> int:
                   f"{r['moe_group_us']:.1f} | {b['tile'][0]} x {b['tile'][1]} / "
                   f"{b['token_tiles']} | {b['us']:.1f} | {b['tflops']:.2f} | "
                   f"{r['speedup']:.1f}x | {rest} |")
+        return 0
+    if args.kernel == "attn_decode":
+        print(f"decode attention on {report['device']}, K and V read cold (each op its own "
+              f"copy), median op time of {args.repeats} replays ({report['timer']})")
+        print("| heads / kv | head_dim | positions | best (lanes x heads x splits x chunk) | us "
+              "| GB/s | all (l x h x s x c: us) |")
+        print("|---|---:|---:|---|---:|---:|---|")
+        for r in rows:
+            b = r["best"]
+            rest = " ".join(f"{v['lanes']}x{v['heads']}x{v['splits']}x{v['chunk']}:{v['us']:.1f}"
+                            for v in r["variants"])
+            print(f"| {r['n_head']} / {r['n_head_kv']} | {r['head_dim']} | {r['positions']} | "
+                  f"{b['lanes']}x{b['heads']}x{b['splits']}x{b['chunk']} | {b['us']:.1f} | "
+                  f"{b['gb_per_s']:.0f} | {rest} |")
         return 0
     if args.kernel == "mul_mat_cm":
         print(f"prefill products on {report['device']}, median op time ({report['timer']})")
