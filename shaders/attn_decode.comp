@@ -10,6 +10,8 @@
 // takes QH query heads of one KV head (grouped-query attention): each K and V row is read
 // once for all of them.
 // Options: scores soft-capped (softcap > 0), a sink logit per head (SINKS), as split.glsl says.
+// AHEAD = 1 loads a group's next K and V rows before it folds in the current ones, so their
+// reads overlap the dot products and the softmax instead of following them.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_shuffle : require
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -20,6 +22,7 @@ layout(constant_id = 2) const uint LP = 4;          // lanes per position (<= SG
 layout(constant_id = 3) const uint SINKS = 0;
 layout(constant_id = 4) const uint QH = 1;          // query heads a workgroup takes, dividing
                                                     // the heads that share a KV head
+layout(constant_id = 5) const uint AHEAD = 0;
 
 layout(std430, binding = 0) readonly buffer Q { vec4 q4[]; };       // [n_head, HD]
 layout(std430, binding = 1) readonly buffer K { f16vec4 k4[]; };    // [n_ctx, n_head_kv, HD]
@@ -67,10 +70,23 @@ void main() {
         if (SINKS != 0 && s == 0 && g == 0) { m[r] = sinks[h0 + r]; l[r] = 1.0; }
         [[unroll]] for (uint i = 0; i < DL; i++) acc[r * DL + i] = vec4(0.0);
     }
+    f16vec4 kn[DL], vn[DL];                // AHEAD: the next position's rows, in flight
+    if (AHEAD != 0 && a + g < b) {
+        const uint kb = ((a + g) * p.n_head_kv + kvh) * D4 + lane;
+        [[unroll]] for (uint i = 0; i < DL; i++) { kn[i] = k4[kb + LP * i]; vn[i] = v4[kb + LP * i]; }
+    }
     for (uint kp = a + g; kp < b; kp += G) {
         const uint kb = (kp * p.n_head_kv + kvh) * D4 + lane;
-        vec4 kv[DL];
-        [[unroll]] for (uint i = 0; i < DL; i++) kv[i] = vec4(k4[kb + LP * i]);
+        vec4 kv[DL], vr[DL];
+        if (AHEAD != 0) {
+            [[unroll]] for (uint i = 0; i < DL; i++) { kv[i] = vec4(kn[i]); vr[i] = vec4(vn[i]); }
+            if (kp + G < b) {
+                const uint nb = kb + G * p.n_head_kv * D4;
+                [[unroll]] for (uint i = 0; i < DL; i++) { kn[i] = k4[nb + LP * i]; vn[i] = v4[nb + LP * i]; }
+            }
+        } else {
+            [[unroll]] for (uint i = 0; i < DL; i++) kv[i] = vec4(k4[kb + LP * i]);
+        }
         float e[QH];
         [[unroll]] for (uint r = 0; r < QH; r++) {
             float d = 0.0;
@@ -85,7 +101,7 @@ void main() {
             m[r] = mn;
         }
         [[unroll]] for (uint i = 0; i < DL; i++) {
-            const vec4 v = vec4(v4[kb + LP * i]);
+            const vec4 v = AHEAD != 0 ? vr[i] : vec4(v4[kb + LP * i]);
             [[unroll]] for (uint r = 0; r < QH; r++) acc[r * DL + i] += e[r] * v;
         }
     }

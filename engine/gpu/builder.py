@@ -476,7 +476,8 @@ class Builder:
                                      rs.step, sk, out, rs.split_done],
                       (splits, n_head // heads, 1),
                       spec=dict(WG=self.t.decode_lanes(head_dim), HD=head_dim,
-                                LP=self.t.attn_lanes(head_dim), QH=heads, **spec),
+                                LP=self.t.attn_lanes(head_dim), QH=heads,
+                                AHEAD=int(self.t.decode_ahead), **spec),
                       n_head=n_head, n_head_kv=n_head_kv, window=window, n_split=splits,
                       min_chunk=self.t.split_chunk, scale=scale, **opt)
             return

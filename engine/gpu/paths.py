@@ -72,6 +72,7 @@ class Tuning:
     split_chunk: int = 32        # ... and the fewest positions a split takes
     decode_wg: int = 64          # attn_decode's lanes: more position groups walk a split's
                                  # KV side by side, fewer one after another
+    decode_ahead: bool = False   # attn_decode: a position's K and V loaded a step ahead
     decode_heads: int = 1        # attn_decode: most query heads of one KV head a workgroup
                                  # takes (each K and V row read once for all of them; fewer
                                  # workgroups: on the H200 4 took an 8B layer 53 us, 1 21)

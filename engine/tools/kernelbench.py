@@ -433,15 +433,16 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
 # (n_head, n_head_kv, head_dim, positions): one token's attention in the 1B and 8B Llama
 # shapes after a 512-token prompt and after 4096
 ATTN_SHAPES = ((32, 8, 64, 640), (32, 8, 128, 640), (32, 8, 64, 4160), (32, 8, 128, 4160))
-# attn_decode's (lanes, query heads a workgroup, splits, fewest positions a split takes)
-ATTN_GRID = tuple((lanes, heads, splits, chunk) for lanes in (64, 128, 256) for heads in (1, 2)
-                  for splits in (8, 16, 32) for chunk in (32, 64))
+# attn_decode's (lanes, query heads a workgroup, splits, fewest positions a split takes, the
+# next K and V rows loaded a step ahead)
+ATTN_GRID = tuple((lanes, heads, splits, chunk, ahead) for lanes in (64, 256) for heads in (1, 2)
+                  for splits in (8, 16, 32) for chunk in (32, 64) for ahead in (False, True))
 ATTN_COPIES = 64         # K and V copies at most, one an op, so each op reads its own
 
 
 def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -> list[dict]:
     """Decode attention (attn_decode, one pass with its splits joined by the last workgroup)
-    at every (lanes, heads, splits, chunk) of the grid, K and V read cold (each op its own
+    at every (lanes, heads, splits, chunk, ahead) of the grid, K and V read cold (each op its own
     copy, COLD_BYTES over), each variant's output checked against numpy first."""
     import dataclasses
 
@@ -455,7 +456,7 @@ def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -
     shapes, grid = shapes or ATTN_SHAPES, grid or ATTN_GRID
     out = []
     for n_head, n_kv, hd, positions in shapes:
-        n_ctx = max(positions, 128 * max(s for _, _, s, _ in grid))
+        n_ctx = max(positions, 128 * max(v[2] for v in grid))
         q = rng.standard_normal((n_head, hd)).astype(np.float32)
         k = rng.standard_normal((positions, n_kv, hd)).astype(np.float16)
         v = rng.standard_normal((positions, n_kv, hd)).astype(np.float16)
@@ -484,11 +485,12 @@ def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -
                 vk.upload(dev, bk, full[0])
                 vk.upload(dev, bv, full[1])
             variants = []
-            for lanes, heads, splits, chunk in grid:
+            for lanes, heads, splits, chunk, ahead in grid:
                 if lanes % base.subgroup or (n_head // n_kv) % heads:
                     continue
                 t = dataclasses.replace(base, decode_wg=lanes, decode_heads=heads,
                                         split_max=splits, split_chunk=chunk, matvec=True,
+                                        decode_ahead=ahead,
                                         ggml_numerics=False)      # the path: attn_decode
                 builders: dict = {}
 
@@ -498,11 +500,13 @@ def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -
                 us = _time_records(dev, kernels, record, repeats, copies)
                 err = _rel_err(vk.download(dev, bo).view(np.float32).reshape(want.shape), want)
                 if not err <= 1e-2:
-                    raise RuntimeError(f"attn_decode {lanes}x{heads}x{splits}x{chunk} disagrees "
-                                       f"with numpy (max error {err:.2e} of the largest)")
+                    raise RuntimeError(f"attn_decode {lanes}x{heads}x{splits}x{chunk}"
+                                       f"{'a' if ahead else ''} disagrees with numpy (max "
+                                       f"error {err:.2e} of the largest)")
                 variants.append({"lanes": t.decode_lanes(hd),
                                  "heads": t.decode_group(hd, n_head, n_kv),
-                                 "splits": t.decode_splits(n_ctx), "chunk": chunk, "us": us,
+                                 "splits": t.decode_splits(n_ctx), "chunk": chunk,
+                                 "ahead": ahead, "us": us,
                                  "gb_per_s": kv_bytes * positions / n_ctx / us / 1e3})
             out.append({"n_head": n_head, "n_head_kv": n_kv, "head_dim": hd,
                         "positions": positions, "copies": copies, "variants": variants,
@@ -554,17 +558,20 @@ def run_kernel_bench(args) -> int:
                   f"{r['speedup']:.1f}x | {rest} |")
         return 0
     if args.kernel == "attn_decode":
+        def name(v: dict) -> str:
+            return f"{v['lanes']}x{v['heads']}x{v['splits']}x{v['chunk']}" \
+                f"{'a' if v['ahead'] else ''}"
+
         print(f"decode attention on {report['device']}, K and V read cold (each op its own "
               f"copy), median op time of {args.repeats} replays ({report['timer']})")
-        print("| heads / kv | head_dim | positions | best (lanes x heads x splits x chunk) | us "
-              "| GB/s | all (l x h x s x c: us) |")
+        print("| heads / kv | head_dim | positions | best (lanes x heads x splits x chunk, a: "
+              "ahead) | us | GB/s | all (l x h x s x c: us) |")
         print("|---|---:|---:|---|---:|---:|---|")
         for r in rows:
             b = r["best"]
-            rest = " ".join(f"{v['lanes']}x{v['heads']}x{v['splits']}x{v['chunk']}:{v['us']:.1f}"
-                            for v in r["variants"])
+            rest = " ".join(f"{name(v)}:{v['us']:.1f}" for v in r["variants"])
             print(f"| {r['n_head']} / {r['n_head_kv']} | {r['head_dim']} | {r['positions']} | "
-                  f"{b['lanes']}x{b['heads']}x{b['splits']}x{b['chunk']} | {b['us']:.1f} | "
+                  f"{name(b)} | {b['us']:.1f} | "
                   f"{b['gb_per_s']:.0f} | {rest} |")
         return 0
     if args.kernel == "mul_mat_cm":

@@ -81,7 +81,7 @@ def run_attention(dev, kc, tuning, q, k, v, pos0, window, softcap, sinks) -> np.
 # (with ggml's rounding, decode takes the prefill's kernel: "attention" for one token)
 PATHS = [("attention", False), ("attention", True), ("flash_attn", False), ("flash_attn", True),
          ("attn_split", False), ("attn_decode", False), ("attn_decode_wide", False),
-         ("attn_decode_grouped", False), ("decode", True)]
+         ("attn_decode_grouped", False), ("attn_decode_ahead", False), ("decode", True)]
 
 
 def tuning_for(dev, path: str, ggml: bool) -> Tuning:
@@ -93,6 +93,7 @@ def tuning_for(dev, path: str, ggml: bool) -> Tuning:
         t.split_max, t.split_chunk = 16, 8
     t.decode_wg = 256 if path == "attn_decode_wide" else 64   # position groups in a split
     t.decode_heads = 4 if path == "attn_decode_grouped" else 1  # query heads a workgroup
+    t.decode_ahead = path == "attn_decode_ahead"                # next K and V rows in flight
     return t
 
 
@@ -113,7 +114,7 @@ def test_attention_options(dev, kc, path, ggml, softcap, sinks, window):
     else:
         p = t.paths(hd).prefill_attention
     assert p == ("attention" if path == "decode" else
-                 path.removesuffix("_wide").removesuffix("_grouped"))
+                 path.removesuffix("_wide").removesuffix("_grouped").removesuffix("_ahead"))
     if path.startswith("attn_"):
         assert t.decode_splits(n_ctx) == 16
     if path == "attn_decode_grouped":             # the three heads of a KV head together

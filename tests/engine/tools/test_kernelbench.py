@@ -65,14 +65,15 @@ def test_attn_decode_bench(dev, kc, monkeypatch, capsys):
     attn_decode, agrees with numpy (the bench raises where not), each op on its own K and V,
     and the table prints a row a shape."""
     monkeypatch.setattr(kernelbench, "COLD_BYTES", 1 << 16)
-    shapes, grid = ((8, 2, 64, 100), (4, 4, 128, 37)), ((64, 1, 2, 32), (64, 4, 4, 16))
+    shapes = ((8, 2, 64, 100), (4, 4, 128, 37))
+    grid = ((64, 1, 2, 32, False), (64, 4, 4, 16, True))
     monkeypatch.setattr(kernelbench, "ATTN_SHAPES", shapes)
     monkeypatch.setattr(kernelbench, "ATTN_GRID", grid)
     rows = kernelbench.bench_attn_decode(dev, kc, 1)
     assert [(r["n_head"], r["positions"]) for r in rows] == [(8, 100), (4, 37)]
     first, second = rows
-    assert [(v["heads"], v["splits"], v["chunk"]) for v in first["variants"]] == \
-        [(1, 2, 32), (4, 4, 16)]
+    assert [(v["heads"], v["splits"], v["chunk"], v["ahead"]) for v in first["variants"]] == \
+        [(1, 2, 32, False), (4, 4, 16, True)]
     assert [v["heads"] for v in second["variants"]] == [1]        # no 4 heads of one KV head
     assert all(v["us"] > 0 for r in rows for v in r["variants"]) and first["copies"] >= 2
     args = argparse.Namespace(kernel="attn_decode", repeats=1, json=False)
