@@ -25,7 +25,8 @@ layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residua
 layout(constant_id = 3) const uint XFORM = 0;    // the fused op before, see above
 layout(constant_id = 4) const uint KMAX = 4096;  // the longest x staged (a multiple of 32)
 layout(constant_id = 5) const uint UNROLL = 1;   // super-blocks a lane reads before it sums
-layout(constant_id = 6) const uint PAIR = 0;     // 1: y = silu(W x) * (W2 x), W2 in binding 4
+layout(constant_id = 6) const uint PAIR = 0;     // 1: y = silu(W x) * (W2 x), W2 in binding 4;
+                                                 // 2: gelu (tanh form, gemma's GeGLU) for silu
                                                  // from its row p.row2 (SwiGLU's gate and up)
 // ROPE rotates the rows as rope_qkv.comp does (one token at step.pos0, every dim of a head
 // rotated): 1 adjacent pairs, 2 NeoX halves; a subgroup takes a pair's two rows (ROWS = 2).
@@ -279,6 +280,12 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
 #error "mul_mat_vecq: no reader for this weight type"
 #endif
 
+// PAIR's activation of the gate's sum
+float glu(float s) {
+    if (PAIR == 2) return 0.5 * s * (1.0 + tanh(0.7978845608028654 * s * (1.0 + 0.044715 * s * s)));
+    return s / (1.0 + exp(-s));
+}
+
 void main() {
     uint y_slot = 0;
     if (EXPERTS != 0 && SUM == 0) {      // this workgroup's slot, if its expert is held here
@@ -324,7 +331,7 @@ void main() {
             }
             [[unroll]] for (uint r = 0; r < ROWS; r++) {
                 float s = subgroupAdd(acc[r]) * scale;
-                if (PAIR != 0) s = s / (1.0 + exp(-s)) * (subgroupAdd(acc2[r]) * scale);
+                if (PAIR != 0) s = glu(s) * (subgroupAdd(acc2[r]) * scale);
                 sums[r] = s;
             }
         }

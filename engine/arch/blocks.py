@@ -106,12 +106,9 @@ def ffn(b: Builder, c: Config, rs: RunState, i: int, n: int, *, gelu: bool = Fal
     if norm is None:
         b.matmul(gate, x, rs.gate, n)
         b.matmul(up, x, rs.up, n)
-    elif gelu:
-        b.norm_matmuls(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n,
-                       [(gate, rs.gate), (up, rs.up)])        # [n, n_ff] each
-    else:
-        glu = b.norm_swiglu(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n, gate, up,
-                            rs.gate, rs.up)
+    else:                                                      # [n, n_ff] each, or the GLU
+        glu = b.norm_glu(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n, gate, up,
+                         rs.gate, rs.up, gelu=gelu)
     down = w[p + "ffn_down.weight"]
     apart = post_norm or residual != 1.0          # the output is normed or scaled before the add
     y = rs.xn if apart else x                                  # [n, n_embd]

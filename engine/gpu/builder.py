@@ -248,18 +248,20 @@ class Builder:
         self._wrote(x)
         return True
 
-    def norm_swiglu(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
-                    gate: Tensor, up: Tensor, gbuf: vk.Buffer, ubuf: vk.Buffer) -> bool:
-        """SwiGLU's first half: silu(rms_norm(x) * norm @ gate^T) * (... @ up^T) into gbuf in
-        one pass (mul_mat_vecq's PAIR) where one token's products take int8 activations and
-        gate and up are whole bindings of one type (True). Else the two products into gbuf
-        and ubuf as norm_matmuls makes them (False: the GLU is still to come)."""
+    def norm_glu(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
+                 gate: Tensor, up: Tensor, gbuf: vk.Buffer, ubuf: vk.Buffer,
+                 gelu: bool = False) -> bool:
+        """A GLU's first half: act(rms_norm(x) * norm @ gate^T) * (... @ up^T), act silu
+        (SwiGLU) or gelu's tanh form (GeGLU), into gbuf in one pass (mul_mat_vecq's PAIR)
+        where one token's products take int8 activations and gate and up are whole bindings
+        of one type (True). Else the two products into gbuf and ubuf as norm_matmuls makes
+        them (False: the GLU is still to come)."""
         if not (self._vecq_pair(n, gate, up) and norm.wtype == "F32"):
             self.norm_matmuls(x, norm, eps, xn, n, [(gate, gbuf), (up, ubuf)])
             return False
         self._vecq(gate.wtype, gate.shape[0], gate.rows, gate.bindings()[0][0], x, gbuf,
-                   dict(ACC=0, XFORM=1, PAIR=1), x2=norm.binding(), w2=up.bindings()[0][0],
-                   eps=eps)
+                   dict(ACC=0, XFORM=1, PAIR=2 if gelu else 1), x2=norm.binding(),
+                   w2=up.bindings()[0][0], eps=eps)
         self._wrote(gbuf)
         return True
 

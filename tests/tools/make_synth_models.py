@@ -234,13 +234,13 @@ def make_phi3(path: Path, vocab: dict) -> None:
 GEMMA2_WINDOW = 12
 
 
-def make_gemma2(path: Path, vocab: dict) -> None:
+def make_gemma2(path: Path, vocab: dict, f32: bool = False) -> None:
     """Embedding scale sqrt(n_embd), attention and final soft-capping (small caps so they bite),
     post-attention and post-FFN norms, a 12-token window on layer 0 (layer 1 global) with its
     own rope base, 3 heads of 128 so 1/sqrt(head_dim) differs from 1/sqrt(n_embd / n_head); tied."""
-    r, nh, nkv, hd, ff = Rand(path.stem), 3, 1, 128, 256
+    r, nh, nkv, hd, ff = Rand(path.stem, f32), 3, 1, 128, 256
     w = writer(path, "gemma2", vocab, n_head=nh, n_head_kv=nkv, head_dim=hd, n_ff=ff,
-               ctx=8192)
+               ctx=8192, f32=f32)
     w.add_sliding_window(GEMMA2_WINDOW)
     w.add_rope_freq_base_swa(1000.0)
     w.add_attn_logit_softcapping(2.0)
@@ -671,6 +671,12 @@ def main() -> None:
                        for t in gguf.GGUFReader(str(q)).tensors if "_exps.weight" in t.name}
             assert {t for _, t in experts.values()} == {int(gguf.GGMLQuantizationType.MXFP4)}
             make_gpt_oss(args.out / "gpt-oss-mxfp4.gguf", vocab, experts=experts)
+        if want("gemma2-q4_k_m"):
+            # gemma2's shape in F32, then llama.cpp's Q4_K_M (Q4_K and Q6_K): GeGLU's gate and
+            # up on the int8 decode path
+            src = Path(tmp) / "gemma2-f32.gguf"
+            make_gemma2(src, vocab, f32=True)
+            quantize(src, args.out / "gemma2-q4_k_m.gguf", 15, None)
         if want("qwen35-q8_0"):
             # qwen35-f16's numbers in F32, every matrix then Q8_0 by llama.cpp (pure)
             src = Path(tmp) / "qwen35-f32.gguf"

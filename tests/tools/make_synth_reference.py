@@ -43,6 +43,7 @@ CASES = {
     "phi3-longrope-f16-short": ("phi3-longrope-f16", 256),
     "phi3-longrope-f16-long": ("phi3-longrope-f16", 512),
     "gemma2-swa-f16": ("gemma2-swa-f16", 512),
+    "gemma2-q4_k_m": ("gemma2-q4_k_m", 512),
     "gpt-oss-f16": ("gpt-oss-f16", 512),
     "gpt-oss-mxfp4": ("gpt-oss-mxfp4", 512),
     "mistral3-yarn-f16": ("mistral3-yarn-f16", 512),

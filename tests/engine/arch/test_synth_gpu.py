@@ -1,6 +1,7 @@
-"""qwen2, qwen3, phi3 and mistral3 on the GPU engine, and llama with every new weight type
-(Q2_K, Q3_K, Q5_1, IQ4_NL, IQ4_XS, BF16), against llama.cpp's logits on the synthetic models
-(tests/data/synth; the comparison is tests/helpers/synth_reference.py).
+"""qwen2, qwen3, phi3 and mistral3 on the GPU engine, llama with every new weight type
+(Q2_K, Q3_K, Q5_1, IQ4_NL, IQ4_XS, BF16, Q4_0, Q4_K_M) and gemma2 in Q4_K_M (GeGLU on the int8
+decode path), against llama.cpp's logits on the synthetic models (tests/data/synth; the
+comparison is tests/helpers/synth_reference.py).
 
 Each case loads the GGUF into a real Model at llama.cpp's context size (phi3's LongRoPE
 factors depend on it) and runs the teacher-forced sequence. Every prompt position's logits
@@ -21,8 +22,8 @@ pytestmark = pytest.mark.gpu
 
 ARCHS = ("qwen2", "qwen3", "phi3", "mistral3", "olmo2", "granite")
 WEIGHT_TYPES = ("q2_k", "q3_k", "q5_1", "iq4_nl", "iq4_xs", "bf16", "q4_0", "q4_k_m")
-CASES = [n for n in sr.case_names()
-         if n.split("-")[0] in ARCHS or n in {f"llama-{t}" for t in WEIGHT_TYPES}]
+QUANTIZED = {f"llama-{t}" for t in WEIGHT_TYPES} | {"gemma2-q4_k_m"}
+CASES = [n for n in sr.case_names() if n.split("-")[0] in ARCHS or n in QUANTIZED]
 PASS = 4                # most tokens of the passes that compute each prompt position
 
 
@@ -30,8 +31,8 @@ def test_every_case_of_these_architectures_and_types_is_here():
     if not CASES:
         pytest.skip(f"{sr.DATA / 'index.json'} missing")
     archs = {n.split("-")[0] for n in CASES}
-    assert archs == set(ARCHS) | {"llama"}
-    assert {n for n in CASES if n.startswith("llama-")} == {f"llama-{t}" for t in WEIGHT_TYPES}
+    assert archs == set(ARCHS) | {"llama", "gemma2"}
+    assert {n for n in CASES if n.split("-")[0] not in ARCHS} == QUANTIZED
     assert {"phi3-longrope-f16-short", "phi3-longrope-f16-long"} <= set(CASES)
 
 

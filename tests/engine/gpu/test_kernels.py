@@ -1535,9 +1535,11 @@ def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
 
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
 @pytest.mark.parametrize("same", [False, True])
-def test_mul_mat_vecq_pair(dev, kc, wtype, same):
-    """PAIR: SwiGLU's gate and up in one pass, silu(gate x) * (up x) with the norm before
-    them; up in its own buffer, or rows of the gate's (a fused gate | up weight, phi3)."""
+@pytest.mark.parametrize("pair", [1, 2])
+def test_mul_mat_vecq_pair(dev, kc, wtype, same, pair):
+    """PAIR: a GLU's gate and up in one pass, act(gate x) * (up x) with the norm before
+    them, act silu (1) or gelu's tanh form (2); up in its own buffer, or rows of the gate's
+    (a fused gate | up weight, phi3)."""
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(32)
@@ -1558,10 +1560,12 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same):
             buf(dev, raw[half:], kind="weights"), 0
     run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu, bx, bx, bx, bx], (3, 1, 1), wtype=wtype,
              spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
-                       PAIR=1),
+                       PAIR=pair),
              n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=eps,
              **{**VECQ_PLAIN, "row2": row2})
-    assert nmse(read(dev, by)[:n_out], g / (1 + np.exp(-g)) * u) < 1e-10
+    act = g / (1 + np.exp(-g)) if pair == 1 else \
+        0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * g * (1 + 0.044715 * g * g)))
+    assert nmse(read(dev, by)[:n_out], act * u) < 1e-10
 
 
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q4_0"])
