@@ -118,7 +118,7 @@ KERNELS: dict[str, KernelSpec] = {
                            typed=True, writes=(2,)),
     "rms_norm": KernelSpec("rms_norm.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
-                           (("WG", 0),), writes=(2,)),
+                           (("WG", 0), ("ADD", 1)), writes=(2,)),
     "layer_norm": KernelSpec("layer_norm.comp", 4, (("n_cols", U), ("n_rows", U), ("eps", F)),
                              (("WG", 0),), writes=(3,)),
     "pool2d": KernelSpec("pool2d.comp", 2, (("n_cols", U), ("side", U)), (("K", 0),),

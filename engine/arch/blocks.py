@@ -82,9 +82,8 @@ def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *
         b.matmul(out, rs.att, rs.xn, n)                        # [n, n_embd]
         if out_bias:
             b.add_bias(rs.xn, w[p + "attn_output.bias"], n)
-        if post_norm:
-            b.rms_norm(rs.xn, w[p + "post_attention_norm.weight"], rs.xn, n, c.rms_eps)
-        b.add(x, rs.xn, x, n * c.n_embd, scale=residual)
+        _onto_x(b, c, rs, n, w[p + "post_attention_norm.weight"] if post_norm else None,
+                residual)
     else:
         b.matmul(out, rs.att, x, n, accumulate=True)
 
@@ -119,10 +118,19 @@ def ffn(b: Builder, c: Config, rs: RunState, i: int, n: int, *, gelu: bool = Fal
         b.matmul(down, rs.gate, y, n, accumulate=not apart)
     else:
         b.swiglu_matmul(down, rs.gate, rs.up, y, n, c.n_ff, accumulate=not apart)
-    if post_norm:
-        b.rms_norm(rs.xn, w[p + "post_ffw_norm.weight"], rs.xn, n, c.rms_eps)
     if apart:
-        b.add(x, rs.xn, x, n * c.n_embd, scale=residual)
+        _onto_x(b, c, rs, n, w[p + "post_ffw_norm.weight"] if post_norm else None, residual)
+
+
+def _onto_x(b: Builder, c: Config, rs: RunState, n: int, post_norm, residual: float) -> None:
+    """x += residual * (xn, RMS-normed first where post_norm names its weight): one pass
+    where the norm's output goes onto x as it is."""
+    if post_norm is not None and residual == 1.0:
+        b.rms_norm(rs.xn, post_norm, rs.x, n, c.rms_eps, add=True)
+        return
+    if post_norm is not None:
+        b.rms_norm(rs.xn, post_norm, rs.xn, n, c.rms_eps)
+    b.add(rs.x, rs.xn, rs.x, n * c.n_embd, scale=residual)
 
 
 def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn_norm",

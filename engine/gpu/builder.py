@@ -353,8 +353,10 @@ class Builder:
         self._wrote(x)
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
-                 row_offset: int = 0) -> None:
-        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1), spec=dict(WG=self.t.norm_wg),
+                 row_offset: int = 0, add: bool = False) -> None:
+        """out = rms_norm(x) * w per row (add: out += that, as ggml's norm, mul, then add)."""
+        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1),
+                  spec=dict(WG=self.t.norm_wg, ADD=int(add)),
                   n_cols=w.shape[0], n_rows=n, eps=eps, x_offset=row_offset)
         self._wrote(out)
 

@@ -673,15 +673,19 @@ def test_get_rows_from_table_parts(dev, kc):
 # -- elementwise and normalisation ------------------------------------------------------------
 
 @pytest.mark.parametrize("lanes", [8, 32, 256])
-def test_rms_norm(dev, kc, lanes):
+@pytest.mark.parametrize("add", [0, 1])
+def test_rms_norm(dev, kc, lanes, add):
+    """Rows from x_offset on; ADD puts the normed rows onto out (a post-norm onto x)."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 576)).astype(np.float32) * 3
     w = rng.standard_normal(576).astype(np.float32)
-    bx, bw, bo = buf(dev, x), buf(dev, w), buf(dev, nbytes=x.nbytes)
-    run_once(dev, kc, "rms_norm", [bx, bw, bo], (5, 1, 1), spec=dict(WG=lanes), n_cols=576,
-             n_rows=5, eps=1e-5, x_offset=1)
-    want = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-5) * w
-    assert nmse(read(dev, bo).reshape(6, 576)[1:], want[1:]) < 1e-12
+    o = rng.standard_normal((6, 576)).astype(np.float32)
+    bx, bw, bo = buf(dev, x), buf(dev, w), buf(dev, o)
+    run_once(dev, kc, "rms_norm", [bx, bw, bo], (5, 1, 1), spec=dict(WG=lanes, ADD=add),
+             n_cols=576, n_rows=5, eps=1e-5, x_offset=1)
+    want = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-5) * w + (o if add else 0)
+    got = read(dev, bo).reshape(6, 576)
+    assert nmse(got[1:], want[1:]) < 1e-12 and np.array_equal(got[0], o[0])
 
 
 @pytest.mark.parametrize("gelu", [0, 1])
