@@ -45,9 +45,20 @@ class VisionCase:
         return [int(t) for t in self.ref[f"{name}_ids_before"]] + [media_id] * n_tokens + \
             [int(t) for t in self.ref[f"{name}_ids_after"]]
 
-    def teacher_forced(self, model, name: str, media_id: int, media) -> np.ndarray:
+    def encode(self, model) -> dict:
+        """Each of the case's images through the model's encoder: name -> residency.Media."""
+        from engine.residency.model import Media
+
+        return {name: Media(*model.vision.encode(self.image(name)))
+                for name in self.entry["images"]}
+
+    def teacher_forced(self, model, name: str, img: Image, media) -> np.ndarray:
         """A Model's logits after the prompt with the image (`media`, a residency.Media, as
-        media_id) and after each of llama.cpp's continuation tokens, from an empty cache."""
+        img's media id) and after each of llama.cpp's continuation tokens, from an empty
+        cache."""
+        from engine.vision.prompt import media_id as media_id_of
+
+        media_id = media_id_of(img)
         ids = self.prompt_ids(name, media_id, len(media.rows))
         model.media = {media_id: media}
         model.cache_tokens = []

@@ -44,11 +44,7 @@ def model(dev, kc):
 
 @pytest.fixture(scope="module")
 def soft_tokens(model) -> dict[str, Media]:
-    return {name: Media(*model.vision.encode(image(name))) for name in IMAGES}
-
-
-def teacher_forced(model: Model, name: str, img: Image, media: Media) -> np.ndarray:
-    return CASE.teacher_forced(model, name, media_prompt.media_id(img), media)
+    return CASE.encode(model)
 
 
 @pytest.mark.parametrize("name", IMAGES)
@@ -73,14 +69,14 @@ def test_prompt_ids_are_mtmds(model):
 
 @pytest.mark.parametrize("name", IMAGES)
 def test_logits_after_an_image_are_llamacpps(model, soft_tokens, name):
-    check_logits(name, teacher_forced(model, name, image(name), soft_tokens[name]))
+    check_logits(name, CASE.teacher_forced(model, name, image(name), soft_tokens[name]))
 
 
 def test_release_and_restore_between_two_images(model):
     """Encode and answer one image, go cold (vision included), come back, the other image:
     both still llama.cpp's; the encoder holds no device bytes while cold."""
     first = image("square")
-    check_logits("square", teacher_forced(model, "square", first,
+    check_logits("square", CASE.teacher_forced(model, "square", first,
                                           Media(*model.vision.encode(first))))
     assert model.device_bytes()["vision"] == \
         model.vision.device_bytes() + model.rs.embd_in.nbytes > model.rs.embd_in.nbytes
@@ -89,7 +85,7 @@ def test_release_and_restore_between_two_images(model):
     model.restore()
     assert model.vision.warm
     second = image("wide")
-    check_logits("wide", teacher_forced(model, "wide", second,
+    check_logits("wide", CASE.teacher_forced(model, "wide", second,
                                         Media(*model.vision.encode(second))))
 
 
@@ -98,7 +94,7 @@ def test_tiled_attention_gives_the_same_answer(dev, kc, soft_tokens):
     m.attach_vision(CASE.mmproj_path)
     try:
         assert m.paths.prefill_attention != "attention"
-        check_logits("wide", teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))
+        check_logits("wide", CASE.teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))
     finally:
         m.close()
 

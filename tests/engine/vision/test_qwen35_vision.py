@@ -49,11 +49,7 @@ def model(dev, kc):
 
 @pytest.fixture(scope="module")
 def soft_tokens(model) -> dict[str, Media]:
-    return {name: Media(*model.vision.encode(image(name))) for name in IMAGES}
-
-
-def teacher_forced(model: Model, name: str, img: Image, media: Media) -> np.ndarray:
-    return CASE.teacher_forced(model, name, media_prompt.media_id(img), media)
+    return CASE.encode(model)
 
 
 @pytest.mark.parametrize("name", IMAGES)
@@ -86,18 +82,18 @@ def test_positions_are_mtmds(soft_tokens, name):
 
 @pytest.mark.parametrize("name", IMAGES)
 def test_logits_after_an_image_are_llamacpps(model, soft_tokens, name):
-    check_logits(name, teacher_forced(model, name, image(name), soft_tokens[name]))
+    check_logits(name, CASE.teacher_forced(model, name, image(name), soft_tokens[name]))
 
 
 def test_release_and_restore_between_two_images(model):
     first = image("square")
-    check_logits("square", teacher_forced(model, "square", first,
+    check_logits("square", CASE.teacher_forced(model, "square", first,
                                           Media(*model.vision.encode(first))))
     model.release(full=True)
     assert not model.vision.warm and "vision" not in model.device_bytes()
     model.restore()
     second = image("wide")
-    check_logits("wide", teacher_forced(model, "wide", second,
+    check_logits("wide", CASE.teacher_forced(model, "wide", second,
                                         Media(*model.vision.encode(second))))
 
 
@@ -106,7 +102,7 @@ def test_an_image_in_several_passes(dev, kc, soft_tokens, monkeypatch):
     m = open_model(dev, kc)
     try:
         monkeypatch.setattr(Model, "chunk", property(lambda self: 64))
-        check_logits("wide", teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))
+        check_logits("wide", CASE.teacher_forced(m, "wide", image("wide"), soft_tokens["wide"]))
     finally:
         m.close()
 
@@ -144,10 +140,10 @@ def test_text_after_an_image_prompt_is_at_its_own_positions(dev, kc, model, soft
     try:
         text = [int(t) for t in REF["square_ids_after"]] * 3
         want_hidden, want_logits = plain.hidden(text), plain.eval(text, 0, greedy=False)
-        teacher_forced(model, "square", image("square"), soft_tokens["square"])
+        CASE.teacher_forced(model, "square", image("square"), soft_tokens["square"])
         got_hidden = model.hidden(text)
         assert np.abs(got_hidden - want_hidden).max() < 1e-4
-        teacher_forced(model, "square", image("square"), soft_tokens["square"])
+        CASE.teacher_forced(model, "square", image("square"), soft_tokens["square"])
         model.cache_tokens = []
         model.rs.reset_recurrent()
         assert np.abs(model.eval(text, 0, greedy=False) - want_logits).max() < 1e-4
