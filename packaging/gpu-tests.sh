@@ -38,7 +38,10 @@ fi
 dir=${1:?usage: gpu-tests.sh DIR [pytest arguments] (or --download DIR first)}
 shift
 if ! ldconfig -p | grep -q 'libvulkan\.so\.1 '; then
-    [ "$(id -u)" = 0 ] || { echo "no Vulkan loader here: run as root to unpack $dir's .deb files"; exit 1; }
+    if [ "$(id -u)" != 0 ]; then
+        echo "no Vulkan loader here: run as root to unpack $dir's .deb files"
+        exit 1
+    fi
     for f in "$dir"/*.deb; do dpkg -x "$f" /; done
     ldconfig
 fi
@@ -59,5 +62,5 @@ export PYTHONUNBUFFERED=1
 # paths given (tests/...) take the place of the whole of tests/engine
 where=tests/engine
 for a in "$@"; do case $a in tests/*) where="";; esac; done
-exec ./.venv/bin/python -m pytest -m gpu $where -p no:cacheprovider -W ignore::pytest.PytestConfigWarning \
-    $workers "$@"
+exec ./.venv/bin/python -m pytest -m gpu $where -p no:cacheprovider \
+    -W ignore::pytest.PytestConfigWarning $workers "$@"

@@ -73,7 +73,10 @@ void main() {
     f16vec4 kn[DL], vn[DL];                // AHEAD: the next position's rows, in flight
     if (AHEAD != 0 && a + g < b) {
         const uint kb = ((a + g) * p.n_head_kv + kvh) * D4 + lane;
-        [[unroll]] for (uint i = 0; i < DL; i++) { kn[i] = k4[kb + LP * i]; vn[i] = v4[kb + LP * i]; }
+        [[unroll]] for (uint i = 0; i < DL; i++) {
+            kn[i] = k4[kb + LP * i];
+            vn[i] = v4[kb + LP * i];
+        }
     }
     for (uint kp = a + g; kp < b; kp += G) {
         const uint kb = (kp * p.n_head_kv + kvh) * D4 + lane;
@@ -82,7 +85,10 @@ void main() {
             [[unroll]] for (uint i = 0; i < DL; i++) { kv[i] = vec4(kn[i]); vr[i] = vec4(vn[i]); }
             if (kp + G < b) {
                 const uint nb = kb + G * p.n_head_kv * D4;
-                [[unroll]] for (uint i = 0; i < DL; i++) { kn[i] = k4[nb + LP * i]; vn[i] = v4[nb + LP * i]; }
+                [[unroll]] for (uint i = 0; i < DL; i++) {
+                    kn[i] = k4[nb + LP * i];
+                    vn[i] = v4[nb + LP * i];
+                }
             }
         } else {
             [[unroll]] for (uint i = 0; i < DL; i++) kv[i] = vec4(k4[kb + LP * i]);

@@ -110,9 +110,10 @@ void normed() {
         const float x1 = is_q ? q[row + b] * scale * qn[b] : k[row + b] * scale * kn[b];
         put(is_q, t, h, i, x0, x1, s);
     }
+    const uint o = (step.pos0 + t) * kv_row + h * p.head_dim;
     for (uint d = p.n_dims + lane; d < p.head_dim; d += 64) {      // the unrotated dims
         if (is_q) q[row + d] *= scale * qn[d] * s;
-        else kc[(step.pos0 + t) * kv_row + h * p.head_dim + d] = float16_t(k[row + d] * scale * kn[d]);
+        else kc[o + d] = float16_t(k[row + d] * scale * kn[d]);
     }
 }
 
@@ -143,7 +144,8 @@ void main() {
         } else {
             put(false, t, h, i, k[row + a], k[row + b], 1.0);
             const uint o = (step.pos0 + t) * kv_row + h * p.head_dim;
-            if (i == 0) for (uint d = p.n_dims; d < p.head_dim; d++) kc[o + d] = float16_t(k[row + d]);
+            if (i == 0)
+                for (uint d = p.n_dims; d < p.head_dim; d++) kc[o + d] = float16_t(k[row + d]);
         }
         return;
     }

@@ -442,8 +442,8 @@ ATTN_COPIES = 64         # K and V copies at most, one an op, so each op reads i
 
 def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -> list[dict]:
     """Decode attention (attn_decode, one pass with its splits joined by the last workgroup)
-    at every (lanes, heads, splits, chunk, ahead) of the grid, K and V read cold (each op its own
-    copy, COLD_BYTES over), each variant's output checked against numpy first."""
+    at every (lanes, heads, splits, chunk, ahead) of the grid, K and V read cold (each op
+    its own copy, COLD_BYTES over), each variant's output checked against numpy first."""
     import dataclasses
 
     from ..gpu.builder import Builder
@@ -492,11 +492,12 @@ def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -
                                         split_max=splits, split_chunk=chunk, matvec=True,
                                         decode_ahead=ahead,
                                         ggml_numerics=False)      # the path: attn_decode
-                builders: dict = {}
+                builder: dict = {}                  # the graph's, made with its first op
 
-                def record(g, i, t=t, builders=builders):
-                    b = builders.setdefault(id(g), Builder(g, {}, rs, t))
-                    b.attention(bq, *caches[i], bo, n_head, n_kv, hd, 1, scale=scale)
+                def record(g, i, t=t, builder=builder):
+                    if i == 0:
+                        builder["b"] = Builder(g, {}, rs, t)
+                    builder["b"].attention(bq, *caches[i], bo, n_head, n_kv, hd, 1, scale=scale)
                 us = _time_records(dev, kernels, record, repeats, copies)
                 err = _rel_err(vk.download(dev, bo).view(np.float32).reshape(want.shape), want)
                 if not err <= 1e-2:
