@@ -127,7 +127,8 @@ KERNELS: dict[str, KernelSpec] = {
                            (("n_head", U), ("n_head_kv", U), ("head_dim", U), ("n_dims", U),
                             ("n_tokens", U), ("freq_base", F), ("freq_scale", F),
                             ("temp_scale", F), ("temp_floor", U), ("eps", F)),
-                           (("NEOX", 0), ("TABLE", 1), ("TEMP", 2), ("SEQS", 3), ("NORM", 4)),
+                           (("NEOX", 0), ("TABLE", 1), ("TEMP", 2), ("SEQS", 3), ("NORM", 4),
+                            ("WG", 5)),
                            writes=(0, 3, 4), step=5),
     # the attention kernels' options (include/attn.glsl): softcap (0: none), and SINKS with
     # the sinks buffer bound last; SEQS = 1 (rope_qkv and the prefill paths): packed sequences,

@@ -7,11 +7,12 @@
 // cache unrotated.
 // NORM = 1 first RMS-norms each head of q and k over its head_dim, times the weights qn and kn
 // (the per-head q/k norms of qwen3 and gemma3), so those two norm passes go too: then a
-// workgroup takes one head of one token (gl_WorkGroupID.y the token, .x the head: q's, k's,
-// then groups of 64 values of v).
+// workgroup of WG lanes takes one head of one token (gl_WorkGroupID.y the token, .x the head:
+// q's, k's, then groups of WG values of v), its sum of squares gathered as rms_norm.comp
+// gathers a row's (the same lanes, the same order: the same bits as the two passes).
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
-layout(local_size_x = 64) in;
+layout(local_size_x = 64, local_size_x_id = 5) in;    // WG: 64 unless NORM
 // NEOX = 0 rotates adjacent pairs (2i, 2i+1) (llama's GGUF layout); 1 rotates (i, i + n_dims/2)
 layout(constant_id = 0) const uint NEOX = 0;
 // TABLE = 1 reads (cos, sin) from a host-computed table [n_ctx, n_dims/2] that follows
@@ -44,7 +45,7 @@ layout(push_constant) uniform Push {
     float eps;         // NORM's
 } p;
 
-shared float sums[64];
+shared float sums[32];
 
 vec2 cos_sin(uint pos, uint i) {
     if (TABLE != 0) return cs[pos * (p.n_dims / 2) + i];
@@ -79,11 +80,11 @@ void put(bool is_q, uint t, uint h, uint i, float x0, float x1, float s) {
 }
 
 void normed() {
-    const uint t = gl_WorkGroupID.y, lane = gl_LocalInvocationID.x;
+    const uint t = gl_WorkGroupID.y, lane = gl_LocalInvocationID.x, wg = gl_WorkGroupSize.x;
     const uint kv_row = p.n_head_kv * p.head_dim;
     uint h = gl_WorkGroupID.x;
-    if (h >= p.n_head + p.n_head_kv) {                       // v: 64 values a group
-        const uint j = (h - p.n_head - p.n_head_kv) * 64 + lane;
+    if (h >= p.n_head + p.n_head_kv) {                       // v: wg values a group
+        const uint j = (h - p.n_head - p.n_head_kv) * wg + lane;
         if (j < kv_row) vc[(step.pos0 + t) * kv_row + j] = float16_t(v[t * kv_row + j]);
         return;
     }
@@ -91,19 +92,22 @@ void normed() {
     if (!is_q) h -= p.n_head;
     const uint row = (t * (is_q ? p.n_head : p.n_head_kv) + h) * p.head_dim;
     float ss = 0.0;
-    for (uint d = lane; d < p.head_dim; d += 64) {
+    for (uint d = lane; d < p.head_dim; d += wg) {
         const float x = is_q ? q[row + d] : k[row + d];
         ss += x * x;
     }
     ss = subgroupAdd(ss);
-    if (gl_SubgroupInvocationID == 0) sums[gl_SubgroupID] = ss;
+    if (gl_NumSubgroups > 1) {
+        if (gl_SubgroupInvocationID == 0) sums[gl_SubgroupID] = ss;
+        barrier();
+        ss = 0.0;
+        for (uint g = 0; g < gl_NumSubgroups; g++) ss += sums[g];
+    }
     barrier();                                   // every lane has read q before any writes
-    ss = 0.0;
-    for (uint g = 0; g < gl_NumSubgroups; g++) ss += sums[g];
     const float scale = 1.0 / sqrt(ss / float(p.head_dim) + p.eps);
     const float s = is_q ? temperature(position(t)) : 1.0;
     const uint half_dims = p.n_dims / 2;
-    for (uint i = lane; i < half_dims; i += 64) {
+    for (uint i = lane; i < half_dims; i += wg) {
         const uint a = NEOX != 0 ? i : 2 * i;
         const uint b = NEOX != 0 ? i + half_dims : 2 * i + 1;
         const float x0 = is_q ? q[row + a] * scale * qn[a] : k[row + a] * scale * kn[a];
@@ -111,7 +115,7 @@ void normed() {
         put(is_q, t, h, i, x0, x1, s);
     }
     const uint o = (step.pos0 + t) * kv_row + h * p.head_dim;
-    for (uint d = p.n_dims + lane; d < p.head_dim; d += 64) {      // the unrotated dims
+    for (uint d = p.n_dims + lane; d < p.head_dim; d += wg) {      // the unrotated dims
         if (is_q) q[row + d] *= scale * qn[d] * s;
         else kc[o + d] = float16_t(k[row + d] * scale * kn[d]);
     }

@@ -390,7 +390,7 @@ class Builder:
         = 1, sin 0 = 0 leave each value as it is)."""
         self.g.op("rope_qkv", [k, k, v, k_cache, v_cache, self.rs.step, k, k, k],
                   (-(-(n * n_head_kv * (1 + head_dim)) // 64), 1, 1),
-                  spec=dict(NEOX=0, TABLE=0, TEMP=0, SEQS=0, NORM=0),
+                  spec=dict(NEOX=0, TABLE=0, TEMP=0, SEQS=0, NORM=0, WG=64),
                   n_head=0, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=2, n_tokens=n,
                   freq_base=1.0, freq_scale=0.0, temp_scale=0.0, temp_floor=1, eps=0.0)
 
@@ -415,14 +415,15 @@ class Builder:
         if temp and temp_floor <= 0:
             raise ValueError(f"attention temperature: floor scale {temp_floor}")
         if head_norm is None:
-            norms, eps, groups = [q, q], 0.0, (-(-count // 64), 1, 1)
-        else:
+            norms, eps, wg, groups = [q, q], 0.0, 64, (-(-count // 64), 1, 1)
+        else:               # a head a workgroup of rms_norm's lanes (its sums' order)
             norms, eps = [head_norm[0].binding(), head_norm[1].binding()], head_norm[2]
-            groups = (n_head + n_head_kv + -(-(n_head_kv * head_dim) // 64), n, 1)
+            wg = self.t.norm_wg
+            groups = (n_head + n_head_kv + -(-(n_head_kv * head_dim) // wg), n, 1)
         self.g.op("rope_qkv", [q, k, v, k_cache, v_cache, self.rs.step,
                                self.rs.rope_table(rope) if table else q, *norms],
                   groups, spec=dict(NEOX=int(neox), TABLE=int(table), TEMP=int(temp),
-                                    SEQS=self.seqs, NORM=int(head_norm is not None)),
+                                    SEQS=self.seqs, NORM=int(head_norm is not None), WG=wg),
                   n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim, n_dims=n_dims,
                   n_tokens=n, freq_base=rope.base, freq_scale=rope.freq_scale,
                   temp_scale=temp_scale, temp_floor=max(temp_floor, 1), eps=eps)

@@ -1198,6 +1198,51 @@ def test_rope_qkv_head_norm(dev, kc, hd, n_dims, neox):
     rs.close()
 
 
+def test_rope_qkv_head_norm_is_the_two_passes(dev, kc):
+    """head_norm in rope_qkv's pass gathers each head's squares as rms_norm does (its lanes,
+    its order): the same q, K and V as rms_norm over the heads then rope_qkv, bit for bit
+    where the compiler keeps the operations as written (lavapipe); within rounding elsewhere."""
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
+
+    rng = np.random.default_rng(29)
+    n_tok, n_head, n_kv, hd, pos0, n_ctx, eps = 5, 4, 1, 256, 3, 16, 1e-6
+    q = (rng.standard_normal((n_tok, n_head, hd)) * 3).astype(np.float32)
+    k = (rng.standard_normal((n_tok, n_kv, hd)) * 0.2).astype(np.float32)
+    v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
+    wq, wk = (rng.uniform(0.5, 1.5, hd).astype(np.float32) for _ in range(2))
+    rope = Rope(1e4, hd)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=n_head, q_dim=n_head * hd,
+                  kv_dim=n_kv * hd, n_ff=64, n_vocab=64, n_ctx=n_ctx, max_tokens=n_tok,
+                  rope=(rope,))
+    rs.set_step([0] * n_tok, pos0)
+    bwq, bwk = buf(dev, wq), buf(dev, wk)
+    norms = [Tensor("F32", (hd,), [(0, 1, 0, 0, hd * 4)], [b]) for b in (bwq, bwk)]
+    outs = []
+    for fused in (True, False):
+        bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
+        kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
+        g = Graph(dev, kc, "t")
+        b = Builder(g, {}, rs, Tuning.for_device(dev))
+        if not fused:
+            b.rms_norm(bq, norms[0], bq, n_tok * n_head, eps)
+            b.rms_norm(bk, norms[1], bk, n_tok * n_kv, eps)
+        b.rope_qkv(bq, bk, bv, kc_, vc_, n_head, n_kv, hd, n_tok, rope, neox=True,
+                   head_norm=(norms[0], norms[1], eps) if fused else None)
+        g.replay()
+        outs.append([read(dev, bq), read(dev, kc_, np.float16), read(dev, vc_, np.float16)])
+        g.close()
+    for got, want in zip(*outs):
+        if dev.info.kind == "cpu":
+            assert np.array_equal(got, want)
+        else:
+            assert nmse(got.astype(np.float32), want.astype(np.float32)) < 1e-12
+    rs.close()
+
+
 # -- short convolution: concat, ssm_conv, row-view mul and cpy ---------------------------------
 
 def _concat_op(dev, kc, a: np.ndarray, a_view, b: np.ndarray, b_view, tiled):
