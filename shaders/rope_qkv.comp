@@ -116,7 +116,7 @@ void normed() {
     }
     const uint o = (step.pos0 + t) * kv_row + h * p.head_dim;
     for (uint d = p.n_dims + lane; d < p.head_dim; d += wg) {      // the unrotated dims
-        if (is_q) q[row + d] *= scale * qn[d] * s;
+        if (is_q) q[row + d] = q[row + d] * scale * qn[d] * s;      // the norm's, then s
         else kc[o + d] = float16_t(k[row + d] * scale * kn[d]);
     }
 }
