@@ -1150,25 +1150,26 @@ def test_rope_qkv_attention_temperature(dev, kc, n_dims):
     rs.close()
 
 
-@pytest.mark.parametrize("hd,n_dims", [(64, 64), (64, 32), (128, 128), (256, 256)])
-@pytest.mark.parametrize("neox", [0, 1])
-def test_rope_qkv_head_norm(dev, kc, hd, n_dims, neox):
-    """head_norm: each head of q and k RMS-normed over head_dim with its weights (qwen3's
-    attn_q_norm and attn_k_norm), then rotated, in rope_qkv's one pass; the unrotated dims
-    normed too; v as without it."""
+HEAD_NORM_EPS, HEAD_NORM_CTX = 1e-6, 16
+
+
+def _rope_head_norm(dev, kc, seed: int, n_tok: int, n_head: int, n_kv: int, hd: int,
+                    n_dims: int, pos0: int, neox: bool, two_passes: bool = False):
+    """rope_qkv with head_norm on random q, k, v and norm weights (drawn from seed), or
+    (two_passes) rms_norm over the heads of q and k, then rope_qkv without it. Returns the
+    inputs (q, k, v, wq, wk) and the outputs (q, the K cache, the V cache)."""
     from engine.gpu.builder import Builder
     from engine.gpu.graph import Graph
     from engine.gpu.paths import Tuning
     from engine.gpu.runstate import RunState
     from engine.gpu.tensors import Tensor
 
-    rng = np.random.default_rng(23)
-    n_tok, n_head, n_kv, pos0, n_ctx, eps = 3, 4, 2, 6, 16, 1e-6
+    rng = np.random.default_rng(seed)
     q = (rng.standard_normal((n_tok, n_head, hd)) * 3).astype(np.float32)
     k = (rng.standard_normal((n_tok, n_kv, hd)) * 0.2).astype(np.float32)
     v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
     wq, wk = (rng.uniform(0.5, 1.5, hd).astype(np.float32) for _ in range(2))
-    rope = Rope(1e4, n_dims)
+    rope, eps, n_ctx = Rope(1e4, n_dims), HEAD_NORM_EPS, HEAD_NORM_CTX
     rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=n_head, q_dim=n_head * hd,
                   kv_dim=n_kv * hd, n_ff=64, n_vocab=64, n_ctx=n_ctx, max_tokens=n_tok,
                   rope=(rope,))
@@ -1177,70 +1178,57 @@ def test_rope_qkv_head_norm(dev, kc, hd, n_dims, neox):
     kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
     norms = [Tensor("F32", (hd,), [(0, 1, 0, 0, hd * 4)], [b]) for b in (bwq, bwk)]
     g = Graph(dev, kc, "t")
-    Builder(g, {}, rs, Tuning.for_device(dev)).rope_qkv(
-        bq, bk, bv, kc_, vc_, n_head, n_kv, hd, n_tok, rope, neox=bool(neox),
-        head_norm=(norms[0], norms[1], eps))
+    b = Builder(g, {}, rs, Tuning.for_device(dev))
+    if two_passes:
+        b.rms_norm(bq, norms[0], bq, n_tok * n_head, eps)
+        b.rms_norm(bk, norms[1], bk, n_tok * n_kv, eps)
+    b.rope_qkv(bq, bk, bv, kc_, vc_, n_head, n_kv, hd, n_tok, rope, neox=neox,
+               head_norm=None if two_passes else (norms[0], norms[1], eps))
     g.replay()
+    out = (read(dev, bq).reshape(q.shape),
+           read(dev, kc_, np.float16).reshape(n_ctx, n_kv, hd),
+           read(dev, vc_, np.float16).reshape(n_ctx, n_kv, hd))
+    g.close()
+    rs.close()
+    return (q, k, v, wq, wk), out
+
+
+@pytest.mark.parametrize("hd,n_dims", [(64, 64), (64, 32), (128, 128), (256, 256)])
+@pytest.mark.parametrize("neox", [0, 1])
+def test_rope_qkv_head_norm(dev, kc, hd, n_dims, neox):
+    """head_norm: each head of q and k RMS-normed over head_dim with its weights (qwen3's
+    attn_q_norm and attn_k_norm), then rotated, in rope_qkv's one pass; the unrotated dims
+    normed too; v as without it."""
+    n_tok, pos0 = 3, 6
+    (q, k, v, wq, wk), (got_q, kk, vv) = _rope_head_norm(dev, kc, 23, n_tok, 4, 2, hd, n_dims,
+                                                         pos0, bool(neox))
 
     def normed(x, w):
         x = x.astype(np.float64)
-        return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * w
+        return x / np.sqrt((x * x).mean(-1, keepdims=True) + HEAD_NORM_EPS) * w
 
     want_q = rope_ref(normed(q, wq), pos0, n_dims, 1e4, bool(neox))
     want_k = rope_ref(normed(k, wk), pos0, n_dims, 1e4, bool(neox))
-    assert nmse(read(dev, bq).reshape(q.shape), want_q) < 1e-11
-    kk = read(dev, kc_, np.float16).reshape(n_ctx, n_kv, hd).astype(np.float32)
+    assert nmse(got_q, want_q) < 1e-11
+    kk = kk.astype(np.float32)
     assert nmse(kk[pos0:pos0 + n_tok], want_k) < 1e-6
-    vv = read(dev, vc_, np.float16).reshape(n_ctx, n_kv, hd)
     assert np.array_equal(vv[pos0:pos0 + n_tok], v.astype(np.float16))
     assert not kk[:pos0].any() and not vv[pos0 + n_tok:].any()
-    g.close()
-    rs.close()
 
 
-def test_rope_qkv_head_norm_is_the_two_passes(dev, kc):
+@pytest.mark.parametrize("n_dims", [256, 128])
+def test_rope_qkv_head_norm_is_the_two_passes(dev, kc, n_dims):
     """head_norm in rope_qkv's pass gathers each head's squares as rms_norm does (its lanes,
     its order): the same q, K and V as rms_norm over the heads then rope_qkv, bit for bit
-    where the compiler keeps the operations as written (lavapipe); within rounding elsewhere."""
-    from engine.gpu.builder import Builder
-    from engine.gpu.graph import Graph
-    from engine.gpu.paths import Tuning
-    from engine.gpu.runstate import RunState
-    from engine.gpu.tensors import Tensor
-
-    rng = np.random.default_rng(29)
-    n_tok, n_head, n_kv, hd, pos0, n_ctx, eps = 5, 4, 1, 256, 3, 16, 1e-6
-    q = (rng.standard_normal((n_tok, n_head, hd)) * 3).astype(np.float32)
-    k = (rng.standard_normal((n_tok, n_kv, hd)) * 0.2).astype(np.float32)
-    v = rng.standard_normal((n_tok, n_kv, hd)).astype(np.float32)
-    wq, wk = (rng.uniform(0.5, 1.5, hd).astype(np.float32) for _ in range(2))
-    rope = Rope(1e4, hd)
-    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=n_head, q_dim=n_head * hd,
-                  kv_dim=n_kv * hd, n_ff=64, n_vocab=64, n_ctx=n_ctx, max_tokens=n_tok,
-                  rope=(rope,))
-    rs.set_step([0] * n_tok, pos0)
-    bwq, bwk = buf(dev, wq), buf(dev, wk)
-    norms = [Tensor("F32", (hd,), [(0, 1, 0, 0, hd * 4)], [b]) for b in (bwq, bwk)]
-    outs = []
-    for fused in (True, False):
-        bq, bk, bv = buf(dev, q), buf(dev, k), buf(dev, v)
-        kc_, vc_ = (buf(dev, np.zeros((n_ctx, n_kv, hd), np.float16)) for _ in range(2))
-        g = Graph(dev, kc, "t")
-        b = Builder(g, {}, rs, Tuning.for_device(dev))
-        if not fused:
-            b.rms_norm(bq, norms[0], bq, n_tok * n_head, eps)
-            b.rms_norm(bk, norms[1], bk, n_tok * n_kv, eps)
-        b.rope_qkv(bq, bk, bv, kc_, vc_, n_head, n_kv, hd, n_tok, rope, neox=True,
-                   head_norm=(norms[0], norms[1], eps) if fused else None)
-        g.replay()
-        outs.append([read(dev, bq), read(dev, kc_, np.float16), read(dev, vc_, np.float16)])
-        g.close()
-    for got, want in zip(*outs):
+    where the compiler keeps the operations as written (lavapipe); within rounding elsewhere.
+    Every dim rotated, or half (the rest normed only)."""
+    runs = [_rope_head_norm(dev, kc, 29, 5, 4, 1, 256, n_dims, 3, True, two_passes=two)[1]
+            for two in (False, True)]
+    for got, want in zip(*runs):
         if dev.info.kind == "cpu":
             assert np.array_equal(got, want)
         else:
             assert nmse(got.astype(np.float32), want.astype(np.float32)) < 1e-12
-    rs.close()
 
 
 # -- short convolution: concat, ssm_conv, row-view mul and cpy ---------------------------------
