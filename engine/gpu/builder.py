@@ -471,12 +471,13 @@ class Builder:
     def _split_attention(self, q, k_cache, v_cache, out, n_head, n_head_kv, head_dim, scale,
                          window, sk, opt, spec, kernel: str) -> None:
         rs = self.rs
-        splits = self.t.decode_splits(rs.n_ctx)
+        heads = self.t.decode_group(head_dim, n_head, n_head_kv) \
+            if kernel == "attn_decode" else 1
+        splits = self.t.decode_splits(rs.n_ctx, n_head // heads)
         if kernel == "attn_decode":   # one pass
             if not self._counted:     # each replay starts from 0, whatever came before it
                 self.g.fill(rs.split_done, 0)
                 self._counted = True
-            heads = self.t.decode_group(head_dim, n_head, n_head_kv)
             self.g.op("attn_decode", [q, k_cache, v_cache, rs.split_stats, rs.split_out,
                                      rs.step, sk, out, rs.split_done],
                       (splits, n_head // heads, 1),

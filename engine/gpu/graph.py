@@ -33,6 +33,7 @@ class Graph:
         self._read: set[int] = set()        # and of those only read since then
         self.n_ops = 0
         self.finished = False
+        self.replays = 0                    # submits so far (profile() reads the last one's)
 
     def _descriptor_set(self, kernel, bindings):
         if self._pool_left == 0:
@@ -96,11 +97,14 @@ class Graph:
         if not self.finished:
             self.finish()
         self.dev.submit([self.cmd.cmd], wait=wait)
+        self.replays += 1
 
     def profile(self) -> list[tuple[str, float]]:
         """(kernel variant, GPU ns) per op of the last replay."""
         if not self._ts:
             raise ValueError("graph was not recorded with profile=True")
+        if not self.replays:
+            raise ValueError(f"{self.label}: no replay to profile yet")
         ns = self._ts.read_ns(len(self._op_names) + 1)
         return [(n, float(ns[i + 1] - ns[i])) for i, n in enumerate(self._op_names)]
 

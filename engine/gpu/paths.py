@@ -71,8 +71,10 @@ class Tuning:
     split_max: int = 16          # decode attention: KV splits per head at long context
     split_chunk: int = 32        # ... and the fewest positions a split takes
     decode_wg: int = 64          # attn_decode's lanes: more position groups walk a split's
-                                 # KV side by side, fewer one after another
-    decode_ahead: bool = False   # attn_decode: a position's K and V loaded a step ahead
+                                 # KV side by side, fewer one after another (a GPU: 256)
+    decode_ahead: bool = False   # attn_decode: a position's K and V loaded a step ahead (a
+                                 # GPU: on; on the H100, 64-dim heads at 4160 positions took
+                                 # 21.1 us against 23.4, 128-dim 26.3 against 31.4)
     decode_heads: int = 1        # attn_decode: most query heads of one KV head a workgroup
                                  # takes (each K and V row read once for all of them; fewer
                                  # workgroups: on the H200 4 took an 8B layer 53 us, 1 21)
@@ -120,7 +122,12 @@ class Tuning:
             return cls(warps=4, mv_rows=4, mm_rows=8, mm_tokens=8, split_max=2,
                        split_chunk=64, matvec=False, norm_wg=subgroup, argmax_wg=subgroup,
                        **common)
-        t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, **common)
+        # attn_decode on `hotseat kernel-bench attn_decode` (H100, K and V read cold): 256
+        # lanes, the next position's K and V in flight, about two workgroups a compute unit
+        # (decode_splits); 8B heads at 4160 positions 26.3 us against 79.0 for 64 lanes, 16
+        # splits and nothing ahead
+        t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, decode_wg=max(256, subgroup),
+                decode_ahead=True, **common)
         # to measure attn_decode's width and its query heads per workgroup
         t.decode_wg = count_setting("HOTSEAT_DECODE_WG", t.decode_wg)
         t.decode_heads = count_setting("HOTSEAT_DECODE_HEADS", t.decode_heads)
@@ -233,12 +240,17 @@ class Tuning:
         group = n_head // n_head_kv
         return max(q for q in range(1, most + 1) if group % q == 0)
 
-    def decode_splits(self, n_ctx: int) -> int:
+    def decode_splits(self, n_ctx: int, rows: int = 0) -> int:
         """KV splits per head for decode: about one per 128 positions of context, so long
         contexts fill the GPU; a pass uses only as many as min chunks of split_chunk allow.
-        Under a loop bound, enough that one split's walk (a lane per position in the worst
-        case, a head of 256) stays within half of it."""
+        Where the compute units are known, no more than make about two workgroups a unit
+        for `rows` workgroups a split (query heads over heads a workgroup): more only add
+        partial results to combine (32 heads on the H100's 132 SMs: 8 splits, 26.3 us at 4160
+        positions against 37.5 for 16). Under a loop bound, enough that one split's walk (a
+        lane per position in the worst case, a head of 256) stays within half of it."""
         splits = max(1, min(self.split_max, n_ctx // 128))
+        if self.compute_units and rows:
+            splits = max(1, min(splits, 2 * self.compute_units // rows))
         if self.loop_ticks:
             splits = max(splits, -(-n_ctx // (self.loop_ticks // 2)))
         return min(splits, MAX_SPLITS)

@@ -43,7 +43,11 @@ def measure(model, prompt: list[int], n_gen: int) -> tuple[float, float]:
 
 def _profile_table(model, n_prompt: int) -> list[dict]:
     rows = []
-    for label, n in (("decode", 1), (f"pp{n_prompt}", min(n_prompt, model.chunk))):
+    # the prompt's widest pass that ran (a prompt of n tokens can run n - 1 as prefill)
+    ran = [key[0] for key, g in model._prefill.items() if g.replays and key[1:] == (True,
+                                                                                    False, False)]
+    passes = [("decode", 1)] + ([(f"pp{n_prompt}", max(ran))] if ran else [])
+    for label, n in passes:
         graph = model._graph(n, True)
         per = defaultdict(lambda: [0.0, 0])
         for name, ns in graph.profile():

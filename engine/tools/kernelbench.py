@@ -490,8 +490,8 @@ def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -
                     continue
                 t = dataclasses.replace(base, decode_wg=lanes, decode_heads=heads,
                                         split_max=splits, split_chunk=chunk, matvec=True,
-                                        decode_ahead=ahead,
-                                        ggml_numerics=False)      # the path: attn_decode
+                                        decode_ahead=ahead, compute_units=0,  # splits
+                                        ggml_numerics=False)      # as given; attn_decode
                 builder: dict = {}                  # the graph's, made with its first op
 
                 def record(g, i, t=t, builder=builder):

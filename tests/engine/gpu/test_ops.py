@@ -76,6 +76,11 @@ def test_decode_splits_follow_context_and_device():
     gpu_t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32)
     assert [gpu_t.decode_splits(n) for n in (16, 256, 1024, 2048, 8192, 1 << 17)] == \
         [1, 2, 8, 16, 16, 16]
+    # about two workgroups a compute unit where their count is known: 32 heads on 132 SMs
+    # take 8 splits, 64 heads 4, 8 heads the context's 16
+    sms = Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, compute_units=132)
+    assert [sms.decode_splits(8192, rows) for rows in (0, 8, 32, 64, 512)] == [16, 16, 8, 4, 1]
+    assert sms.decode_splits(256, 32) == 2
     cpu_t = Tuning.for_info(gpu("llvmpipe", MESA_CPU, "cpu"), subgroup=8)
     assert [cpu_t.decode_splits(n) for n in (16, 256, 2048)] == [1, 2, 2]
     assert cpu_t.split_chunk >= gpu_t.split_chunk
@@ -150,7 +155,9 @@ def test_matvecq_choices_and_settings(monkeypatch):
     assert t.matvecq_shape("Q4_K", 4096, 4096) == (256, 1, 2, 0)
     # attn_decode: a head a workgroup unless asked; 8 lanes a position at head 128 leave 4
     # vec4s a lane, so 4 heads fit
-    assert (t.decode_wg, t.decode_group(128, 32, 8)) == (64, 1)
+    assert t.decode_group(128, 32, 8) == 1
+    on_gpu = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32)
+    assert (on_gpu.decode_wg, on_gpu.decode_ahead) == (256, True)
     t.decode_heads = 4
     assert t.decode_group(128, 32, 8) == 4 and t.decode_group(128, 32, 32) == 1
     assert t.decode_group(64, 24, 8) == 3 and t.decode_group(256, 16, 2) == 2
