@@ -25,9 +25,10 @@ layout(constant_id = 2) const uint ACC = 0;      // 1: add into y (fused residua
 layout(constant_id = 3) const uint XFORM = 0;    // the fused op before, see above
 layout(constant_id = 4) const uint KMAX = 4096;  // the longest x staged (a multiple of 32)
 layout(constant_id = 5) const uint UNROLL = 1;   // super-blocks a lane reads before it sums
-layout(constant_id = 6) const uint PAIR = 0;     // 1: y = silu(W x) * (W2 x), W2 in binding 4;
-                                                 // 2: gelu (tanh form, gemma's GeGLU) for silu
-                                                 // from its row p.row2 (SwiGLU's gate and up)
+layout(constant_id = 6) const uint PAIR = 0;     // 1: y = silu(W x) * (W2 x), W2 in binding 4
+                                                 // from its row p.row2 (SwiGLU's gate and up);
+                                                 // 2: gelu (tanh form, gemma's GeGLU) for silu;
+                                                 // 3: gpt-oss's clamped SwiGLU (silu_mul.comp)
 // ROPE rotates the rows as rope_qkv.comp does (one token at step.pos0, every dim of a head
 // rotated): 1 adjacent pairs, 2 NeoX halves; a subgroup takes a pair's two rows (ROWS = 2).
 // TABLE reads the angles' (cos, sin) from binding 6 as rope_qkv does. OUT16 writes f16 into a
@@ -42,6 +43,10 @@ layout(constant_id = 9) const uint OUT16 = 0;
 // the experts' down products and their weighted sum in one pass.
 layout(constant_id = 10) const uint EXPERTS = 0;
 layout(constant_id = 11) const uint SUM = 0;
+// BIAS: each row's sum plus bias[row] (binding 9; PAIR's second sum plus bias2[row], binding
+// 10) before anything else is done with it, the row counted in the expert (EXPERTS: bias is
+// [n_experts, n_out]) or from y_offset (a weight bound in parts)
+layout(constant_id = 12) const uint BIAS = 0;
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -52,6 +57,8 @@ layout(std430, binding = 2) writeonly buffer Y16 { float16_t y16[]; };   // OUT1
 layout(std430, binding = 3) readonly buffer X2 { vec4 x2[]; };   // XFORM's second input
 layout(std430, binding = 4) readonly buffer V4 { uvec4 v4[]; };   // PAIR's second weight
 layout(std430, binding = 4) readonly buffer V16 { uint16_t v16[]; };
+layout(std430, binding = 9) readonly buffer B1 { float bias[]; };          // BIAS
+layout(std430, binding = 10) readonly buffer B2 { float bias2[]; };
 #include "step.glsl"
 layout(std430, binding = 6) readonly buffer CS { vec2 cs[]; };   // TABLE
 layout(std430, binding = 7) readonly buffer Ids { uint ids[]; };         // EXPERTS
@@ -276,14 +283,76 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         }
     }
 }
+#elif defined(TYPE_MXFP4)
+// 17 bytes a block of 32, at any byte: uint8 e (e8m0 scale), qs[16] (byte l: weight l low,
+// l + 16 high), w = e2m1(nibble) * 2^(e - 127). One lane a block, read in u16s (a range that
+// ends half-way into a word keeps its last byte readable); the e2m1 values go in doubled as
+// int8 and the scale is taken at half.
+const uint LANES = 1;
+// four nibbles, one a byte -> their doubled e2m1 values as int8: 0 1 2 3 4 6 8 12 for the
+// magnitude codes m = 0..7 (m, plus m - 4 from 4 on, plus 2 more at 7), negated where the
+// nibble's top bit is set and the value is not 0 (no borrow between bytes)
+uint e2m1x2(uint n) {
+    const uint m = n & 0x07070707u;
+    const uint from4 = ((m >> 2) & 0x01010101u) * 0xFFu;
+    const uint v = m + (m & 0x03030303u & from4) + 2u * (m & (m >> 1) & (m >> 2) & 0x01010101u);
+    const uint neg = (n >> 3) & (m | (m >> 1) | (m >> 2)) & 0x01010101u;
+    return (v ^ (neg * 0xFFu)) + neg;
+}
+void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS]) {
+    const uint nb = p.n_in / 32;
+    for (uint i1 = i0; i1 < nb; i1 += step * UNROLL) [[unroll]]
+    for (uint u = 0; u < UNROLL; u++) {   // UNROLL blocks' loads in flight at once
+        const uint i = min(i1 + u * step, nb - 1);
+        const float live = i1 + u * step < nb ? 1.0 : 0.0;
+        const uvec4 xl = xq[2 * (x_block + i)], xh = xq[2 * (x_block + i) + 1];
+        const float dx = xb[x_block + i].x;
+        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+            const uint o = (first_row(m, row_at(row0, r)) * nb + i) * 17, h = o >> 1;
+            uint w[9];
+            [[unroll]] for (uint k = 0; k < 9; k++) w[k] = ld16(m, h + k);
+            uint e;
+            uvec4 q;
+            if ((o & 1u) == 0) {          // e low in word 0, qs from its high byte on
+                e = w[0] & 0xFFu;
+                [[unroll]] for (uint k = 0; k < 4; k++)
+                    q[k] = (w[2 * k] >> 8) | (w[2 * k + 1] << 8) | ((w[2 * k + 2] & 0xFFu) << 24);
+            } else {                      // e high in word 0, qs from word 1 on
+                e = w[0] >> 8;
+                [[unroll]] for (uint k = 0; k < 4; k++) q[k] = w[2 * k + 1] | (w[2 * k + 2] << 16);
+            }
+            const float d = uintBitsToFloat(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+            const uvec4 lo = uvec4(e2m1x2(q.x & 0x0F0F0F0Fu), e2m1x2(q.y & 0x0F0F0F0Fu),
+                                   e2m1x2(q.z & 0x0F0F0F0Fu), e2m1x2(q.w & 0x0F0F0F0Fu));
+            const uvec4 hi = uvec4(e2m1x2((q.x >> 4) & 0x0F0F0F0Fu),
+                                   e2m1x2((q.y >> 4) & 0x0F0F0F0Fu),
+                                   e2m1x2((q.z >> 4) & 0x0F0F0F0Fu),
+                                   e2m1x2((q.w >> 4) & 0x0F0F0F0Fu));
+            acc[r] += live * d * dx * float(dot16(lo, xl) + dot16(hi, xh));
+        }
+    }
+}
 #else
 #error "mul_mat_vecq: no reader for this weight type"
 #endif
 
-// PAIR's activation of the gate's sum
-float glu(float s) {
-    if (PAIR == 2) return 0.5 * s * (1.0 + tanh(0.7978845608028654 * s * (1.0 + 0.044715 * s * s)));
-    return s / (1.0 + exp(-s));
+// PAIR's GLU of the gate's sum s and the up's u
+float glu(float s, float u) {
+    if (PAIR == 3) {                        // gpt-oss: alpha 1.702, limit 7 (silu_mul.comp)
+        const float g = min(s, 7.0);
+        return g / (1.0 + exp(-1.702 * g)) * (clamp(u, -7.0, 7.0) + 1.0);
+    }
+    if (PAIR == 2) {
+        const float c = 0.7978845608028654;     // sqrt(2 / pi)
+        return 0.5 * s * (1.0 + tanh(c * s * (1.0 + 0.044715 * s * s))) * u;
+    }
+    return s / (1.0 + exp(-s)) * u;
+}
+
+// BIAS's index of sum r: its row in the expert, or in the whole weight
+uint bias_at(uint row0, uint r) {
+    return (EXPERTS != 0 ? expert_row : p.y_offset) + min(row_at(row0, r), p.n_out - 1);
 }
 
 void main() {
@@ -321,7 +390,8 @@ void main() {
                     row_dots(0, row0, v % LANES, v / LANES, per, acc);
                 }
                 [[unroll]] for (uint r = 0; r < ROWS; r++)
-                    sums[r] += expert_w[j] * subgroupAdd(acc[r]);
+                    sums[r] += expert_w[j] * (subgroupAdd(acc[r])
+                                              + (BIAS != 0 ? bias[bias_at(row0, r)] : 0.0));
             }
         } else {
             for (uint u = 0; u < turns; u++) {
@@ -331,7 +401,12 @@ void main() {
             }
             [[unroll]] for (uint r = 0; r < ROWS; r++) {
                 float s = subgroupAdd(acc[r]) * scale;
-                if (PAIR != 0) s = glu(s) * (subgroupAdd(acc2[r]) * scale);
+                if (BIAS != 0) s += bias[bias_at(row0, r)];
+                if (PAIR != 0) {
+                    float u = subgroupAdd(acc2[r]) * scale;
+                    if (BIAS != 0) u += bias2[bias_at(row0, r)];
+                    s = glu(s, u);
+                }
                 sums[r] = s;
             }
         }

@@ -18,7 +18,7 @@ WEIGHT_TYPES = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q
 K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPER_BLOCKS = K_QUANTS + ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")       # 256-weight super-blocks: rows of 256k weights
                                             # (include/types.glsl's SUPER_BLOCK)
-MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q8_0")   # mul_mat_vecq's readers
+MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4")   # mul_mat_vecq's readers
 _FMT = {"u32": "I", "f32": "f"}
 MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_USED
 
@@ -85,12 +85,13 @@ KERNELS: dict[str, KernelSpec] = {
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("ACT", 3), ("XFORM", 4), ("MAP", 5)), typed=True,
         writes=(2,)),
     "mul_mat_vecq": KernelSpec(
-        "mul_mat_vecq.comp", 9,
+        "mul_mat_vecq.comp", 11,
         (("n_in", U), ("n_out", U), ("x_offset", U), ("y_offset", U), ("eps", F), ("row2", U),
          ("head_dim", U), ("freq_base", F), ("freq_scale", F), ("kv_row", U),
          ("expert_base", U), ("n_experts", U)),
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("XFORM", 3), ("KMAX", 4), ("UNROLL", 5),
-         ("PAIR", 6), ("ROPE", 7), ("TABLE", 8), ("OUT16", 9), ("EXPERTS", 10), ("SUM", 11)),
+         ("PAIR", 6), ("ROPE", 7), ("TABLE", 8), ("OUT16", 9), ("EXPERTS", 10), ("SUM", 11),
+         ("BIAS", 12)),
         typed=True, writes=(2,),
         types=MATVECQ_TYPES, dot4=True, step=5),
     "mul_mat_cm": KernelSpec(

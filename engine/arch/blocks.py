@@ -47,10 +47,13 @@ def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *
     else:
         proj = [w[p + "attn_q.weight"], w[p + "attn_k.weight"], w[p + "attn_v.weight"]]
     products = list(zip(proj, (rs.qg if gated else rs.q, rs.k, rs.v)))
+    biases = [w[p + name + ".bias"] for name in ("attn_q", "attn_k", "attn_v")] \
+        if qkv_bias else None
     roped = False               # q, k and v rotated and in place already (one token)
-    if norm is not None and not (gated or qkv_bias or qk_norm or temp[0]):
+    if norm is not None and not (gated or qk_norm or temp[0]):
         roped = b.norm_qkv_rope(x, w[p + norm + ".weight"], c.rms_eps, n, proj, rs.q,
-                                rs.k_cache[i], rs.v_cache[i], c.n_head_kv, hd, rope, neox)
+                                rs.k_cache[i], rs.v_cache[i], c.n_head_kv, hd, rope, neox,
+                                biases=biases)
     if norm is None:
         for weight, y in products:
             b.matmul(weight, x, y, n)
@@ -58,9 +61,9 @@ def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *
         b.norm_matmuls(x, w[p + norm + ".weight"], c.rms_eps, rs.xn, n, products)
     if gated:                                                  # per head q | gate: q apart
         b.cpy(View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows)), View(rs.q, (hd, rows, 1)))
-    if qkv_bias:
-        for name, y in (("attn_q", rs.q), ("attn_k", rs.k), ("attn_v", rs.v)):
-            b.add_bias(y, w[p + name + ".bias"], n)
+    if qkv_bias and not roped:
+        for bias, y in zip(biases, (rs.q, rs.k, rs.v)):
+            b.add_bias(y, bias, n)
     head_norm = None                        # per head: in rope_qkv's pass; whole: before it
     if qk_norm == "head":
         head_norm = (w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"], c.rms_eps)
@@ -78,14 +81,13 @@ def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *
         b.mul(View(rs.att, (hd, rows, 1)),
               View(rs.qg, (hd, rows, 1), (1, 2 * hd, 2 * hd * rows), hd), rs.att, sigmoid=True)
     out = w[p + "attn_output.weight"]
-    if post_norm or out_bias or residual != 1.0:               # into xn, then onto x
-        b.matmul(out, rs.att, rs.xn, n)                        # [n, n_embd]
-        if out_bias:
-            b.add_bias(rs.xn, w[p + "attn_output.bias"], n)
+    out_b = w[p + "attn_output.bias"] if out_bias else None
+    if post_norm or residual != 1.0:                           # into xn, then onto x
+        b.matmul(out, rs.att, rs.xn, n, bias=out_b)            # [n, n_embd]
         _onto_x(b, c, rs, n, w[p + "post_attention_norm.weight"] if post_norm else None,
                 residual)
     else:
-        b.matmul(out, rs.att, x, n, accumulate=True)
+        b.matmul(out, rs.att, x, n, accumulate=True, bias=out_b)
 
 
 def ffn(b: Builder, c: Config, rs: RunState, i: int, n: int, *, gelu: bool = False,
@@ -142,8 +144,18 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
     c.n_ff_shexp beside them, scaled by the sigmoid of its own gate (Qwen3.5); the norm's
     tensor name."""
     w, p, x, k = b.weights, f"blk.{i}.", rs.x, c.n_expert_used
-    b.rms_norm(x, w[p + norm + ".weight"], rs.xn, n, c.rms_eps)
-    b.matmul(w[p + "ffn_gate_inp.weight"], rs.xn, rs.router, n)       # [n, n_expert]
+    names = ("gate", "up", "down")
+    norm_w, router = w[p + norm + ".weight"], w[p + "ffn_gate_inp.weight"]
+    exps = tuple(w[p + f"ffn_{name}_exps.weight"] for name in names)
+    exps_b = tuple(w[p + f"ffn_{name}_exps.bias"] for name in names) if biases else None
+    # one token on int8 activations: the norm goes into the router's and the experts'
+    # reading of x (not where a shared expert reads the normed x too)
+    into = not shared and b.experts_take_norm(n, norm_w, router, *exps, k, exps_b)
+    if into:
+        b.norm_matmuls(x, norm_w, c.rms_eps, rs.xn, n, [(router, rs.router)])
+    else:
+        b.rms_norm(x, norm_w, rs.xn, n, c.rms_eps)
+        b.matmul(router, rs.xn, rs.router, n)                          # [n, n_expert]
     if biases:
         b.add_bias(rs.router, w[p + "ffn_gate_inp.bias"], n)
     b.moe_router(rs.router, rs.expert_ids, rs.expert_w, n, c.n_expert, k,
@@ -155,10 +167,9 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
         if biases:
             b.add_id(y, w[p + f"ffn_{name}_exps.bias"], rs.expert_ids, n * k)
 
-    fused = not (biases or clamped) and b.experts_swiglu(
-        rs.xn, rs.expert_ids, rs.expert_w, *(w[p + f"ffn_{name}_exps.weight"]
-                                             for name in ("gate", "up", "down")),
-        rs.gate, x, n, k)                                      # one token: into x already
+    fused = b.experts_swiglu(                                  # one token: into x already
+        x if into else rs.xn, rs.expert_ids, rs.expert_w, *exps, rs.gate, x, n, k,
+        clamped=clamped, biases=exps_b, norm=(norm_w, c.rms_eps) if into else None)
     if not fused:
         experts("gate", rs.xn, rs.gate)                        # [n, k, n_ff]
         experts("up", rs.xn, rs.up)                            # [n, k, n_ff]

@@ -79,9 +79,21 @@ class Builder:
         self._wrote(out)
 
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
-               x_row: int = 0) -> None:
-        """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T. A row slice whose rows do not start
-        on a bindable offset (Tensor.skip) takes mul_mat, which reads from a row offset."""
+               x_row: int = 0, bias: Tensor | None = None) -> None:
+        """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T (+ bias, F32, in the same pass where
+        one token's product takes int8 activations, else added after). A row slice whose
+        rows do not start on a bindable offset (Tensor.skip) takes mul_mat, which reads from
+        a row offset."""
+        if bias is not None:
+            if self._vecq_whole(n, [w]) and bias.wtype == "F32":
+                (buf, first, count), = w.bindings()
+                self._vecq(w.wtype, w.shape[0], count, buf, x, y, dict(ACC=int(accumulate)),
+                           x_offset=x_row * w.shape[0] // 4, y_offset=first, bias=bias)
+                self._wrote(y)
+                return
+            self.matmul(w, x, y, n, accumulate, x_row)
+            self.add_bias(y, bias, n)
+            return
         p = self.paths()
         skips = w.skips()
         if n == 1 and p.decode_matmul in ("mul_mat_vec", "mul_mat_vecq") and not any(skips):
@@ -150,18 +162,23 @@ class Builder:
 
     def _vecq(self, wtype: str, n_in: int, n_out: int, w, x, y, spec: dict, *, rows: int = 0,
               kmax: int = 0, slots: int = 1, x2=None, w2=None, table=None, ids=None,
-              weights=None, **push) -> None:
+              weights=None, bias: Tensor | None = None, bias2: Tensor | None = None,
+              **push) -> None:
         """One mul_mat_vecq dispatch of n_out rows: its shape from the tuning (rows, if
         given, overrides the rows a subgroup takes), `slots` workgroup rows (EXPERTS without
-        SUM), the buffers a mode does not read bound to x."""
+        SUM), each row's bias added where given (bias2: PAIR's second product's), the buffers
+        a mode does not read bound to x."""
         lanes, tuned_rows, ahead, groups = self.t.matvecq_shape(wtype, n_out, n_in)
         rows = rows or tuned_rows
         tiles = -(-n_out // (rows * max(1, lanes // self.t.subgroup)))
         step = self.rs.step if self.rs is not None else x
+        b1 = bias.binding() if bias is not None else x
+        b2 = bias2.binding() if bias2 is not None else b1
         self.g.op("mul_mat_vecq", [w, x, y, x2 or x, w2 or w, step, table or x, ids or x,
-                                   weights or x],
+                                   weights or x, b1, b2],
                   (min(tiles, groups) if groups else tiles, slots, 1), wtype=wtype,
-                  spec=dict(WG=lanes, ROWS=rows, KMAX=kmax or n_in, UNROLL=ahead, **spec),
+                  spec=dict(WG=lanes, ROWS=rows, KMAX=kmax or n_in, UNROLL=ahead,
+                            BIAS=int(bias is not None), **spec),
                   n_in=n_in, n_out=n_out, **{**VECQ_PLAIN, "x_offset": 0, "y_offset": 0,
                                              "eps": 0.0, **push})
 
@@ -201,24 +218,28 @@ class Builder:
 
     def norm_qkv_rope(self, x: vk.Buffer, norm: Tensor, eps: float, n: int,
                       proj: list[Tensor], q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer,
-                      n_head_kv: int, head_dim: int, rope: Rope, neox: bool) -> bool:
-        """One token's q, k and v from rms_norm(x) * norm with rope applied as the sums come
-        out (mul_mat_vecq's ROPE): q into q, k and v as f16 into their caches' row for
-        step.pos0, so no rope_qkv pass follows (True). Only where one token's products take
-        int8 activations and rope turns every dim of a head; else nothing is done (False)."""
+                      n_head_kv: int, head_dim: int, rope: Rope, neox: bool,
+                      biases: list[Tensor] | None = None) -> bool:
+        """One token's q, k and v from rms_norm(x) * norm (plus their biases, where given)
+        with rope applied as the sums come out (mul_mat_vecq's ROPE): q into q, k and v as
+        f16 into their caches' row for step.pos0, so no rope_qkv pass follows (True). Only
+        where one token's products take int8 activations and rope turns every dim of a head;
+        else nothing is done (False)."""
+        biases = biases or [None] * 3
         if not (self._vecq_whole(n, proj) and norm.wtype == "F32" and self.seqs == 0
-                and rope.n_dims == head_dim):
+                and rope.n_dims == head_dim
+                and all(b is None or b.wtype == "F32" for b in biases)):
             return False
         table = self.rs.rope_table(rope) if self.t.ggml_numerics or not rope.plain else None
-        for w, y, mode, out16 in ((proj[0], q, 2 if neox else 1, 0),
-                                  (proj[1], k_cache, 2 if neox else 1, 1),
-                                  (proj[2], v_cache, 0, 1)):
+        for w, y, mode, out16, bias in ((proj[0], q, 2 if neox else 1, 0, biases[0]),
+                                        (proj[1], k_cache, 2 if neox else 1, 1, biases[1]),
+                                        (proj[2], v_cache, 0, 1, biases[2])):
             (buf, first, count), = w.bindings()
             self._vecq(w.wtype, w.shape[0], count, buf, x, y,
                        dict(ACC=0, XFORM=1, ROPE=mode, TABLE=int(table is not None),
                             OUT16=out16),
                        rows=2 if mode else 0,              # a subgroup takes a pair's two rows
-                       x2=norm.binding(), table=table, y_offset=first, eps=eps,
+                       x2=norm.binding(), table=table, y_offset=first, eps=eps, bias=bias,
                        head_dim=head_dim, freq_base=rope.base, freq_scale=rope.freq_scale,
                        kv_row=n_head_kv * head_dim)
             self._wrote(y)
@@ -226,27 +247,49 @@ class Builder:
 
     def experts_swiglu(self, xn: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, gate: Tensor,
                        up: Tensor, down: Tensor, glu: vk.Buffer, x: vk.Buffer, n: int,
-                       n_used: int) -> bool:
+                       n_used: int, biases: tuple[Tensor, Tensor, Tensor] | None = None,
+                       clamped: bool = False,
+                       norm: tuple[Tensor, float] | None = None) -> bool:
         """One token's routed experts on int8 activations (mul_mat_vecq's EXPERTS): gate and
-        up of each chosen expert paired into glu [n_used, n_ff], then the experts' down
-        products summed with the router's weights straight onto x (True). Only where the
-        three take mul_mat_vecq whole (gate and up one binding each); else nothing is done."""
+        up of each chosen expert paired into glu [n_used, n_ff] (SwiGLU, or gpt-oss's clamped
+        form), then the experts' down products summed with the router's weights straight
+        onto x (True); biases (gate's, up's, down's: [n_expert, rows] F32) added to each
+        expert's sums; with norm (its weight and epsilon), xn is x before the norm, which
+        goes into gate and up's reading of it. Only where the three take mul_mat_vecq whole
+        (gate and up one binding each); else nothing is done."""
         n_in, n_ff, _ = gate.shape
-        if not (self._vecq_pair(n, gate, up) and self._fusing(n, [down])
-                and self.t.matvecq_fits(down.wtype, n_used * n_ff)):    # down: parts allowed
+        gb, ub, db = biases or (None, None, None)
+        if not self._experts_fit(n, gate, up, down, n_used, biases):
             return False
         n_expert = gate.shape[2]
         self._vecq(gate.wtype, n_in, n_ff, gate.bindings()[0][0], xn, glu,
-                   dict(ACC=0, PAIR=1, EXPERTS=n_used), slots=n_used, w2=up.bindings()[0][0],
-                   ids=ids, n_experts=n_expert)
+                   dict(ACC=0, PAIR=3 if clamped else 1, EXPERTS=n_used,
+                        XFORM=int(norm is not None)), slots=n_used,
+                   w2=up.bindings()[0][0], ids=ids, n_experts=n_expert, bias=gb, bias2=ub,
+                   x2=norm[0].binding() if norm else None, eps=norm[1] if norm else 0.0)
         self._wrote(glu)
         per = down.shape[1]                          # rows of one expert: n_embd
         for buf, first, count in down.bindings():    # parts of whole experts
             self._vecq(down.wtype, n_ff, per, buf, glu, x, dict(ACC=1, EXPERTS=n_used, SUM=1),
                        kmax=n_used * n_ff, ids=ids, weights=weights,
-                       expert_base=first // per, n_experts=count // per)
+                       expert_base=first // per, n_experts=count // per, bias=db)
         self._wrote(x)
         return True
+
+    def _experts_fit(self, n: int, gate: Tensor, up: Tensor, down: Tensor, n_used: int,
+                     biases) -> bool:
+        """Whether one token's experts take mul_mat_vecq's EXPERTS (experts_swiglu)."""
+        return (self._vecq_pair(n, gate, up) and self._fusing(n, [down])
+                and self.t.matvecq_fits(down.wtype, n_used * gate.shape[1])   # down: parts
+                and (biases is None or (all(b.wtype == "F32" for b in biases)
+                                        and len(down.parts) == 1)))
+
+    def experts_take_norm(self, n: int, norm: Tensor, router: Tensor, gate: Tensor,
+                          up: Tensor, down: Tensor, n_used: int, biases=None) -> bool:
+        """Whether the norm before a mixture of experts can go into the router's product
+        and the experts' (one token on int8 activations), so no pass writes the normed x."""
+        return (norm.wtype == "F32" and self._fusing(n, [router])
+                and self._experts_fit(n, gate, up, down, n_used, biases))
 
     def norm_glu(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
                  gate: Tensor, up: Tensor, gbuf: vk.Buffer, ubuf: vk.Buffer,

@@ -177,7 +177,7 @@ class Tuning:
     def matvecq_fits(self, wtype: str, n_in: int) -> bool:
         """Whether mul_mat_vecq reads this type, and x of n_in fits its shared memory (the
         int8 values, a scale per 32 and a sum per 16)."""
-        block = 32 if wtype in ("Q4_0", "Q8_0") else 256
+        block = 32 if wtype in ("Q4_0", "Q8_0", "MXFP4") else 256
         return (wtype in MATVECQ_TYPES and n_in % block == 0
                 and n_in + n_in // 8 + n_in // 4 + 128 <= self.max_shared)
 

@@ -222,7 +222,7 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
 
                     def vecq(g, i=0, lanes_q=lanes_q, rows_q=rows_q, ahead=ahead,
                              groups=groups, tiles=tiles):
-                        g.op("mul_mat_vecq", [windows[i], bx, by, bx, windows[i], bx, bx, bx, bx],
+                        g.op("mul_mat_vecq", [windows[i], bx, by, bx, windows[i]] + [bx] * 6,
                              (groups or tiles, 1, 1), wtype=wtype,
                              spec=dict(WG=lanes_q, ROWS=rows_q, ACC=0, XFORM=0, KMAX=n_in,
                                        UNROLL=ahead),

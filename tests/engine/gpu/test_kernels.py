@@ -1530,7 +1530,7 @@ def q8_blocks(x: np.ndarray) -> np.ndarray:
     return ref._q8_0(x.astype(np.float32), f16_scale=False)
 
 
-@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4"])
 @pytest.mark.parametrize("xform", [0, 1, 2])
 @pytest.mark.parametrize("subgroups,rows,unroll,groups", [(1, 1, 1, 70), (2, 3, 2, 2),
                                                           (4, 2, 4, 1)])
@@ -1539,7 +1539,7 @@ def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
     then the dot products, against numpy doing the same; workgroups looping over row tiles
     (fewer groups than tiles), reading `unroll` super-blocks ahead; the second token's row,
     added into y from float 3 on. An odd count of 256-weight super-blocks per row puts Q6_K's
-    blocks on 2-byte boundaries."""
+    blocks on 2-byte boundaries; MXFP4's 17-byte blocks start at every byte parity."""
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(31)
@@ -1559,7 +1559,7 @@ def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
         xin = q8_blocks(x[1])
     for acc in (0, 1):
         by = buf(dev, y0)
-        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bw, bx, bx, bx, bx], (groups, 1, 1),
+        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bw] + [bx] * 6, (groups, 1, 1),
                  wtype=wtype, spec=dict(WG=dev.subgroup_size * subgroups, ROWS=rows, ACC=acc,
                                         XFORM=xform, KMAX=n_in, UNROLL=unroll),
                  n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=eps,
@@ -1570,13 +1570,14 @@ def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
         assert nmse(got[3:], want) < 1e-10
 
 
-@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4"])
 @pytest.mark.parametrize("same", [False, True])
-@pytest.mark.parametrize("pair", [1, 2])
-def test_mul_mat_vecq_pair(dev, kc, wtype, same, pair):
+@pytest.mark.parametrize("pair,biased", [(1, False), (2, False), (3, True), (1, True)])
+def test_mul_mat_vecq_pair(dev, kc, wtype, same, pair, biased):
     """PAIR: a GLU's gate and up in one pass, act(gate x) * (up x) with the norm before
-    them, act silu (1) or gelu's tanh form (2); up in its own buffer, or rows of the gate's
-    (a fused gate | up weight, phi3)."""
+    them, act silu (1) or gelu's tanh form (2), or gpt-oss's clamped SwiGLU (3: min(g, 7) *
+    sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)); each sum plus its row's bias (BIAS);
+    up in its own buffer, or rows of the gate's (a fused gate | up weight, phi3)."""
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(32)
@@ -1587,31 +1588,43 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same, pair):
     norm = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
     xin = q8_blocks((x * x2).astype(np.float32)) * norm
     g, u = w[:n_out].astype(np.float64) @ xin, w[n_out:].astype(np.float64) @ xin
+    bias = (rng.standard_normal((2, n_out)) * 6).astype(np.float32)   # past the clamp's 7
+    if biased:
+        g, u = g + bias[0], u + bias[1]
     bw, bx, bx2, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, x2), \
         buf(dev, nbytes=4 * n_out)
+    bb = [buf(dev, bias[0]), buf(dev, bias[1])] if biased else [bx, bx]
     if same:
         bu, row2 = bw, n_out
     else:
         half = raw.size // 2
         bw, bu, row2 = buf(dev, raw[:half], kind="weights"), \
             buf(dev, raw[half:], kind="weights"), 0
-    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu, bx, bx, bx, bx], (3, 1, 1), wtype=wtype,
-             spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
-                       PAIR=pair),
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu, bx, bx, bx, bx] + bb, (3, 1, 1),
+             wtype=wtype, spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1,
+                                    KMAX=n_in, UNROLL=2, PAIR=pair, BIAS=int(biased)),
              n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=eps,
              **{**VECQ_PLAIN, "row2": row2})
-    act = g / (1 + np.exp(-g)) if pair == 1 else \
-        0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * g * (1 + 0.044715 * g * g)))
-    assert nmse(read(dev, by)[:n_out], act * u) < 1e-10
+    if pair == 3:
+        gc = np.minimum(g, 7.0)
+        want = gc / (1 + np.exp(-1.702 * gc)) * (np.clip(u, -7.0, 7.0) + 1)
+        assert (g > 7).any() and (np.abs(u) > 7).any()        # the clamps are exercised
+    elif pair == 2:
+        want = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * g * (1 + 0.044715 * g * g))) * u
+    else:
+        want = g / (1 + np.exp(-g)) * u
+    assert nmse(read(dev, by)[:n_out], want) < 1e-10
 
 
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q4_0"])
-@pytest.mark.parametrize("rope,table", [(1, 0), (2, 0), (1, 1), (2, 1)])
-def test_mul_mat_vecq_rope(dev, kc, wtype, rope, table):
+@pytest.mark.parametrize("rope,table,biased", [(1, 0, False), (2, 0, False), (1, 1, False),
+                                               (2, 1, True)])
+def test_mul_mat_vecq_rope(dev, kc, wtype, rope, table, biased):
     """ROPE: a projection's rows rotated as they come out (1 adjacent pairs, 2 NeoX halves;
     the angles computed or read from the rope table), into f32 y at y_offset, or (OUT16) as
-    f16 into a KV cache's row for step.pos0; against numpy's product of the int8-rounded
-    normed x, then rope_ref."""
+    f16 into a KV cache's row for step.pos0; each row's bias added before the turn (BIAS:
+    qwen2's, gpt-oss's q, k and v); against numpy's product of the int8-rounded normed x,
+    then rope_ref."""
     from engine.gpu.runstate import RunState
 
     if not dev.dot4:
@@ -1626,36 +1639,43 @@ def test_mul_mat_vecq_rope(dev, kc, wtype, rope, table):
                   n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=(Rope(1e4, hd),))
     rs.set_step([0], pos0)
     norm = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
-    want = rope_ref((w.astype(np.float64) @ (q8_blocks(x * norm_w) * norm))
+    bias = rng.standard_normal(n_out).astype(np.float32) * 2 * biased
+    want = rope_ref((w.astype(np.float64) @ (q8_blocks(x * norm_w) * norm) + bias)
                     .reshape(1, n_heads, hd), pos0, hd, 1e4, rope == 2).reshape(-1)
     bw, bx, bn = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, norm_w)
+    # bias is read at y's index (y_offset + row: a part's rows): where y starts 5 floats in,
+    # so does it
+    bb5 = [buf(dev, np.concatenate([np.full(5, 1e4, np.float32), bias]))] * 2 if biased \
+        else [bx, bx]
+    bb = [buf(dev, bias)] * 2 if biased else [bx, bx]
     cs = rs.rope_table(Rope(1e4, hd)) if table else bx
     spec = dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
-                ROPE=rope, TABLE=table)
+                ROPE=rope, TABLE=table, BIAS=int(biased))
     push = dict(VECQ_PLAIN, n_in=n_in, n_out=n_out, x_offset=0, eps=eps, head_dim=hd,
                 freq_base=1e4, freq_scale=1.0)
     del push["kv_row"]
     by = buf(dev, np.full(n_out + 5, 3.0, np.float32))
-    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bn, bw, rs.step, cs, bx, bx], (2, 1, 1),
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bn, bw, rs.step, cs, bx, bx] + bb5, (2, 1, 1),
              wtype=wtype, spec=dict(spec, OUT16=0), y_offset=5, kv_row=0, **push)
     got = read(dev, by)
     assert np.all(got[:5] == 3.0) and nmse(got[5:], want) < 1e-10
     cache = buf(dev, np.zeros((n_ctx, n_out), np.float16))
-    run_once(dev, kc, "mul_mat_vecq", [bw, bx, cache, bn, bw, rs.step, cs, bx, bx], (2, 1, 1),
-             wtype=wtype, spec=dict(spec, OUT16=1), y_offset=0, kv_row=n_out, **push)
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, cache, bn, bw, rs.step, cs, bx, bx] + bb,
+             (2, 1, 1), wtype=wtype, spec=dict(spec, OUT16=1), y_offset=0, kv_row=n_out, **push)
     kv = read(dev, cache, np.float16).reshape(n_ctx, n_out).astype(np.float32)
     assert nmse(kv[pos0], want) < 1e-6
     assert not np.delete(kv, pos0, axis=0).any()
     rs.close()
 
 
-@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0"])
-@pytest.mark.parametrize("parts", [1, 2])
-def test_mul_mat_vecq_experts(dev, kc, wtype, parts):
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4"])
+@pytest.mark.parametrize("parts,oss", [(1, False), (2, False), (1, True)])
+def test_mul_mat_vecq_experts(dev, kc, wtype, parts, oss):
     """EXPERTS: the router's k experts of one token. Gate and up paired per slot (y[slot] =
     silu(gate_e x) * (up_e x)), then down summed over the slots with the router's weights
     into y (SUM, added to it); W bound whole or in two parts of whole experts (each
-    dispatch doing the slots whose expert it holds). Against numpy on the int8-rounded x."""
+    dispatch doing the slots whose expert it holds); gpt-oss's form (oss): each expert's
+    rows with their biases, the clamped SwiGLU. Against numpy on the int8-rounded x."""
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(34)
@@ -1669,8 +1689,19 @@ def test_mul_mat_vecq_experts(dev, kc, wtype, parts):
     xin = q8_blocks(x).astype(np.float64)
     g = np.stack([wg[e * n_ff:(e + 1) * n_ff].astype(np.float64) @ xin for e in ids])
     u = np.stack([wu[e * n_ff:(e + 1) * n_ff].astype(np.float64) @ xin for e in ids])
-    glu = g / (1 + np.exp(-g)) * u                                    # [k, n_ff]
+    biases = (rng.standard_normal((3, n_expert, max(n_ff, n_in))) * 6).astype(np.float32)
+    gb, ub, db = biases[0, :, :n_ff], biases[1, :, :n_ff], biases[2, :, :n_in]
+    if oss:
+        g, u = g + gb[ids], u + ub[ids]
+        gc = np.minimum(g, 7.0)
+        glu = gc / (1 + np.exp(-1.702 * gc)) * (np.clip(u, -7.0, 7.0) + 1)
+        assert (g > 7).any() and (np.abs(u) > 7).any()        # the clamps are exercised
+    else:
+        glu = g / (1 + np.exp(-g)) * u                                # [k, n_ff]
     bi, bw, bx = buf(dev, ids), buf(dev, ew), buf(dev, x)
+    spec = dict(BIAS=int(oss))
+    bgb, bub, bdb = (buf(dev, np.ascontiguousarray(b)) for b in (gb, ub, db)) if oss \
+        else (bx, bx, bx)
     split = n_expert // parts
 
     def bound(raw):
@@ -1679,9 +1710,10 @@ def test_mul_mat_vecq_experts(dev, kc, wtype, parts):
                 for p in range(parts)]
     by = buf(dev, np.full(k * n_ff, np.nan, np.float32))
     for (gpart, base), (upart, _) in zip(bound(raw_g), bound(raw_u)):
-        run_once(dev, kc, "mul_mat_vecq", [gpart, bx, by, bx, upart, bx, bx, bi, bx], (4, k, 1),
-                 wtype=wtype, spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, KMAX=n_in,
-                                        UNROLL=2, PAIR=1, EXPERTS=k),
+        run_once(dev, kc, "mul_mat_vecq", [gpart, bx, by, bx, upart, bx, bx, bi, bx, bgb, bub],
+                 (4, k, 1), wtype=wtype,
+                 spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, KMAX=n_in, UNROLL=2,
+                           PAIR=3 if oss else 1, EXPERTS=k, **spec),
                  **{**VECQ_PLAIN, "n_in": n_in, "n_out": n_ff, "x_offset": 0, "y_offset": 0,
                     "eps": 0.0, "expert_base": base, "n_experts": split})
     got = read(dev, by).reshape(k, n_ff)
@@ -1690,13 +1722,14 @@ def test_mul_mat_vecq_experts(dev, kc, wtype, parts):
     xd = glu.astype(np.float32)
     y0 = rng.standard_normal(n_in).astype(np.float32)
     want = y0 + sum(ew[j] * (wd[e * n_in:(e + 1) * n_in].astype(np.float64)
-                             @ q8_blocks(xd[j]).astype(np.float64)) for j, e in enumerate(ids))
+                             @ q8_blocks(xd[j]).astype(np.float64) + oss * db[e])
+                    for j, e in enumerate(ids))
     bxd, by = buf(dev, xd), buf(dev, y0)
     for dpart, base in bound(raw_d):
-        run_once(dev, kc, "mul_mat_vecq", [dpart, bxd, by, bxd, dpart, bxd, bxd, bi, bw],
-                 (3, 1, 1), wtype=wtype,
+        run_once(dev, kc, "mul_mat_vecq", [dpart, bxd, by, bxd, dpart, bxd, bxd, bi, bw, bdb,
+                                           bdb], (3, 1, 1), wtype=wtype,
                  spec=dict(WG=dev.subgroup_size * 2, ROWS=1, ACC=1, KMAX=k * n_ff, UNROLL=2,
-                           EXPERTS=k, SUM=1),
+                           EXPERTS=k, SUM=1, **spec),
                  **{**VECQ_PLAIN, "n_in": n_ff, "n_out": n_in, "x_offset": 0, "y_offset": 0,
                     "eps": 0.0, "expert_base": base, "n_experts": split})
     assert nmse(read(dev, by), want) < 1e-10
