@@ -186,16 +186,18 @@ class Tuning:
         one per row tile) of a mul_mat_vecq dispatch, from `hotseat kernel-bench mul_mat_vec`
         on an H200 (weights read cold, the 1B and 8B Llamas' shapes): 256 lanes; Q4_K a row
         at a time (9.2 us for 1024 rows of 4096, 11.8 for 4096, 25.6 for 4096 of 14336),
-        the others two where rows are many; Q6_K's long rows four super-blocks ahead (29.2 us
-        for 4096 of 14336 against 30.4 at two); tall matrices 512 looping workgroups (21.0
-        us for 14336 rows of 4096 against 25.9, 52.6 for 32768 of Q6_K against 54.2), so x is
+        MXFP4 a row at a time too (gpt-oss-20b's experts: 237.9 t/s against 227.2 at two, on
+        the H100), the others two where rows are many; Q6_K's long rows four super-blocks
+        ahead (29.2 us for 4096 of 14336 against 30.4 at two); tall matrices 512 looping
+        workgroups (21.0 us for 14336 rows of 4096 against 25.9, 52.6 for 32768 of Q6_K
+        against 54.2), so x is
         staged fewer times: four a compute unit where the driver gives their count (the
         H200's 132 SMs take 528), else one a row tile. $HOTSEAT_MATVECQ ("Q4_K=128x2x2x0")
         sets them per weight type, to measure a choice in a whole model."""
         chosen = matvecq_override().get(wtype)
         if chosen is not None:
             return chosen
-        rows = 1 if wtype == "Q4_K" or n_out <= 2048 else 2
+        rows = 1 if wtype in ("Q4_K", "MXFP4") or n_out <= 2048 else 2
         ahead = 4 if wtype == "Q6_K" and n_in >= 8192 else 2
         looping = 4 * self.compute_units if n_out > 8192 else 0
         return max(256, self.subgroup), rows, ahead, looping
