@@ -186,8 +186,9 @@ class Tuning:
         one per row tile) of a mul_mat_vecq dispatch, from `hotseat kernel-bench mul_mat_vec`
         on an H200 (weights read cold, the 1B and 8B Llamas' shapes): 256 lanes; Q4_K a row
         at a time (9.2 us for 1024 rows of 4096, 11.8 for 4096, 25.6 for 4096 of 14336),
-        MXFP4 a row at a time too (gpt-oss-20b's experts: 237.9 t/s against 227.2 at two, on
-        the H100), the others two where rows are many; Q6_K's long rows four super-blocks
+        MXFP4 a row at a time too, a block ahead (gpt-oss-20b's decode on the H100: 257.8 t/s,
+        against 234.7 two blocks ahead and 227.2 at two rows), the others two where rows are
+        many; Q6_K's long rows four super-blocks
         ahead (29.2 us for 4096 of 14336 against 30.4 at two); tall matrices 512 looping
         workgroups (21.0 us for 14336 rows of 4096 against 25.9, 52.6 for 32768 of Q6_K
         against 54.2), so x is
@@ -198,7 +199,7 @@ class Tuning:
         if chosen is not None:
             return chosen
         rows = 1 if wtype in ("Q4_K", "MXFP4") or n_out <= 2048 else 2
-        ahead = 4 if wtype == "Q6_K" and n_in >= 8192 else 2
+        ahead = 4 if wtype == "Q6_K" and n_in >= 8192 else 1 if wtype == "MXFP4" else 2
         looping = 4 * self.compute_units if n_out > 8192 else 0
         return max(256, self.subgroup), rows, ahead, looping
 

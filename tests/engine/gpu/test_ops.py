@@ -144,6 +144,7 @@ def test_matvecq_choices_and_settings(monkeypatch):
     assert t.matvecq_shape("Q4_K", 4096, 4096) == (256, 1, 2, 0)
     assert t.matvecq_shape("Q6_K", 4096, 14336) == (256, 2, 4, 0)       # long rows read ahead
     assert t.matvecq_shape("Q4_0", 2048, 2048) == (256, 1, 2, 0)
+    assert t.matvecq_shape("MXFP4", 2880, 2880) == (256, 1, 1, 0)       # gpt-oss's experts
     monkeypatch.setenv("HOTSEAT_MATVECQ", "Q4_K=128x4x1x264")
     assert t.matvecq_shape("Q4_K", 4096, 4096) == (128, 4, 1, 264)
     assert t.matvecq_shape("Q6_K", 4096, 4096) == (256, 2, 2, 0)        # not named
