@@ -124,7 +124,7 @@ class Tuning:
                        **common)
         # attn_decode on `hotseat kernel-bench attn_decode` (H100, K and V read cold): 256
         # lanes, the next position's K and V in flight, about two workgroups a compute unit
-        # (decode_splits); 8B heads at 4160 positions 26.3 us against 79.0 for 64 lanes, 16
+        # (decode_splits); 8B heads at 4160 positions 26.3 us against 48.7 for 64 lanes, 16
         # splits and nothing ahead
         t = cls(warps=4, mv_rows=2, mm_rows=4, mm_tokens=8, decode_wg=max(256, subgroup),
                 decode_ahead=True, **common)
@@ -249,7 +249,7 @@ class Tuning:
         Where the compute units are known, no more than make about two workgroups a unit
         for `rows` workgroups a split (query heads over heads a workgroup): more only add
         partial results to combine (32 heads on the H100's 132 SMs: 8 splits, 26.3 us at 4160
-        positions against 37.5 for 16). Under a loop bound, enough that one split's walk (a
+        positions against 33.1 for 16). Under a loop bound, enough that one split's walk (a
         lane per position in the worst case, a head of 256) stays within half of it."""
         splits = max(1, min(self.split_max, n_ctx // 128))
         if self.compute_units and rows:
