@@ -88,7 +88,9 @@ MATVEC_SHAPES = (("Q4_0", 2048, 512), ("Q4_0", 2048, 2048), ("Q4_0", 2048, 8192)
                  ("Q5_1", 4096, 14336), ("BF16", 4096, 14336), ("Q3_K", 4096, 14336),
                  ("Q2_K", 4096, 14336), ("IQ4_NL", 4096, 14336), ("IQ4_XS", 4096, 14336),
                  ("MXFP4", 2880, 14336), ("IQ3_XXS", 4096, 14336), ("IQ3_S", 4096, 14336),
-                 ("IQ2_XXS", 4096, 14336), ("IQ2_XS", 4096, 14336), ("IQ2_S", 4096, 14336))
+                 ("IQ2_XXS", 4096, 14336), ("IQ2_XS", 4096, 14336), ("IQ2_S", 4096, 14336),
+                 # gpt-oss-20b's: an expert's gate, q and the output projection (Q8_0)
+                 ("MXFP4", 2880, 2880), ("Q8_0", 2880, 4096), ("Q8_0", 4096, 2880))
 # mul_mat_vecq's (lanes, rows, read-ahead, workgroups; 0: one per row tile) timed per shape
 MATVECQ_GRID = tuple((lanes, rows, ahead, groups) for lanes in (128, 256)
                      for rows in (1, 2, 4) for ahead in (1, 2, 4) for groups in (0, 512))
