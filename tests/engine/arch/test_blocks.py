@@ -146,3 +146,69 @@ def test_head_norms_go_into_rope_qkv(dev, kc, name, n, monkeypatch):
         m.close()
     assert not [x for x in normed if x is q or x is k]
     assert roped == [True] * n_attn
+
+
+def requantized(src: str, dst: str, parts: tuple[str, ...], qtype: str = "Q8_0") -> str:
+    """A copy of a synthetic GGUF with the matrices whose names hold one of `parts` quantized
+    to qtype (the other tensors as they are)."""
+    import gguf
+    import numpy as np
+    from gguf.quants import quantize
+
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+    qt = gguf.GGMLQuantizationType[qtype]
+    r = gguf.GGUFReader(str(sr.DATA / f"{src}.gguf"))
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for name, f in r.fields.items():
+        if not name.startswith("GGUF.") and name != "general.architecture":
+            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(name, f.contents(), f.types[0], sub)
+    for t in r.tensors:
+        data = np.array(t.data)
+        if t.name.endswith(".weight") and any(p in t.name for p in parts):
+            w.add_tensor(t.name, quantize(data.astype(np.float32), qt), raw_dtype=qt)
+        else:
+            w.add_tensor(t.name, data, raw_dtype=None if t.tensor_type in plain
+                         else t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.parametrize("src", ["qwen2-yarn-f16", "gpt-oss-mxfp4"])
+def test_biased_projections_on_int8_decode_follow_the_reference(dev, kc, tmp_path, src):
+    """q, k and v with their biases (qwen2's, gpt-oss's) take mul_mat_vecq's rope-fused
+    products with the bias in the pass (no add, no rope_qkv), and gpt-oss's output bias and
+    its experts' biases and clamped SwiGLU theirs (the router's bias stays an add): the
+    attention matrices in Q8_0, a type that path reads, each position decoded as one token,
+    its logits against the numpy reference of the same file (int8 activations: about 1e-4;
+    a bias left out gave 0.3 and more)."""
+    import numpy as np
+
+    from engine.formats.gguf_file import GGUFFile
+    from tests.helpers.reference import ReferenceModel
+
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    path = requantized(src, str(tmp_path / f"{src}-q8.gguf"),
+                       ("attn_q.", "attn_k.", "attn_v.", "attn_output."))
+    prompt = [5, 17, 300, 42, 7, 99, 3, 11]
+    m = Model(dev, kc, path, n_ctx=256, name=src)
+    try:
+        m.tuning.coopmat = False
+        m.tuning.matvec, m.tuning.ggml_numerics = True, False
+        m.profile = True                         # the graph names its ops
+        rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
+        names = [name for name, _ in m._graph(1, False).profile()]
+        n_layer, moe = m.config.n_layer, m.gguf.arch == "gpt-oss"
+    finally:
+        m.close()
+    assert "rope_qkv" not in names and names.count("add") == (n_layer if moe else 0), names
+    assert names.count("mul_mat_vecq_MXFP4") == (2 * n_layer if moe else 0), names
+    with GGUFFile(path) as g:
+        want = ReferenceModel(g, n_ctx=256, quantize_activations=False).forward(prompt, 0)
+    for got, ref in zip(rows, want):
+        got = np.asarray(got, np.float64)
+        assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < 2e-3
