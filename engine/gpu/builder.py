@@ -86,13 +86,10 @@ class Builder:
         a row offset."""
         if bias is not None:
             if self._vecq_whole(n, [w]) and bias.wtype == "F32":
-                (buf, first, count), = w.bindings()
-                self._vecq(w.wtype, w.shape[0], count, buf, x, y, dict(ACC=int(accumulate)),
-                           x_offset=x_row * w.shape[0] // 4, y_offset=first, bias=bias)
-                self._wrote(y)
-                return
-            self.matmul(w, x, y, n, accumulate, x_row)
-            self.add_bias(y, bias, n)
+                self._matvecq(w, x, y, accumulate, x_row, 0, None, 0.0, bias=bias)
+            else:
+                self.matmul(w, x, y, n, accumulate, x_row)
+                self.add_bias(y, bias, n)
             return
         p = self.paths()
         skips = w.skips()
@@ -151,13 +148,13 @@ class Builder:
         self._wrote(y)
 
     def _matvecq(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool, x_row: int,
-                 xform: int, x2, eps: float) -> None:
+                 xform: int, x2, eps: float, bias: Tensor | None = None) -> None:
         """One token with x rounded to int8 in shared memory (mul_mat_vecq): each workgroup
         stages x (and the op before) once, then its subgroups walk row tiles."""
         for buf, first, count in w.bindings():
             self._vecq(w.wtype, w.shape[0], count, buf, x, y, dict(ACC=int(accumulate),
                        XFORM=xform), x2=x2, x_offset=x_row * w.shape[0] // 4, y_offset=first,
-                       eps=eps)
+                       eps=eps, bias=bias)
         self._wrote(y)
 
     def _vecq(self, wtype: str, n_in: int, n_out: int, w, x, y, spec: dict, *, rows: int = 0,
