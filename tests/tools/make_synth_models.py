@@ -163,13 +163,13 @@ def embeddings(w, r: Rand, tied: bool, embd_std: float | None = None,
 
 # -- the architecture files --------------------------------------------------------------------
 
-def make_qwen2(path: Path, vocab: dict) -> None:
+def make_qwen2(path: Path, vocab: dict, f32: bool = False) -> None:
     """Q/K/V biases (large on K, as trained Qwen2 has), untied output, YaRN x4 from 4096."""
     import gguf
 
-    r, nh, nkv, hd, ff = Rand(path.stem), 4, 2, 64, 256
+    r, nh, nkv, hd, ff = Rand("qwen2-yarn-f16", f32), 4, 2, 64, 256
     w = writer(path, "qwen2", vocab, n_head=nh, n_head_kv=nkv, head_dim=hd, n_ff=ff, ctx=16384,
-               rope_base=1e6)
+               rope_base=1e6, f32=f32)
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(4.0)
     w.add_rope_scaling_orig_ctx_len(4096)
@@ -677,6 +677,12 @@ def main() -> None:
             src = Path(tmp) / "gemma2-f32.gguf"
             make_gemma2(src, vocab, f32=True)
             quantize(src, args.out / "gemma2-q4_k_m.gguf", 15, None)
+        if want("qwen2-q8_0"):
+            # qwen2-yarn-f16's numbers in F32, every matrix then Q8_0 by llama.cpp (pure): its
+            # biased q, k and v on the int8 decode path, rope and bias in the products
+            src = Path(tmp) / "qwen2-f32.gguf"
+            make_qwen2(src, vocab, f32=True)
+            quantize(src, args.out / "qwen2-q8_0.gguf", Q8_0_FTYPE, "Q8_0")
         if want("qwen35-q8_0"):
             # qwen35-f16's numbers in F32, every matrix then Q8_0 by llama.cpp (pure)
             src = Path(tmp) / "qwen35-f32.gguf"

@@ -39,6 +39,7 @@ PROMPT = ("The quick brown fox jumps over the lazy dog, and then the cat sat on 
 # context (padded to 256) stays within the file's original 256, the long ones past it.
 CASES = {
     "qwen2-yarn-f16": ("qwen2-yarn-f16", 512),
+    "qwen2-q8_0": ("qwen2-q8_0", 512),
     "qwen3-linear-f16": ("qwen3-linear-f16", 512),
     "phi3-longrope-f16-short": ("phi3-longrope-f16", 256),
     "phi3-longrope-f16-long": ("phi3-longrope-f16", 512),
@@ -180,8 +181,9 @@ def description(stem: str) -> str:
     sys.path.insert(0, str(Path(__file__).parent))
     import make_synth_models as m
 
-    if stem == "qwen35-q8_0":
-        return " ".join(m.make_qwen35.__doc__.split()) + " Every matrix Q8_0 (llama.cpp's, pure)."
+    pure_q8 = {"qwen35-q8_0": m.make_qwen35, "qwen2-q8_0": m.make_qwen2}
+    if stem in pure_q8:
+        return " ".join(pure_q8[stem].__doc__.split()) + " Every matrix Q8_0 (llama.cpp's, pure)."
     if stem in m.QUANT_MODELS:
         return f"llama, every matrix (token embedding and output too) {m.QUANT_MODELS[stem][1]}"
     doc = " ".join(m.ARCH_MODELS.get(stem, m.make_gpt_oss).__doc__.split())
