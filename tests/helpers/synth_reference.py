@@ -158,3 +158,36 @@ def compare(case: Case, logits: np.ndarray, tie: float | None = None) -> dict:
     for key in keys:
         assert figures[key] >= MIN_COS, f"{case.name}: {key} {figures[key]:.6f} < {MIN_COS}"
     return figures
+
+
+def rewrite(src: str, dst: str, kv: dict | None = None, tensors: dict | None = None,
+            drop: tuple[str, ...] = ()) -> str:
+    """A copy of the synthetic GGUF `src` with keys changed (strings) and tensors added,
+    replaced (an array, or (raw bytes, ggml type) for a quantized one) or dropped; the other
+    tensors as they are, in their own types."""
+    import gguf
+
+    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
+    r = gguf.GGUFReader(str(DATA / f"{src}.gguf"))
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    kv = kv or {}
+    for name, f in r.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in kv:
+            continue
+        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(name, f.contents(), f.types[0], sub)
+    for name, value in kv.items():
+        w.add_string(name, value)
+    tensors = dict(tensors or {})
+    for t in r.tensors:
+        if t.name not in drop:
+            kept = (np.array(t.data), None if t.tensor_type in plain else t.tensor_type)
+            tensors.setdefault(t.name, kept)
+    for name, value in tensors.items():
+        data, qtype = value if isinstance(value, tuple) else (value, None)
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst

@@ -148,35 +148,6 @@ def test_head_norms_go_into_rope_qkv(dev, kc, name, n, monkeypatch):
     assert roped == [True] * n_attn
 
 
-def requantized(src: str, dst: str, parts: tuple[str, ...], qtype: str = "Q8_0") -> str:
-    """A copy of a synthetic GGUF with the matrices whose names hold one of `parts` quantized
-    to qtype (the other tensors as they are)."""
-    import gguf
-    import numpy as np
-    from gguf.quants import quantize
-
-    plain = (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16)
-    qt = gguf.GGMLQuantizationType[qtype]
-    r = gguf.GGUFReader(str(sr.DATA / f"{src}.gguf"))
-    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
-    for name, f in r.fields.items():
-        if not name.startswith("GGUF.") and name != "general.architecture":
-            sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(name, f.contents(), f.types[0], sub)
-    for t in r.tensors:
-        data = np.array(t.data)
-        if t.name.endswith(".weight") and any(p in t.name for p in parts):
-            w.add_tensor(t.name, quantize(data.astype(np.float32), qt), raw_dtype=qt)
-        else:
-            w.add_tensor(t.name, data, raw_dtype=None if t.tensor_type in plain
-                         else t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 @pytest.mark.parametrize("src", ["qwen2-yarn-f16", "gpt-oss-mxfp4"])
 def test_biased_projections_on_int8_decode_follow_the_reference(dev, kc, tmp_path, src):
     """q, k and v with their biases (qwen2's, gpt-oss's) take mul_mat_vecq's rope-fused
@@ -185,15 +156,21 @@ def test_biased_projections_on_int8_decode_follow_the_reference(dev, kc, tmp_pat
     attention matrices in Q8_0, a type that path reads, each position decoded as one token,
     its logits against the numpy reference of the same file (int8 activations: about 1e-4;
     a bias left out gave 0.3 and more)."""
+    import gguf
     import numpy as np
+    from gguf.quants import quantize
 
     from engine.formats.gguf_file import GGUFFile
     from tests.helpers.reference import ReferenceModel
 
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
-    path = requantized(src, str(tmp_path / f"{src}-q8.gguf"),
-                       ("attn_q.", "attn_k.", "attn_v.", "attn_output."))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    attention = {t.name: (quantize(np.array(t.data).astype(np.float32), q8), q8)
+                 for t in gguf.GGUFReader(str(sr.DATA / f"{src}.gguf")).tensors
+                 if t.name.endswith(".weight")
+                 and any(p in t.name for p in ("attn_q.", "attn_k.", "attn_v.", "attn_output."))}
+    path = sr.rewrite(src, str(tmp_path / f"{src}-q8.gguf"), tensors=attention)
     prompt = [5, 17, 300, 42, 7, 99, 3, 11]
     m = Model(dev, kc, path, n_ctx=256, name=src)
     try:

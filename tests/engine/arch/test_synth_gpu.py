@@ -119,36 +119,6 @@ def test_llama_like_options():
 
 # -- files these architectures cannot run: one clear line ---------------------------------------
 
-def rewrite(src: str, dst: str, kv: dict | None = None, tensors: dict | None = None,
-            drop: tuple[str, ...] = ()) -> str:
-    """A copy of a synthetic GGUF with keys changed (strings) and tensors added, replaced or
-    dropped."""
-    import gguf
-
-    r = gguf.GGUFReader(str(sr.DATA / f"{src}.gguf"))
-    arch = r.fields["general.architecture"].contents()
-    w = gguf.GGUFWriter(dst, arch)
-    kv = kv or {}
-    for name, f in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in kv:
-            continue
-        sub = f.types[-1] if f.types[0] == gguf.GGUFValueType.ARRAY else None
-        w.add_key_value(name, f.contents(), f.types[0], sub)
-    for name, value in kv.items():
-        w.add_string(name, value)
-    tensors = dict(tensors or {})
-    for t in r.tensors:
-        if t.name not in drop:
-            w.add_tensor(t.name, tensors.pop(t.name, np.array(t.data)))
-    for name, arr in tensors.items():
-        w.add_tensor(name, arr)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 @pytest.mark.parametrize("src,change,message", [
     ("qwen3-linear-f16", dict(tensors={"output.bias": np.zeros(400, np.float32)}),
      r"bias tensors this graph does not add \(output.bias\)"),
@@ -168,7 +138,7 @@ def rewrite(src: str, dst: str, kv: dict | None = None, tensors: dict | None = N
 def test_unsupported_files_say_why(dev, kc, tmp_path, src, change, message):
     from engine.formats.gguf_file import ModelFileError
 
-    path = rewrite(src, str(tmp_path / f"{src}.gguf"), **change)
+    path = sr.rewrite(src, str(tmp_path / f"{src}.gguf"), **change)
     with pytest.raises(ModelFileError, match=message) as e:
         Model(dev, kc, path, n_ctx=256)
     assert "\n" not in str(e.value)
@@ -177,4 +147,4 @@ def test_unsupported_files_say_why(dev, kc, tmp_path, src, change, message):
 def test_an_unchanged_copy_loads(dev, kc, tmp_path):
     """The copies above fail for their change alone."""
     for src in ("qwen2-yarn-f16", "phi3-longrope-f16", "olmo2-f16", "granite-f16"):
-        Model(dev, kc, rewrite(src, str(tmp_path / f"{src}.gguf")), n_ctx=256).close()
+        Model(dev, kc, sr.rewrite(src, str(tmp_path / f"{src}.gguf")), n_ctx=256).close()
