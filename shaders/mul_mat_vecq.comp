@@ -322,7 +322,7 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
                 e = w[0] >> 8;
                 [[unroll]] for (uint k = 0; k < 4; k++) q[k] = w[2 * k + 1] | (w[2 * k + 2] << 16);
             }
-            const float d = uintBitsToFloat(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+            const float d = e8m0_half(e);                  // dequant8.glsl, via chunk.glsl
             const uvec4 lo = uvec4(e2m1x2(q.x & 0x0F0F0F0Fu), e2m1x2(q.y & 0x0F0F0F0Fu),
                                    e2m1x2(q.z & 0x0F0F0F0Fu), e2m1x2(q.w & 0x0F0F0F0Fu));
             const uvec4 hi = uvec4(e2m1x2((q.x >> 4) & 0x0F0F0F0Fu),

@@ -140,10 +140,12 @@ void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
 #elif defined(TYPE_MXFP4)
 // block: uint8 e (e8m0 scale), uint8 qs[16]; w = KVALUES[nibble] * 2^(e - 128) (17 bytes:
 // blocks start at any byte)
+// 2^(e - 128): an e8m0 scale at half (its e2m1 values are taken doubled), subnormal below 2
+float e8m0_half(uint e) { return uintBitsToFloat(e < 2 ? 0x00200000u << e : (e - 1) << 23); }
 void dequant8(uint ib, uint q, out vec4 lo, out vec4 hi) {
     const uint o = ib * 17;
     const uint e = d8_byte16(o);
-    const float d = uintBitsToFloat(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+    const float d = e8m0_half(e);
     const uint v = d8_word(o + 1 + 4 * q);
     lo = d * d8_kv(d8_nib_lo(v));
     hi = d * d8_kv(d8_nib_hi(v));
