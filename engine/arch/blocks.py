@@ -161,20 +161,19 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
     b.moe_router(rs.router, rs.expert_ids, rs.expert_w, n, c.n_expert, k,
                  softmax_chosen=softmax_chosen)                # [n, k] each
 
-    def experts(name: str, x_in, y, per_slot: bool = False) -> None:
-        b.matmul_id(w[p + f"ffn_{name}_exps.weight"], x_in, rs.expert_ids, y, n, k,
-                    per_slot=per_slot)
-        if biases:
-            b.add_id(y, w[p + f"ffn_{name}_exps.bias"], rs.expert_ids, n * k)
+    def experts(j: int, x_in, y, per_slot: bool = False) -> None:     # j: gate, up, down
+        b.matmul_id(exps[j], x_in, rs.expert_ids, y, n, k, per_slot=per_slot)
+        if exps_b:
+            b.add_id(y, exps_b[j], rs.expert_ids, n * k)
 
     fused = b.experts_swiglu(                                  # one token: into x already
         x if into else rs.xn, rs.expert_ids, rs.expert_w, *exps, rs.gate, x, n, k,
         clamped=clamped, biases=exps_b, norm=(norm_w, c.rms_eps) if into else None)
     if not fused:
-        experts("gate", rs.xn, rs.gate)                        # [n, k, n_ff]
-        experts("up", rs.xn, rs.up)                            # [n, k, n_ff]
+        experts(0, rs.xn, rs.gate)                             # [n, k, n_ff]
+        experts(1, rs.xn, rs.up)                               # [n, k, n_ff]
         b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff, clamped=clamped)
-        experts("down", rs.gate, rs.moe_out, per_slot=True)    # [n, k, n_embd]
+        experts(2, rs.gate, rs.moe_out, per_slot=True)         # [n, k, n_embd]
         b.moe_combine(rs.moe_out, rs.expert_w, x, n, c.n_embd, k)
     if shared:                   # scaled by sigmoid(its gate) before its (linear) down product
         fs = c.n_ff_shexp
