@@ -79,11 +79,12 @@ class Builder:
         self._wrote(out)
 
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
-               x_row: int = 0, bias: Tensor | None = None) -> None:
+               x_row: int = 0, bias: Tensor | None = None, int8: bool = True) -> None:
         """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T (+ bias, F32, in the same pass where
         one token's product takes int8 activations, else added after). A row slice whose
         rows do not start on a bindable offset (Tensor.skip) takes mul_mat, which reads from
-        a row offset."""
+        a row offset. int8=False keeps one token's x in f32 where the device would round it
+        to int8 (the logits' product: its rounding lands on the log-probabilities whole)."""
         if bias is not None:
             if self._vecq_whole(n, [w]) and bias.wtype == "F32":
                 self._matvecq(w, x, y, accumulate, x_row, 0, None, 0.0, bias=bias)
@@ -94,7 +95,7 @@ class Builder:
         p = self.paths()
         skips = w.skips()
         if n == 1 and p.decode_matmul in ("mul_mat_vec", "mul_mat_vecq") and not any(skips):
-            self._matvec(w, x, y, accumulate, x_row)
+            self._matvec(w, x, y, accumulate, x_row, int8=int8)
             return
         n_in, n_out = w.shape[0], w.rows
         if n > 1 and p.prefill_matmul == "mul_mat_cm" and n_in % CM_K == 0 and not any(skips):
@@ -130,11 +131,14 @@ class Builder:
         self._wrote(y)
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
-                x_row: int, xform: int = 0, x2=None, eps: float = 0.0) -> None:
-        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act).
+                x_row: int, xform: int = 0, x2=None, eps: float = 0.0,
+                int8: bool = True) -> None:
+        """One token: mul_mat_vec, the activations rounded inside it (no quantize_act), or
+        mul_mat_vecq's int8 activations where the device takes them and int8 allows.
         xform 1 or 2 fuses the op before (mul_mat_vec.comp's XFORM) with its input x2."""
         n_in = w.shape[0]
-        if self.paths().decode_matmul == "mul_mat_vecq" and self.t.matvecq_fits(w.wtype, n_in):
+        if int8 and self.paths().decode_matmul == "mul_mat_vecq" \
+                and self.t.matvecq_fits(w.wtype, n_in):
             self._matvecq(w, x, y, accumulate, x_row, xform, x2, eps)
             return
         act = MATVEC_ACT[w.wtype] if self.t.ggml_numerics else 0

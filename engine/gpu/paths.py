@@ -100,8 +100,9 @@ class Tuning:
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
+        # $HOTSEAT_COOPMAT=off keeps prefill off the matrix units (to measure their numerics)
         coopmat = (dev.coopmat and dev.subgroup_size == 32 and compiled("mul_mat_cm")
-                   and compiled("flash_attn_cm"))
+                   and compiled("flash_attn_cm") and os.environ.get("HOTSEAT_COOPMAT") != "off")
         return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat,
                             dot4=dev.dot4 and compiled("mul_mat_vecq")
                             and os.environ.get("HOTSEAT_MATVECQ") != "off",

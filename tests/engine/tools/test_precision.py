@@ -55,6 +55,34 @@ def test_smollm2_agrees_with_llamacpp_on_its_first_prompts(dev, kc, smollm2_path
     assert report["ok"] and report["peer_gap_distance"] is None
 
 
+@pytest.mark.gpu
+def test_the_int8_decode_path_keeps_smollm2s_greedy_steps(dev, kc, smollm2_path):
+    """A GPU's decode path (int8 activations where the weight type has a reader, as on the
+    H200): the prompts whose teacher-forced steps moved when the output product rounded x
+    to int8 (four steps past the tie rule among them; one, short's fourth, on f32 x) agree
+    with llama.cpp at every step but that one."""
+    from engine.residency.model import Model
+
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    with open(f"{precision.DATA}/llamacpp_smollm2.json") as f:
+        data = json.load(f)["cases"]
+    cases: dict = {}
+    for c in data:                        # the first of each name (two prompts share some)
+        cases.setdefault(c["name"], c)
+    n_ctx = max(len(c["prompt_ids"]) + len(c["greedy_ids"]) for c in data) + 8   # as checked
+    m = Model(dev, kc, smollm2_path, n_ctx=max(256, n_ctx), name="int8-precision")
+    try:
+        m.tuning.matvec, m.tuning.ggml_numerics = True, False
+        assert m.paths.decode_matmul == "mul_mat_vecq"
+        rows = [precision.check_case(lambda ids, pos: m.eval(ids, pos, greedy=False),
+                                     cases[name], 0) for name in ("short", "long", "unicode")]
+    finally:
+        m.close()
+    assert [r["steps"] for r in rows] == [64, 64, 64]
+    assert [[i for i, _ in r["differs"]] for r in rows] == [[4], [], []]
+
+
 def test_a_file_without_stored_answers_is_refused_clearly():
     with pytest.raises(ValueError, match="pass --data"):
         precision._data_for("/models/other.gguf", None)
