@@ -126,7 +126,8 @@ def test_logits_match_reference(dev, kc, lfm2_path, small_chunks, ggml_numerics)
     tol = 1e-4 if ggml_numerics else 1e-7
     m = Model(dev, kc, lfm2_path, n_ctx=128, name=f"lfm2-ref{int(ggml_numerics)}")
     m.tuning.ggml_numerics = ggml_numerics
-    m.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart
+    m.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart,
+    m.tuning.dot4 = False      # and the int8 activations of a GPU's decode products
     try:
         with GGUFFile(lfm2_path) as g:
             ref = ReferenceModel(g, n_ctx=128, quantize_activations=ggml_numerics)

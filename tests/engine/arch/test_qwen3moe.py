@@ -127,7 +127,8 @@ def test_logits_match_numpy_reference(dev, kc, moe_path, ggml_numerics):
 
     m = Model(dev, kc, moe_path, n_ctx=64)
     m.tuning.ggml_numerics = ggml_numerics
-    m.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart
+    m.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart,
+    m.tuning.dot4 = False      # and the int8 activations of a GPU's decode products
     try:
         with GGUFFile(moe_path) as g:
             ref = ReferenceModel(g, n_ctx=64, quantize_activations=ggml_numerics)

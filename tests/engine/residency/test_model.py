@@ -116,8 +116,10 @@ def test_logits_match_numpy_reference(smollm2, smollm2_path, ggml_numerics):
 
     tol = 3e-2 if ggml_numerics else 1e-5
     prompt = [1, 504, 3458, 282, 4649, 314, 7042, 28, 284, 260]
+    tuned = smollm2.tuning.ggml_numerics, smollm2.tuning.coopmat, smollm2.tuning.dot4
     smollm2.tuning.ggml_numerics = ggml_numerics
-    smollm2.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart
+    smollm2.tuning.coopmat = False   # f32 products: the matrix units' f16 ones are checked apart,
+    smollm2.tuning.dot4 = False      # and a GPU's int8 activations in decode
     smollm2._drop_graphs()
     try:
         with GGUFFile(smollm2_path) as g:
@@ -130,7 +132,7 @@ def test_logits_match_numpy_reference(smollm2, smollm2_path, ggml_numerics):
         got2 = smollm2.eval([4649], len(prompt), greedy=False)
         assert np.sum((got2 - want2) ** 2) / np.sum(want2 ** 2) < tol
     finally:
-        smollm2.tuning.ggml_numerics = True
+        smollm2.tuning.ggml_numerics, smollm2.tuning.coopmat, smollm2.tuning.dot4 = tuned
         smollm2._drop_graphs()
 
 

@@ -88,7 +88,8 @@ def test_model_of_one_weight_type(dev, kc, tmp_path, wtype):
     path = str(tmp_path / f"tiny-{wtype}.gguf")
     write_model(path, wtype)
     m = Model(dev, kc, path, n_ctx=64)
-    m.tuning.coopmat = False
+    m.tuning.coopmat = False     # f32 products: not the matrix units' f16, nor a GPU's int8
+    m.tuning.dot4 = False        # activations in decode (each checked apart)
     try:
         with GGUFFile(path) as g:
             assert {g.tensor(n).type_name for n in m.config.tensor_shapes()} >= {wtype}
