@@ -238,9 +238,6 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("-r", "--repeats", type=int, default=50, help="replays per path (default 50)")
     kb.add_argument("--types", metavar="T,T",
                     help="mul_mat_vec: only these weight types (e.g. Q4_K,Q6_K)")
-    kb.add_argument("--tuned", action="store_true",
-                    help="mul_mat_vec: only the shape the device's tuning picks (with each "
-                         "prefetch), not the whole grid of shapes")
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)
 

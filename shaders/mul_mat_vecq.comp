@@ -47,11 +47,6 @@ layout(constant_id = 11) const uint SUM = 0;
 // 10) before anything else is done with it, the row counted in the expert (EXPERTS: bias is
 // [n_experts, n_out]) or from y_offset (a weight bound in parts)
 layout(constant_id = 12) const uint BIAS = 0;
-// PREFETCH: a subgroup's rows are loaded, a 32-byte sector a lane at a time, before their
-// products need them: 1 its first row tile's before x is staged, so their DRAM latency
-// passes under the staging; 2 also the next tile's while this one's are summed. The values
-// feed the output only through an opaque zero, so the compiler keeps the loads.
-layout(constant_id = 13) const uint PREFETCH = 0;
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -62,7 +57,6 @@ layout(std430, binding = 2) writeonly buffer Y16 { float16_t y16[]; };   // OUT1
 layout(std430, binding = 3) readonly buffer X2 { vec4 x2[]; };   // XFORM's second input
 layout(std430, binding = 4) readonly buffer V4 { uvec4 v4[]; };   // PAIR's second weight
 layout(std430, binding = 4) readonly buffer V16 { uint16_t v16[]; };
-layout(std430, binding = 4) readonly buffer V32 { uint v32[]; };
 layout(std430, binding = 9) readonly buffer B1 { float bias[]; };          // BIAS
 layout(std430, binding = 10) readonly buffer B2 { float bias2[]; };
 #include "step.glsl"
@@ -176,7 +170,6 @@ int dot16(uvec4 q, uvec4 x) {
 // Sums over rows row_at(row0, r) of W * x into acc[r], this lane's share: lane `t` of the
 // LANES that share a super-block (or block), super-blocks i0, i0 + step, ...
 #if defined(TYPE_Q4_K)
-const uint BLOCK_BYTES = 144, BLOCK_K = 256;
 // 144 bytes = 9 uvec4: f16 d, f16 dmin, scales[12], qs[128]. Eight lanes a super-block, one
 // uvec4 of qs each: qs bytes 16t .. 16t + 15 hold weights 64j + 16h + l (low nibbles,
 // sub-block 2j) and 64j + 32 + 16h + l (high, sub-block 2j + 1), j = t / 2, h = t % 2.
@@ -204,7 +197,6 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
     }
 }
 #elif defined(TYPE_Q6_K)
-const uint BLOCK_BYTES = 210, BLOCK_K = 256;
 // 210 bytes = 105 u16: ql[128], qh[64], int8 scales[16], f16 d. Sixteen lanes a super-block:
 // lane t takes weights 128n + 32k + l0 .. + 3 of quarters k = 0..3 (n = t / 8, l0 = 4 (t % 8)):
 // low bits in ql[64n + 32(k & 1) + l0] (high nibbles for k >= 2), two high bits at
@@ -247,7 +239,6 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
     }
 }
 #elif defined(TYPE_Q4_0)
-const uint BLOCK_BYTES = 18, BLOCK_K = 32;
 // 18 bytes = 9 u16 a block of 32: f16 d, qs[16] (byte l: weight l low, l + 16 high). One lane
 // a block: the nibbles go in as 0..15 and the offset of 8 comes off through the x sums.
 const uint LANES = 1;
@@ -271,7 +262,6 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
     }
 }
 #elif defined(TYPE_Q8_0)
-const uint BLOCK_BYTES = 34, BLOCK_K = 32;
 // 34 bytes = 17 u16 a block of 32: f16 d, int8 qs[32]. One lane a block.
 const uint LANES = 1;
 void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
@@ -294,7 +284,6 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
     }
 }
 #elif defined(TYPE_MXFP4)
-const uint BLOCK_BYTES = 17, BLOCK_K = 32;
 // 17 bytes a block of 32, at any byte: uint8 e (e8m0 scale), qs[16] (byte l: weight l low,
 // l + 16 high), w = e2m1(nibble) * 2^(e - 127). One lane a block, read in u16s (a range that
 // ends half-way into a word keeps its last byte readable); the e2m1 values go in doubled as
@@ -348,27 +337,6 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
 #error "mul_mat_vecq: no reader for this weight type"
 #endif
 
-// PREFETCH's loads: the sectors of the rows of tile row0 (both weights under PAIR), whole
-// rows up to PF sectors a lane, one u32 a sector
-const uint PF = 8;
-void prefetch(const uint row0, inout uint pf[PF]) {
-    const uint row_bytes = p.n_in / BLOCK_K * BLOCK_BYTES, row_sectors = (row_bytes + 31) / 32;
-    const uint segs = ROWS * (PAIR != 0 ? 2 : 1), lane = gl_SubgroupInvocationID;
-    [[unroll]] for (uint k = 0; k < PF; k++) {
-        const uint g = min(lane + k * gl_SubgroupSize, segs * row_sectors - 1);
-        const uint seg = g / row_sectors, m = seg / ROWS;
-        const uint at = (first_row(m, row_at(row0, seg % ROWS)) * row_bytes
-                         + (g % row_sectors) * 32) / 4;
-        pf[k] = m == 0 ? w32[min(at, w32.length() - 1)] : v32[min(at, v32.length() - 1)];
-    }
-}
-// the prefetched values folded to a zero the compiler cannot see is one (n_in < 2^31)
-float opaque_zero(const uint pf[PF]) {
-    uint f = 0u;
-    [[unroll]] for (uint k = 0; k < PF; k++) f ^= pf[k];
-    return float(f & (p.n_in >> 31));
-}
-
 // PAIR's GLU of the gate's sum s and the up's u
 float glu(float s, float u) {
     if (PAIR == 3) {                        // gpt-oss: alpha 1.702, limit 7 (silu_mul.comp)
@@ -395,19 +363,14 @@ void main() {
         expert_row = e * p.n_out;
         y_slot = gl_WorkGroupID.y * p.n_out;
     }
+    const float scale = stage();
     const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     const uint n_sg = gl_NumSubgroups, sgs = gl_SubgroupSize;
-    const uint first = (gl_WorkGroupID.x * n_sg + sg) * ROWS;
-    const uint stride = gl_NumWorkGroups.x * n_sg * ROWS;
-    uint pf[PF], pf_next[PF];
-    [[unroll]] for (uint k = 0; k < PF; k++) pf[k] = pf_next[k] = 0u;
-    if (PREFETCH != 0 && SUM == 0 && first < p.n_out) prefetch(first, pf);
-    const float scale = stage();
     // lanes of a subgroup: (lane % LANES) is the share of a super-block, lane / LANES which
     // super-block; a subgroup narrower than LANES takes the other shares in turn
     const uint per = max(sgs / LANES, 1u), turns = max(LANES / sgs, 1u);
-    for (uint row0 = first; row0 < p.n_out; row0 += stride) {
-        if (PREFETCH == 2 && SUM == 0 && row0 + stride < p.n_out) prefetch(row0 + stride, pf_next);
+    for (uint row0 = (gl_WorkGroupID.x * n_sg + sg) * ROWS; row0 < p.n_out;
+         row0 += gl_NumWorkGroups.x * n_sg * ROWS) {
         float acc[ROWS], acc2[ROWS];
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             acc[r] = 0.0;
@@ -453,11 +416,6 @@ void main() {
             const float a = sums[0], b = sums[ROWS - 1];
             sums[0] = a * c.x - b * c.y;
             sums[ROWS - 1] = a * c.y + b * c.x;
-        }
-        if (PREFETCH != 0 && SUM == 0) {
-            const float zero = opaque_zero(pf);
-            [[unroll]] for (uint r = 0; r < ROWS; r++) sums[r] += zero;
-            pf = pf_next;
         }
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             if (lane == 0 && row0 + r < p.n_out) {

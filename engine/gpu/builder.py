@@ -179,7 +179,7 @@ class Builder:
                                    weights or x, b1, b2],
                   (min(tiles, groups) if groups else tiles, slots, 1), wtype=wtype,
                   spec=dict(WG=lanes, ROWS=rows, KMAX=kmax or n_in, UNROLL=ahead,
-                            BIAS=int(bias is not None), PREFETCH=self.t.vecq_prefetch, **spec),
+                            BIAS=int(bias is not None), **spec),
                   n_in=n_in, n_out=n_out, **{**VECQ_PLAIN, "x_offset": 0, "y_offset": 0,
                                              "eps": 0.0, **push})
 

@@ -93,10 +93,6 @@ class Tuning:
                                  # of the types mul_mat_vecq reads take int8 activations
                                  # there (where ggml's rounding is not asked for)
     compute_units: int = 0       # the GPU's SMs or CUs where the driver tells them; 0: not
-    vecq_prefetch: int = 0       # mul_mat_vecq's PREFETCH: a subgroup's rows loaded before
-                                 # their products (1 the first row tile's, under x's
-                                 # staging; 2 each next tile's too); off on lavapipe,
-                                 # whose loads do not overlap
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
@@ -136,7 +132,6 @@ class Tuning:
         # to measure attn_decode's width and its query heads per workgroup
         t.decode_wg = count_setting("HOTSEAT_DECODE_WG", t.decode_wg)
         t.decode_heads = count_setting("HOTSEAT_DECODE_HEADS", t.decode_heads)
-        t.vecq_prefetch = prefetch_setting(t.vecq_prefetch)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
@@ -319,16 +314,6 @@ def count_setting(name: str, default: int) -> int:
         return default
     if not value.isdigit() or int(value) < 1:
         raise ValueError(f"{name}: {value!r} is not a whole number from 1")
-    return int(value)
-
-
-def prefetch_setting(default: int) -> int:
-    """$HOTSEAT_VECQ_PREFETCH (0, 1 or 2: Tuning.vecq_prefetch), or default where unset."""
-    value = os.environ.get("HOTSEAT_VECQ_PREFETCH", "").strip()
-    if not value:
-        return default
-    if value not in ("0", "1", "2"):
-        raise ValueError(f"HOTSEAT_VECQ_PREFETCH: {value!r} is not 0, 1 or 2")
     return int(value)
 
 

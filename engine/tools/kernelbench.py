@@ -167,12 +167,12 @@ def _cold_copies(dev, raw: np.ndarray, label: str):
     return b, [(b, c * stride, raw.nbytes) for c in range(copies)]
 
 
-def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=None,
-                      types: set[str] | None = None, grid=None) -> list[dict]:
+def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=MATVEC_SHAPES,
+                      types: set[str] | None = None) -> list[dict]:
     """The decode products, weights read cold (each op its own copy): mul_mat_vec at the
     shape the device's tuning picks, and mul_mat_vecq (int8 activations) at every (lanes,
-    rows, read-ahead, workgroups) of `grid` where the device has it, then at the tuned shape
-    with each PREFETCH; outputs checked against the one-token mul_mat first."""
+    rows, read-ahead, workgroups) of MATVECQ_GRID where the device has it; outputs checked
+    against the one-token mul_mat first."""
     from ..gpu.builder import VECQ_PLAIN
     from ..gpu.kernels import MATVEC_CHUNK
     from ..gpu.paths import Tuning
@@ -180,8 +180,7 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=None,
     rng = np.random.default_rng(0)
     t = Tuning.for_device(dev)
     out = []
-    grid = MATVECQ_GRID if grid is None else grid
-    for wtype, n_in, n_out in MATVEC_SHAPES if shapes is None else shapes:
+    for wtype, n_in, n_out in shapes:
         if types and wtype not in types:
             continue
         raw = _random_weights(rng, wtype, n_in, n_out)
@@ -214,40 +213,30 @@ def bench_mul_mat_vec(dev, kernels, repeats: int = 20, shapes=None,
             _check(dev, by, want, 1e-3, f"mul_mat_vec {wtype} {n_in}x{n_out}")
             row["mul_mat_vec"] = {"rows": rows, "lanes": lanes, "map": mode, "us": us,
                                   "gb_per_s": raw.nbytes / us / 1e3}
-            variants, prefetched = [], []
-
-            def vecq_us(lanes_q, rows_q, ahead, groups, prefetch=0) -> float | None:
-                tiles = -(-n_out // (rows_q * lanes_q // t.subgroup))
-                if lanes_q % t.subgroup or (groups and groups >= tiles):
-                    return None
-
-                def vecq(g, i=0):
-                    g.op("mul_mat_vecq", [windows[i], bx, by, bx, windows[i]] + [bx] * 6,
-                         (groups or tiles, 1, 1), wtype=wtype,
-                         spec=dict(WG=lanes_q, ROWS=rows_q, ACC=0, XFORM=0, KMAX=n_in,
-                                   UNROLL=ahead, PREFETCH=prefetch),
-                         n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0,
-                         **VECQ_PLAIN)
-                us = _time_records(dev, kernels, vecq, repeats, ops)
-                _check(dev, by, want, 3e-2, f"mul_mat_vecq {wtype} {n_in}x{n_out} "
-                       f"{lanes_q}x{rows_q}x{ahead}x{groups} prefetch {prefetch}")
-                return us
-
+            variants = []
             if t.dot4 and t.matvecq_fits(wtype, n_in):
-                for shape in grid:
-                    us = vecq_us(*shape)
-                    if us is not None:
-                        variants.append(dict(zip(("lanes", "rows", "ahead", "groups"), shape),
-                                             us=us, gb_per_s=raw.nbytes / us / 1e3))
-                lanes_t, rows_t, ahead_t, groups_t = t.matvecq_shape(wtype, n_out, n_in)
-                if groups_t >= -(-n_out // (rows_t * lanes_t // t.subgroup)):
-                    groups_t = 0            # a workgroup a tile, as Builder._vecq caps them
-                tuned = (lanes_t, rows_t, ahead_t, groups_t)
-                for prefetch in (0, 1, 2):
-                    us = vecq_us(*tuned, prefetch)
-                    prefetched.append({"shape": list(tuned), "prefetch": prefetch, "us": us,
-                                       "gb_per_s": raw.nbytes / us / 1e3})
-            row["variants"], row["prefetch"] = variants, prefetched
+                for lanes_q, rows_q, ahead, groups in MATVECQ_GRID:
+                    if lanes_q % t.subgroup:
+                        continue
+                    tiles = -(-n_out // (rows_q * lanes_q // t.subgroup))
+                    if groups and groups >= tiles:
+                        continue
+
+                    def vecq(g, i=0, lanes_q=lanes_q, rows_q=rows_q, ahead=ahead,
+                             groups=groups, tiles=tiles):
+                        g.op("mul_mat_vecq", [windows[i], bx, by, bx, windows[i]] + [bx] * 6,
+                             (groups or tiles, 1, 1), wtype=wtype,
+                             spec=dict(WG=lanes_q, ROWS=rows_q, ACC=0, XFORM=0, KMAX=n_in,
+                                       UNROLL=ahead),
+                             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=0.0,
+                             **VECQ_PLAIN)
+                    us = _time_records(dev, kernels, vecq, repeats, ops)
+                    _check(dev, by, want, 3e-2, f"mul_mat_vecq {wtype} {n_in}x{n_out} "
+                           f"{lanes_q}x{rows_q}x{ahead}x{groups}")
+                    variants.append({"lanes": lanes_q, "rows": rows_q, "ahead": ahead,
+                                     "groups": groups, "us": us,
+                                     "gb_per_s": raw.nbytes / us / 1e3})
+            row["variants"] = variants
             row["best"] = min(variants, key=lambda v: v["us"]) if variants else None
             out.append(row)
         finally:
@@ -545,8 +534,6 @@ def run_kernel_bench(args) -> int:
                      "attn_decode": bench_attn_decode}[args.kernel]
             types = getattr(args, "types", None)
             kw = {"types": set(types.split(","))} if types else {}
-            if getattr(args, "tuned", False):
-                kw["grid"] = ()
             rows = bench(dev, kernels, args.repeats, **kw)
         finally:
             kernels.close()
@@ -607,22 +594,17 @@ def run_kernel_bench(args) -> int:
               f"copy), median op time of {args.repeats} replays ({report['timer']})")
         print("| type | n_in | n_out | mul_mat us | mul_mat_vec (rows x lanes) us | GB/s | "
               "mul_mat_vecq best (lanes x rows x ahead x groups) us | GB/s | "
-              "tuned shape, prefetch 0 / 1 / 2: us (GB/s of the best) | "
               "all (l x r x a x g: us) |")
-        print("|---|---:|---:|---:|---|---:|---|---:|---|---|")
+        print("|---|---:|---:|---:|---|---:|---|---:|---|")
         for r in rows:
             v, b = r["mul_mat_vec"], r["best"]
             rest = " ".join(f"{q['lanes']}x{q['rows']}x{q['ahead']}x{q['groups']}:"
                             f"{q['us']:.1f}" for q in r["variants"])
             best = f"{b['lanes']}x{b['rows']}x{b['ahead']}x{b['groups']} {b['us']:.1f} | " \
                 f"{b['gb_per_s']:.0f}" if b else "- | -"
-            pf = r["prefetch"]
-            tuned = ("x".join(map(str, pf[0]["shape"])) + " " + " / ".join(
-                f"{q['us']:.1f}" for q in pf) + f" ({max(q['gb_per_s'] for q in pf):.0f})"
-                ) if pf else "-"
             print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['mul_mat_us']:.1f} | "
                   f"{v['rows']} x {v['lanes']}{' m1' if v['map'] else ''} {v['us']:.1f} | "
-                  f"{v['gb_per_s']:.0f} | {best} | {tuned} | {rest} |")
+                  f"{v['gb_per_s']:.0f} | {best} | {rest} |")
         return 0
     print(f"concat(conv_state, transpose(bx), 0) on {report['device']}, median of "
           f"{args.repeats} replays ({report['timer']})")

@@ -157,8 +157,7 @@ def test_biased_projections_on_int8_decode_follow_the_reference(dev, kc, tmp_pat
     its experts' biases and clamped SwiGLU theirs (the router's bias stays an add): the
     attention matrices in Q8_0, a type that path reads, each position decoded as one token,
     its logits against the numpy reference of the same file (int8 activations: about 1e-4;
-    a bias left out gave 0.3 and more). gpt-oss's products load their rows ahead (PREFETCH
-    2), which changes no sum."""
+    a bias left out gave 0.3 and more)."""
     import gguf
     import numpy as np
     from gguf.quants import quantize
@@ -179,7 +178,6 @@ def test_biased_projections_on_int8_decode_follow_the_reference(dev, kc, tmp_pat
     try:
         m.tuning.coopmat = False
         m.tuning.matvec, m.tuning.ggml_numerics = True, False
-        m.tuning.vecq_prefetch = 2 if src.startswith("gpt-oss") else 0
         m.profile = True                         # the graph names its ops
         rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
         names = [name for name, _ in m._graph(1, False).profile()]

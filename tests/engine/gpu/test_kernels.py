@@ -1532,15 +1532,14 @@ def q8_blocks(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4"])
 @pytest.mark.parametrize("xform", [0, 1, 2])
-@pytest.mark.parametrize("subgroups,rows,unroll,groups,prefetch", [
-    (1, 1, 1, 70, 0), (2, 3, 2, 2, 2), (4, 2, 4, 1, 1)])
-def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups, prefetch):
+@pytest.mark.parametrize("subgroups,rows,unroll,groups", [(1, 1, 1, 70), (2, 3, 2, 2),
+                                                          (4, 2, 4, 1)])
+def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups):
     """The int8-activation decode product: the op before (XFORM), x rounded in blocks of 32,
     then the dot products, against numpy doing the same; workgroups looping over row tiles
-    (fewer groups than tiles), reading `unroll` super-blocks ahead, the rows loaded early
-    (PREFETCH: the first tile's, and each next tile's as one is summed); the second token's
-    row, added into y from float 3 on. An odd count of 256-weight super-blocks per row puts
-    Q6_K's blocks on 2-byte boundaries; MXFP4's 17-byte blocks start at every byte parity."""
+    (fewer groups than tiles), reading `unroll` super-blocks ahead; the second token's row,
+    added into y from float 3 on. An odd count of 256-weight super-blocks per row puts Q6_K's
+    blocks on 2-byte boundaries; MXFP4's 17-byte blocks start at every byte parity."""
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(31)
@@ -1562,8 +1561,7 @@ def test_mul_mat_vecq(dev, kc, wtype, xform, subgroups, rows, unroll, groups, pr
         by = buf(dev, y0)
         run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bw] + [bx] * 6, (groups, 1, 1),
                  wtype=wtype, spec=dict(WG=dev.subgroup_size * subgroups, ROWS=rows, ACC=acc,
-                                        XFORM=xform, KMAX=n_in, UNROLL=unroll,
-                                        PREFETCH=prefetch),
+                                        XFORM=xform, KMAX=n_in, UNROLL=unroll),
                  n_in=n_in, n_out=n_out, x_offset=n_in // 4, y_offset=3, eps=eps,
                  **VECQ_PLAIN)
         got = read(dev, by)
@@ -1579,8 +1577,7 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same, pair, biased):
     """PAIR: a GLU's gate and up in one pass, act(gate x) * (up x) with the norm before
     them, act silu (1) or gelu's tanh form (2), or gpt-oss's clamped SwiGLU (3: min(g, 7) *
     sigmoid(1.702 min(g, 7)) * (clamp(u, -7, 7) + 1)); each sum plus its row's bias (BIAS);
-    up in its own buffer, or rows of the gate's (a fused gate | up weight, phi3); both
-    weights' rows loaded early (PREFETCH 1 the first tile's, 2 each next tile's too)."""
+    up in its own buffer, or rows of the gate's (a fused gate | up weight, phi3)."""
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(32)
@@ -1605,8 +1602,7 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same, pair, biased):
             buf(dev, raw[half:], kind="weights"), 0
     run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu, bx, bx, bx, bx] + bb, (3, 1, 1),
              wtype=wtype, spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1,
-                                    KMAX=n_in, UNROLL=2, PAIR=pair, BIAS=int(biased),
-                                    PREFETCH=2 if same else 1),
+                                    KMAX=n_in, UNROLL=2, PAIR=pair, BIAS=int(biased)),
              n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=eps,
              **{**VECQ_PLAIN, "row2": row2})
     if pair == 3:
