@@ -191,16 +191,20 @@ def head(b: Builder, c: Config, rs: RunState, n: int, softcap: float = 0.0,
     """rs.logits = norm(x[n - 1]) @ output (or the tied embeddings): the last token's only,
     scaled where scale != 1 (granite), soft-capped where softcap > 0 (gemma2); `norm` names
     the norm's tensor. In an embeddings pass (b.hidden) every token's norm(x) in rs.xn
-    instead: its hidden states. x stays f32 in the output product, never int8: its rounding
-    would go straight into the log-probabilities (SmolLM2's teacher-forced greedy on the
-    int8 path: five steps past the tie rule against llama.cpp, one on f32)."""
+    instead: its hidden states. The output product rounds x to int8 (where the device
+    does) only where every layer's products did (Builder.int8_throughout): a path that
+    rounds x before each product as llama.cpp does follows llama.cpp closer with the
+    output's rounded too (qwen35-q8_0: cosine 0.999 and over against 0.99899 on f32 x);
+    one that keeps x in f32 elsewhere does not, and rounding only the output moves the
+    log-probabilities away (SmolLM2's Q4_1: five teacher-forced steps past the tie rule
+    against llama.cpp, one on f32 x)."""
     w = b.weights
     if b.hidden:
         b.rms_norm(rs.x, w[norm + ".weight"], rs.xn, n, c.rms_eps)        # [n, n_embd]
     else:
         b.rms_norm(rs.x, w[norm + ".weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
         out = w["token_embd.weight" if c.tied_output else "output.weight"]
-        b.matmul(out, rs.xn, rs.logits, 1, x_row=n - 1, int8=False)       # [1, n_vocab]
+        b.matmul(out, rs.xn, rs.logits, 1, x_row=n - 1, int8=b.int8_throughout())
         if scale != 1.0:
             b.scale(rs.logits, c.n_vocab, scale)
         if softcap:

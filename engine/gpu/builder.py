@@ -20,6 +20,7 @@ from .paths import Paths, Tuning
 from .rope import Rope
 from .runstate import RunState, delta_scratch_floats
 from .tensors import Tensor, View
+from shaders.registry import MATVECQ_TYPES
 
 # mul_mat_vecq's push constants that only PAIR, ROPE, OUT16 and EXPERTS read
 VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0, expert_base=0,
@@ -77,6 +78,14 @@ class Builder:
                       n_cols=table.shape[0], n_rows=n, scale=scale, row_base=first,
                       part_rows=count)
         self._wrote(out)
+
+    def int8_throughout(self) -> bool:
+        """Whether every quantized matrix of the layers has an int8 reader (mul_mat_vecq), so
+        that one token's products all take x rounded to int8 where the device does, as
+        llama.cpp's CPU backend rounds x before every product with a quantized weight."""
+        return all(t.wtype in MATVECQ_TYPES for name, t in self.weights.items()
+                   if name.startswith("blk.") and len(t.shape) >= 2
+                   and t.wtype not in ("F32", "F16", "BF16"))
 
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
                x_row: int = 0, bias: Tensor | None = None, int8: bool = True) -> None:

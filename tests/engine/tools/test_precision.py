@@ -59,8 +59,8 @@ def test_smollm2_agrees_with_llamacpp_on_its_first_prompts(dev, kc, smollm2_path
 def test_the_int8_decode_path_keeps_smollm2s_greedy_steps(dev, kc, smollm2_path):
     """A GPU's decode path (int8 activations where the weight type has a reader, as on the
     H200): the prompts whose teacher-forced steps moved when the output product rounded x
-    to int8 (four steps past the tie rule among them; one, short's fourth, on f32 x) agree
-    with llama.cpp at every step but that one."""
+    to int8 while the Q4_1 layers keep it f32 (four steps past the tie rule among them;
+    one, short's fourth, on f32 x) agree with llama.cpp at every step but that one."""
     from engine.residency.model import Model
 
     if not dev.dot4:
