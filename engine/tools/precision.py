@@ -116,13 +116,18 @@ def peer_distance(peer, case: dict) -> float | None:
     return distance(np.array([got[t] for t in ids]), cpu, logprobs)
 
 
+def context_for(cases: list[dict]) -> int:
+    """The context a check of these prompts runs in: the longest prompt and its greedy ids."""
+    return max(256, max(len(c["prompt_ids"]) + len(c["greedy_ids"]) for c in cases) + 8)
+
+
 def check_model(dev, kernels, path: str, data: dict, steps: int, prompts: int,
                 server: str | None) -> dict:
     from ..residency.model import Model
 
     cases = data["cases"][:prompts] if prompts else data["cases"]
-    n_ctx = max(len(c["prompt_ids"]) + len(c["greedy_ids"]) for c in cases) + 8
-    m = Model(dev, kernels, path, n_ctx=max(256, n_ctx))
+    n_ctx = context_for(cases)
+    m = Model(dev, kernels, path, n_ctx=n_ctx)
     try:
         rows = [check_case(lambda ids, pos: m.eval(ids, pos, greedy=False), c, steps)
                 for c in cases]
@@ -131,7 +136,7 @@ def check_model(dev, kernels, path: str, data: dict, steps: int, prompts: int,
     if server is not None:
         from .peer import LlamaServer, find_llama_server
 
-        with LlamaServer(find_llama_server(server or None), path, n_ctx=max(256, n_ctx)) as p:
+        with LlamaServer(find_llama_server(server or None), path, n_ctx=n_ctx) as p:
             for row, case in zip(rows, cases):
                 row["peer_gap_distance"] = peer_distance(p, case)
     ours = max(r["gap_distance"] for r in rows)

@@ -70,8 +70,7 @@ def test_the_int8_decode_path_keeps_smollm2s_greedy_steps(dev, kc, smollm2_path)
     cases: dict = {}
     for c in data:                        # the first of each name (two prompts share some)
         cases.setdefault(c["name"], c)
-    n_ctx = max(len(c["prompt_ids"]) + len(c["greedy_ids"]) for c in data) + 8   # as checked
-    m = Model(dev, kc, smollm2_path, n_ctx=max(256, n_ctx), name="int8-precision")
+    m = Model(dev, kc, smollm2_path, n_ctx=precision.context_for(data), name="int8-precision")
     try:
         m.tuning.matvec, m.tuning.ggml_numerics = True, False
         assert m.paths.decode_matmul == "mul_mat_vecq"
