@@ -93,6 +93,8 @@ class Tuning:
                                  # of the types mul_mat_vecq reads take int8 activations
                                  # there (where ggml's rounding is not asked for)
     compute_units: int = 0       # the GPU's SMs or CUs where the driver tells them; 0: not
+    long_groups: int = 0         # mul_mat_vecq over rows longer than 8192: workgroups that
+                                 # loop over row tiles (0: one a tile)
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
@@ -132,6 +134,9 @@ class Tuning:
         # to measure attn_decode's width and its query heads per workgroup
         t.decode_wg = count_setting("HOTSEAT_DECODE_WG", t.decode_wg)
         t.decode_heads = count_setting("HOTSEAT_DECODE_HEADS", t.decode_heads)
+        t.split_chunk = count_setting("HOTSEAT_SPLIT_CHUNK", t.split_chunk)
+        # to measure looping workgroups for products of long rows (x staged fewer times)
+        t.long_groups = count_setting("HOTSEAT_LONG_GROUPS", t.long_groups)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
@@ -201,7 +206,8 @@ class Tuning:
             return chosen
         rows = 1 if wtype in ("Q4_K", "MXFP4") or n_out <= 2048 else 2
         ahead = 4 if wtype == "Q6_K" and n_in >= 8192 else 1 if wtype == "MXFP4" else 2
-        looping = 4 * self.compute_units if n_out > 8192 else 0
+        looping = 4 * self.compute_units if n_out > 8192 else \
+            self.long_groups if n_in > 8192 else 0
         return max(256, self.subgroup), rows, ahead, looping
 
     def use_flash_attn(self, head_dim: int, n_tokens: int) -> bool:
