@@ -204,7 +204,7 @@ def head(b: Builder, c: Config, rs: RunState, n: int, softcap: float = 0.0,
     else:
         b.rms_norm(rs.x, w[norm + ".weight"], rs.xn, 1, c.rms_eps, row_offset=n - 1)
         out = w["token_embd.weight" if c.tied_output else "output.weight"]
-        b.matmul(out, rs.xn, rs.logits, 1, x_row=n - 1, int8=b.int8_throughout())
+        b.matmul(out, rs.xn, rs.logits, 1, x_row=n - 1, int8=b.int8_throughout(), row=True)
         if scale != 1.0:
             b.scale(rs.logits, c.n_vocab, scale)
         if softcap:

@@ -48,6 +48,16 @@ class Builder:
         self.ended = False
         # a pass of embeddings: rs.embd_in's rows are the input, not the token ids' rows
         self.embd = embd
+        # a prompt's pass (or an embeddings pass): one token takes the kernels of a wider
+        # pass too, so a token's bits do not depend on the width of the pass that computed
+        # it (a cached prefix's last token, packed inputs against each alone); decode's
+        # one-token kernels round otherwise on devices with matrix units
+        self.prompt = False
+
+    def _one(self, n: int) -> bool:
+        """Whether a pass of n tokens takes one token's kernels (decode's): one token, not
+        of a prompt (Builder.prompt)."""
+        return n == 1 and not self.prompt
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
         """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
@@ -88,29 +98,33 @@ class Builder:
                    and t.wtype not in ("F32", "F16", "BF16"))
 
     def matmul(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool = False,
-               x_row: int = 0, bias: Tensor | None = None, int8: bool = True) -> None:
+               x_row: int = 0, bias: Tensor | None = None, int8: bool = True,
+               row: bool = False) -> None:
         """y[n, rows(w)] (+)= x[x_row:x_row+n, :] @ w^T (+ bias, F32, in the same pass where
         one token's product takes int8 activations, else added after). A row slice whose
         rows do not start on a bindable offset (Tensor.skip) takes mul_mat, which reads from
         a row offset. int8=False keeps one token's x in f32 where the device would round it
-        to int8 (the logits' product: its rounding lands on the log-probabilities whole)."""
+        to int8 (the logits' product: its rounding lands on the log-probabilities whole).
+        row: one row's product (the logits') takes one token's kernels in any pass."""
         if bias is not None:
             if self._vecq_whole(n, [w]) and bias.wtype == "F32":
                 self._matvecq(w, x, y, accumulate, x_row, 0, None, 0.0, bias=bias)
             else:
-                self.matmul(w, x, y, n, accumulate, x_row)
+                self.matmul(w, x, y, n, accumulate, x_row, row=row)
                 self.add_bias(y, bias, n)
             return
         p = self.paths()
         skips = w.skips()
-        if n == 1 and p.decode_matmul in ("mul_mat_vec", "mul_mat_vecq") and not any(skips):
+        one = self._one(n) or (row and n == 1)
+        if one and p.decode_matmul in ("mul_mat_vec", "mul_mat_vecq") and not any(skips):
             self._matvec(w, x, y, accumulate, x_row, int8=int8)
             return
         n_in, n_out = w.shape[0], w.rows
-        if n > 1 and p.prefill_matmul == "mul_mat_cm" and n_in % CM_K == 0 and not any(skips):
+        if not one and p.prefill_matmul == "mul_mat_cm" and n_in % CM_K == 0 \
+                and not any(skips):
             self._matmul_cm(w, x, y, n, accumulate, x_row)
             return
-        rows, nt = (self.t.mv_rows, 1) if n == 1 else (self.t.mm_rows, self.t.mm_tokens)
+        rows, nt = (self.t.mv_rows, 1) if one else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
         inline = ACT_INLINE.get(w.wtype, 0) if self.t.ggml_numerics else 0
         spec = dict(WG=self.t.subgroup * self.t.warps, ROWS=rows, NT=nt, ACC=int(accumulate),
@@ -196,7 +210,7 @@ class Builder:
         """Whether one token's products over ws can take the op before them into their
         reading of x (mul_mat_vec's XFORM): not where ggml's rounding of x is asked for,
         which must see the op's output."""
-        return (n == 1 and self.t.fuse_decode and not self.t.ggml_numerics
+        return (self._one(n) and self.t.fuse_decode and not self.t.ggml_numerics
                 and self.paths().decode_matmul in ("mul_mat_vec", "mul_mat_vecq")
                 and not any(any(w.skips()) for w in ws))
 
@@ -333,7 +347,7 @@ class Builder:
         """y[t, j, :] = x[t (, j), :] @ w[ids[t, j]]^T for n tokens of n_used routed experts;
         w is [n_in, n_out, n_expert], x is [n, n_in] or, per_slot, [n, n_used, n_in].
         Several tokens: grouped by expert (Tuning.moe_grouped), each expert one product."""
-        if n > 1 and self.paths().moe_prefill == "mul_mat_moe":
+        if not self._one(n) and self.paths().moe_prefill == "mul_mat_moe":
             self._matmul_moe(w, x, ids, y, n, n_used, per_slot)
             return
         n_in, n_out = w.shape[0], w.shape[1]
@@ -498,7 +512,7 @@ class Builder:
         sk = sinks.binding() if sinks is not None else q
         opt = dict(softcap=float(softcap))
         spec = dict(SINKS=int(sinks is not None))
-        kernel = p.decode_attention if n == 1 else p.prefill_attention
+        kernel = p.decode_attention if self._one(n) else p.prefill_attention
         if kernel in ("attn_decode", "attn_split"):
             if self.seqs:
                 raise ValueError("a pass of packed sequences has more than one token")

@@ -93,13 +93,13 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     want = logprobs is not None
     t0 = time.perf_counter()
     if mark > reuse:
-        model.eval(prompt[reuse:mark], reuse, greedy, between_chunks)
+        model.eval(prompt[reuse:mark], reuse, greedy, between_chunks, prompt=True)
         model.save_checkpoint()
         if between_chunks is not None:
             between_chunks()
         reuse = mark
-    out = model.eval(prompt[reuse:], reuse, greedy, between_chunks,
-                     **({"logprobs": True} if want else {}))
+    out = model.eval(prompt[reuse:], reuse, greedy, between_chunks, logprobs=want,
+                     prompt=True)
     t.prefill_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     pos = len(prompt)

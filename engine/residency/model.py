@@ -323,11 +323,12 @@ class Model:
         rest are recorded when first used, as always, so the restore never waits on them."""
         decode, prefill = self._graph_keys
         self._graph_keys = ([], [])
-        keys = [(1, g, lp, False) for g, lp in decode] + list(reversed(prefill))
-        for n, greedy, logprobs, embd in keys:
+        keys = [(1, g, lp, False, False) for g, lp in decode] + \
+            [(*key, True) for key in reversed(prefill)]
+        for n, greedy, logprobs, embd, prompt in keys:
             if stream.done():
                 break
-            self._graph(n, greedy, logprobs, embd)
+            self._graph(n, greedy, logprobs, embd, prompt)
 
     def release(self, full: bool = True, discard: bool = False) -> dict:
         """Go cold. Weights-only keeps KV and compute buffers on the device (fastest switch
@@ -664,10 +665,13 @@ class Model:
         return self.pinned.nbytes if self.pinned is not None else 0
 
     # -- graphs -----------------------------------------------------------------------------
-    def _record(self, n: int, greedy: bool, logprobs: bool = False, embd: bool = False) -> Graph:
-        g = Graph(self.dev, self.kernels, f"{self.name}/n{n}{'e' if embd else ''}",
+    def _record(self, n: int, greedy: bool, logprobs: bool = False, embd: bool = False,
+                prompt: bool = False) -> Graph:
+        g = Graph(self.dev, self.kernels,
+                  f"{self.name}/n{n}{'e' if embd else ''}{'p' if n == 1 and prompt else ''}",
                   profile=self.profile)
         b = Builder(g, self.weights, self.rs, self.tuning, self.paths, embd=embd)
+        b.prompt = prompt
         self.arch.forward(b, self.config, self.rs, n)
         n_vocab = self.config.n_vocab
         if greedy:
@@ -679,8 +683,11 @@ class Model:
                        1 if greedy else n_vocab)
         return g.finish()
 
-    def _graph(self, n: int, greedy: bool, logprobs: bool = False, embd: bool = False) -> Graph:
-        if n == 1 and not embd:
+    def _graph(self, n: int, greedy: bool, logprobs: bool = False, embd: bool = False,
+               prompt: bool = False) -> Graph:
+        """The graph of a pass of n tokens: decode's for one token, else a prompt's (prompt:
+        one token of a prompt, which takes the kernels of a wider pass, Builder.prompt)."""
+        if n == 1 and not embd and not prompt:
             key1 = (greedy, logprobs)
             if key1 not in self._decode:
                 self._decode[key1] = self._record(1, greedy, logprobs)
@@ -689,20 +696,21 @@ class Model:
         if key in self._prefill:
             self._prefill.move_to_end(key)
             return self._prefill[key]
-        g = self._record(n, greedy, logprobs, embd)
+        g = self._record(n, greedy, logprobs, embd, prompt=True)
         self._prefill[key] = g
         if len(self._prefill) > PREFILL_GRAPHS_KEPT:
             self._prefill.popitem(last=False)[1].close()
         return g
 
     def run(self, tokens: list[int], pos0: int, greedy: bool, logprobs: bool = False,
-            embd: Media | None = None):
+            embd: Media | None = None, prompt: bool = False):
         """The next-token argmax (greedy) or logits after tokens at positions pos0..; with
         logprobs, (that, (lse, top log-probabilities, their ids)): the log-softmax of the
         logits, computed on the device (the TOP_LOGPROBS best, best first). embd: an
         image whose soft tokens [len(tokens), n_embd] go in instead of the tokens' (seeing
         each other both ways where its projector says so); `tokens` are then what the cache
-        knows them by."""
+        knows them by. prompt: the tokens are (part of) a prompt, whose one-token pass takes
+        the kernels of a wider one, so its bits do not depend on how the prompt was cut."""
         if self.state != "warm":
             raise RuntimeError(f"{self.name} is cold: restore it before running it")
         if pos0 + len(tokens) > self.n_ctx:
@@ -729,7 +737,7 @@ class Model:
                                        None if embd is None else embd.geometry,
                                        0 if embd is None else embd.first)
             self.rs.rope_table(rope).write(rows, pos0 * rows[0].nbytes)
-        graph = self._graph(len(tokens), greedy, logprobs, embd is not None)
+        graph = self._graph(len(tokens), greedy, logprobs, embd is not None, prompt)
         t0 = time.perf_counter()
         graph.replay()
         if len(tokens) > 1:                     # what a prefill pass of this size costs
@@ -752,11 +760,14 @@ class Model:
                      words[1 + k:1 + 2 * k].copy())
 
     def eval(self, tokens: list[int], pos0: int, greedy: bool = True,
-             between: Callable[[], None] | None = None, logprobs: bool = False):
+             between: Callable[[], None] | None = None, logprobs: bool = False,
+             prompt: bool = False):
         """Run tokens at positions pos0..; the next-token argmax (greedy) or logits (with
         logprobs, as run() gives them). between() runs between two chunks: a safe point,
         where the model may be released and restored (the cache then holds every chunk so
-        far)."""
+        far). prompt: the tokens are a prompt's rest, whose one-token pass (a cached prefix's
+        last token) takes a wider pass's kernels (run's prompt); else one token is a decode
+        step."""
         out = None
         s = 0
         while s < len(tokens):
@@ -773,11 +784,9 @@ class Model:
                 embd = Media(image.rows[a:a + n], image.geometry, a)
             else:
                 n = self.next_chunk(media_free(tokens, s))
-            kw = {} if embd is None else {"embd": embd}
-            if logprobs and s + n == len(tokens):      # the last pass's logits only
-                out = self.run(tokens[s:s + n], pos0 + s, greedy, logprobs=True, **kw)
-            else:
-                out = self.run(tokens[s:s + n], pos0 + s, greedy, **kw)
+            out = self.run(tokens[s:s + n], pos0 + s, greedy,     # the last pass's logits
+                           logprobs=logprobs and s + n == len(tokens),  # only
+                           embd=embd, prompt=prompt)
             s += n
         return out
 
@@ -877,8 +886,10 @@ class Model:
         g = Graph(self.dev, self.kernels, f"{self.name}/hidden{n}", profile=self.profile)
         b = Builder(g, self.weights, self.rs, self.tuning, self.paths, hidden=True)
         # a pass may pack several sequences (the host writes step.seq_first); one of a single
-        # token takes decode's attention, which has no such bound, so it must be alone
+        # token is one sequence. Every pass takes the prompt's kernels, so an input's
+        # vectors do not depend on what it was packed with
         b.seqs = int(n > 1)
+        b.prompt = True
         self.arch.forward(b, self.config, self.rs, n)
         if not b.ended:
             g.close()

@@ -85,3 +85,37 @@ def test_greedy_answer_does_not_depend_on_the_path(model, monkeypatch):
             else:
                 assert np.abs(np.array([s[1] for s in got]) -
                               np.array([s[1] for s in top])).max() < 0.05, (case["name"], path)
+
+
+def test_a_gpus_paths_cut_a_prompt_anywhere_with_the_same_bits(dev, kc, smollm2_path,
+                                                                  monkeypatch):
+    """A GPU's paths (device numerics; decode's products on mul_mat_vec(q), its attention
+    on attn_decode) round otherwise than a prompt's wider passes. A prompt's one-token pass
+    (its prefix cached) takes the wider pass's kernels (Builder.prompt), so the answer's
+    log-probabilities are the fresh run's bit for bit however the prompt was cut."""
+    m = Model(dev, kc, smollm2_path, n_ctx=512, name="gpu-paths")
+    try:
+        m.tuning.matvec, m.tuning.ggml_numerics = True, False
+        assert m.paths.decode_matmul in ("mul_mat_vec", "mul_mat_vecq")
+        assert m.paths.decode_attention == "attn_decode"
+        for case in [c for c in cases("smollm2") if len(c["prompt_ids"]) > 1][:3]:
+            prompt = case["prompt_ids"]
+            m.cache_tokens = []
+            fresh = run(m, prompt, 0)
+            assert run(m, prompt, len(prompt) - 1) == fresh, case["name"]
+            m.cache_tokens = []
+            list(generate(m, prompt[:-1], 1))
+            assert run(m, prompt, len(prompt) - 1) == fresh, case["name"]
+            with monkeypatch.context() as mp:
+                mp.setattr(m, "next_chunk", narrow_passes(m, 3))
+                m.cache_tokens = []
+                assert run(m, prompt, 0) == fresh, case["name"]
+        # a decode step's own kernels do differ: the same token as a prompt's pass of one
+        # and as a decode step
+        pos = len(prompt)
+        as_prompt = m.eval([fresh[0][0]], pos, greedy=False, prompt=True)
+        as_step = m.eval([fresh[0][0]], pos, greedy=False)
+        assert not np.array_equal(as_prompt, as_step)
+        assert np.abs(as_prompt - as_step).max() < 0.1
+    finally:
+        m.close()

@@ -246,7 +246,8 @@ class ScriptedModel:
         x[self.favourite] = 10.0
         return x
 
-    def eval(self, tokens, pos0, greedy=True, between=None):
+    def eval(self, tokens, pos0, greedy=True, between=None, logprobs=False, prompt=False):
+        assert not logprobs
         return self._logits(greedy)
 
     def run(self, tokens, pos0, greedy):
