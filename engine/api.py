@@ -206,7 +206,11 @@ class Engine:
         def job():
             if claimed:
                 turns.start(why)
-            return fn(*args)
+            try:
+                return fn(*args)
+            finally:
+                if claimed:
+                    turns.arena.retell(f"idle after {why}")
         try:
             return self._on_thread(why, job)
         except BaseException:

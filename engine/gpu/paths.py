@@ -95,6 +95,8 @@ class Tuning:
     compute_units: int = 0       # the GPU's SMs or CUs where the driver tells them; 0: not
     long_groups: int = 0         # mul_mat_vecq over rows longer than 8192: workgroups that
                                  # loop over row tiles (0: one a tile)
+    tall_groups: int = 4         # ... of more than 8192 rows: looping workgroups a compute
+                                 # unit
 
     @classmethod
     def for_device(cls, dev: vk.Device, flash_attn: str = "auto") -> "Tuning":
@@ -137,6 +139,7 @@ class Tuning:
         t.split_chunk = count_setting("HOTSEAT_SPLIT_CHUNK", t.split_chunk)
         # to measure looping workgroups for products of long rows (x staged fewer times)
         t.long_groups = count_setting("HOTSEAT_LONG_GROUPS", t.long_groups)
+        t.tall_groups = count_setting("HOTSEAT_TALL_GROUPS", t.tall_groups)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
@@ -206,7 +209,7 @@ class Tuning:
             return chosen
         rows = 1 if wtype in ("Q4_K", "MXFP4") or n_out <= 2048 else 2
         ahead = 4 if wtype == "Q6_K" and n_in >= 8192 else 1 if wtype == "MXFP4" else 2
-        looping = 4 * self.compute_units if n_out > 8192 else \
+        looping = self.tall_groups * self.compute_units if n_out > 8192 else \
             self.long_groups if n_in > 8192 else 0
         return max(256, self.subgroup), rows, ahead, looping
 
@@ -308,6 +311,13 @@ class Paths:
     numerics: str            # ggml (llama.cpp's CPU rounding) | device
     prefill_delta: str = "delta_net"     # delta_chunk (chunks of Tuning.delta_chunk
                                          # tokens) | delta_net (token by token, as decode)
+
+    @property
+    def steps_match_prompts(self) -> bool:
+        """Whether a decode step gives a token the bits a prompt's pass gives it: ggml's
+        rounding on the prompt's own kernels (lavapipe). Elsewhere decode's products and
+        attention round otherwise (int8 or f32 x against the matrix units' f16 tiles)."""
+        return self.numerics == "ggml" and self.decode_matmul == "mul_mat"
 
     def as_dict(self) -> dict:
         return asdict(self)

@@ -210,6 +210,9 @@ class Device:
         # one (a fence not signalled by then is a timeout fault).
         limit = float(os.environ.get("HOTSEAT_FENCE_LIMIT_S") or 0)
         self.fence_limit_s: float | None = limit if limit > 0 else None
+        # HOTSEAT_WAIT_MIN_S: each fence wait lasts this long at least, a slow device's pace
+        # (tests that cut into a request: on a fast GPU it is otherwise over first)
+        self.wait_min_s = float(os.environ.get("HOTSEAT_WAIT_MIN_S") or 0)
         app = _vk.VkApplicationInfo(pApplicationName="hotseat", applicationVersion=1,
                                     pEngineName="hotseat", engineVersion=1,
                                     apiVersion=_vk.VK_MAKE_VERSION(1, 2, 0))
@@ -505,6 +508,8 @@ class Device:
         if kind is not None:
             r = FAULT_RESULTS[kind]                  # the work goes on running
         else:
+            if self.wait_min_s > 0:
+                time.sleep(self.wait_min_s)
             deadline = None if self.fence_limit_s is None \
                 else time.monotonic() + self.fence_limit_s
             while True:

@@ -422,6 +422,12 @@ class Arena:
             return None
         return obj if isinstance(obj, dict) and type(obj.get("pid")) is int else None
 
+    def retell(self, reason: str) -> None:
+        """The holder file's reason anew, while this process holds the token (a job over,
+        the token kept: what `hotseat yield` and a waiting process are told)."""
+        if self.held:
+            self._write_holder(reason)
+
     def _write_holder(self, reason: str) -> None:
         line = json.dumps({"pid": self.pid, "t": time.time(), "reason": reason[:200]})
         try:

@@ -74,7 +74,14 @@ def embed(model: Model, inputs: list[list[int]], how: str,
     """One pooled, normalized vector per token list, inputs packed into passes (above);
     width, if given, fixes the passes' width in tokens, else Model.pass_tokens picks it per
     pass. between() between passes (the arena's safe point, where a cancellation is
-    seen)."""
+    seen). An input given twice or more is run once and its copies get its vector, the
+    same bits (a packed pass's attention rounds with where in the pass an input sits)."""
+    first: dict[tuple[int, ...], int] = {}
+    for x in inputs:
+        first.setdefault(tuple(x), len(first))
+    if len(first) < len(inputs):
+        vectors = embed(model, [list(x) for x in first], how, between, width)
+        return [vectors[first[tuple(x)]] for x in inputs]
     out: list[np.ndarray] = []
     lengths = [len(x) for x in inputs]
     cap = min(model.chunk, model.n_ctx)

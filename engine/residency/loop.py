@@ -64,7 +64,8 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     token.
 
     The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
-    token is recomputed, for its logits). Recurrent states belong to the end of the cache,
+    token is recomputed, for its logits), of the part prompt passes computed where decode
+    rounds otherwise (Model.reusable): the answer is a fresh model's. Recurrent states belong to the end of the cache,
     so with them the cache is reused only when all of it is a prefix of prompt[:-1], or up
     to the model's checkpoint: as llama.cpp's server does, the states are also kept
     CHECKPOINT_BACK tokens before the end of each prompt (the run stops there for one host
@@ -76,7 +77,7 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     t = timings if timings is not None else Timings()
     greedy = sample is None and constraint is None
     reuse = 0
-    for a, b in zip(model.cache_tokens, prompt[:-1]):
+    for a, b in zip(model.cache_tokens[:model.reusable()], prompt[:-1]):
         if a != b:
             break
         reuse += 1

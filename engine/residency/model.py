@@ -158,6 +158,10 @@ class Model:
         self.cache_tokens: list[int] = []       # tokens whose K/V sit at positions 0..len-1;
                                                 # recurrent states belong to the end of them
                                                 # (an image's soft tokens as its media id)
+        # how many of cache_tokens' first tokens prompt passes computed: where a decode
+        # step rounds otherwise (Paths.steps_match_prompts) a later prompt reuses only
+        # these (reusable)
+        self.prompt_upto = 0
         self.media: dict[int, Media] = {}      # media id -> soft tokens, of the request
         # M-RoPE (a model whose rope turns pairs by position components, with images): the
         # positions of its slots, and its rope table written for each pass
@@ -742,8 +746,7 @@ class Model:
         graph.replay()
         if len(tokens) > 1:                     # what a prefill pass of this size costs
             self._last_pass = (len(tokens), time.perf_counter() - t0)
-        del self.cache_tokens[pos0:]
-        self.cache_tokens.extend(tokens)
+        self._cached(pos0, tokens, prompt or len(tokens) > 1 or embd is not None)
         n_vocab = self.config.n_vocab
         if greedy:
             words = self.rs.result.read(np.uint32, 1 + (LOGPROB_WORDS if logprobs else 0))
@@ -758,6 +761,26 @@ class Model:
         k = TOP_LOGPROBS
         return out, (float(words[:1].view(np.float32)[0]), words[1:1 + k].view(np.float32),
                      words[1 + k:1 + 2 * k].copy())
+
+    def _cached(self, pos0: int, tokens: list[int], prompt: bool) -> None:
+        """tokens sit in the KV cache from pos0 on now (what followed is gone); a decode
+        step's (not prompt) ends the part a later prompt may reuse where decode rounds
+        otherwise (reusable)."""
+        del self.cache_tokens[pos0:]
+        self.cache_tokens.extend(tokens)
+        if not prompt:
+            self.prompt_upto = min(self.prompt_upto, pos0)
+        elif pos0 <= self.prompt_upto:
+            self.prompt_upto = pos0 + len(tokens)
+
+    def reusable(self) -> int:
+        """How many of cache_tokens a later prompt may take as computed: all where a decode
+        step gives a token the bits a prompt's pass gives it (Paths.steps_match_prompts),
+        else those that prompt passes computed. On a GPU a conversation's next turn then
+        computes the last answer's tokens again (a prefill of them), so its answer is the
+        one a fresh model gives the whole conversation."""
+        n = len(self.cache_tokens)
+        return n if self.paths.steps_match_prompts else min(n, self.prompt_upto)
 
     def eval(self, tokens: list[int], pos0: int, greedy: bool = True,
              between: Callable[[], None] | None = None, logprobs: bool = False,
@@ -819,8 +842,7 @@ class Model:
             if s == 0:
                 self.rs.reset_recurrent()
             out[s:s + n] = self._hidden_pass(tokens[s:s + n], s, None)
-            del self.cache_tokens[s:]
-            self.cache_tokens.extend(tokens[s:s + n])
+            self._cached(s, tokens[s:s + n], True)
             s += n
         return out
 
@@ -844,7 +866,7 @@ class Model:
         tokens = [t for x in seqs for t in x]
         starts = np.cumsum([0] + lens[:-1])
         hidden = self._hidden_pass(tokens, 0, np.repeat(starts, lens) if n > 1 else None)
-        self.cache_tokens[:] = seqs[0]
+        self._cached(0, seqs[0], True)
         return [hidden[a:a + k] for a, k in zip(starts, lens)]
 
     def _hidden_ready(self, n: int) -> None:

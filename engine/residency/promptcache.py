@@ -154,6 +154,7 @@ def save(model, spill: bool = False) -> Path | None:
         return None
     header = {"model": model.name, "path": model.gguf.path, "identity": ident,
               "tokens": list(model.cache_tokens), "layers": layers, "row_bytes": used,
+              "prompt_tokens": min(model.prompt_upto, len(model.cache_tokens)),
               "saved": time.time()}
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -272,6 +273,8 @@ def load(model, path: str | Path | None = None) -> int:
     host.view[:len(data)] = np.frombuffer(data, np.uint8)
     model.kv_shadow = (host, used, layers)
     model.cache_tokens = list(tokens)
+    # the first tokens prompt passes computed (Model.reusable); none for a file without it
+    model.prompt_upto = int(header.get("prompt_tokens", 0))
     os.utime(path)                                      # recently used: trimmed last
     return len(tokens)
 

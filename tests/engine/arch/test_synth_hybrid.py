@@ -222,7 +222,7 @@ def test_prompt_cache_reuses_what_the_states_allow(dev, kc, monkeypatch, name):
     from engine.residency import model as model_mod
     from engine.residency.loop import Timings, generate
 
-    monkeypatch.setattr(model_mod, "PREFILL_CHUNK", 8)    # the same passes in every run
+    monkeypatch.setattr(model_mod.Model, "chunk", 8)      # the same passes in every run
     case = sr.load_case(name)
     p, back = case.prompt_ids, model_mod.CHECKPOINT_BACK
     m = load(dev, kc, case)

@@ -308,9 +308,10 @@ def test_a_request_running_ends_at_its_next_safe_point(smollm2_path, ref, monkey
             errors: list[BaseException] = []
             ended = []
 
-            def on_text(piece: str) -> None:
-                pieces.append(piece)
-                started.set()
+            def on_text(piece: str) -> None:     # on the engine thread, between tokens:
+                pieces.append(piece)             # a token of 50 ms at least, as on a slow
+                started.set()                    # device (a GPU's 16 would be over before
+                time.sleep(0.05)                 # the watcher's next look)
 
             def run() -> None:
                 try:

@@ -189,23 +189,26 @@ def test_embeddings_of_strings_lists_and_ids(client, engine, name):
     ids = engine.tokenizer(name).encode(TEXTS[0])
     assert one.usage.prompt_tokens == len(ids)
 
+    # packed or alone, a token's sums are the same but for rounding: bit-close with ggml's
+    # numerics, within the f16 inputs' rounding on the matrix units (as test_embed.py)
+    atol = 1e-6 if engine.models[name].model.paths.numerics == "ggml" else 1e-4
     many = client.embeddings.create(model=name, input=TEXTS)
     vs = np.array([d.embedding for d in many.data])
     assert [d.index for d in many.data] == [0, 1, 2]
     assert np.allclose(np.linalg.norm(vs, axis=1), 1, atol=1e-5)
     assert np.array_equal(vs[0], vs[2])                  # identical texts, identical vectors
-    assert np.allclose(vs[0], v, atol=1e-6)               # batched as alone
+    assert np.allclose(vs[0], v, atol=atol)               # batched as alone
     assert float(vs[0] @ vs[1]) < 0.99
     assert many.usage.prompt_tokens == sum(len(engine.tokenizer(name).encode(t))
                                            for t in TEXTS)
 
     by_ids = client.embeddings.create(model=name, input=ids)
-    assert np.allclose(by_ids.data[0].embedding, v, atol=1e-6)
+    assert np.allclose(by_ids.data[0].embedding, v, atol=atol)
     lists = client.embeddings.create(model=name, input=[ids, ids[:3]])
-    assert np.allclose(lists.data[0].embedding, v, atol=1e-6) and len(lists.data) == 2
+    assert np.allclose(lists.data[0].embedding, v, atol=atol) and len(lists.data) == 2
     # what the engine gives directly
     direct = engine.embed(name, [TEXTS[0]])
-    assert np.allclose(direct.vectors[0], v, atol=1e-6) and direct.pooling == "mean"
+    assert np.allclose(direct.vectors[0], v, atol=atol) and direct.pooling == "mean"
 
 
 def test_embeddings_base64_and_pooling(base, name, client):

@@ -36,6 +36,7 @@ PROMPT = "The capital of France is"
 GREEDY = SamplingParams(temperature=0.0)
 CHUNK = 16                               # the prefill chunk in the cancellation test
 LONG = 16 * CHUNK                        # its prompt: 16 chunks
+PASS_S = 0.1                             # ... each taking this long at least
 LEAK_WARMUP = 20
 LEAK_CYCLES = int(os.environ.get("HOTSEAT_LEAK_CYCLES", "10"))
 
@@ -91,16 +92,19 @@ def test_a_client_that_leaves_during_the_prompt_frees_the_engine(base, engine, r
     """Prefill passes are sized to about 0.5 s on the device at hand (Model.next_chunk), and
     the client is looked at between them: a client that leaves frees the model within 1 s,
     and its request is counted as a 499."""
-    monkeypatch.setattr(model_module, "PREFILL_CHUNK", CHUNK)
+    monkeypatch.setattr(model_module.Model, "chunk", CHUNK)   # on every device
     model = engine.models["m"].model
     runs: list[tuple[float, float, int, int]] = []     # (start, end, position, tokens)
     real_run = model.run
 
-    def timed_run(tokens, pos0, greedy):
+    def timed_run(tokens, pos0, greedy, **kw):
         t0 = time.monotonic()
         try:
-            return real_run(tokens, pos0, greedy)
+            return real_run(tokens, pos0, greedy, **kw)
         finally:
+            # each pass lasts PASS_S at least, as on a slow device: on a fast GPU the whole
+            # prompt is otherwise over before the client's leaving is seen
+            time.sleep(max(0.0, t0 + PASS_S - time.monotonic()))
             runs.append((t0, time.monotonic(), pos0, len(tokens)))
 
     monkeypatch.setattr(model, "run", timed_run)
@@ -148,7 +152,7 @@ def test_a_device_fault_during_a_prompt_leaves_later_answers_right(base, engine,
     its host copy and, since nothing of the answer has gone out yet, runs the request again:
     it is answered right. The next answers are the clean run's, an evict and the restore
     after it work, the server lives on, and /health tells of the recovered fault."""
-    monkeypatch.setattr(model_module, "PREFILL_CHUNK", CHUNK)
+    monkeypatch.setattr(model_module.Model, "chunk", CHUNK)   # on every device
     long_text = "The quick brown fox jumps over the lazy dog. " * 8
     body = {"model": "m", "max_tokens": 2, "temperature": 0,
             "messages": [{"role": "user", "content": long_text}]}
