@@ -210,7 +210,7 @@ class Engine:
                 return fn(*args)
             finally:
                 if claimed:
-                    turns.arena.retell(f"idle after {why}")
+                    turns.end(why)
         try:
             return self._on_thread(why, job)
         except BaseException:

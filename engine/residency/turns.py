@@ -129,6 +129,7 @@ class Turns:
         self.evicted: list[str] = []         # warm when the arena took the GPU: woken first
         self.last_wait_s: float | None = None
         self.running = 0                     # generations on the engine thread now
+        self.jobs = 0                        # claimed jobs running (start .. end), nested
         self.yield_wanted = False
         self._lock = threading.Lock()
         self._ledger_fd = -1
@@ -163,10 +164,20 @@ class Turns:
 
     def start(self, why: str) -> None:
         """A claimed job starts (engine thread): take the token back if a request before it
-        handed it over mid-way."""
+        handed it over mid-way; the holder file says which job runs."""
         self.unclaim()
         if not self.arena.held:
             self.wait(why)
+        elif not self.jobs:
+            self.arena.retell(why)
+        self.jobs += 1
+
+    def end(self, why: str) -> None:
+        """A claimed job is over (engine thread): the holder file says the token is kept
+        idle, once no job runs (a job's own jobs run inside it)."""
+        self.jobs -= 1
+        if not self.jobs:
+            self.arena.retell(f"idle after {why}")
 
     def wait(self, why: str, timeout: float | None = None,
              cancel: threading.Event | None = None) -> None:

@@ -237,10 +237,14 @@ def test_prompt_cache_reuses_what_the_states_allow(dev, kc, monkeypatch, name):
         first, cached = ask(p)
         assert cached == 0
         assert ask(p) == (first, len(p) - back)                  # the checkpoint
+        # where a decode step gives a token a prompt's bits (lavapipe), the states at the end
+        # (then the first checkpoint still); else the answer's tokens are computed again
+        # from the checkpoint (Model.reusable), which then moves to this prompt's
+        steps = m.paths.steps_match_prompts
         _, cached = ask(p + first + [11, 19])
-        assert cached == len(p) + len(first) - 1                 # the states at the end
+        assert cached == (len(p) + len(first) - 1 if steps else len(p) - back)
         _, cached = ask(p + [7, 8, 9])
-        assert cached == len(p) - back                           # the first checkpoint still
+        assert cached == (len(p) - back if steps else 0)
         _, cached = ask(p[:30] + [1, 2, 3])
         assert cached == 0                                       # before the checkpoint
         _, cached = ask(p[:30] + [1, 2, 3])

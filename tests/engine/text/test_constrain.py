@@ -246,6 +246,9 @@ class ScriptedModel:
         x[self.favourite] = 10.0
         return x
 
+    def reusable(self) -> int:
+        return len(self.cache_tokens)
+
     def eval(self, tokens, pos0, greedy=True, between=None, logprobs=False, prompt=False):
         assert not logprobs
         return self._logits(greedy)
