@@ -320,6 +320,7 @@ class Engine:
                         if self.prompt_cache:       # the KV it had before a restart
                             promptcache.load(model)
                         model.restore(progress)
+                        self.arbiter.fit_host()     # a weight copy made for the upload
                     except GaveUp:     # another program holds the VRAM: loaded cold
                         self.arbiter.release(name, full=True)
                         self._drop_if_idle()
@@ -360,6 +361,7 @@ class Engine:
                 self._drop_if_idle()
                 raise
             m.last_restore = dict(m.model.restore())
+            self.arbiter.fit_host()     # the host budget holds a warm model's copies too
 
     def _game_gate(self, name: str, model: Model) -> None:
         """Game mode: GaveUp unless the driver's budget allows what model's upload adds

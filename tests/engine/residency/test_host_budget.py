@@ -131,8 +131,8 @@ def test_a_lower_budget_takes_effect_at_once(smollm2_path, fresh, tmp_path, monk
 def test_weight_copies_go_and_come_back_from_the_file(smollm2_path, fresh, tmp_path,
                                                       monkeypatch):
     """A discrete GPU's path (copies from host memory, no file import): the host-visible
-    weight copy is the RAM a cold model holds; over the budget it goes, and the next restore
-    reads the file again."""
+    weight copy is the RAM a model holds, warm or cold; over the budget it goes, and the
+    next restore reads the file again."""
     from engine.residency.model import Model
 
     monkeypatch.setattr(Model, "write_in_place", False)
@@ -149,7 +149,12 @@ def test_weight_copies_go_and_come_back_from_the_file(smollm2_path, fresh, tmp_p
         again = ask(eng, "a")
         assert again.tokens == fresh["a"]
         assert again.timings["cached_tokens"] == len(again.prompt_tokens) - 1
-        assert by_name(eng)["a"]["ram_bytes"] > 90 << 20   # made again from the file
+        # the restore read the file again, and the budget holds a warm model's copy too
+        assert by_name(eng)["a"]["ram_bytes"] == 0
+        eng.set_host_budget(1 << 40)
+        eng.evict("a", full=True)
+        assert ask(eng, "a").tokens == fresh["a"]
+        assert by_name(eng)["a"]["ram_bytes"] > 90 << 20   # made again from the file, kept
 
 
 @pytest.mark.parametrize("full", [True, False])
