@@ -163,6 +163,15 @@ class RunState:
             self.rope_tables[key] = buf
         return self.rope_tables[key]
 
+    def set_positioned(self) -> None:
+        """From now on the rope tables' rows are written for each pass (M-RoPE): those made
+        before, device-local where the device is discrete, go and are made again host-
+        visible (graphs that bound them must be dropped first)."""
+        self.positioned = True
+        for buf in self.rope_tables.values():
+            self.dev.allocator.free(buf)
+        self.rope_tables.clear()
+
     @staticmethod
     def bytes_for(*, n_layer: int, n_embd: int, n_head: int, q_dim: int, kv_dim: int,
                   n_ff: int, n_vocab: int, n_ctx: int, max_tokens: int, kv_layers=None,

@@ -225,7 +225,7 @@ class Model:
             self.positions = Positions(self.n_ctx, components())
             self._drop_graphs()                # from now on they read a written table
             if self.rs is not None:
-                self.rs.positioned = True
+                self.rs.set_positioned()
         if self.state == "warm":
             enc.restore()
 

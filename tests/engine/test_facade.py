@@ -11,7 +11,10 @@ import inspect
 
 import pytest
 
-from app.bridge.observed import ObservedEngine
+# the tray's wrapper needs Qt, which a machine running only the engine's tests may lack
+pytest.importorskip("PySide6", reason="the tray's wrapper (app.bridge) needs PySide6")
+
+from app.bridge.observed import ObservedEngine  # noqa: E402
 from engine.api import Engine
 from engine.facade import EngineAPI
 from tests.helpers.fake_engine import FakeEngine

@@ -59,6 +59,18 @@ def test_geometry_and_soft_tokens_are_llamacpps(soft_tokens, name):
     CASE.check_soft_tokens(name, media.rows)
 
 
+def test_a_warm_models_rope_tables_become_host_visible_with_its_projector(dev, kc):
+    """M-RoPE's table rows are written for each pass: a model warm before its projector
+    came makes its tables again host-visible (a discrete GPU's device-local one has no
+    host view to write), and a pass writes them."""
+    m = open_model(dev, kc)
+    try:
+        m.eval([1, 2, 3], 0, greedy=True)
+        assert m.rs.rope_tables and all(b.host for b in m.rs.rope_tables.values())
+    finally:
+        m.close()
+
+
 def test_prompt_ids_are_mtmds(model):
     tok = Tokenizer.from_gguf(model.gguf)
     for name in IMAGES:
