@@ -65,9 +65,9 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
 
     The KV of the longest cached prefix of `prompt` is reused (at least the last prompt
     token is recomputed, for its logits), of the part prompt passes computed where decode
-    rounds otherwise (Model.reusable): the answer is a fresh model's. Recurrent states belong to the end of the cache,
-    so with them the cache is reused only when all of it is a prefix of prompt[:-1], or up
-    to the model's checkpoint: as llama.cpp's server does, the states are also kept
+    rounds otherwise (Model.reusable): the answer is a fresh model's. Recurrent states
+    belong to the end of the cache, so with them the cache is reused only when all of it is
+    a prefix of prompt[:-1], or up to the model's checkpoint: as llama.cpp's server does, the states are also kept
     CHECKPOINT_BACK tokens before the end of each prompt (the run stops there for one host
     copy of them), where a repeated prompt, or one whose end was templated differently, can
     resume. timings.cached_tokens is what was reused.
