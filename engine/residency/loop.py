@@ -67,10 +67,10 @@ def generate(model: Model, prompt: list[int], max_new: int, sample: Callable | N
     token is recomputed, for its logits), of the part prompt passes computed where decode
     rounds otherwise (Model.reusable): the answer is a fresh model's. Recurrent states
     belong to the end of the cache, so with them the cache is reused only when all of it is
-    a prefix of prompt[:-1], or up to the model's checkpoint: as llama.cpp's server does, the states are also kept
-    CHECKPOINT_BACK tokens before the end of each prompt (the run stops there for one host
-    copy of them), where a repeated prompt, or one whose end was templated differently, can
-    resume. timings.cached_tokens is what was reused.
+    a prefix of prompt[:-1], or up to the model's checkpoint: as llama.cpp's server does,
+    the states are also kept CHECKPOINT_BACK tokens before the end of each prompt (the run
+    stops there for one host copy of them), where a repeated prompt, or one whose end was
+    templated differently, can resume. timings.cached_tokens is what was reused.
     """
     if not prompt:
         raise ValueError("empty prompt")
