@@ -54,12 +54,12 @@ class RunState:
                  flash_block: tuple[int, int] | None = None,
                  delta_layers: tuple[int, ...] = (), delta_conv_dim: int = 0,
                  delta_width: int = 0, delta_heads: int = 0, delta_head_dim: int = 0,
-                 q_gate: bool = False, n_ff_shexp: int = 0):
+                 q_gate: bool = False, n_ff_shexp: int = 0, positioned: bool = False):
         self.dev, self.n_ctx, self.max_tokens = dev, n_ctx, max_tokens
         self.n_embd, self.label = n_embd, label
         # the slots' positions are not theirs (M-RoPE after an image): rope_qkv reads the
-        # rope table, whose rows the model writes for each pass
-        self.positioned = False
+        # rope table, whose rows the model writes for each pass (host-visible tables)
+        self.positioned = positioned
         self.embd_in: vk.Buffer | None = None    # [T, n_embd] an image's rows (embd_input)
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc

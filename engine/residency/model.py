@@ -284,8 +284,8 @@ class Model:
             if self.recurrent_on_disk is not None:
                 self._read_spilled_states()
             if made_rs:
-                self.rs = RunState(self.dev, self.name, **self._run_state_args())
-                self.rs.positioned = self.positions is not None
+                self.rs = RunState(self.dev, self.name, **self._run_state_args(),
+                                   positioned=self.positions is not None)
                 if self.kv_shadow is not None:
                     # its own submit (it waits for the weights' copies before it): in their
                     # stream, graph recording started earlier and overran the copy (H200:

@@ -62,11 +62,14 @@ def test_geometry_and_soft_tokens_are_llamacpps(soft_tokens, name):
 def test_a_warm_models_rope_tables_become_host_visible_with_its_projector(dev, kc):
     """M-RoPE's table rows are written for each pass: a model warm before its projector
     came makes its tables again host-visible (a discrete GPU's device-local one has no
-    host view to write), and a pass writes them."""
+    host view to write), as does the run state a restore makes; a pass writes them."""
     m = open_model(dev, kc)
     try:
-        m.eval([1, 2, 3], 0, greedy=True)
-        assert m.rs.rope_tables and all(b.host for b in m.rs.rope_tables.values())
+        for _ in range(2):
+            m.eval([1, 2, 3], 0, greedy=True)
+            assert m.rs.rope_tables and all(b.host for b in m.rs.rope_tables.values())
+            m.release(full=True)
+            m.restore()
     finally:
         m.close()
 
@@ -150,14 +153,21 @@ def test_text_after_an_image_prompt_is_at_its_own_positions(dev, kc, model, soft
     never saw an image."""
     plain = Model(dev, kc, CASE.model_path, n_ctx=1024)
     try:
+        # with ggml's rounding both models read a rope table: bit-close. A GPU's plain model
+        # turns its angles in the shader, whose cos and sin round apart from the table's
+        # (hidden states 4.3e-4 apart at most on the H100): a relative error that rows left
+        # at an image's positions pass by far
+        def close(a, b) -> bool:
+            if model.paths.numerics == "ggml":
+                return np.abs(a - b).max() < 1e-4
+            return np.sum((a - b) ** 2) / np.sum(b ** 2) < 1e-6
         text = [int(t) for t in REF["square_ids_after"]] * 3
         want_hidden, want_logits = plain.hidden(text), plain.eval(text, 0, greedy=False)
         CASE.teacher_forced(model, "square", image("square"), soft_tokens["square"])
-        got_hidden = model.hidden(text)
-        assert np.abs(got_hidden - want_hidden).max() < 1e-4
+        assert close(model.hidden(text), want_hidden)
         CASE.teacher_forced(model, "square", image("square"), soft_tokens["square"])
         model.cache_tokens = []
         model.rs.reset_recurrent()
-        assert np.abs(model.eval(text, 0, greedy=False) - want_logits).max() < 1e-4
+        assert close(model.eval(text, 0, greedy=False), want_logits)
     finally:
         plain.close()
