@@ -265,6 +265,10 @@ def load(model, path: str | Path | None = None) -> int:
         expected = [f"{kind}{i}" for kind in "kv" for i in _kv_layers(model)]
         if layers != expected or used != len(tokens) * _row_bytes(model):
             raise _Unusable("its KV layout is not this model's")
+        # the first tokens prompt passes computed (Model.reusable); none for a file without it
+        prompt = header.get("prompt_tokens", 0)
+        if type(prompt) is not int or not 0 <= prompt <= len(tokens):
+            raise _Unusable(f"its count of prompt tokens ({prompt!r}) does not fit its tokens")
     except (_Unusable, OSError, ValueError, KeyError, TypeError) as exc:
         log.warning("prompt cache %s ignored and removed: %s", path, exc)
         remove(path)
@@ -273,8 +277,7 @@ def load(model, path: str | Path | None = None) -> int:
     host.view[:len(data)] = np.frombuffer(data, np.uint8)
     model.kv_shadow = (host, used, layers)
     model.cache_tokens = list(tokens)
-    # the first tokens prompt passes computed (Model.reusable); none for a file without it
-    model.prompt_upto = int(header.get("prompt_tokens", 0))
+    model.prompt_upto = prompt
     os.utime(path)                                      # recently used: trimmed last
     return len(tokens)
 

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from engine.api import Engine
@@ -97,7 +98,8 @@ def test_other_settings_or_another_file_do_not_take_it(smollm2_path, folder, tmp
     assert fresh.timings["cached_tokens"] == 0
 
 
-@pytest.mark.parametrize("damage", ["truncated", "bit flipped", "not a cache"])
+@pytest.mark.parametrize("damage", ["truncated", "bit flipped", "not a cache",
+                                    "prompt count"])
 def test_a_damaged_file_is_never_used(smollm2_path, folder, damage, caplog):
     fresh = first_run(smollm2_path)
     (saved,) = folder.glob("*.kv")
@@ -106,6 +108,11 @@ def test_a_damaged_file_is_never_used(smollm2_path, folder, damage, caplog):
         raw = raw[:len(raw) // 2]
     elif damage == "bit flipped":
         raw[len(raw) - 100] ^= 0x10                      # inside the KV rows
+    elif damage == "prompt count":                       # past its tokens, digest made anew
+        header, data = promptcache._read(saved)
+        header["prompt_tokens"] = len(header["tokens"]) + 1
+        promptcache._write(saved, header, [np.frombuffer(data, np.uint8)])
+        raw = bytearray(saved.read_bytes())
     else:
         raw = bytearray(b"{}" * 100)
     saved.write_bytes(bytes(raw))
