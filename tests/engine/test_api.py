@@ -112,7 +112,9 @@ def test_releases_run_on_the_engine_thread_and_status_answers_meanwhile(smollm2_
         assert done.is_set()
         t.join()
         assert out["c"].tokens == alone.tokens
-        assert alone.tokens[:16] == ref["greedy_ids"][:16]   # llama.cpp's, before a near-tie
+        # llama.cpp's: all it has with ggml's rounding, else up to its near-tie at step 20
+        n = len(ref["greedy_ids"]) if model.paths.numerics == "ggml" else 16
+        assert alone.tokens[:n] == ref["greedy_ids"][:n]
         assert seen and all(th is eng.thread._thread for th in seen)
 
 
