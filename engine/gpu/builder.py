@@ -31,7 +31,8 @@ class Builder:
     """Records a forward pass on a Graph; one method per op."""
 
     def __init__(self, graph: Graph, weights: dict[str, Tensor], rs: RunState, tuning: Tuning,
-                 paths: Paths | None = None, *, hidden: bool = False, embd: bool = False):
+                 paths: Paths | None = None, *, hidden: bool = False, embd: bool = False,
+                 prompt: bool = False):
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
         self._paths = paths       # the model's table; else per head size from the tuning
         self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
@@ -52,7 +53,7 @@ class Builder:
         # pass too, so a token's bits do not depend on the width of the pass that computed
         # it (a cached prefix's last token, packed inputs against each alone); decode's
         # one-token kernels round otherwise on devices with matrix units
-        self.prompt = False
+        self.prompt = prompt
 
     def _one(self, n: int) -> bool:
         """Whether a pass of n tokens takes one token's kernels (decode's): one token, not

@@ -674,8 +674,8 @@ class Model:
         g = Graph(self.dev, self.kernels,
                   f"{self.name}/n{n}{'e' if embd else ''}{'p' if n == 1 and prompt else ''}",
                   profile=self.profile)
-        b = Builder(g, self.weights, self.rs, self.tuning, self.paths, embd=embd)
-        b.prompt = prompt
+        b = Builder(g, self.weights, self.rs, self.tuning, self.paths, embd=embd,
+                    prompt=prompt)
         self.arch.forward(b, self.config, self.rs, n)
         n_vocab = self.config.n_vocab
         if greedy:
@@ -906,12 +906,13 @@ class Model:
 
     def _record_hidden(self, n: int) -> Graph:
         g = Graph(self.dev, self.kernels, f"{self.name}/hidden{n}", profile=self.profile)
-        b = Builder(g, self.weights, self.rs, self.tuning, self.paths, hidden=True)
+        # every pass takes the prompt's kernels, so an input's vectors do not depend on what
+        # it was packed with
+        b = Builder(g, self.weights, self.rs, self.tuning, self.paths, hidden=True,
+                    prompt=True)
         # a pass may pack several sequences (the host writes step.seq_first); one of a single
-        # token is one sequence. Every pass takes the prompt's kernels, so an input's
-        # vectors do not depend on what it was packed with
+        # token is one sequence
         b.seqs = int(n > 1)
-        b.prompt = True
         self.arch.forward(b, self.config, self.rs, n)
         if not b.ended:
             g.close()
