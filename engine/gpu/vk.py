@@ -149,6 +149,18 @@ def _fire(point: str) -> str | None:
 _faults.extend(parse_faults(os.environ.get("HOTSEAT_FAULT", "")))
 
 
+def seconds_setting(name: str) -> float:
+    """$name as seconds, 0 or more; 0 where it is unset."""
+    value = os.environ.get(name, "").strip()
+    try:
+        seconds = float(value or 0)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:                  # NaN too
+        raise ValueError(f"{name}: {value!r} is not a number of seconds, 0 or more")
+    return seconds
+
+
 def _version_str(v: int) -> str:
     return f"{v >> 22}.{(v >> 12) & 0x3FF}.{v & 0xFFF}"
 
@@ -208,11 +220,11 @@ class Device:
         self._fence_pending = False          # a submit(wait=False) not waited for yet
         # No deadline by default: a slow device is not a lost one. HOTSEAT_FENCE_LIMIT_S sets
         # one (a fence not signalled by then is a timeout fault).
-        limit = float(os.environ.get("HOTSEAT_FENCE_LIMIT_S") or 0)
+        limit = seconds_setting("HOTSEAT_FENCE_LIMIT_S")
         self.fence_limit_s: float | None = limit if limit > 0 else None
         # HOTSEAT_WAIT_MIN_S: each fence wait lasts this long at least, a slow device's pace
         # (tests that cut into a request: on a fast GPU it is otherwise over first)
-        self.wait_min_s = float(os.environ.get("HOTSEAT_WAIT_MIN_S") or 0)
+        self.wait_min_s = seconds_setting("HOTSEAT_WAIT_MIN_S")
         app = _vk.VkApplicationInfo(pApplicationName="hotseat", applicationVersion=1,
                                     pEngineName="hotseat", engineVersion=1,
                                     apiVersion=_vk.VK_MAKE_VERSION(1, 2, 0))

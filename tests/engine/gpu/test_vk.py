@@ -25,6 +25,18 @@ def test_choose_device_prefers_discrete_and_honours_override():
         vk.choose_device([], None)
 
 
+@pytest.mark.parametrize("name", ["HOTSEAT_FENCE_LIMIT_S", "HOTSEAT_WAIT_MIN_S"])
+def test_a_device_refuses_seconds_that_are_not(monkeypatch, name):
+    monkeypatch.setenv(name, "0.25")
+    assert vk.seconds_setting(name) == 0.25
+    monkeypatch.delenv(name)
+    assert vk.seconds_setting(name) == 0.0
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(ValueError, match=f"{name}: '{bad}' is not a number of seconds"):
+            vk.Device()
+
+
 def test_allocator_labels_kinds_and_frees(dev):
     a = dev.allocator
     before = a.totals()
