@@ -72,12 +72,20 @@ def streamed(client, **kw):
 @pytest.mark.parametrize("model", ["smol", "gemma"])
 @pytest.mark.parametrize("choice", [REQUIRED, NAMED], ids=["required", "named"])
 def test_a_forced_call_closes_within_64_tokens(client, model, choice):
+    """Gemma 3 270M, a base model, repeats a call for as long as parallel calls let it:
+    after its second identical call, closing the list leads opening a third by 0.075 in
+    log-probability on lavapipe, a near-tie a GPU's rounding takes the other way (a third
+    call and the cut at 64). Its case asks for one call, which is what this test is about:
+    the call closes. SmolLM2 keeps parallel calls on, as the sampled test does."""
     kw = dict(model=model, messages=ASK, tools=[WEATHER], tool_choice=choice,
               max_tokens=64, temperature=0)
+    if model == "gemma":
+        kw["parallel_tool_calls"] = False
     r = client.chat.completions.create(**kw)
     calls = r.choices[0].message.tool_calls
     assert_called(r.choices[0], calls)
     assert r.usage.completion_tokens < 64
+    assert model != "gemma" or len(calls) == 1
     # streamed: the same calls (under ids of their own), the same end
     finish, content, got = streamed(client, **kw)
     assert finish == "tool_calls" and content == ""
