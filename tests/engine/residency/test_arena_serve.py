@@ -195,14 +195,17 @@ def test_two_servers_take_turns_and_answer_as_solo(pair, solo):
             assert theirs["state"] == "cold" and theirs["device_bytes"] == 0, theirs
             assert mine["holder_pid"] == theirs["holder_pid"] == s.pid
             # where the driver reports its per-process heap usage (VK_EXT_memory_budget,
-            # not lavapipe), the cold process must have given the model's memory back; the
-            # shared pool's blocks it keeps mapped count in its usage as in the holder's
+            # not lavapipe), the cold process must have given the model's memory back: past
+            # the shared pool's blocks it keeps mapped, it holds less than half the bytes
+            # granted to the holder's model. The pool's blocks count in whichever process
+            # the driver charges them to (on an H100 the cold one's usage held the 1 GiB
+            # block and the holder's did not), so the holder's usage is no yardstick.
             v_mine, v_theirs = (q.request("GET", "/api/vram")[2] for q in (s, other))
             if "driver_usage_bytes" in v_mine:
                 kept = (theirs.get("pool") or {}).get("mapped_bytes") or 0
-                assert v_theirs["driver_usage_bytes"] - kept <= \
-                    v_mine["driver_usage_bytes"] - v_mine["allocated_bytes"] // 2, \
-                    (v_mine, v_theirs, kept)
+                assert v_mine["granted_bytes"] > 0, v_mine
+                assert v_theirs["driver_usage_bytes"] - kept < \
+                    v_mine["granted_bytes"] // 2, (v_mine, v_theirs, kept)
     finally:
         sampler.stop()
     assert not sampler.bad, sampler.bad[:3]
