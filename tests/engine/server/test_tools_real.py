@@ -74,8 +74,8 @@ def streamed(client, **kw):
 def test_a_forced_call_closes_within_64_tokens(client, model, choice):
     """Gemma 3 270M, a base model, repeats a call for as long as parallel calls let it:
     after its second identical call, closing the list leads opening a third by 0.075 in
-    log-probability on lavapipe, a near-tie a GPU's rounding takes the other way (a third
-    call and the cut at 64). Its case asks for one call, which is what this test is about:
+    log-probability (lavapipe on a GPU's decode paths), a near-tie a GPU's rounding takes
+    the other way (a third call and the cut at 64). Its case asks for one call, which is what this test is about:
     the call closes. SmolLM2 keeps parallel calls on, as the sampled test does."""
     kw = dict(model=model, messages=ASK, tools=[WEATHER], tool_choice=choice,
               max_tokens=64, temperature=0)
