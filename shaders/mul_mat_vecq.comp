@@ -86,7 +86,7 @@ shared uvec4 xq[KMAX / 16];        // x as int8, sixteen to an entry
 shared vec4 xb[KMAX / 32];         // each block of 32: its scale d, d * sum(q) of each half
 shared float red[32];
 
-#include "chunk.glsl"                               // kscale_min
+#include "chunk.glsl"                               // e8m0_half (MXFP4)
 
 // x (with the op before) as int8 blocks in shared memory, one lane a block of 32, in one
 // pass: rounding is scale-free, so the norm's scale (returned; 1 for no norm) multiplies the
@@ -167,15 +167,30 @@ int dot16(uvec4 q, uvec4 x) {
     return DOT4(q.x, x.x) + DOT4(q.y, x.y) + DOT4(q.z, x.z) + DOT4(q.w, x.w);
 }
 
-// Sums over rows row_at(row0, r) of W * x into acc[r], this lane's share: lane `t` of the
-// LANES that share a super-block (or block), super-blocks i0, i0 + step, ...
+// Sums over rows row_at(row0, r) of W * x into acc[r] (and under PAIR of W2 * x into acc2[r]),
+// this lane's share: lane `t` of the LANES that share a super-block (or block), super-blocks
+// i0, i0 + step, ... A pair's two weights are read in the same steps: each staged x value is
+// loaded once for both, and both weights' loads are in flight together.
+const uint NM = PAIR != 0 ? 2u : 1u;      // weights read: W, and W2 under PAIR
 #if defined(TYPE_Q4_K)
 // 144 bytes = 9 uvec4: f16 d, f16 dmin, scales[12], qs[128]. Eight lanes a super-block, one
 // uvec4 of qs each: qs bytes 16t .. 16t + 15 hold weights 64j + 16h + l (low nibbles,
 // sub-block 2j) and 64j + 32 + 16h + l (high, sub-block 2j + 1), j = t / 2, h = t % 2.
 const uint LANES = 8;
-void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
-              inout float acc[ROWS]) {
+// the 6-bit (scale, min) of sub-blocks 2j and 2j + 1 (kscale_min's), as two bytes each:
+// scales in .x, mins in .y. Both sit in the half-word j % 2 of the packed words (sub-blocks
+// 0-3 whole in hd.y, hd.z; 4-7 split between hd.w's nibbles and the top bits of hd.y, hd.z),
+// so a lane takes them with the same shifts whichever j it has: no branch.
+uvec2 kscale_min2(uvec4 hd, uint j) {
+    const uint sh = 16 * (j & 1);
+    const uint y = hd.y >> sh, z = hd.z >> sh, w = hd.w >> sh;
+    const uvec2 low = uvec2(y & 0x3F3Fu, z & 0x3F3Fu);
+    const uvec2 high = uvec2((w & 0x0F0Fu) | ((y >> 2) & 0x3030u),
+                             ((w >> 4) & 0x0F0Fu) | ((z >> 2) & 0x3030u));
+    return mix(high, low, bvec2(j < 2));
+}
+void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS], inout float acc2[ROWS]) {
     const uint nsb = p.n_in / 256, j = t >> 1, h = t & 1;
     for (uint i1 = i0; i1 < nsb; i1 += step * UNROLL) [[unroll]]
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
@@ -185,14 +200,16 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         const uvec4 xl = xq[xw], xh = xq[xw + 2];
         const vec4 bl = xb[x_block + i * 8 + 2 * j], bh = xb[x_block + i * 8 + 2 * j + 1];
         const float dl = bl.x, dh = bh.x, ml = bl[1 + h], mh = bh[1 + h];
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+        [[unroll]] for (uint r = 0; r < ROWS; r++) [[unroll]] for (uint m = 0; m < NM; m++) {
             const uint sb = (first_row(m, row_at(row0, r)) * nsb + i) * 9;
             const uvec4 hd = ld4(m, sb), q = ld4(m, sb + 1 + t);
-            const uvec2 k0 = kscale_min(hd, 2 * j), k1 = kscale_min(hd, 2 * j + 1);
+            const uvec2 sm = kscale_min2(hd, j);
             const int il = dot16(q & 0x0F0F0F0Fu, xl), ih = dot16((q >> 4) & 0x0F0F0F0Fu, xh);
             const vec2 dm = unpackHalf2x16(hd.x);
-            acc[r] += live * dm.x * (float(k0.x) * dl * float(il) + float(k1.x) * dh * float(ih))
-                    - live * dm.y * (float(k0.y) * ml + float(k1.y) * mh);
+            const float v = live * dm.x * (float(sm.x & 0xFFu) * dl * float(il)
+                                           + float(sm.x >> 8) * dh * float(ih))
+                          - live * dm.y * (float(sm.y & 0xFFu) * ml + float(sm.y >> 8) * mh);
+            if (m == 0) acc[r] += v; else acc2[r] += v;
         }
     }
 }
@@ -203,8 +220,8 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
 // qh[32n + l0] >> 2k, scale scales[8n + 2k + l0 / 16]. The 6-bit q goes in as is and its
 // offset of 32 comes off through the x sums.
 const uint LANES = 16;
-void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
-              inout float acc[ROWS]) {
+void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS], inout float acc2[ROWS]) {
     const uint nsb = p.n_in / 256, n = t >> 3, l0 = 4 * (t & 7), is = l0 >> 4;
     for (uint i1 = i0; i1 < nsb; i1 += step * UNROLL) [[unroll]]
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
@@ -217,7 +234,7 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
                                  DOT4(xv.z, 0x01010101u), DOT4(xv.w, 0x01010101u));
         const uint xd = x_block + i * 8 + 4 * n;
         const vec4 dx = vec4(xb[xd].x, xb[xd + 1].x, xb[xd + 2].x, xb[xd + 3].x);
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+        [[unroll]] for (uint r = 0; r < ROWS; r++) [[unroll]] for (uint m = 0; m < NM; m++) {
             const uint base = (first_row(m, row_at(row0, r)) * nsb + i) * 105;
             const uint la = ldpair(m, base + 32 * n + l0 / 2);
             const uint lb = ldpair(m, base + 32 * n + 16 + l0 / 2);
@@ -234,7 +251,8 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
                                   int(ld16(m, sw + 1) >> sh << 24) >> 24,
                                   int(ld16(m, sw + 2) >> sh << 24) >> 24,
                                   int(ld16(m, sw + 3) >> sh << 24) >> 24);
-            acc[r] += live * ldf16(m, base + 104) * dot(scl * dx, vec4(s));
+            const float v = live * ldf16(m, base + 104) * dot(scl * dx, vec4(s));
+            if (m == 0) acc[r] += v; else acc2[r] += v;
         }
     }
 }
@@ -242,8 +260,8 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
 // 18 bytes = 9 u16 a block of 32: f16 d, qs[16] (byte l: weight l low, l + 16 high). One lane
 // a block: the nibbles go in as 0..15 and the offset of 8 comes off through the x sums.
 const uint LANES = 1;
-void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
-              inout float acc[ROWS]) {
+void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS], inout float acc2[ROWS]) {
     const uint nb = p.n_in / 32;
     for (uint i1 = i0; i1 < nb; i1 += step * UNROLL) [[unroll]]
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL super-blocks' loads in flight at once
@@ -252,20 +270,21 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         const uvec4 xl = xq[2 * (x_block + i)], xh = xq[2 * (x_block + i) + 1];
         const vec4 bx = xb[x_block + i];
         const float dx = bx.x, sx = bx.y + bx.z;
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+        [[unroll]] for (uint r = 0; r < ROWS; r++) [[unroll]] for (uint m = 0; m < NM; m++) {
             const uint o = (first_row(m, row_at(row0, r)) * nb + i) * 9;
             const uvec4 q = uvec4(ldpair(m, o + 1), ldpair(m, o + 3), ldpair(m, o + 5),
                                   ldpair(m, o + 7));
             const int s = dot16(q & 0x0F0F0F0Fu, xl) + dot16((q >> 4) & 0x0F0F0F0Fu, xh);
-            acc[r] += live * ldf16(m, o) * (dx * float(s) - 8.0 * sx);
+            const float v = live * ldf16(m, o) * (dx * float(s) - 8.0 * sx);
+            if (m == 0) acc[r] += v; else acc2[r] += v;
         }
     }
 }
 #elif defined(TYPE_Q8_0)
 // 34 bytes = 17 u16 a block of 32: f16 d, int8 qs[32]. One lane a block.
 const uint LANES = 1;
-void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
-              inout float acc[ROWS]) {
+void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS], inout float acc2[ROWS]) {
     const uint nb = p.n_in / 32;
     for (uint i1 = i0; i1 < nb; i1 += step * UNROLL) [[unroll]]
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL blocks' loads in flight at once
@@ -273,13 +292,14 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         const float live = i1 + u * step < nb ? 1.0 : 0.0;
         const uvec4 xl = xq[2 * (x_block + i)], xh = xq[2 * (x_block + i) + 1];
         const float dx = xb[x_block + i].x;
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+        [[unroll]] for (uint r = 0; r < ROWS; r++) [[unroll]] for (uint m = 0; m < NM; m++) {
             const uint o = (first_row(m, row_at(row0, r)) * nb + i) * 17;
             const uvec4 ql = uvec4(ldpair(m, o + 1), ldpair(m, o + 3), ldpair(m, o + 5),
                                    ldpair(m, o + 7));
             const uvec4 qh = uvec4(ldpair(m, o + 9), ldpair(m, o + 11), ldpair(m, o + 13),
                                    ldpair(m, o + 15));
-            acc[r] += live * ldf16(m, o) * dx * float(dot16(ql, xl) + dot16(qh, xh));
+            const float v = live * ldf16(m, o) * dx * float(dot16(ql, xl) + dot16(qh, xh));
+            if (m == 0) acc[r] += v; else acc2[r] += v;
         }
     }
 }
@@ -299,8 +319,8 @@ uint e2m1x2(uint n) {
     const uint neg = (n >> 3) & (m | (m >> 1) | (m >> 2)) & 0x01010101u;
     return (v ^ (neg * 0xFFu)) + neg;
 }
-void row_dots(const uint m, const uint row0, const uint t, const uint i0, const uint step,
-              inout float acc[ROWS]) {
+void row_dots(const uint row0, const uint t, const uint i0, const uint step,
+              inout float acc[ROWS], inout float acc2[ROWS]) {
     const uint nb = p.n_in / 32;
     for (uint i1 = i0; i1 < nb; i1 += step * UNROLL) [[unroll]]
     for (uint u = 0; u < UNROLL; u++) {   // UNROLL blocks' loads in flight at once
@@ -308,7 +328,7 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
         const float live = i1 + u * step < nb ? 1.0 : 0.0;
         const uvec4 xl = xq[2 * (x_block + i)], xh = xq[2 * (x_block + i) + 1];
         const float dx = xb[x_block + i].x;
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
+        [[unroll]] for (uint r = 0; r < ROWS; r++) [[unroll]] for (uint m = 0; m < NM; m++) {
             const uint o = (first_row(m, row_at(row0, r)) * nb + i) * 17, h = o >> 1;
             uint w[9];
             [[unroll]] for (uint k = 0; k < 9; k++) w[k] = ld16(m, h + k);
@@ -329,7 +349,8 @@ void row_dots(const uint m, const uint row0, const uint t, const uint i0, const 
                                    e2m1x2((q.y >> 4) & 0x0F0F0F0Fu),
                                    e2m1x2((q.z >> 4) & 0x0F0F0F0Fu),
                                    e2m1x2((q.w >> 4) & 0x0F0F0F0Fu));
-            acc[r] += live * d * dx * float(dot16(lo, xl) + dot16(hi, xh));
+            const float v = live * d * dx * float(dot16(lo, xl) + dot16(hi, xh));
+            if (m == 0) acc[r] += v; else acc2[r] += v;
         }
     }
 }
@@ -387,7 +408,7 @@ void main() {
                 [[unroll]] for (uint r = 0; r < ROWS; r++) acc[r] = 0.0;
                 for (uint u = 0; u < turns; u++) {
                     const uint v = lane + u * sgs;
-                    row_dots(0, row0, v % LANES, v / LANES, per, acc);
+                    row_dots(row0, v % LANES, v / LANES, per, acc, acc2);
                 }
                 [[unroll]] for (uint r = 0; r < ROWS; r++)
                     sums[r] += expert_w[j] * (subgroupAdd(acc[r])
@@ -396,8 +417,7 @@ void main() {
         } else {
             for (uint u = 0; u < turns; u++) {
                 const uint v = lane + u * sgs;
-                row_dots(0, row0, v % LANES, v / LANES, per, acc);
-                if (PAIR != 0) row_dots(1, row0, v % LANES, v / LANES, per, acc2);
+                row_dots(row0, v % LANES, v / LANES, per, acc, acc2);
             }
             [[unroll]] for (uint r = 0; r < ROWS; r++) {
                 float s = subgroupAdd(acc[r]) * scale;
