@@ -113,6 +113,9 @@ KERNELS: dict[str, KernelSpec] = {
         "mul_mat_moe.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
         (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACT", 3), ("X_SLOT", 4)), typed=True,
         writes=(4,)),
+    "mul_mat_moe_cm": KernelSpec(
+        "mul_mat_moe_cm.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
+        (("BM", 0), ("BN", 1), ("X_SLOT", 2)), typed=True, writes=(4,), coopmat=True),
     "get_rows": KernelSpec("get_rows.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
                             ("part_rows", U)),

@@ -80,6 +80,9 @@ class Tuning:
                                  # workgroups: on the H200 4 took an 8B layer 53 us, 1 21)
     moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
                                  # else one per token and slot (mul_mat_id, as decode)
+    moe_cm: bool = False         # ... and on the matrix units where prefill takes them
+                                 # (mul_mat_moe_cm): off until a GPU run has held it to
+                                 # mul_mat_id and timed it; $HOTSEAT_MOE_CM=on turns it on
     delta_chunk: int = 0         # gated delta rule: tokens per chunk of its prefill path
                                  # (delta_chunk_prep + delta_chunk, at most 64); 0: token
                                  # by token (delta_net), as decode. Token by token is
@@ -140,6 +143,10 @@ class Tuning:
         # to measure looping workgroups for products of long rows (x staged fewer times)
         t.long_groups = count_setting("HOTSEAT_LONG_GROUPS", t.long_groups)
         t.tall_groups = count_setting("HOTSEAT_TALL_GROUPS", t.tall_groups)
+        moe_cm = os.environ.get("HOTSEAT_MOE_CM", "off").strip() or "off"
+        if moe_cm not in ("on", "off"):
+            raise ValueError(f"HOTSEAT_MOE_CM: {moe_cm!r} is not on or off")
+        t.moe_cm = moe_cm == "on"
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
@@ -291,7 +298,8 @@ class Tuning:
             decode_attention=prefill_attn if self.ggml_numerics
             else "attn_decode" if self.matvec else "attn_split",
             prefill_attention=prefill_attn,
-            moe_prefill="mul_mat_moe" if self.moe_grouped else "mul_mat_id",
+            moe_prefill="mul_mat_moe_cm" if self.moe_grouped and self.moe_cm
+            and self.fast_prefill else "mul_mat_moe" if self.moe_grouped else "mul_mat_id",
             numerics="ggml" if self.ggml_numerics else "device",
             prefill_delta="delta_chunk" if self.delta_chunk else "delta_net")
 
@@ -307,7 +315,9 @@ class Paths:
     decode_attention: str    # attn_decode (one pass per split) | attn_split (two) | with
                              # ggml numerics, prefill_attention's kernel
     prefill_attention: str   # flash_attn_cm | flash_attn (tiled) | attention (per token)
-    moe_prefill: str         # mul_mat_moe (grouped by expert) | mul_mat_id (per token)
+    moe_prefill: str         # mul_mat_moe_cm (grouped, matrix units) | mul_mat_moe
+                             # (grouped by expert) | mul_mat_id (per token); a product
+                             # whose row length is no multiple of 64 takes mul_mat_moe
     numerics: str            # ggml (llama.cpp's CPU rounding) | device
     prefill_delta: str = "delta_net"     # delta_chunk (chunks of Tuning.delta_chunk
                                          # tokens) | delta_net (token by token, as decode)

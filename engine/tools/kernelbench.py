@@ -2,7 +2,8 @@
 against each other.
 
 concat: its two paths on the shapes lfm2 gives it. mul_mat_moe: a prefill chunk's expert
-products, one per token and slot against grouped by expert.
+products, one per token and slot against grouped by expert, on the shader cores and, where
+prefill takes the matrix units, on them (mul_mat_moe_cm, marked cm).
 
 lfm2 concatenates each layer's conv state [n_embd, d_conv] with B * x read transposed
 ([n, n_embd] stored token-major), along dim 0. Each path is recorded once as a one-op graph
@@ -325,6 +326,7 @@ MOE_SHAPES = (("Q4_K", 2048, 768, False), ("Q6_K", 768, 2048, True),
               ("Q4_0", 2048, 768, False), ("Q4_0", 768, 2048, True))
 MOE_EXPERTS, MOE_USED, MOE_TOKENS = 128, 8, 256
 MOE_TILES = ((None, None), (2, 8), (4, 8), (4, 16), (8, 8))    # rows x slots; None: Builder's
+MOE_CM_TILES = ((64, 32), (128, 32), (64, 64), (128, 64))     # mul_mat_moe_cm's, where it runs
 
 
 def moe_routing(rng, n: int, n_expert: int, k: int, skew: float) -> np.ndarray:
@@ -346,7 +348,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
     inside the products as ggml_numerics has them (Q8_0 for Q4_0; the K-quants' quantize_act
     pass is the same for both paths and not timed)."""
     from ..gpu.graph import run_once
-    from ..gpu.kernels import ACT_INLINE
+    from ..gpu.kernels import ACT_INLINE, CM_K
     from ..gpu.builder import moe_tile_groups, moe_tile_slots
     from ..gpu.paths import Tuning
 
@@ -419,8 +421,29 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                         if not err <= 1e-4:
                             raise RuntimeError(f"mul_mat_moe {wtype} {n_in}x{n_out} {rows}x{nt} "
                                                f"tiles={lanes} disagrees with mul_mat_id")
-                        row["variants"].append({"tile": [rows, nt], "token_tiles": lanes,
+                        row["variants"].append({"kernel": "mul_mat_moe", "tile": [rows, nt],
+                                                "token_tiles": lanes,
                                                 "us": us, "tflops": flop / us / 1e6,
+                                                "max_rel_err": err})
+                if t.fast_prefill and n_in % CM_K == 0:  # the matrix units' tiles
+                    for bm, bn in MOE_CM_TILES:
+                        lanes = moe_tile_groups(n, k, n_expert, bn)
+
+                        def on_cm(g, i=0, bm=bm, bn=bn, lanes=lanes):
+                            for bw, e, count in parts:
+                                g.op("mul_mat_moe_cm", [bw, bx, bg, bp, by],
+                                     (-(-n_out // bm), lanes, count), wtype=wtype,
+                                     spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot)),
+                                     n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
+                        vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
+                        us = _time_records(dev, kernels, on_cm, repeats)
+                        err = _rel_err(vk.download(dev, by).view(np.float32), want)
+                        if not err <= 2e-2:              # f16 inputs
+                            raise RuntimeError(f"mul_mat_moe_cm {wtype} {n_in}x{n_out} "
+                                               f"{bm}x{bn} disagrees with mul_mat_id")
+                        row["variants"].append({"kernel": "mul_mat_moe_cm", "tile": [bm, bn],
+                                                "token_tiles": lanes, "us": us,
+                                                "tflops": flop / us / 1e6,
                                                 "max_rel_err": err})
                 best = min(row["variants"], key=lambda v: v["us"])
                 row["best"] = best
@@ -548,16 +571,18 @@ def run_kernel_bench(args) -> int:
               f"{MOE_USED} of {MOE_EXPERTS} experts, median op time ({report['timer']}); "
               "speedup counts a third of moe_group (one grouping serves gate, up and down)")
         print("| type | n_in | n_out | routing | most tokens | mul_mat_id us | moe_group us | "
-              "best rows x tokens / tiles | us | TFLOP/s | speedup | all (r x t/tiles: us) |")
+              "best rows x tokens / tiles (cm: matrix units) | us | TFLOP/s | speedup | all |")
         print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|")
+        def tile(v: dict) -> str:     # cm: mul_mat_moe_cm's weight rows x slots
+            cm = "cm " if v["kernel"] == "mul_mat_moe_cm" else ""
+            return f"{cm}{v['tile'][0]}x{v['tile'][1]}/{v['token_tiles']}"
+
         for r in rows:
             b = r["best"]
-            rest = " ".join(f"{v['tile'][0]}x{v['tile'][1]}/{v['token_tiles']}:{v['us']:.0f}"
-                            for v in r["variants"])
+            rest = " ".join(f"{tile(v)}:{v['us']:.0f}" for v in r["variants"])
             print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['routing']} | "
                   f"{r['max_expert_tokens']} | {r['mul_mat_id_us']:.1f} | "
-                  f"{r['moe_group_us']:.1f} | {b['tile'][0]} x {b['tile'][1]} / "
-                  f"{b['token_tiles']} | {b['us']:.1f} | {b['tflops']:.2f} | "
+                  f"{r['moe_group_us']:.1f} | {tile(b)} | {b['us']:.1f} | {b['tflops']:.2f} | "
                   f"{r['speedup']:.1f}x | {rest} |")
         return 0
     if args.kernel == "attn_decode":

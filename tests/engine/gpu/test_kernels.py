@@ -545,6 +545,40 @@ def test_mul_mat_moe(dev, kc, wtype, per_slot):
         assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10, tiles
 
 
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("per_slot", [0, 1])
+@pytest.mark.parametrize("tile", [(64, 32), (128, 64)])
+def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
+    """Each expert's slots as one product on the matrix units, against numpy on f16 inputs:
+    W in two parts, an expert that gets no token, one that every token takes (more slot
+    tiles than the dispatch has: it loops), partial tiles of rows and of slots. Runs where
+    the device has matrix units."""
+    if not dev.coopmat:
+        pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
+    rng = np.random.default_rng(29)
+    n_expert, n_out, n_in, T, k = 6, 80, 256, 70, 3
+    bm, bn = tile
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    ids = routed_ids(rng, T, k, n_expert, hot=T)
+    x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
+    per_expert = raw.nbytes // n_expert
+    parts = [(buf(dev, raw[:2 * per_expert], kind="weights"), 0, 2),
+             (buf(dev, raw[2 * per_expert:], kind="weights"), 2, n_expert - 2)]
+    bx, bi = buf(dev, x), buf(dev, ids)
+    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    want = moe_product_ref(f16(w).reshape(n_expert, n_out, n_in), f16(x), ids, per_slot)
+    assert (ids == 1).any(axis=1).all() and not (ids == 0).any()
+    for tiles in (1, 3):                       # expert 1's 70 slots: 3 tiles of 32, 2 of 64
+        by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
+        for bw, first, count in parts:
+            run_once(dev, kc, "mul_mat_moe_cm", [bw, bx, bg, bp, by],
+                     (-(-n_out // bm), tiles, count), wtype=wtype,
+                     spec=dict(BM=bm, BN=bn, X_SLOT=per_slot), n_in=n_in, n_out=n_out,
+                     n_used=k, expert_base=first)
+        assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-9, tiles
+
+
 def builder_moe(dev, kc, tuning, wtype, raw, x, ids, n_expert, n_out, per_slot, parts=(1.0,)):
     """Builder.matmul_id over W [n_in, n_out, n_expert] bound in parts (fractions of the
     experts), as a model records it."""
@@ -601,6 +635,36 @@ def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
     assert nmse(exact, moe_product_ref(w.reshape(n_expert, n_out, n_in), x, ids, 0)) < 1e-10
     if wtype != "F32":                  # the rounding shows: grouped follows per_token
         assert np.abs(exact - per_token).max() > 10 * np.abs(grouped - per_token).max()
+
+
+@pytest.mark.parametrize("wtype,n_in", [("Q4_K", 512), ("Q8_0", 512), ("Q8_0", 96)])
+def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in):
+    """Tuning.moe_cm: a model's routed prefill products (W in two parts, a row per token and
+    a row per slot) take mul_mat_moe_cm and give numpy's on f16 inputs; rows that are no
+    multiple of 64 keep mul_mat_moe, exact in f32. Runs where prefill takes the matrix
+    units."""
+    from dataclasses import replace
+
+    from engine.gpu.paths import Tuning
+
+    base = Tuning.for_device(dev)
+    if not base.fast_prefill:
+        pytest.skip(f"{dev.name}: prefill is not on the matrix units")
+    t = replace(base, moe_cm=True)
+    assert t.paths(128).moe_prefill == "mul_mat_moe_cm"
+    rng = np.random.default_rng(30)
+    n_expert, n_out, T, k = 8, 72, 40, 2
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    w = w.reshape(n_expert, n_out, n_in)
+    ids = routed_ids(rng, T, k, n_expert, hot=T)
+    f16 = (lambda a: a.astype(np.float16).astype(np.float64)) if n_in % 64 == 0 \
+        else (lambda a: a.astype(np.float64))
+    for per_slot in (0, 1):
+        x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
+        got = builder_moe(dev, kc, t, wtype, raw, x, ids, n_expert, n_out, per_slot,
+                          parts=(0.5, 1.0))
+        want = moe_product_ref(f16(w), f16(x), ids, per_slot)
+        assert nmse(got, want) < (1e-9 if n_in % 64 == 0 else 1e-10), per_slot
 
 
 def test_grouped_experts_round_like_ggml(dev, kc):

@@ -184,6 +184,25 @@ def test_loop_bounded_drivers_get_walks_within_the_bound(n_in):
         assert -(-n // t.reduce_wg(n)) <= t.loop_ticks // 2
 
 
+def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
+    """Prefill's expert products stay on mul_mat_moe unless HOTSEAT_MOE_CM=on asks for
+    mul_mat_moe_cm, which only a device with prefill on the matrix units takes; a value other
+    than on or off is an error that names the setting."""
+    monkeypatch.delenv("HOTSEAT_MOE_CM", raising=False)
+    assert Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True) \
+        .paths(128).moe_prefill == "mul_mat_moe"
+    monkeypatch.setenv("HOTSEAT_MOE_CM", "on")
+    t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
+    assert t.moe_cm and t.paths(128).moe_prefill == "mul_mat_moe_cm"
+    assert Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32) \
+        .paths(128).moe_prefill == "mul_mat_moe"                       # no matrix units
+    t.moe_grouped = False
+    assert t.paths(128).moe_prefill == "mul_mat_id"
+    monkeypatch.setenv("HOTSEAT_MOE_CM", "yes")
+    with pytest.raises(ValueError, match="HOTSEAT_MOE_CM"):
+        Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
+
+
 def test_decode_attention_settings(monkeypatch):
     """HOTSEAT_DECODE_WG and HOTSEAT_DECODE_HEADS set attn_decode's width and heads on a
     GPU; a setting that is not a count is an error that names it."""

@@ -16,7 +16,11 @@ TINY = dict(shapes=(("Q4_0", 64, 24, False), ("Q6_K", 256, 8, True)), n_expert=8
 
 
 def test_mul_mat_moe_bench_rows(dev, kc, monkeypatch):
-    """W past the buffer range (made small here: 2 Q4_0 experts, 1 Q6_K) goes in parts."""
+    """W past the buffer range (made small here: 2 Q4_0 experts, 1 Q6_K) goes in parts; the
+    matrix units' tiles are timed too where prefill takes them."""
+    from engine.gpu.paths import Tuning
+
+    on_cm = Tuning.for_device(dev).fast_prefill
     monkeypatch.setattr(dev, "max_storage_range", 2000)
     rows = kernelbench.bench_mul_mat_moe(dev, kc, 1, **TINY)
     assert [(r["type"], r["routing"], r["parts"]) for r in rows] == \
@@ -24,8 +28,12 @@ def test_mul_mat_moe_bench_rows(dev, kc, monkeypatch):
     for r in rows:
         assert r["mul_mat_id_us"] > 0 and r["moe_group_us"] > 0 and r["speedup"] > 0
         assert r["max_expert_tokens"] <= 12 and 0 <= r["idle_experts"] < 8
-        assert [(v["tile"], v["token_tiles"]) for v in r["variants"]] == [([2, 4], 2), ([2, 4], 3)]
-        assert all(v["max_rel_err"] <= 1e-4 for v in r["variants"])
+        grouped = [v for v in r["variants"] if v["kernel"] == "mul_mat_moe"]
+        assert [(v["tile"], v["token_tiles"]) for v in grouped] == [([2, 4], 2), ([2, 4], 3)]
+        assert all(v["max_rel_err"] <= 1e-4 for v in grouped)
+        cm = [v for v in r["variants"] if v["kernel"] == "mul_mat_moe_cm"]
+        assert [tuple(v["tile"]) for v in cm] == (list(kernelbench.MOE_CM_TILES) if on_cm else [])
+        assert all(v["max_rel_err"] <= 2e-2 and v["us"] > 0 for v in cm)
 
 
 def test_mul_mat_moe_bench_table(monkeypatch, capsys):
