@@ -106,10 +106,12 @@ class Tuning:
         # $HOTSEAT_COOPMAT=off keeps prefill off the matrix units (to measure their numerics)
         coopmat = (dev.coopmat and dev.subgroup_size == 32 and compiled("mul_mat_cm")
                    and compiled("flash_attn_cm") and os.environ.get("HOTSEAT_COOPMAT") != "off")
-        return cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat,
-                            dot4=dev.dot4 and compiled("mul_mat_vecq")
-                            and os.environ.get("HOTSEAT_MATVECQ") != "off",
-                            compute_units=dev.compute_units)
+        t = cls.for_info(dev.info, dev.subgroup_size, dev.max_shared, flash_attn, coopmat,
+                         dot4=dev.dot4 and compiled("mul_mat_vecq")
+                         and os.environ.get("HOTSEAT_MATVECQ") != "off",
+                         compute_units=dev.compute_units)
+        t.moe_cm = t.moe_cm and compiled("mul_mat_moe_cm")
+        return t
 
     @classmethod
     def for_info(cls, info: vk.DeviceInfo, subgroup: int, max_shared: int = 32768,
