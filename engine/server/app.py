@@ -60,6 +60,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("hotseat.serve")
 
+
+@functools.cache
+def server_key() -> "web.AppKey[Server]":
+    """The key under which an application holds its Server (made on first use: aiohttp is
+    imported only where a server runs)."""
+    from aiohttp import web
+
+    return web.AppKey("hotseat.server", Server)
+
 MAX_BODY = 32 << 20                      # bytes of request body; more is a 413 (an image of
                                          # the 20 MiB limit, in base64, fits)
 KEEPALIVE_S = 15.0                       # an idle keep-alive connection is closed after this
@@ -271,5 +280,5 @@ def make_app(engine: EngineAPI, model_names: list[str], *, api_key: str | None =
     app.on_response_prepare.append(server.on_prepare)
     app.on_shutdown.append(server.on_shutdown)
     app.on_cleanup.append(server.close)
-    app["hotseat.server"] = server
+    app[server_key()] = server
     return app
