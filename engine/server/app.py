@@ -52,22 +52,13 @@ from .openai import OpenAIRoutes
 from .responses import ResponsesRoutes
 from .slots import ModelSlot
 from .turns import ArenaRoutes
+from aiohttp import web
 
 if TYPE_CHECKING:
-    from aiohttp import web
-
     from ..facade import EngineAPI
 
 log = logging.getLogger("hotseat.serve")
 
-
-@functools.cache
-def server_key() -> "web.AppKey[Server]":
-    """The key under which an application holds its Server (made on first use: aiohttp is
-    imported only where a server runs)."""
-    from aiohttp import web
-
-    return web.AppKey("hotseat.server", Server)
 
 MAX_BODY = 32 << 20                      # bytes of request body; more is a 413 (an image of
                                          # the 20 MiB limit, in base64, fits)
@@ -252,6 +243,10 @@ class Server(OpenAIRoutes, ResponsesRoutes, anthropic.MessagesRoutes, EmbeddingR
                             headers={"X-Content-Type-Options": "nosniff"})
 
 
+# the key under which an application holds its Server (an AppKey is made at import: aiohttp
+# names it after the module that makes it)
+SERVER_KEY = web.AppKey("hotseat.server", Server)
+
 
 def make_app(engine: EngineAPI, model_names: list[str], *, api_key: str | None = None,
              cors_origins: list[str] | tuple[str, ...] = (), max_body: int = MAX_BODY,
@@ -280,5 +275,5 @@ def make_app(engine: EngineAPI, model_names: list[str], *, api_key: str | None =
     app.on_response_prepare.append(server.on_prepare)
     app.on_shutdown.append(server.on_shutdown)
     app.on_cleanup.append(server.close)
-    app[server_key()] = server
+    app[SERVER_KEY] = server
     return app

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .app import make_app, server_key
+from .app import SERVER_KEY, make_app
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -32,7 +32,7 @@ class Listening:
 
     @property
     def server(self) -> Server:
-        return self.app[server_key()]
+        return self.app[SERVER_KEY]
 
     async def stop(self) -> None:
         self.server.cancel_all()

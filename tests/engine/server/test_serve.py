@@ -20,7 +20,7 @@ import pytest
 
 from engine.api import Engine
 from engine.facade import Request
-from engine.server.app import MAX_BODY, make_app, server_key
+from engine.server.app import MAX_BODY, SERVER_KEY, make_app
 from engine.server.openai import MAX_TOKENS_HEADER
 from engine.text.sampling import SamplingParams
 
@@ -592,7 +592,7 @@ def test_api_load_serve_and_unload(base, name, smollm2_path, server, engine, mon
         return generate(request, *args, **kw)
 
     monkeypatch.setattr(engine, "generate", recording)
-    app_server = server.runners[0].app[server_key()]
+    app_server = server.runners[0].app[SERVER_KEY]
     asyncio.run_coroutine_threadsafe(app_server.turn.acquire(), server.loop).result(30)
     statuses: list[int] = []
     try:
@@ -795,7 +795,7 @@ def test_management_waits_for_the_models_queue(res_base, res_server, res_engine,
 
     monkeypatch.setattr(res_engine, "generate", recording_generate)
     monkeypatch.setattr(res_engine, "evict", recording_evict)
-    app_server = res_server.runners[0].app[server_key()]
+    app_server = res_server.runners[0].app[SERVER_KEY]
     depth = 'hotseat_queue_depth{model="a"}'
     results: dict[str, tuple] = {}
 
