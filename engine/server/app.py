@@ -23,8 +23,9 @@ model's queue); this module holds what they share and imports them, never the ot
 round.
 /health and /metrics never wait for the engine.
 
-aiohttp is imported inside the functions that use it: cli.py imports serve.py to build its
-parser, and `hotseat tokenize` should not pay for a web framework.
+This module imports aiohttp: serve.py imports it (through listen.py) only when a server
+starts, since cli.py imports serve.py to build its parser and `hotseat tokenize` should not
+pay for a web framework.
 """
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Callable
+
+from aiohttp import web
 
 from ..facade import EngineFault
 from ..residency.loop import NonFiniteLogits
@@ -52,13 +55,11 @@ from .openai import OpenAIRoutes
 from .responses import ResponsesRoutes
 from .slots import ModelSlot
 from .turns import ArenaRoutes
-from aiohttp import web
 
 if TYPE_CHECKING:
     from ..facade import EngineAPI
 
 log = logging.getLogger("hotseat.serve")
-
 
 MAX_BODY = 32 << 20                      # bytes of request body; more is a 413 (an image of
                                          # the 20 MiB limit, in base64, fits)
@@ -157,8 +158,6 @@ class Server(OpenAIRoutes, ResponsesRoutes, anthropic.MessagesRoutes, EmbeddingR
         return resp
 
     async def _dispatch(self, request: web.Request, handler) -> web.StreamResponse:
-        from aiohttp import web
-
         try:
             self._check_access(request)
             if request.method == "OPTIONS" and self.cors_origins:
@@ -236,8 +235,6 @@ class Server(OpenAIRoutes, ResponsesRoutes, anthropic.MessagesRoutes, EmbeddingR
         return json_response(h, 503 if h["status"] == "device_lost" else 200)
 
     async def get_metrics(self, request: web.Request) -> web.Response:
-        from aiohttp import web
-
         return web.Response(text=self.metrics.render(self.models),
                             content_type="text/plain", charset="utf-8",
                             headers={"X-Content-Type-Options": "nosniff"})
@@ -258,8 +255,6 @@ def make_app(engine: EngineAPI, model_names: list[str], *, api_key: str | None =
     it answers to, with allow_hosts; bound to every interface (0.0.0.0, ::) it also answers
     to any IP address. keepalive_s closes idle connections (any AppRunner of the app).
     fetch_images: image_url parts may name http(s) URLs, which the server then fetches."""
-    from aiohttp import web
-
     server = Server(engine, api_key, cors_origins, max_body, host, allow_hosts, fetch_images)
     for name in model_names:
         server.add_model(name)

@@ -11,8 +11,6 @@ import signal
 import sys
 from typing import TYPE_CHECKING, Callable
 
-from .listen import listen
-
 if TYPE_CHECKING:
     from ..facade import EngineAPI
 
@@ -137,6 +135,8 @@ def cmd_serve(args, Engine: Callable[..., EngineAPI]) -> int:
 
 
 async def _serve(eng: EngineAPI, names: list[str], args) -> int:
+    from .listen import listen        # aiohttp with it, only where a server starts
+
     try:
         listening = await listen(eng, names, host=args.host, port=args.port,
                                  api_key=args.api_key, cors_origins=args.cors_origin or (),

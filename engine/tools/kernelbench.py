@@ -573,6 +573,7 @@ def run_kernel_bench(args) -> int:
         print("| type | n_in | n_out | routing | most tokens | mul_mat_id us | moe_group us | "
               "best rows x tokens / tiles (cm: matrix units) | us | TFLOP/s | speedup | all |")
         print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|")
+
         def tile(v: dict) -> str:     # cm: mul_mat_moe_cm's weight rows x slots
             cm = "cm " if v["kernel"] == "mul_mat_moe_cm" else ""
             return f"{cm}{v['tile'][0]}x{v['tile'][1]}/{v['token_tiles']}"

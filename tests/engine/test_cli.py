@@ -81,6 +81,17 @@ def test_bad_arguments_exit_2():
     _one_line_error(r, "-n")
 
 
+def test_the_parser_does_not_import_the_web_framework():
+    """Every command's parser is built at start-up; aiohttp (the server's) is imported only
+    where a server starts, so `hotseat tokenize` does not pay for it."""
+    code = ("import sys; from engine.cli import build_parser; build_parser(); "
+            "print('aiohttp' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "False"
+
+
 def test_kernel_bench_concat_json():
     """Both concat paths timed on lfm2's shapes; the command checks both outputs first."""
     r = hotseat("kernel-bench", "concat", "--json", "-r", "3")
