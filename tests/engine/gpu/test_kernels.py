@@ -559,6 +559,7 @@ def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
     n_expert, n_out, n_in, T, k = 6, 80, 256, 70, 3
     bm, bn = tile
     raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    raw = raw.reshape(-1)                          # F32's comes as rows: cut it in bytes
     ids = routed_ids(rng, T, k, n_expert, hot=T)
     x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
     per_expert = raw.nbytes // n_expert
