@@ -47,6 +47,13 @@ layout(constant_id = 11) const uint SUM = 0;
 // 10) before anything else is done with it, the row counted in the expert (EXPERTS: bias is
 // [n_experts, n_out]) or from y_offset (a weight bound in parts)
 layout(constant_id = 12) const uint BIAS = 0;
+// ROUTE (EXPERTS without SUM, W whole): the routing made here rather than read from ids, by
+// every workgroup alike from the router's logits (binding 6, n_experts of them) as
+// moe_router does it (include/route.glsl): 1 softmax, the weights normalised; 2 softmax;
+// 3 the softmax over the chosen (gpt-oss). Workgroup (0, 0) writes the ids (binding 7) and
+// the weights (binding 8) for the down products. ROUTE_N: the logits' shared memory.
+layout(constant_id = 13) const uint ROUTE = 0;
+layout(constant_id = 14) const uint ROUTE_N = 1;
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -63,6 +70,9 @@ layout(std430, binding = 10) readonly buffer B2 { float bias2[]; };
 layout(std430, binding = 6) readonly buffer CS { vec2 cs[]; };   // TABLE
 layout(std430, binding = 7) readonly buffer Ids { uint ids[]; };         // EXPERTS
 layout(std430, binding = 8) readonly buffer Wt { float expert_w[]; };    // SUM
+layout(std430, binding = 6) readonly buffer RL { float router_logits[]; };   // ROUTE
+layout(std430, binding = 7) writeonly buffer IdsOut { uint ids_out[]; };
+layout(std430, binding = 8) writeonly buffer WtOut { float w_out[]; };
 
 layout(push_constant) uniform Push {
     uint n_in;       // K: a multiple of the type's block (256 for the K-quants)
@@ -87,6 +97,9 @@ shared vec4 xb[KMAX / 32];         // each block of 32: its scale d, d * sum(q) 
 shared float red[32];
 
 #include "chunk.glsl"                               // e8m0_half (MXFP4)
+shared float route_prob[ROUTE_N];
+#define ROUTE_LOGIT(e) router_logits[e]
+#include "route.glsl"
 
 // x (with the op before) as int8 blocks in shared memory, one lane a block of 32, in one
 // pass: rounding is scale-free, so the norm's scale (returned; 1 for no norm) multiplies the
@@ -378,13 +391,25 @@ uint bias_at(uint row0, uint r) {
 
 void main() {
     uint y_slot = 0;
-    if (EXPERTS != 0 && SUM == 0) {      // this workgroup's slot, if its expert is held here
+    if (ROUTE != 0) {                    // the first subgroup routes while the rest stage x
+        if (gl_SubgroupID == 0)
+            route(p.n_experts, EXPERTS, ROUTE == 1 ? 1 : 0, ROUTE == 3 ? 1 : 0);
+    } else if (EXPERTS != 0 && SUM == 0) {   // this workgroup's slot, if its expert is here
         const uint e = ids[gl_WorkGroupID.y] - p.expert_base;   // below the part it wraps
         if (e >= p.n_experts) return;
         expert_row = e * p.n_out;
         y_slot = gl_WorkGroupID.y * p.n_out;
     }
-    const float scale = stage();
+    const float scale = stage();                           // its barrier: the routing seen
+    if (ROUTE != 0) {
+        expert_row = route_id[gl_WorkGroupID.y] * p.n_out;
+        y_slot = gl_WorkGroupID.y * p.n_out;
+        const uint tid = gl_LocalInvocationID.x;
+        if (gl_WorkGroupID.x == 0 && gl_WorkGroupID.y == 0 && tid < EXPERTS) {
+            ids_out[tid] = route_id[tid];
+            w_out[tid] = route_w[tid];
+        }
+    }
     const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     const uint n_sg = gl_NumSubgroups, sgs = gl_SubgroupSize;
     // lanes of a subgroup: (lane % LANES) is the share of a super-block, lane / LANES which

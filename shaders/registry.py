@@ -20,7 +20,7 @@ SUPER_BLOCKS = K_QUANTS + ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "I
                                             # (include/types.glsl's SUPER_BLOCK)
 MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4")   # mul_mat_vecq's readers
 _FMT = {"u32": "I", "f32": "f"}
-MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, MAX_USED
+MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, route.glsl's
 
 # The step buffer: the small host-visible buffer of per-submit values (RunState.set_step writes
 # it per decoded token and prefill chunk, so recorded command buffers stay valid). Declared in
@@ -91,7 +91,7 @@ KERNELS: dict[str, KernelSpec] = {
          ("expert_base", U), ("n_experts", U)),
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("XFORM", 3), ("KMAX", 4), ("UNROLL", 5),
          ("PAIR", 6), ("ROPE", 7), ("TABLE", 8), ("OUT16", 9), ("EXPERTS", 10), ("SUM", 11),
-         ("BIAS", 12)),
+         ("BIAS", 12), ("ROUTE", 13), ("ROUTE_N", 14)),
         typed=True, writes=(2,),
         types=MATVECQ_TYPES, dot4=True, step=5),
     "mul_mat_cm": KernelSpec(

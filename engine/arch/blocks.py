@@ -158,8 +158,6 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
         b.matmul(router, rs.xn, rs.router, n)                          # [n, n_expert]
     if biases:
         b.add_bias(rs.router, w[p + "ffn_gate_inp.bias"], n)
-    b.moe_router(rs.router, rs.expert_ids, rs.expert_w, n, c.n_expert, k,
-                 softmax_chosen=softmax_chosen)                # [n, k] each
 
     def experts(j: int, x_in, y, per_slot: bool = False) -> None:     # j: gate, up, down
         b.matmul_id(exps[j], x_in, rs.expert_ids, y, n, k, per_slot=per_slot)
@@ -167,9 +165,12 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
             b.add_id(y, exps_b[j], rs.expert_ids, n * k)
 
     fused = b.experts_swiglu(                                  # one token: into x already
-        x if into else rs.xn, rs.expert_ids, rs.expert_w, *exps, rs.gate, x, n, k,
-        clamped=clamped, biases=exps_b, norm=(norm_w, c.rms_eps) if into else None)
+        x if into else rs.xn, rs.router, rs.expert_ids, rs.expert_w, *exps, rs.gate, x, n, k,
+        clamped=clamped, biases=exps_b, norm=(norm_w, c.rms_eps) if into else None,
+        softmax_chosen=softmax_chosen)
     if not fused:
+        b.moe_router(rs.router, rs.expert_ids, rs.expert_w, n, c.n_expert, k,
+                     softmax_chosen=softmax_chosen)            # [n, k] each
         experts(0, rs.xn, rs.gate)                             # [n, k, n_ff]
         experts(1, rs.xn, rs.up)                               # [n, k, n_ff]
         b.silu_mul(rs.gate, rs.up, rs.gate, n * k * c.n_ff, clamped=clamped)

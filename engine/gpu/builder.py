@@ -191,11 +191,11 @@ class Builder:
     def _vecq(self, wtype: str, n_in: int, n_out: int, w, x, y, spec: dict, *, rows: int = 0,
               kmax: int = 0, slots: int = 1, x2=None, w2=None, table=None, ids=None,
               weights=None, bias: Tensor | None = None, bias2: Tensor | None = None,
-              **push) -> None:
+              writes: tuple[int, ...] = (), **push) -> None:
         """One mul_mat_vecq dispatch of n_out rows: its shape from the tuning (rows, if
         given, overrides the rows a subgroup takes), `slots` workgroup rows (EXPERTS without
         SUM), each row's bias added where given (bias2: PAIR's second product's), the buffers
-        a mode does not read bound to x."""
+        a mode does not read bound to x; writes: the bindings beside y it writes (ROUTE)."""
         lanes, tuned_rows, ahead, groups = self.t.matvecq_shape(wtype, n_out, n_in)
         rows = rows or tuned_rows
         tiles = -(-n_out // (rows * max(1, lanes // self.t.subgroup)))
@@ -205,6 +205,7 @@ class Builder:
         self.g.op("mul_mat_vecq", [w, x, y, x2 or x, w2 or w, step, table or x, ids or x,
                                    weights or x, b1, b2],
                   (min(tiles, groups) if groups else tiles, slots, 1), wtype=wtype,
+                  writes=writes,
                   spec=dict(WG=lanes, ROWS=rows, KMAX=kmax or n_in, UNROLL=ahead,
                             BIAS=int(bias is not None), **spec),
                   n_in=n_in, n_out=n_out, **{**VECQ_PLAIN, "x_offset": 0, "y_offset": 0,
@@ -273,29 +274,43 @@ class Builder:
             self._wrote(y)
         return True
 
-    def experts_swiglu(self, xn: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, gate: Tensor,
-                       up: Tensor, down: Tensor, glu: vk.Buffer, x: vk.Buffer, n: int,
-                       n_used: int, biases: tuple[Tensor, Tensor, Tensor] | None = None,
-                       clamped: bool = False,
-                       norm: tuple[Tensor, float] | None = None) -> bool:
-        """One token's routed experts on int8 activations (mul_mat_vecq's EXPERTS): gate and
-        up of each chosen expert paired into glu [n_used, n_ff] (SwiGLU, or gpt-oss's clamped
-        form), then the experts' down products summed with the router's weights straight
-        onto x (True); biases (gate's, up's, down's: [n_expert, rows] F32) added to each
-        expert's sums; with norm (its weight and epsilon), xn is x before the norm, which
-        goes into gate and up's reading of it. Only where the three take mul_mat_vecq whole
-        (gate and up one binding each); else nothing is done."""
+    def experts_swiglu(self, xn: vk.Buffer, logits: vk.Buffer, ids: vk.Buffer,
+                       weights: vk.Buffer, gate: Tensor, up: Tensor, down: Tensor,
+                       glu: vk.Buffer, x: vk.Buffer, n: int, n_used: int,
+                       biases: tuple[Tensor, Tensor, Tensor] | None = None,
+                       clamped: bool = False, norm: tuple[Tensor, float] | None = None,
+                       softmax_chosen: bool = False) -> bool:
+        """One token's routed experts on int8 activations (mul_mat_vecq's EXPERTS): the
+        router's choice from its logits (as moe_router makes it, into ids and weights; inside
+        the first product where Tuning.route_experts), gate and up of each chosen expert
+        paired into glu [n_used, n_ff] (SwiGLU, or gpt-oss's clamped form), then the experts'
+        down products summed with the router's weights straight onto x (True); biases
+        (gate's, up's, down's: [n_expert, rows] F32) added to each expert's sums; with norm
+        (its weight and epsilon), xn is x before the norm, which goes into gate and up's
+        reading of it. Only where the three take mul_mat_vecq whole (gate and up one binding
+        each); else nothing is done."""
         n_in, n_ff, _ = gate.shape
         gb, ub, db = biases or (None, None, None)
         if not self._experts_fit(n, gate, up, down, n_used, biases):
             return False
         n_expert = gate.shape[2]
+        route = self.t.route_experts
+        if not route:
+            self.moe_router(logits, ids, weights, n, n_expert, n_used,
+                            softmax_chosen=softmax_chosen)
         self._vecq(gate.wtype, n_in, n_ff, gate.bindings()[0][0], xn, glu,
                    dict(ACC=0, PAIR=3 if clamped else 1, EXPERTS=n_used,
-                        XFORM=int(norm is not None)), slots=n_used,
+                        XFORM=int(norm is not None),
+                        ROUTE=(3 if softmax_chosen else 1) if route else 0,
+                        ROUTE_N=n_expert if route else 1), slots=n_used,
                    w2=up.bindings()[0][0], ids=ids, n_experts=n_expert, bias=gb, bias2=ub,
-                   x2=norm[0].binding() if norm else None, eps=norm[1] if norm else 0.0)
+                   x2=norm[0].binding() if norm else None, eps=norm[1] if norm else 0.0,
+                   table=logits if route else None, weights=weights if route else None,
+                   writes=(7, 8) if route else ())
         self._wrote(glu)
+        if route:
+            self._wrote(ids)
+            self._wrote(weights)
         per = down.shape[1]                          # rows of one expert: n_embd
         for buf, first, count in down.bindings():    # parts of whole experts
             self._vecq(down.wtype, n_ff, per, buf, glu, x, dict(ACC=1, EXPERTS=n_used, SUM=1),

@@ -44,8 +44,9 @@ class Graph:
 
     def op(self, name: str, buffers: list, groups: tuple[int, int, int], wtype: str | None = None,
            spec: dict[str, int] | None = None, indirect: tuple[vk.Buffer, int] | None = None,
-           **push) -> None:
-        """buffers: Buffer, or (Buffer, byte_offset, byte_range) for a window of one."""
+           writes: tuple[int, ...] = (), **push) -> None:
+        """buffers: Buffer, or (Buffer, byte_offset, byte_range) for a window of one;
+        writes: bindings a mode of the kernel writes beside those its spec names."""
         kernel, ks = self.kernels.get(name, wtype, **(spec or {}))
         if len(buffers) != ks.n_buffers:
             raise TypeError(f"{name} binds {ks.n_buffers} buffers, got {len(buffers)}")
@@ -54,7 +55,7 @@ class Graph:
             if b[0].released:
                 raise ValueError(f"{name}: buffer {b[0].label} is released")
         touched = {id(b[0]) for b in bindings}
-        writes = {id(bindings[i][0]) for i in ks.writes}
+        writes = {id(bindings[i][0]) for i in ks.writes + writes}
         # read after write, and write after read: an op must not overwrite what an op
         # since the last barrier may still be reading
         if touched & self._dirty or writes & self._read:

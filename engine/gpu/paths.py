@@ -80,6 +80,9 @@ class Tuning:
                                  # workgroups: on the H200 4 took an 8B layer 53 us, 1 21)
     moe_grouped: bool = True     # prefill expert products grouped by expert (mul_mat_moe),
                                  # else one per token and slot (mul_mat_id, as decode)
+    route_experts: bool = True   # one token's routing inside its experts' first product
+                                 # (mul_mat_vecq's ROUTE), not a moe_router pass before it;
+                                 # $HOTSEAT_ROUTE_EXPERTS=off for the pass
     moe_cm: bool = False         # ... and on the matrix units where prefill takes them
                                  # (mul_mat_moe_cm): off until a GPU run has held it to
                                  # mul_mat_id and timed it; $HOTSEAT_MOE_CM=on turns it on
@@ -145,10 +148,8 @@ class Tuning:
         # to measure looping workgroups for products of long rows (x staged fewer times)
         t.long_groups = count_setting("HOTSEAT_LONG_GROUPS", t.long_groups)
         t.tall_groups = count_setting("HOTSEAT_TALL_GROUPS", t.tall_groups)
-        moe_cm = os.environ.get("HOTSEAT_MOE_CM", "off").strip() or "off"
-        if moe_cm not in ("on", "off"):
-            raise ValueError(f"HOTSEAT_MOE_CM: {moe_cm!r} is not on or off")
-        t.moe_cm = moe_cm == "on"
+        t.moe_cm = switch_setting("HOTSEAT_MOE_CM", t.moe_cm)
+        t.route_experts = switch_setting("HOTSEAT_ROUTE_EXPERTS", t.route_experts)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
@@ -333,6 +334,14 @@ class Paths:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def switch_setting(name: str, default: bool) -> bool:
+    """$name as on or off, or default where it is unset."""
+    value = os.environ.get(name, "").strip()
+    if value not in ("", "on", "off"):
+        raise ValueError(f"{name}: {value!r} is not on or off")
+    return default if not value else value == "on"
 
 
 def count_setting(name: str, default: int) -> int:

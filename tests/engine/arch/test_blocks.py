@@ -113,6 +113,37 @@ def test_int8_decode_layer_is_seven_dispatches(dev, kc):
     assert kinds[1:-3] == layer * m.config.n_layer, names
 
 
+def test_int8_decode_routes_inside_the_experts_product(dev, kc, monkeypatch):
+    """With int8 activations a mixture of experts' one-token routing is made inside its
+    gate and up product (mul_mat_vecq's ROUTE): no moe_router pass, and the logits the
+    same bits as with the pass (HOTSEAT_ROUTE_EXPERTS=off, the setting that brings it back:
+    Tuning's GPU settings, here set on the model's tuning); gpt-oss's MXFP4 experts, with
+    its softmax over the chosen."""
+    import numpy as np
+
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    case = sr.load_case("gpt-oss-mxfp4")
+    prompt = [5, 17, 300, 42]
+    runs = {}
+    for route in (True, False):
+        m = Model(dev, kc, str(case.model_path), n_ctx=64, name=f"route-{route}")
+        try:
+            m.tuning.coopmat = False
+            m.tuning.matvec, m.tuning.ggml_numerics = True, False
+            m.tuning.route_experts = route
+            m.profile = True                     # the graph names its ops
+            rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
+            names = [name for name, _ in m._graph(1, False).profile()]
+            runs[route] = (np.stack(rows), names, m.config.n_layer)
+        finally:
+            m.close()
+    (fused, names, n_layer), (apart, names_apart, _) = runs[True], runs[False]
+    assert "moe_router" not in names and names_apart.count("moe_router") == n_layer
+    assert len(names) == len(names_apart) - n_layer
+    assert np.array_equal(fused.view(np.uint32), apart.view(np.uint32))
+
+
 HEAD_NORMS = {"qwen3", "qwen3moe", "gemma3", "qwen35", "qwen35moe", "qwen3next", "lfm2"}
 
 

@@ -706,8 +706,9 @@ def test_moe_combine(dev, kc):
 def test_moe_limits_match_glsl():
     from shaders.registry import MOE_MAX_EXPERT, MOE_MAX_USED
 
-    src = (SHADERS / "moe_router.comp").read_text()
-    assert f"MAX_EXPERT = {MOE_MAX_EXPERT}, MAX_USED = {MOE_MAX_USED};" in src
+    assert f"MAX_EXPERT = {MOE_MAX_EXPERT};" in (SHADERS / "moe_router.comp").read_text()
+    route = (SHADERS / "include" / "route.glsl").read_text()
+    assert f"ROUTE_MAX_USED = {MOE_MAX_USED};" in route
 
 
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
@@ -1798,3 +1799,46 @@ def test_mul_mat_vecq_experts(dev, kc, wtype, parts, oss):
                  **{**VECQ_PLAIN, "n_in": n_ff, "n_out": n_in, "x_offset": 0, "y_offset": 0,
                     "eps": 0.0, "expert_base": base, "n_experts": split})
     assert nmse(read(dev, by), want) < 1e-10
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K", "MXFP4"])
+@pytest.mark.parametrize("n_expert,k,route", [(128, 8, 1), (60, 4, 2), (32, 4, 3), (5, 5, 1)])
+def test_mul_mat_vecq_routes_as_moe_router(dev, kc, wtype, n_expert, k, route):
+    """ROUTE: gate and up's pass makes the router's choice itself from the logits, each
+    workgroup alike, so no moe_router pass comes before it (1: softmax, the weights
+    normalised; 2: not; 3: gpt-oss's softmax over the chosen). The ids and weights it
+    writes for the down products are moe_router's bit for bit (a tie in the logits
+    included), and its output is EXPERTS' on those ids."""
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    rng = np.random.default_rng(35)
+    n_in, n_ff = 256, 64
+    logits = (rng.standard_normal(n_expert) * 3).astype(np.float32)
+    logits[[1, 3]] = logits.max() + 1.0                  # a tie: the lower index first
+    raw_g, _ = quantized(wtype, n_expert * n_ff, n_in, rng)
+    raw_u, _ = quantized(wtype, n_expert * n_ff, n_in, rng)
+    x = (rng.standard_normal(n_in) * 0.05).astype(np.float32)
+    bl, bx = buf(dev, logits), buf(dev, x)
+    bg, bu = buf(dev, raw_g, kind="weights"), buf(dev, raw_u, kind="weights")
+    ids, ws = buf(dev, nbytes=4 * k), buf(dev, nbytes=4 * k)
+    run_once(dev, kc, "moe_router", [bl, ids, ws], (1, 1, 1),
+             spec=dict(NORM=int(route == 1), SOFTMAX_K=int(route == 3)),
+             n_expert=n_expert, n_used=k)
+    want_ids, want_w = read(dev, ids, np.uint32), read(dev, ws)
+    assert list(want_ids[:2]) == [1, 3]
+    spec = dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, KMAX=n_in, UNROLL=2,
+                PAIR=3 if route == 3 else 1, EXPERTS=k)
+    push = {**VECQ_PLAIN, "n_in": n_in, "n_out": n_ff, "x_offset": 0, "y_offset": 0,
+            "eps": 0.0, "n_experts": n_expert}
+    plain = buf(dev, np.full(k * n_ff, np.nan, np.float32))
+    run_once(dev, kc, "mul_mat_vecq", [bg, bx, plain, bx, bu, bx, bx, ids, bx, bx, bx],
+             (3, k, 1), wtype=wtype, spec=spec, **push)
+    routed = buf(dev, np.full(k * n_ff, np.nan, np.float32))
+    got_ids = buf(dev, np.full(k, 0xFFFFFFFF, np.uint32))
+    got_w = buf(dev, np.full(k, np.nan, np.float32))
+    run_once(dev, kc, "mul_mat_vecq", [bg, bx, routed, bx, bu, bx, bl, got_ids, got_w, bx,
+                                       bx],
+             (3, k, 1), wtype=wtype, spec=dict(spec, ROUTE=route, ROUTE_N=n_expert), **push)
+    assert np.array_equal(read(dev, got_ids, np.uint32), want_ids)
+    assert np.array_equal(read(dev, got_w).view(np.uint32), want_w.view(np.uint32))
+    assert np.array_equal(read(dev, routed).view(np.uint32), read(dev, plain).view(np.uint32))

@@ -203,6 +203,18 @@ def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
         Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
 
 
+def test_the_routing_setting(monkeypatch):
+    """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
+    asks for the moe_router pass; a value other than on or off names the setting."""
+    monkeypatch.delenv("HOTSEAT_ROUTE_EXPERTS", raising=False)
+    assert Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32).route_experts
+    monkeypatch.setenv("HOTSEAT_ROUTE_EXPERTS", "off")
+    assert not Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32).route_experts
+    monkeypatch.setenv("HOTSEAT_ROUTE_EXPERTS", "1")
+    with pytest.raises(ValueError, match="HOTSEAT_ROUTE_EXPERTS"):
+        Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32)
+
+
 def test_decode_attention_settings(monkeypatch):
     """HOTSEAT_DECODE_WG and HOTSEAT_DECODE_HEADS set attn_decode's width and heads on a
     GPU; a setting that is not a count is an error that names it."""
