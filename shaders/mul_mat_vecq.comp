@@ -54,6 +54,13 @@ layout(constant_id = 12) const uint BIAS = 0;
 // the weights (binding 8) for the down products. ROUTE_N: the logits' shared memory.
 layout(constant_id = 13) const uint ROUTE = 0;
 layout(constant_id = 14) const uint ROUTE_N = 1;
+// HNORM (ROPE 0, no BIAS): the rows are heads of head_dim with an RMS norm of their own (the
+// per-head q and k norms of qwen3 and gemma3) before rope, 1 on adjacent pairs, 2 on NeoX
+// halves. Each row's sum goes to y as it is; the subgroup that completes a head (a counter
+// per head in binding 7, back to 0 after) norms it as rope_qkv does, times binding 8's
+// weights (the norm's epsilon is eps), rotates it and writes it over itself in y, or with
+// OUT16 as f16 into the K cache's row for step.pos0 (binding 9).
+layout(constant_id = 15) const uint HNORM = 0;
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -73,6 +80,10 @@ layout(std430, binding = 8) readonly buffer Wt { float expert_w[]; };    // SUM
 layout(std430, binding = 6) readonly buffer RL { float router_logits[]; };   // ROUTE
 layout(std430, binding = 7) writeonly buffer IdsOut { uint ids_out[]; };
 layout(std430, binding = 8) writeonly buffer WtOut { float w_out[]; };
+layout(std430, binding = 2) coherent buffer YC { float yc[]; };             // HNORM
+layout(std430, binding = 7) coherent buffer HC { uint heads_done[]; };
+layout(std430, binding = 8) readonly buffer HN { float head_w[]; };
+layout(std430, binding = 9) writeonly buffer KC { float16_t kc16[]; };
 
 layout(push_constant) uniform Push {
     uint n_in;       // K: a multiple of the type's block (256 for the K-quants)
@@ -174,6 +185,39 @@ vec2 cos_sin(uint pos, uint i) {
     const float theta = float(pos) * p.freq_scale
                       * pow(p.freq_base, -2.0 * float(i) / float(p.head_dim));
     return vec2(cos(theta), sin(theta));
+}
+
+// HNORM: this subgroup's rows row0 .. (one head's) counted in; the subgroup that completes
+// the head norms, rotates and writes it. The sums were written through yc, the counter
+// taken after a buffer barrier, so the last subgroup sees every row of the head.
+void end_head(uint row0) {
+    const uint lane = gl_SubgroupInvocationID, sgs = gl_SubgroupSize, hd = p.head_dim;
+    const uint head = row0 / hd, n = min(ROWS, p.n_out - row0);
+    uint before = 0;
+    if (lane == 0) {
+        memoryBarrierBuffer();
+        before = atomicAdd(heads_done[head], n);
+    }
+    if (subgroupMax(before) + n != hd) return;
+    memoryBarrierBuffer();
+    const uint base = p.y_offset + head * hd;
+    float ss = 0.0;
+    for (uint d = lane; d < hd; d += sgs) ss += yc[base + d] * yc[base + d];
+    const float scale = 1.0 / sqrt(subgroupAdd(ss) / float(hd) + p.eps);
+    for (uint i = lane; i < hd / 2; i += sgs) {
+        const uint a = HNORM == 2 ? i : 2 * i, b = HNORM == 2 ? i + hd / 2 : 2 * i + 1;
+        const float x0 = yc[base + a] * scale * head_w[a], x1 = yc[base + b] * scale * head_w[b];
+        const vec2 c = cos_sin(step.pos0, i);
+        const float ra = x0 * c.x - x1 * c.y, rb = x0 * c.y + x1 * c.x;
+        if (OUT16 != 0) {
+            kc16[step.pos0 * p.kv_row + head * hd + a] = float16_t(ra);
+            kc16[step.pos0 * p.kv_row + head * hd + b] = float16_t(rb);
+        } else {
+            yc[base + a] = ra;
+            yc[base + b] = rb;
+        }
+    }
+    if (lane == 0) heads_done[head] = 0;
 }
 
 int dot16(uvec4 q, uvec4 x) {
@@ -465,12 +509,15 @@ void main() {
         [[unroll]] for (uint r = 0; r < ROWS; r++) {
             if (lane == 0 && row0 + r < p.n_out) {
                 const uint o = p.y_offset + y_slot + row_at(row0, r);
-                if (OUT16 != 0) {
+                if (HNORM != 0) {
+                    yc[o] = sums[r];
+                } else if (OUT16 != 0) {
                     y16[step.pos0 * p.kv_row + o] = float16_t(sums[r]);
                 } else {
                     y[o] = ACC != 0 ? y[o] + sums[r] : sums[r];
                 }
             }
         }
+        if (HNORM != 0) end_head(row0);
     }
 }

@@ -50,10 +50,12 @@ def attention(b: Builder, c: Config, rs: RunState, i: int, n: int, rope: Rope, *
     biases = [w[p + name + ".bias"] for name in ("attn_q", "attn_k", "attn_v")] \
         if qkv_bias else None
     roped = False               # q, k and v rotated and in place already (one token)
-    if norm is not None and not (gated or qk_norm or temp[0]):
+    if norm is not None and not (gated or qk_norm not in ("", "head") or temp[0]):
+        heads = (w[p + "attn_q_norm.weight"], w[p + "attn_k_norm.weight"], c.rms_eps, rs.k) \
+            if qk_norm else None
         roped = b.norm_qkv_rope(x, w[p + norm + ".weight"], c.rms_eps, n, proj, rs.q,
                                 rs.k_cache[i], rs.v_cache[i], c.n_head_kv, hd, rope, neox,
-                                biases=biases)
+                                biases=biases, head_norm=heads)
     if norm is None:
         for weight, y in products:
             b.matmul(weight, x, y, n)

@@ -42,6 +42,7 @@ class Builder:
         self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
         self._counted = False     # this graph zeroes attn_decode's split counters first
+        self._heads_counted = False   # ... and mul_mat_vecq's HNORM head counters
         # 1: the pass packs several sequences (rope_qkv, prefill attention and attn_mask read
         # step.seq_first, the first slot of each token's sequence); 0: one sequence
         self.seqs = 0
@@ -191,19 +192,22 @@ class Builder:
     def _vecq(self, wtype: str, n_in: int, n_out: int, w, x, y, spec: dict, *, rows: int = 0,
               kmax: int = 0, slots: int = 1, x2=None, w2=None, table=None, ids=None,
               weights=None, bias: Tensor | None = None, bias2: Tensor | None = None,
-              writes: tuple[int, ...] = (), **push) -> None:
+              writes: tuple[int, ...] = (), bind: dict | None = None, **push) -> None:
         """One mul_mat_vecq dispatch of n_out rows: its shape from the tuning (rows, if
         given, overrides the rows a subgroup takes), `slots` workgroup rows (EXPERTS without
         SUM), each row's bias added where given (bias2: PAIR's second product's), the buffers
-        a mode does not read bound to x; writes: the bindings beside y it writes (ROUTE)."""
+        a mode does not read bound to x; writes: the bindings beside y it writes (ROUTE,
+        HNORM); bind: buffers for bindings by number (HNORM's), over the others."""
         lanes, tuned_rows, ahead, groups = self.t.matvecq_shape(wtype, n_out, n_in)
         rows = rows or tuned_rows
         tiles = -(-n_out // (rows * max(1, lanes // self.t.subgroup)))
         step = self.rs.step if self.rs is not None else x
         b1 = bias.binding() if bias is not None else x
         b2 = bias2.binding() if bias2 is not None else b1
-        self.g.op("mul_mat_vecq", [w, x, y, x2 or x, w2 or w, step, table or x, ids or x,
-                                   weights or x, b1, b2],
+        buffers = [w, x, y, x2 or x, w2 or w, step, table or x, ids or x, weights or x, b1, b2]
+        for i, b in (bind or {}).items():
+            buffers[i] = b
+        self.g.op("mul_mat_vecq", buffers,
                   (min(tiles, groups) if groups else tiles, slots, 1), wtype=wtype,
                   writes=writes,
                   spec=dict(WG=lanes, ROWS=rows, KMAX=kmax or n_in, UNROLL=ahead,
@@ -248,29 +252,49 @@ class Builder:
     def norm_qkv_rope(self, x: vk.Buffer, norm: Tensor, eps: float, n: int,
                       proj: list[Tensor], q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer,
                       n_head_kv: int, head_dim: int, rope: Rope, neox: bool,
-                      biases: list[Tensor] | None = None) -> bool:
+                      biases: list[Tensor] | None = None,
+                      head_norm: tuple[Tensor, Tensor, float, vk.Buffer] | None = None) -> bool:
         """One token's q, k and v from rms_norm(x) * norm (plus their biases, where given)
         with rope applied as the sums come out (mul_mat_vecq's ROPE): q into q, k and v as
-        f16 into their caches' row for step.pos0, so no rope_qkv pass follows (True). Only
-        where one token's products take int8 activations and rope turns every dim of a head;
-        else nothing is done (False)."""
+        f16 into their caches' row for step.pos0, so no rope_qkv pass follows (True).
+        head_norm (q's weight, k's, their epsilon, a scratch for k's sums): each head of q
+        and k RMS-normed over itself before rope, by the subgroup that completes the head
+        (HNORM). Only where one token's products take int8 activations and rope turns every
+        dim of a head; else nothing is done (False)."""
         biases = biases or [None] * 3
         if not (self._vecq_whole(n, proj) and norm.wtype == "F32" and self.seqs == 0
                 and rope.n_dims == head_dim
                 and all(b is None or b.wtype == "F32" for b in biases)):
             return False
+        if head_norm is not None and not (
+                biases == [None] * 3 and head_norm[2] == eps
+                and head_norm[0].wtype == head_norm[1].wtype == "F32"):
+            return False
         table = self.rs.rope_table(rope) if self.t.ggml_numerics or not rope.plain else None
-        for w, y, mode, out16, bias in ((proj[0], q, 2 if neox else 1, 0, biases[0]),
-                                        (proj[1], k_cache, 2 if neox else 1, 1, biases[1]),
-                                        (proj[2], v_cache, 0, 1, biases[2])):
+        turn = 2 if neox else 1
+        if head_norm is not None and not self._heads_counted:   # each replay from 0
+            self.g.fill(self.rs.heads_done, 0)
+            self._heads_counted = True
+        n_head = proj[0].shape[1] // head_dim
+        for w, y, mode, out16, bias, which in ((proj[0], q, turn, 0, biases[0], 0),
+                                               (proj[1], k_cache, turn, 1, biases[1], 1),
+                                               (proj[2], v_cache, 0, 1, biases[2], None)):
             (buf, first, count), = w.bindings()
-            self._vecq(w.wtype, w.shape[0], count, buf, x, y,
-                       dict(ACC=0, XFORM=1, ROPE=mode, TABLE=int(table is not None),
-                            OUT16=out16),
-                       rows=2 if mode else 0,              # a subgroup takes a pair's two rows
+            spec = dict(ACC=0, XFORM=1, ROPE=mode, TABLE=int(table is not None), OUT16=out16)
+            extra: dict = dict(rows=2 if mode else 0)    # a subgroup takes a pair's two rows
+            if head_norm is not None and which is not None:
+                # the sums into y as they are (k's into the scratch), the head's end turns them
+                counters = (self.rs.heads_done, 4 * n_head * which,
+                            4 * (n_head_kv if which else n_head))
+                spec.update(ROPE=0, HNORM=mode)
+                extra = dict(bind={7: counters, 8: head_norm[which].binding(),
+                                   9: y if out16 else x},
+                             writes=(7, 9) if out16 else (7,))
+                y = head_norm[3] if out16 else y
+            self._vecq(w.wtype, w.shape[0], count, buf, x, y, spec,
                        x2=norm.binding(), table=table, y_offset=first, eps=eps, bias=bias,
                        head_dim=head_dim, freq_base=rope.base, freq_scale=rope.freq_scale,
-                       kv_row=n_head_kv * head_dim)
+                       kv_row=n_head_kv * head_dim, **extra)
             self._wrote(y)
         return True
 

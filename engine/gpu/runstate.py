@@ -94,8 +94,11 @@ class RunState:
         self.split_out = act("split_out", MAX_SPLITS * q_dim)  # [n_head, splits, head_dim]
         # [n_head] u32: attn_decode's splits done this token; 0 between tokens
         self.split_done = alloc(4 * max(n_head, 1), f"{label}/split_done", "compute")
+        # [2 * n_head] u32: q's heads, then k's, that mul_mat_vecq's HNORM has ended; 0 between
+        self.heads_done = alloc(8 * max(n_head, 1), f"{label}/heads_done", "compute")
         with vk.Uploader(dev, staging_bytes=4096) as up:
             up.write(self.split_done, np.zeros(self.split_done.nbytes, np.uint8))
+            up.write(self.heads_done, np.zeros(self.heads_done.nbytes, np.uint8))
         self.flash_block = flash_block
         self.masks: dict[int, tuple[vk.Buffer, vk.Buffer]] = {}   # window -> (mask, classes)
         if flash_block:
@@ -203,7 +206,7 @@ class RunState:
             floats += T * (2 * delta_conv_dim + 2 * d_inner + 3 * delta_heads)
             floats += delta_scratch_floats(delta_heads, T, DELTA_CHUNK)
         floats += n_head * n_ctx + 2 * n_head * MAX_SPLITS + MAX_SPLITS * q_dim
-        floats += max(n_head, 1)                             # split_done (u32)
+        floats += 3 * max(n_head, 1)                         # split_done, heads_done (u32)
         floats += T * 2 * q_dim * int(q_gate) + (T * (2 * n_ff_shexp + 1) if n_ff_shexp else 0)
         mask = 0
         if flash_block:

@@ -180,6 +180,47 @@ def test_head_norms_go_into_rope_qkv(dev, kc, name, n, monkeypatch):
     assert roped == [True] * n_attn
 
 
+def test_head_norms_on_int8_decode_follow_the_reference(dev, kc, tmp_path):
+    """qwen3's per-head q and k norms on int8 decode: q, k and v take mul_mat_vecq's
+    products with each head normed and rotated by the subgroup that completes it (HNORM),
+    so no rope_qkv pass follows; its attention matrices in Q8_0, a type that path reads,
+    each position decoded as one token, the logits against the numpy reference of the
+    same file (int8 activations: about 1e-4)."""
+    import gguf
+    import numpy as np
+    from gguf.quants import quantize
+
+    from engine.formats.gguf_file import GGUFFile
+    from tests.helpers.reference import ReferenceModel
+
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    src, q8 = "qwen3-linear-f16", gguf.GGMLQuantizationType.Q8_0
+    attention = {t.name: (quantize(np.array(t.data).astype(np.float32), q8), q8)
+                 for t in gguf.GGUFReader(str(sr.DATA / f"{src}.gguf")).tensors
+                 if t.name.endswith(".weight")
+                 and any(p in t.name for p in ("attn_q.", "attn_k.", "attn_v."))}
+    path = sr.rewrite(src, str(tmp_path / f"{src}-q8.gguf"), tensors=attention)
+    prompt = [5, 17, 300, 42, 7, 99, 3, 11]
+    m = Model(dev, kc, path, n_ctx=256, name=src)
+    try:
+        m.tuning.coopmat = False
+        m.tuning.matvec, m.tuning.ggml_numerics = True, False
+        m.profile = True                         # the graph names its ops
+        rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
+        rows += [m.eval([t], i, greedy=False) for i, t in enumerate(prompt[:3])]  # again
+        names = [name for name, _ in m._graph(1, False).profile()]
+        n_layer = m.config.n_layer
+    finally:
+        m.close()
+    assert "rope_qkv" not in names and names.count("mul_mat_vecq_Q8_0") == 3 * n_layer, names
+    with GGUFFile(path) as g:
+        want = ReferenceModel(g, n_ctx=256, quantize_activations=False).forward(prompt, 0)
+    for got, ref in zip(rows, list(want) + list(want[:3])):
+        got = np.asarray(got, np.float64)
+        assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < 2e-3
+
+
 @pytest.mark.parametrize("src", ["qwen2-yarn-f16", "gpt-oss-mxfp4"])
 def test_biased_projections_on_int8_decode_follow_the_reference(dev, kc, tmp_path, src):
     """q, k and v with their biases (qwen2's, gpt-oss's) take mul_mat_vecq's rope-fused

@@ -1734,6 +1734,60 @@ def test_mul_mat_vecq_rope(dev, kc, wtype, rope, table, biased):
     rs.close()
 
 
+@pytest.mark.parametrize("wtype,rows", [("Q4_K", 1), ("Q6_K", 2), ("Q8_0", 4)])
+@pytest.mark.parametrize("rope,table", [(1, 0), (2, 0), (2, 1)])
+def test_mul_mat_vecq_head_norm(dev, kc, wtype, rows, rope, table):
+    """HNORM: each head of the rows RMS-normed over itself times its weights (qwen3's and
+    gemma3's q and k norms), then rotated (1 adjacent pairs, 2 NeoX halves), by the subgroup
+    that completes the head: into y in place, or (OUT16) as f16 into a KV cache's row for
+    step.pos0. Few workgroups looping over many heads, so heads finish in any order; run
+    twice, so the per-head counters are back at 0 after each pass; against numpy."""
+    from engine.gpu.runstate import RunState
+
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    rng = np.random.default_rng(36)
+    n_in, n_heads, hd, pos0, n_ctx, eps = 512, 6, 64, 9, 16, 1e-6
+    n_out = n_heads * hd
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal(n_in) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(n_in).astype(np.float32)
+    head_w = (rng.standard_normal(hd) + 1).astype(np.float32)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=(Rope(1e4, hd),))
+    rs.set_step([0], pos0)
+    norm = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
+    raw_y = (w.astype(np.float64) @ (q8_blocks(x * norm_w) * norm)).reshape(1, n_heads, hd)
+    normed = raw_y / np.sqrt(np.mean(raw_y ** 2, axis=-1, keepdims=True) + eps) * head_w
+    want = rope_ref(normed, pos0, hd, 1e4, rope == 2).reshape(-1)
+    bw, bx, bn, bh = (buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, norm_w),
+                      buf(dev, head_w))
+    done = buf(dev, np.zeros(n_heads, np.uint32))
+    cs = rs.rope_table(Rope(1e4, hd)) if table else bx
+    spec = dict(WG=dev.subgroup_size * 2, ROWS=rows, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
+                HNORM=rope, TABLE=table)
+    push = dict(VECQ_PLAIN, n_in=n_in, n_out=n_out, x_offset=0, eps=eps, head_dim=hd,
+                freq_base=1e4, freq_scale=1.0)
+    del push["kv_row"]
+    for _ in range(2):
+        by = buf(dev, np.full(n_out, np.nan, np.float32))
+        run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bn, bw, rs.step, cs, done, bh, bx, bx],
+                 (2, 1, 1), wtype=wtype, spec=dict(spec, OUT16=0), y_offset=0, kv_row=0,
+                 **push)
+        assert nmse(read(dev, by), want) < 1e-9
+        assert not read(dev, done, np.uint32).any()
+    cache = buf(dev, np.zeros((n_ctx, n_out), np.float16))
+    scratch = buf(dev, np.full(n_out, np.nan, np.float32))
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, scratch, bn, bw, rs.step, cs, done, bh, cache,
+                                       bx],
+             (2, 1, 1), wtype=wtype, spec=dict(spec, OUT16=1), y_offset=0, kv_row=n_out,
+             **push)
+    kv = read(dev, cache, np.float16).reshape(n_ctx, n_out).astype(np.float32)
+    assert nmse(kv[pos0], want) < 1e-6
+    assert not np.delete(kv, pos0, axis=0).any() and not read(dev, done, np.uint32).any()
+    rs.close()
+
+
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4"])
 @pytest.mark.parametrize("parts,oss", [(1, False), (2, False), (1, True)])
 def test_mul_mat_vecq_experts(dev, kc, wtype, parts, oss):
