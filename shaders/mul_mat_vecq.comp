@@ -61,6 +61,9 @@ layout(constant_id = 14) const uint ROUTE_N = 1;
 // weights (the norm's epsilon is eps), rotates it and writes it over itself in y, or with
 // OUT16 as f16 into the K cache's row for step.pos0 (binding 9).
 layout(constant_id = 15) const uint HNORM = 0;
+// GATED (not with EXPERTS): each sum, after PAIR's GLU, times sigmoid(binding 8's first
+// value), as mul.comp's gate takes it (Qwen3.5's shared expert, scaled by its own gate)
+layout(constant_id = 16) const uint GATED = 0;
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -496,6 +499,7 @@ void main() {
                     if (BIAS != 0) u += bias2[bias_at(row0, r)];
                     s = glu(s, u);
                 }
+                if (GATED != 0) s *= 1.0 / (1.0 + exp(-expert_w[0]));
                 sums[r] = s;
             }
         }

@@ -92,7 +92,7 @@ KERNELS: dict[str, KernelSpec] = {
         (("WG", 0), ("ROWS", 1), ("ACC", 2), ("XFORM", 3), ("KMAX", 4), ("UNROLL", 5),
          ("PAIR", 6), ("ROPE", 7), ("TABLE", 8), ("OUT16", 9), ("EXPERTS", 10), ("SUM", 11),
          ("BIAS", 12), ("ROUTE", 13), ("ROUTE_N", 14),
-         ("HNORM", 15)),
+         ("HNORM", 15), ("GATED", 16)),
         typed=True, writes=(2,),
         types=MATVECQ_TYPES, dot4=True, step=5),
     "mul_mat_cm": KernelSpec(

@@ -150,11 +150,17 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
     norm_w, router = w[p + norm + ".weight"], w[p + "ffn_gate_inp.weight"]
     exps = tuple(w[p + f"ffn_{name}_exps.weight"] for name in names)
     exps_b = tuple(w[p + f"ffn_{name}_exps.bias"] for name in names) if biases else None
+    if shared:
+        sh_inp, sh_gate, sh_up, sh_down = (w[p + f"ffn_{name}_shexp.weight"]
+                                           for name in ("gate_inp", "gate", "up", "down"))
     # one token on int8 activations: the norm goes into the router's and the experts'
-    # reading of x (not where a shared expert reads the normed x too)
-    into = not shared and b.experts_take_norm(n, norm_w, router, *exps, k, exps_b)
+    # reading of x, and a shared expert's (its gate's product, and its GLU's pass)
+    into = b.experts_take_norm(n, norm_w, router, *exps, k, exps_b) and (
+        not shared or (b.norm_fuses(n, norm_w, [sh_inp])
+                       and b.norm_glu_fits(n, norm_w, sh_gate, sh_up)))
     if into:
-        b.norm_matmuls(x, norm_w, c.rms_eps, rs.xn, n, [(router, rs.router)])
+        b.norm_matmuls(x, norm_w, c.rms_eps, rs.xn, n,
+                       [(router, rs.router)] + ([(sh_inp, rs.sh_w)] if shared else []))
     else:
         b.rms_norm(x, norm_w, rs.xn, n, c.rms_eps)
         b.matmul(router, rs.xn, rs.router, n)                          # [n, n_expert]
@@ -166,6 +172,9 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
         if exps_b:
             b.add_id(y, exps_b[j], rs.expert_ids, n * k)
 
+    if shared and into:   # silu(gate) * up * sigmoid(its gate), read before x takes the experts'
+        b.norm_glu(x, norm_w, c.rms_eps, rs.xn, n, sh_gate, sh_up, rs.sh_gate, rs.sh_up,
+                   gate_logit=rs.sh_w)
     fused = b.experts_swiglu(                                  # one token: into x already
         x if into else rs.xn, rs.router, rs.expert_ids, rs.expert_w, *exps, rs.gate, x, n, k,
         clamped=clamped, biases=exps_b, norm=(norm_w, c.rms_eps) if into else None,
@@ -180,13 +189,14 @@ def moe(b: Builder, c: Config, rs: RunState, i: int, n: int, *, norm: str = "ffn
         b.moe_combine(rs.moe_out, rs.expert_w, x, n, c.n_embd, k)
     if shared:                   # scaled by sigmoid(its gate) before its (linear) down product
         fs = c.n_ff_shexp
-        b.matmul(w[p + "ffn_gate_inp_shexp.weight"], rs.xn, rs.sh_w, n)  # [n, 1]
-        b.matmul(w[p + "ffn_gate_shexp.weight"], rs.xn, rs.sh_gate, n)   # [n, n_ff_shexp]
-        b.matmul(w[p + "ffn_up_shexp.weight"], rs.xn, rs.sh_up, n)
-        b.silu_mul(rs.sh_gate, rs.sh_up, rs.sh_gate, n * fs)
-        b.mul(View(rs.sh_gate, (fs, n, 1)), View(rs.sh_w, (fs, n, 1), (0, 1, n)), rs.sh_gate,
-              sigmoid=True)
-        b.matmul(w[p + "ffn_down_shexp.weight"], rs.sh_gate, x, n, accumulate=True)
+        if not into:
+            b.matmul(sh_inp, rs.xn, rs.sh_w, n)                            # [n, 1]
+            b.matmul(sh_gate, rs.xn, rs.sh_gate, n)                        # [n, n_ff_shexp]
+            b.matmul(sh_up, rs.xn, rs.sh_up, n)
+            b.silu_mul(rs.sh_gate, rs.sh_up, rs.sh_gate, n * fs)
+            b.mul(View(rs.sh_gate, (fs, n, 1)), View(rs.sh_w, (fs, n, 1), (0, 1, n)),
+                  rs.sh_gate, sigmoid=True)
+        b.matmul(sh_down, rs.sh_gate, x, n, accumulate=True)
 
 
 def head(b: Builder, c: Config, rs: RunState, n: int, softcap: float = 0.0,

@@ -358,20 +358,29 @@ class Builder:
         return (norm.wtype == "F32" and self._fusing(n, [router])
                 and self._experts_fit(n, gate, up, down, n_used, biases))
 
+    def norm_fuses(self, n: int, norm: Tensor, ws: list[Tensor]) -> bool:
+        """Whether norm_matmuls puts the norm into the products over ws."""
+        return self._fusing(n, ws) and norm.wtype == "F32"
+
+    def norm_glu_fits(self, n: int, norm: Tensor, gate: Tensor, up: Tensor) -> bool:
+        """Whether norm_glu makes the GLU in one pass."""
+        return self._vecq_pair(n, gate, up) and norm.wtype == "F32"
+
     def norm_glu(self, x: vk.Buffer, norm: Tensor, eps: float, xn: vk.Buffer, n: int,
                  gate: Tensor, up: Tensor, gbuf: vk.Buffer, ubuf: vk.Buffer,
-                 gelu: bool = False) -> bool:
+                 gelu: bool = False, gate_logit: vk.Buffer | None = None) -> bool:
         """A GLU's first half: act(rms_norm(x) * norm @ gate^T) * (... @ up^T), act silu
         (SwiGLU) or gelu's tanh form (GeGLU), into gbuf in one pass (mul_mat_vecq's PAIR)
         where one token's products take int8 activations and gate and up are whole bindings
-        of one type (True). Else the two products into gbuf and ubuf as norm_matmuls makes
-        them (False: the GLU is still to come)."""
-        if not (self._vecq_pair(n, gate, up) and norm.wtype == "F32"):
+        of one type (True); gate_logit: times sigmoid(its first value) too (GATED: a shared
+        expert's gate). Else the two products into gbuf and ubuf as norm_matmuls makes
+        them (False: the GLU, and the gate, still to come)."""
+        if not self.norm_glu_fits(n, norm, gate, up):
             self.norm_matmuls(x, norm, eps, xn, n, [(gate, gbuf), (up, ubuf)])
             return False
         self._vecq(gate.wtype, gate.shape[0], gate.rows, gate.bindings()[0][0], x, gbuf,
-                   dict(ACC=0, XFORM=1, PAIR=2 if gelu else 1), x2=norm.binding(),
-                   w2=up.bindings()[0][0], eps=eps)
+                   dict(ACC=0, XFORM=1, PAIR=2 if gelu else 1, GATED=int(gate_logit is not None)),
+                   x2=norm.binding(), w2=up.bindings()[0][0], eps=eps, weights=gate_logit)
         self._wrote(gbuf)
         return True
 

@@ -221,6 +221,50 @@ def test_head_norms_on_int8_decode_follow_the_reference(dev, kc, tmp_path):
         assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < 2e-3
 
 
+def test_shared_expert_on_int8_decode_follows_the_reference(dev, kc, tmp_path):
+    """Qwen3.5's mixture with a shared expert on int8 decode: the norm goes into the
+    router's, the shared gate's and both GLUs' reading of x (no rms_norm pass), the shared
+    expert's SwiGLU and its sigmoid gate into its pair's pass (no silu_mul, no mul but the
+    attention's output gate); the experts' and the shared expert's matrices in Q8_0, a type
+    that path reads, each position decoded as one token, the logits against the numpy
+    reference of the same file (int8 activations on this file, with the norm and the
+    shared expert's passes apart as well: up to 2.8e-3; its gate left out: 0.14 and more)."""
+    import gguf
+    import numpy as np
+    from gguf.quants import quantize
+
+    from engine.formats.gguf_file import GGUFFile
+    from tests.helpers.reference_hybrid import HybridModel
+
+    if not dev.dot4:
+        pytest.skip("no VK_KHR_shader_integer_dot_product")
+    src, q8 = "qwen35moe-f16", gguf.GGMLQuantizationType.Q8_0
+    names = [f"ffn_{j}_{e}.weight" for j in ("gate", "up", "down") for e in ("exps", "shexp")]
+    ffn = {t.name: (quantize(np.array(t.data).astype(np.float32), q8), q8)
+           for t in gguf.GGUFReader(str(sr.DATA / f"{src}.gguf")).tensors
+           if any(t.name.endswith(n) for n in names)}
+    path = sr.rewrite(src, str(tmp_path / f"{src}-q8.gguf"), tensors=ffn)
+    prompt = [5, 17, 300, 42, 7, 99]
+    m = Model(dev, kc, path, n_ctx=256, name=src)
+    try:
+        m.tuning.coopmat = False
+        m.tuning.matvec, m.tuning.ggml_numerics = True, False
+        m.profile = True                         # the graph names its ops
+        rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
+        ops = [name for name, _ in m._graph(1, False).profile()]
+        state = m.config.state()
+        n_attn = m.config.n_layer if state.kv_layers is None else len(state.kv_layers)
+    finally:
+        m.close()
+    assert "silu_mul" not in ops and "moe_router" not in ops, ops
+    assert ops.count("mul") == n_attn and ops.count("rms_norm") == 1, ops     # the head's
+    with GGUFFile(path) as g:
+        want = HybridModel(g, n_ctx=256).forward(prompt, 0)
+    for got, ref in zip(rows, want):
+        got = np.asarray(got, np.float64)
+        assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < 5e-3
+
+
 @pytest.mark.parametrize("src", ["qwen2-yarn-f16", "gpt-oss-mxfp4"])
 def test_biased_projections_on_int8_decode_follow_the_reference(dev, kc, tmp_path, src):
     """q, k and v with their biases (qwen2's, gpt-oss's) take mul_mat_vecq's rope-fused

@@ -1680,6 +1680,15 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same, pair, biased):
     else:
         want = g / (1 + np.exp(-g)) * u
     assert nmse(read(dev, by)[:n_out], want) < 1e-10
+    # GATED: the same pass times sigmoid(binding 8's first value), a shared expert's gate
+    gate = np.array([-0.7], np.float32)
+    run_once(dev, kc, "mul_mat_vecq", [bw, bx, by, bx2, bu, bx, bx, bx, buf(dev, gate)] + bb,
+             (3, 1, 1), wtype=wtype,
+             spec=dict(WG=dev.subgroup_size * 2, ROWS=2, ACC=0, XFORM=1, KMAX=n_in, UNROLL=2,
+                       PAIR=pair, BIAS=int(biased), GATED=1),
+             n_in=n_in, n_out=n_out, x_offset=0, y_offset=0, eps=eps,
+             **{**VECQ_PLAIN, "row2": row2})
+    assert nmse(read(dev, by)[:n_out], want / (1 + np.exp(0.7))) < 1e-10
 
 
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q4_0"])
