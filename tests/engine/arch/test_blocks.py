@@ -180,71 +180,24 @@ def test_head_norms_go_into_rope_qkv(dev, kc, name, n, monkeypatch):
     assert roped == [True] * n_attn
 
 
-def test_head_norms_on_int8_decode_follow_the_reference(dev, kc, tmp_path):
-    """qwen3's per-head q and k norms on int8 decode: q, k and v take mul_mat_vecq's
-    products with each head normed and rotated by the subgroup that completes it (HNORM),
-    so no rope_qkv pass follows; its attention matrices in Q8_0, a type that path reads,
-    each position decoded as one token, the logits against the numpy reference of the
-    same file (int8 activations: about 1e-4)."""
+def int8_decode(dev, kc, tmp_path, src: str, names: tuple[str, ...],
+                prompt: list[int]) -> tuple[list, list[str], Model]:
+    """src's synthetic file with the tensors whose names hold one of `names` in Q8_0 (a
+    type mul_mat_vecq reads), each position of prompt decoded as one token on a GPU's
+    decode paths (int8 activations, device numerics): (the logit rows, the one-token
+    graph's op names, the closed model for its config) and the file's path in
+    tmp_path."""
     import gguf
     import numpy as np
     from gguf.quants import quantize
 
-    from engine.formats.gguf_file import GGUFFile
-    from tests.helpers.reference import ReferenceModel
-
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
-    src, q8 = "qwen3-linear-f16", gguf.GGMLQuantizationType.Q8_0
-    attention = {t.name: (quantize(np.array(t.data).astype(np.float32), q8), q8)
-                 for t in gguf.GGUFReader(str(sr.DATA / f"{src}.gguf")).tensors
-                 if t.name.endswith(".weight")
-                 and any(p in t.name for p in ("attn_q.", "attn_k.", "attn_v."))}
-    path = sr.rewrite(src, str(tmp_path / f"{src}-q8.gguf"), tensors=attention)
-    prompt = [5, 17, 300, 42, 7, 99, 3, 11]
-    m = Model(dev, kc, path, n_ctx=256, name=src)
-    try:
-        m.tuning.coopmat = False
-        m.tuning.matvec, m.tuning.ggml_numerics = True, False
-        m.profile = True                         # the graph names its ops
-        rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
-        rows += [m.eval([t], i, greedy=False) for i, t in enumerate(prompt[:3])]  # again
-        names = [name for name, _ in m._graph(1, False).profile()]
-        n_layer = m.config.n_layer
-    finally:
-        m.close()
-    assert "rope_qkv" not in names and names.count("mul_mat_vecq_Q8_0") == 3 * n_layer, names
-    with GGUFFile(path) as g:
-        want = ReferenceModel(g, n_ctx=256, quantize_activations=False).forward(prompt, 0)
-    for got, ref in zip(rows, list(want) + list(want[:3])):
-        got = np.asarray(got, np.float64)
-        assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < 2e-3
-
-
-def test_shared_expert_on_int8_decode_follows_the_reference(dev, kc, tmp_path):
-    """Qwen3.5's mixture with a shared expert on int8 decode: the norm goes into the
-    router's, the shared gate's and both GLUs' reading of x (no rms_norm pass), the shared
-    expert's SwiGLU and its sigmoid gate into its pair's pass (no silu_mul, no mul but the
-    attention's output gate); the experts' and the shared expert's matrices in Q8_0, a type
-    that path reads, each position decoded as one token, the logits against the numpy
-    reference of the same file (int8 activations on this file, with the norm and the
-    shared expert's passes apart as well: up to 2.8e-3; its gate left out: 0.14 and more)."""
-    import gguf
-    import numpy as np
-    from gguf.quants import quantize
-
-    from engine.formats.gguf_file import GGUFFile
-    from tests.helpers.reference_hybrid import HybridModel
-
-    if not dev.dot4:
-        pytest.skip("no VK_KHR_shader_integer_dot_product")
-    src, q8 = "qwen35moe-f16", gguf.GGMLQuantizationType.Q8_0
-    names = [f"ffn_{j}_{e}.weight" for j in ("gate", "up", "down") for e in ("exps", "shexp")]
-    ffn = {t.name: (quantize(np.array(t.data).astype(np.float32), q8), q8)
-           for t in gguf.GGUFReader(str(sr.DATA / f"{src}.gguf")).tensors
-           if any(t.name.endswith(n) for n in names)}
-    path = sr.rewrite(src, str(tmp_path / f"{src}-q8.gguf"), tensors=ffn)
-    prompt = [5, 17, 300, 42, 7, 99]
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    tensors = {t.name: (quantize(np.array(t.data).astype(np.float32), q8), q8)
+               for t in gguf.GGUFReader(str(sr.DATA / f"{src}.gguf")).tensors
+               if t.name.endswith(".weight") and any(n in t.name for n in names)}
+    path = sr.rewrite(src, str(tmp_path / f"{src}-q8.gguf"), tensors=tensors)
     m = Model(dev, kc, path, n_ctx=256, name=src)
     try:
         m.tuning.coopmat = False
@@ -252,17 +205,58 @@ def test_shared_expert_on_int8_decode_follows_the_reference(dev, kc, tmp_path):
         m.profile = True                         # the graph names its ops
         rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
         ops = [name for name, _ in m._graph(1, False).profile()]
-        state = m.config.state()
-        n_attn = m.config.n_layer if state.kv_layers is None else len(state.kv_layers)
     finally:
         m.close()
-    assert "silu_mul" not in ops and "moe_router" not in ops, ops
-    assert ops.count("mul") == n_attn and ops.count("rms_norm") == 1, ops     # the head's
+    return rows, ops, m
+
+
+def assert_near_reference(path: str, prompt: list[int], rows: list, bound: float) -> None:
+    """Each row's squared error against the numpy reference's logits of the same file,
+    relative to the reference's, below bound."""
+    import numpy as np
+
+    from engine.formats.gguf_file import GGUFFile
+    from tests.helpers.reference import HYBRID_ARCHS, ReferenceModel
+    from tests.helpers.reference_hybrid import HybridModel
+
     with GGUFFile(path) as g:
-        want = HybridModel(g, n_ctx=256).forward(prompt, 0)
+        ref_model = HybridModel(g, n_ctx=256) if g.arch in HYBRID_ARCHS else \
+            ReferenceModel(g, n_ctx=256, quantize_activations=False)
+        want = ref_model.forward(prompt, 0)
     for got, ref in zip(rows, want):
         got = np.asarray(got, np.float64)
-        assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < 5e-3
+        assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < bound
+
+
+def test_head_norms_on_int8_decode_follow_the_reference(dev, kc, tmp_path):
+    """qwen3's per-head q and k norms on int8 decode: q, k and v take mul_mat_vecq's
+    products with each head normed and rotated by the subgroup that completes it (HNORM),
+    so no rope_qkv pass follows; its attention matrices in Q8_0, each position decoded as
+    one token, the logits against the numpy reference of the same file (int8 activations:
+    about 1e-4)."""
+    prompt = [5, 17, 300, 42, 7, 99, 3, 11]
+    rows, ops, m = int8_decode(dev, kc, tmp_path, "qwen3-linear-f16",
+                               ("attn_q.", "attn_k.", "attn_v."), prompt)
+    assert "rope_qkv" not in ops and ops.count("mul_mat_vecq_Q8_0") == 3 * m.config.n_layer
+    assert_near_reference(m.path, prompt, rows, 2e-3)
+
+
+def test_shared_expert_on_int8_decode_follows_the_reference(dev, kc, tmp_path):
+    """Qwen3.5's mixture with a shared expert on int8 decode: the norm goes into the
+    router's, the shared gate's and both GLUs' reading of x (no rms_norm pass), the shared
+    expert's SwiGLU and its sigmoid gate into its pair's pass (no silu_mul, no mul but the
+    attention's output gate); the experts' and the shared expert's matrices in Q8_0, each
+    position decoded as one token, the logits against the numpy reference of the same file
+    (int8 activations on this file, with the norm and the shared expert's passes apart as
+    well: up to 2.8e-3; its gate left out: 0.14 and more)."""
+    prompt = [5, 17, 300, 42, 7, 99]
+    names = tuple(f"ffn_{j}_{e}." for j in ("gate", "up", "down") for e in ("exps", "shexp"))
+    rows, ops, m = int8_decode(dev, kc, tmp_path, "qwen35moe-f16", names, prompt)
+    state = m.config.state()
+    n_attn = m.config.n_layer if state.kv_layers is None else len(state.kv_layers)
+    assert "silu_mul" not in ops and "moe_router" not in ops, ops
+    assert ops.count("mul") == n_attn and ops.count("rms_norm") == 1, ops     # the head's
+    assert_near_reference(m.path, prompt, rows, 5e-3)
 
 
 @pytest.mark.parametrize("src", ["qwen2-yarn-f16", "gpt-oss-mxfp4"])
@@ -270,39 +264,13 @@ def test_biased_projections_on_int8_decode_follow_the_reference(dev, kc, tmp_pat
     """q, k and v with their biases (qwen2's, gpt-oss's) take mul_mat_vecq's rope-fused
     products with the bias in the pass (no add, no rope_qkv), and gpt-oss's output bias and
     its experts' biases and clamped SwiGLU theirs (the router's bias stays an add): the
-    attention matrices in Q8_0, a type that path reads, each position decoded as one token,
-    its logits against the numpy reference of the same file (int8 activations: about 1e-4;
-    a bias left out gave 0.3 and more)."""
-    import gguf
-    import numpy as np
-    from gguf.quants import quantize
-
-    from engine.formats.gguf_file import GGUFFile
-    from tests.helpers.reference import ReferenceModel
-
-    if not dev.dot4:
-        pytest.skip("no VK_KHR_shader_integer_dot_product")
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    attention = {t.name: (quantize(np.array(t.data).astype(np.float32), q8), q8)
-                 for t in gguf.GGUFReader(str(sr.DATA / f"{src}.gguf")).tensors
-                 if t.name.endswith(".weight")
-                 and any(p in t.name for p in ("attn_q.", "attn_k.", "attn_v.", "attn_output."))}
-    path = sr.rewrite(src, str(tmp_path / f"{src}-q8.gguf"), tensors=attention)
+    attention matrices in Q8_0, each position decoded as one token, its logits against the
+    numpy reference of the same file (int8 activations: about 1e-4; a bias left out gave
+    0.3 and more)."""
     prompt = [5, 17, 300, 42, 7, 99, 3, 11]
-    m = Model(dev, kc, path, n_ctx=256, name=src)
-    try:
-        m.tuning.coopmat = False
-        m.tuning.matvec, m.tuning.ggml_numerics = True, False
-        m.profile = True                         # the graph names its ops
-        rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
-        names = [name for name, _ in m._graph(1, False).profile()]
-        n_layer, moe = m.config.n_layer, m.gguf.arch == "gpt-oss"
-    finally:
-        m.close()
-    assert "rope_qkv" not in names and names.count("add") == (n_layer if moe else 0), names
-    assert names.count("mul_mat_vecq_MXFP4") == (2 * n_layer if moe else 0), names
-    with GGUFFile(path) as g:
-        want = ReferenceModel(g, n_ctx=256, quantize_activations=False).forward(prompt, 0)
-    for got, ref in zip(rows, want):
-        got = np.asarray(got, np.float64)
-        assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < 2e-3
+    rows, ops, m = int8_decode(dev, kc, tmp_path, src,
+                               ("attn_q.", "attn_k.", "attn_v.", "attn_output."), prompt)
+    n_layer, moe = m.config.n_layer, src.startswith("gpt-oss")
+    assert "rope_qkv" not in ops and ops.count("add") == (n_layer if moe else 0), ops
+    assert ops.count("mul_mat_vecq_MXFP4") == (2 * n_layer if moe else 0), ops
+    assert_near_reference(m.path, prompt, rows, 2e-3)

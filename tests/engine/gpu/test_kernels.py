@@ -1691,6 +1691,22 @@ def test_mul_mat_vecq_pair(dev, kc, wtype, same, pair, biased):
     assert nmse(read(dev, by)[:n_out], want / (1 + np.exp(0.7))) < 1e-10
 
 
+def qkv_case(dev, rng, wtype, n_in, n_out, hd, pos0, n_ctx, eps):
+    """A projection's case for mul_mat_vecq's rope modes: a run state at step pos0 (its
+    rope table for heads of hd), the weight's raw bytes, x, the norm's weight, and numpy's
+    product of the int8-rounded normed x (float64)."""
+    from engine.gpu.runstate import RunState
+
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = (rng.standard_normal(n_in) * 2).astype(np.float32)
+    norm_w = rng.standard_normal(n_in).astype(np.float32)
+    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
+                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=(Rope(1e4, hd),))
+    rs.set_step([0], pos0)
+    norm = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
+    return rs, raw, x, norm_w, w.astype(np.float64) @ (q8_blocks(x * norm_w) * norm)
+
+
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q4_0"])
 @pytest.mark.parametrize("rope,table,biased", [(1, 0, False), (2, 0, False), (1, 1, False),
                                                (2, 1, True)])
@@ -1700,23 +1716,14 @@ def test_mul_mat_vecq_rope(dev, kc, wtype, rope, table, biased):
     f16 into a KV cache's row for step.pos0; each row's bias added before the turn (BIAS:
     qwen2's, gpt-oss's q, k and v); against numpy's product of the int8-rounded normed x,
     then rope_ref."""
-    from engine.gpu.runstate import RunState
-
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(33)
     n_in, n_heads, hd, pos0, n_ctx, eps = 512, 3, 64, 9, 16, 1e-5
     n_out = n_heads * hd
-    raw, w = quantized(wtype, n_out, n_in, rng)
-    x = (rng.standard_normal(n_in) * 2).astype(np.float32)
-    norm_w = rng.standard_normal(n_in).astype(np.float32)
-    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
-                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=(Rope(1e4, hd),))
-    rs.set_step([0], pos0)
-    norm = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
+    rs, raw, x, norm_w, y = qkv_case(dev, rng, wtype, n_in, n_out, hd, pos0, n_ctx, eps)
     bias = rng.standard_normal(n_out).astype(np.float32) * 2 * biased
-    want = rope_ref((w.astype(np.float64) @ (q8_blocks(x * norm_w) * norm) + bias)
-                    .reshape(1, n_heads, hd), pos0, hd, 1e4, rope == 2).reshape(-1)
+    want = rope_ref((y + bias).reshape(1, n_heads, hd), pos0, hd, 1e4, rope == 2).reshape(-1)
     bw, bx, bn = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, norm_w)
     # bias is read at y's index (y_offset + row: a part's rows): where y starts 5 floats in,
     # so does it
@@ -1751,22 +1758,14 @@ def test_mul_mat_vecq_head_norm(dev, kc, wtype, rows, rope, table):
     that completes the head: into y in place, or (OUT16) as f16 into a KV cache's row for
     step.pos0. Few workgroups looping over many heads, so heads finish in any order; run
     twice, so the per-head counters are back at 0 after each pass; against numpy."""
-    from engine.gpu.runstate import RunState
-
     if not dev.dot4:
         pytest.skip("no VK_KHR_shader_integer_dot_product")
     rng = np.random.default_rng(36)
     n_in, n_heads, hd, pos0, n_ctx, eps = 512, 6, 64, 9, 16, 1e-6
     n_out = n_heads * hd
-    raw, w = quantized(wtype, n_out, n_in, rng)
-    x = (rng.standard_normal(n_in) * 2).astype(np.float32)
-    norm_w = rng.standard_normal(n_in).astype(np.float32)
+    rs, raw, x, norm_w, y = qkv_case(dev, rng, wtype, n_in, n_out, hd, pos0, n_ctx, eps)
     head_w = (rng.standard_normal(hd) + 1).astype(np.float32)
-    rs = RunState(dev, "t", n_layer=1, n_embd=64, n_head=1, q_dim=64, kv_dim=64, n_ff=64,
-                  n_vocab=64, n_ctx=n_ctx, max_tokens=8, rope=(Rope(1e4, hd),))
-    rs.set_step([0], pos0)
-    norm = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
-    raw_y = (w.astype(np.float64) @ (q8_blocks(x * norm_w) * norm)).reshape(1, n_heads, hd)
+    raw_y = y.reshape(1, n_heads, hd)
     normed = raw_y / np.sqrt(np.mean(raw_y ** 2, axis=-1, keepdims=True) + eps) * head_w
     want = rope_ref(normed, pos0, hd, 1e4, rope == 2).reshape(-1)
     bw, bx, bn, bh = (buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, norm_w),
