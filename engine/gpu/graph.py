@@ -55,14 +55,14 @@ class Graph:
             if b[0].released:
                 raise ValueError(f"{name}: buffer {b[0].label} is released")
         touched = {id(b[0]) for b in bindings}
-        writes = {id(bindings[i][0]) for i in ks.writes + writes}
+        written = {id(bindings[i][0]) for i in ks.writes + writes}
         # read after write, and write after read: an op must not overwrite what an op
         # since the last barrier may still be reading
-        if touched & self._dirty or writes & self._read:
+        if touched & self._dirty or written & self._read:
             self.cmd.barrier()
             self._dirty, self._read = set(), set()
-        self._dirty |= writes
-        self._read |= touched - writes
+        self._dirty |= written
+        self._read |= touched - written
         ds = self._descriptor_set(kernel, bindings)
         self.cmd.dispatch(kernel, ds, ks.pack(**push) if ks.push else b"", groups, indirect)
         self.n_ops += 1
