@@ -94,7 +94,7 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
         self._idle_s = 0.0                 # 0: never evict for idleness
         self._arena: dict = {}
         self._busy: dict[str, str] = {}
-        self._busy_lock = threading.Lock()
+        self._busy_lock = threading.RLock()      # a slot may change the activity again
         self.activity = Activity(on_change=self._activity_changed)
         self.device_name = ""              # set once the engine is open
 
@@ -419,11 +419,13 @@ class EngineBridge(ModelJobs, EndpointControl, QObject):
 
     # -- activity ---------------------------------------------------------------------------
     def _activity_changed(self) -> None:
-        busy = self.activity.busy()
+        # read and sent under one lock: two threads' changes leave in the order they were
+        # read, so the last dict sent is the activity as it stands
         with self._busy_lock:
+            busy = self.activity.busy()
             if busy == self._busy:
                 return
             self._busy = busy
-        if not self._closing:
-            self.busy_changed.emit(dict(busy))
+            if not self._closing:
+                self.busy_changed.emit(dict(busy))
 
