@@ -37,21 +37,61 @@ layout(push_constant) uniform Push {
     uint expert_base;  // first expert held by this part of W
 } p;
 
+const uint BK = 64, BK4 = BK / 4, S4 = BK4 + 2;   // f16vec4s per row, padded
+const uint CPR = BK / CHUNK;                       // chunks of a row per step: 1 or 2
+const uint MF = BM / 32, NF = BN / 32;             // 16x16 tiles per subgroup
+shared f16vec4 As[BM * S4];                       // W tile, row-major: rows x k
+shared f16vec4 Bs[BN * S4];                       // x tile, slot-major: slots x k
+shared float Cs[4 * 256];                         // per subgroup: one 16x16 tile of sums
 shared uint slot_of[BN];                          // the tile's slots (perm), 0 past count
 shared uint xrow_of[BN];                          // ... and their x rows, in vec4
 
-uint x_row(uint t) { return xrow_of[t]; }
+#define ACCUM coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+const uint A_TASKS = BM * CPR, A_PER = (A_TASKS + 127) / 128;     // chunks per lane
+const uint B_PER = BN * BK4 / 128;                                 // vec4s of x per lane
 
-void put(uint t, uint row, float v) { y[slot_of[t] * p.n_out + row] = v; }
+vec4 wa[A_PER][NV];
+vec4 xb[B_PER];
 
-#include "cm_tile.glsl"
+// rows w0 + row0 .. of this part (the expert's), and the tile's live slots (< live)
+void fetch(uint k0, uint w0, uint row0, uint live, uint nc) {
+    [[unroll]] for (uint i = 0; i < A_PER; i++) {
+        const uint task = gl_LocalInvocationID.x + 128 * i;
+        if (task < A_TASKS) {
+            const uint r = task / CPR, c = task % CPR;
+            const uint row = w0 + min(row0 + r, p.n_out - 1);
+            dequant_chunk(row * nc + k0 / CHUNK + c, wa[i]);
+        }
+    }
+    [[unroll]] for (uint i = 0; i < B_PER; i++) {
+        const uint u = gl_LocalInvocationID.x + 128 * i;
+        const uint t = u / BK4, v = u % BK4;
+        xb[i] = t < live ? x4[xrow_of[t] + k0 / 4 + v] : vec4(0.0);
+    }
+}
+
+void stash() {
+    [[unroll]] for (uint i = 0; i < A_PER; i++) {
+        const uint task = gl_LocalInvocationID.x + 128 * i;
+        if (task < A_TASKS) {
+            const uint r = task / CPR, c = task % CPR;
+            [[unroll]] for (uint v = 0; v < NV; v++) As[r * S4 + c * NV + v] = f16vec4(wa[i][v]);
+        }
+    }
+    [[unroll]] for (uint i = 0; i < B_PER; i++) {
+        const uint u = gl_LocalInvocationID.x + 128 * i;
+        Bs[(u / BK4) * S4 + u % BK4] = f16vec4(xb[i]);
+    }
+}
 
 void main() {
+    const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
+    const uint sm = sg & 1, sn = sg >> 1;                  // this subgroup's quarter
     const uint row0 = gl_WorkGroupID.x * BM;
     const uint e = gl_WorkGroupID.z;                       // in this part
     const uint offset = groups[2 * (p.expert_base + e)];
     const uint count = groups[2 * (p.expert_base + e) + 1];
-    const uint xs = p.n_in / 4;
+    const uint nc = p.n_in / CHUNK, xs = p.n_in / 4, w0 = e * p.n_out;
 
     for (uint i0 = gl_WorkGroupID.y * BN; i0 < count; i0 += gl_NumWorkGroups.y * BN) {
         const uint live = min(BN, count - i0);
@@ -62,7 +102,46 @@ void main() {
             xrow_of[t] = (X_SLOT != 0 ? s : s / p.n_used) * xs;
         }
         barrier();
-        tile_product(e * p.n_out, row0, live);
-        tile_store(row0, live);
+
+        ACCUM acc[MF][NF];
+        [[unroll]] for (uint i = 0; i < MF; i++)
+            [[unroll]] for (uint j = 0; j < NF; j++) acc[i][j] = ACCUM(0.0);
+        fetch(0, w0, row0, live, nc);
+        for (uint k0 = 0; k0 < p.n_in; k0 += BK) {
+            barrier();                                     // the last step's reads are done
+            stash();
+            barrier();
+            if (k0 + BK < p.n_in) fetch(k0 + BK, w0, row0, live, nc);
+            [[unroll]] for (uint kk = 0; kk < BK4; kk += 4) {   // 16 k at a time
+                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[MF];
+                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+                [[unroll]] for (uint i = 0; i < MF; i++)
+                    coopMatLoad(a[i], As, (sm * BM / 2 + i * 16) * S4 + kk, S4,
+                                gl_CooperativeMatrixLayoutRowMajor);
+                [[unroll]] for (uint j = 0; j < NF; j++) {    // K x N from slot-major rows
+                    coopMatLoad(b, Bs, (sn * BN / 2 + j * 16) * S4 + kk, S4,
+                                gl_CooperativeMatrixLayoutColumnMajor);
+                    [[unroll]] for (uint i = 0; i < MF; i++)
+                        acc[i][j] = coopMatMulAdd(a[i], b, acc[i][j]);
+                }
+            }
+        }
+
+        // tile (i, j): rows row0 + sm*BM/2 + 16i .., slots sn*BN/2 + 16j .. of the tile
+        [[unroll]] for (uint i = 0; i < MF; i++) {
+            [[unroll]] for (uint j = 0; j < NF; j++) {
+                coopMatStore(acc[i][j], Cs, sg * 256, 16, gl_CooperativeMatrixLayoutColumnMajor);
+                subgroupMemoryBarrierShared();
+                subgroupBarrier();
+                [[unroll]] for (uint q = 0; q < 8; q++) {
+                    const uint idx = lane + 32 * q;          // slot idx / 16, row idx % 16
+                    const uint t = sn * BN / 2 + j * 16 + idx / 16;
+                    const uint row = row0 + sm * BM / 2 + i * 16 + idx % 16;
+                    if (t < live && row < p.n_out)
+                        y[slot_of[t] * p.n_out + row] = Cs[sg * 256 + idx];
+                }
+                subgroupBarrier();
+            }
+        }
     }
 }
