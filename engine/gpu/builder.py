@@ -259,15 +259,15 @@ class Builder:
         f16 into their caches' row for step.pos0, so no rope_qkv pass follows (True).
         head_norm (q's weight, k's, their epsilon, a scratch for k's sums): each head of q
         and k RMS-normed over itself before rope, by the subgroup that completes the head
-        (HNORM). Only where one token's products take int8 activations and rope turns every
-        dim of a head; else nothing is done (False)."""
+        (HNORM), where Tuning.head_norm; else nothing is done (False). Only where one
+        token's products take int8 activations and rope turns every dim of a head."""
         biases = biases or [None] * 3
         if not (self._vecq_whole(n, proj) and norm.wtype == "F32" and self.seqs == 0
                 and rope.n_dims == head_dim
                 and all(b is None or b.wtype == "F32" for b in biases)):
             return False
         if head_norm is not None and not (
-                biases == [None] * 3 and head_norm[2] == eps
+                self.t.head_norm and biases == [None] * 3 and head_norm[2] == eps
                 and head_norm[0].wtype == head_norm[1].wtype == "F32"):
             return False
         table = self.rs.rope_table(rope) if self.t.ggml_numerics or not rope.plain else None

@@ -83,6 +83,10 @@ class Tuning:
     route_experts: bool = True   # one token's routing inside its experts' first product
                                  # (mul_mat_vecq's ROUTE), not a moe_router pass before it;
                                  # $HOTSEAT_ROUTE_EXPERTS=off for the pass
+    head_norm: bool = False      # one token's per-head q/k norms and rope at the end of each
+                                 # head's product (mul_mat_vecq's HNORM), not in rope_qkv's
+                                 # pass: on an H100 Qwen3-8B decoded 2.5% slower with it and
+                                 # Qwen3-30B-A3B 8%; $HOTSEAT_HEAD_NORM=on takes it
     moe_cm: bool = False         # ... and on the matrix units where prefill takes them
                                  # (mul_mat_moe_cm): off until a GPU run has held it to
                                  # mul_mat_id and timed it; $HOTSEAT_MOE_CM=on turns it on
@@ -150,6 +154,7 @@ class Tuning:
         t.tall_groups = count_setting("HOTSEAT_TALL_GROUPS", t.tall_groups)
         t.moe_cm = switch_setting("HOTSEAT_MOE_CM", t.moe_cm)
         t.route_experts = switch_setting("HOTSEAT_ROUTE_EXPERTS", t.route_experts)
+        t.head_norm = switch_setting("HOTSEAT_HEAD_NORM", t.head_norm)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t

@@ -180,13 +180,13 @@ def test_head_norms_go_into_rope_qkv(dev, kc, name, n, monkeypatch):
     assert roped == [True] * n_attn
 
 
-def int8_decode(dev, kc, tmp_path, src: str, names: tuple[str, ...],
-                prompt: list[int]) -> tuple[list, list[str], Model]:
+def int8_decode(dev, kc, tmp_path, src: str, names: tuple[str, ...], prompt: list[int],
+                **tuning) -> tuple[list, list[str], Model]:
     """src's synthetic file with the tensors whose names hold one of `names` in Q8_0 (a
     type mul_mat_vecq reads), each position of prompt decoded as one token on a GPU's
-    decode paths (int8 activations, device numerics): (the logit rows, the one-token
-    graph's op names, the closed model for its config) and the file's path in
-    tmp_path."""
+    decode paths (int8 activations, device numerics; Tuning's fields in `tuning` over
+    those): (the logit rows, the one-token graph's op names, the closed model for its
+    config) and the file's path in tmp_path."""
     import gguf
     import numpy as np
     from gguf.quants import quantize
@@ -202,6 +202,8 @@ def int8_decode(dev, kc, tmp_path, src: str, names: tuple[str, ...],
     try:
         m.tuning.coopmat = False
         m.tuning.matvec, m.tuning.ggml_numerics = True, False
+        for field, value in tuning.items():
+            setattr(m.tuning, field, value)
         m.profile = True                         # the graph names its ops
         rows = [m.eval([t], i, greedy=False) for i, t in enumerate(prompt)]
         ops = [name for name, _ in m._graph(1, False).profile()]
@@ -228,25 +230,24 @@ def assert_near_reference(path: str, prompt: list[int], rows: list, bound: float
         assert np.sum((got - ref) ** 2) / np.sum(ref ** 2) < bound
 
 
-def test_head_norms_on_int8_decode_follow_the_reference(dev, kc, tmp_path, monkeypatch):
-    """qwen3's per-head q and k norms on int8 decode: q, k and v take mul_mat_vecq's
-    products with each head normed and rotated by the subgroup that completes it (HNORM),
-    so no rope_qkv pass follows; its attention matrices in Q8_0, each position decoded as
-    one token. The logits against the numpy reference of the same file (int8 activations:
-    about 1e-4), and against the same products with the norms and rope in rope_qkv's pass:
-    the same bits where rope_qkv sums a head's squares on one subgroup (lavapipe), as
-    HNORM does; else their order moves the last bits of q and k, which the f16 cache and
-    the next product's int8 rounding may carry (bounded here at 1e-6)."""
+def test_head_norms_on_int8_decode_follow_the_reference(dev, kc, tmp_path):
+    """qwen3's per-head q and k norms on int8 decode, where Tuning.head_norm (off by
+    default): q, k and v take mul_mat_vecq's products with each head normed and rotated by
+    the subgroup that completes it (HNORM), so no rope_qkv pass follows; its attention
+    matrices in Q8_0, each position decoded as one token. The logits against the numpy
+    reference of the same file (int8 activations: about 1e-4), and against the default,
+    the same products with the norms and rope in rope_qkv's pass: the same bits where
+    rope_qkv sums a head's squares on one subgroup (lavapipe), as HNORM does; else their
+    order moves the last bits of q and k, which the f16 cache and the next product's int8
+    rounding may carry (bounded here at 1e-6)."""
     import numpy as np
 
     prompt = [5, 17, 300, 42, 7, 99, 3, 11]
     names = ("attn_q.", "attn_k.", "attn_v.")
-    rows, ops, m = int8_decode(dev, kc, tmp_path, "qwen3-linear-f16", names, prompt)
+    rows, ops, m = int8_decode(dev, kc, tmp_path, "qwen3-linear-f16", names, prompt,
+                               head_norm=True)
     assert "rope_qkv" not in ops and ops.count("mul_mat_vecq_Q8_0") == 3 * m.config.n_layer
     assert_near_reference(m.path, prompt, rows, 2e-3)
-    fused = Builder.norm_qkv_rope
-    monkeypatch.setattr(Builder, "norm_qkv_rope", lambda self, *a, head_norm=None, **kw:
-                        head_norm is None and fused(self, *a, **kw))
     apart, ops_apart, _ = int8_decode(dev, kc, tmp_path, "qwen3-linear-f16", names, prompt)
     assert ops_apart.count("rope_qkv") == m.config.n_layer
     rows, apart = np.stack(rows).astype(np.float64), np.stack(apart).astype(np.float64)

@@ -203,16 +203,23 @@ def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
         Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
 
 
-def test_the_routing_setting(monkeypatch):
+@pytest.mark.parametrize("name, field, default", [("HOTSEAT_ROUTE_EXPERTS", "route_experts", True),
+                                                  ("HOTSEAT_HEAD_NORM", "head_norm", False)])
+def test_the_decode_fusion_switches(monkeypatch, name, field, default):
     """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
-    asks for the moe_router pass; a value other than on or off names the setting."""
-    monkeypatch.delenv("HOTSEAT_ROUTE_EXPERTS", raising=False)
-    assert Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32).route_experts
-    monkeypatch.setenv("HOTSEAT_ROUTE_EXPERTS", "off")
-    assert not Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32).route_experts
-    monkeypatch.setenv("HOTSEAT_ROUTE_EXPERTS", "1")
-    with pytest.raises(ValueError, match="HOTSEAT_ROUTE_EXPERTS"):
-        Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32)
+    asks for the moe_router pass; per-head q/k norms stay in rope_qkv's pass unless
+    HOTSEAT_HEAD_NORM=on; a value other than on or off names the setting."""
+    def value() -> bool:
+        return getattr(Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32), field)
+
+    monkeypatch.delenv(name, raising=False)
+    assert value() == default
+    for setting in ("on", "off"):
+        monkeypatch.setenv(name, setting)
+        assert value() == (setting == "on")
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(ValueError, match=name):
+        value()
 
 
 def test_decode_attention_settings(monkeypatch):
