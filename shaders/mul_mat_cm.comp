@@ -17,7 +17,7 @@
 layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint ACC = 0;      // 1: add into y (fused residual add)
 layout(constant_id = 1) const uint BM = 128;     // weight rows per workgroup: 64 or 128
-layout(constant_id = 2) const uint BN = 64;      // tokens per workgroup: 32 or 64
+layout(constant_id = 2) const uint BN = 64;      // tokens per workgroup: 32, 64 or 128
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };

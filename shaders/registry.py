@@ -19,6 +19,7 @@ K_QUANTS = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 SUPER_BLOCKS = K_QUANTS + ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "IQ2_S")       # 256-weight super-blocks: rows of 256k weights
                                             # (include/types.glsl's SUPER_BLOCK)
 MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4")   # mul_mat_vecq's readers
+CM2_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")           # mul_mat_cm2's decoders
 _FMT = {"u32": "I", "f32": "f"}
 MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, route.glsl's
 
@@ -56,6 +57,8 @@ class KernelSpec:
     writes: tuple[int, ...] = ()            # bindings the kernel writes (for barriers)
     coopmat: bool = False                   # uses VK_KHR_cooperative_matrix: compiled by
                                             # glslang (the glslc of Debian 12 lacks it)
+    coopmat2: bool = False                  # uses VK_NV_cooperative_matrix2: compiled by a
+                                            # glslang of 15 or later, for Vulkan 1.3
     step: int | None = None                 # binding of the step buffer, if it reads it
     types: tuple[str, ...] = ()             # typed: only these weight types (else all)
     dot4: bool = False                      # uses SPV_KHR_integer_dot_product (the device's
@@ -100,6 +103,12 @@ KERNELS: dict[str, KernelSpec] = {
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("y_stride", U)),
         (("ACC", 0), ("BM", 1), ("BN", 2)), typed=True, writes=(2,), coopmat=True),
+    "mul_mat_cm2": KernelSpec(
+        "mul_mat_cm2.comp", 3,
+        (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
+         ("y_stride", U)),
+        (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3)), typed=True, writes=(2,), coopmat2=True,
+        types=CM2_TYPES),
     "mul_mat_id": KernelSpec(
         "mul_mat_id.comp", 4,
         (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U), ("n_experts", U)),
@@ -226,10 +235,10 @@ def variant_name(kernel: str, wtype: str | None = None) -> str:
 
 
 def _variants() -> dict[str, tuple[str, tuple[str, ...], str]]:
-    """variant -> (source, defines, compiler: "glslc" or "glslang")."""
+    """variant -> (source, defines, compiler: "glslc", "glslang" or "glslang2")."""
     out = {}
     for name, ks in KERNELS.items():
-        tool = "glslang" if ks.coopmat else "glslc"
+        tool = "glslang2" if ks.coopmat2 else "glslang" if ks.coopmat else "glslc"
         defs = () if ks.step is None else (f"STEP_BINDING={ks.step}",)
         if ks.typed:
             for t in ks.types or WEIGHT_TYPES:

@@ -20,7 +20,7 @@ from .paths import Paths, Tuning
 from .rope import Rope
 from .runstate import RunState, delta_scratch_floats
 from .tensors import Tensor, View
-from shaders.registry import MATVECQ_TYPES
+from shaders.registry import CM2_TYPES, MATVECQ_TYPES
 
 # mul_mat_vecq's push constants that only PAIR, ROPE, OUT16 and EXPERTS read
 VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0, expert_base=0,
@@ -125,9 +125,12 @@ class Builder:
             self._matvec(w, x, y, accumulate, x_row, int8=int8)
             return
         n_in, n_out = w.shape[0], w.rows
-        if not one and p.prefill_matmul == "mul_mat_cm" and n_in % CM_K == 0 \
-                and not any(skips):
-            self._matmul_cm(w, x, y, n, accumulate, x_row)
+        if not one and p.prefill_matmul in ("mul_mat_cm", "mul_mat_cm2") \
+                and n_in % CM_K == 0 and not any(skips):
+            if p.prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
+                self._matmul_cm2(w, x, y, n, accumulate, x_row)
+            else:
+                self._matmul_cm(w, x, y, n, accumulate, x_row)
             return
         rows, nt = (self.t.mv_rows, 1) if one else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
@@ -156,6 +159,19 @@ class Builder:
                       wtype=w.wtype, spec=dict(ACC=int(accumulate), BM=bm, BN=bn), n_in=n_in,
                       n_out=count, n_tokens=n, x_offset=x_row * n_in // 4, y_offset=first,
                       y_stride=n_out)
+        self._wrote(y)
+
+    def _matmul_cm2(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool,
+                    x_row: int) -> None:
+        """Many tokens on NVIDIA's workgroup-scope matrices: W decoded to f16 and x turned
+        to f16 inside the driver's tile loads, f32 sums."""
+        n_in, n_out = w.shape[0], w.rows
+        bm, bn, wg = self.t.cm2_tile
+        for buf, first, count in w.bindings():
+            self.g.op("mul_mat_cm2", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
+                      wtype=w.wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate)),
+                      n_in=n_in, n_out=count, n_tokens=n, x_offset=x_row * n_in // 4,
+                      y_offset=first, y_stride=n_out)
         self._wrote(y)
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,

@@ -59,6 +59,10 @@ class Tuning:
     argmax_wg: int = 1024   # lanes of the one argmax (and logprobs) workgroup, at least
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
     cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
+    coopmat2: bool = False  # ... through NVIDIA's workgroup-scope matrices where the type
+                            # has a decoder (mul_mat_cm2, VK_NV_cooperative_matrix2): off
+                            # until a GPU run has timed it; $HOTSEAT_COOPMAT2=on takes it
+    cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
                                  # off by default on devices with matrix units
@@ -118,6 +122,9 @@ class Tuning:
                          and os.environ.get("HOTSEAT_MATVECQ") != "off",
                          compute_units=dev.compute_units)
         t.moe_cm = t.moe_cm and compiled("mul_mat_moe_cm")
+        t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
+                      and switch_setting("HOTSEAT_COOPMAT2", t.coopmat2))
+        t.cm2_tile = cm2_tile_setting(t.cm2_tile)
         return t
 
     @classmethod
@@ -153,6 +160,7 @@ class Tuning:
         t.long_groups = count_setting("HOTSEAT_LONG_GROUPS", t.long_groups)
         t.tall_groups = count_setting("HOTSEAT_TALL_GROUPS", t.tall_groups)
         t.moe_cm = switch_setting("HOTSEAT_MOE_CM", t.moe_cm)
+        t.cm_tile = cm_tile_setting(t.cm_tile, max_shared)   # to measure mul_mat_cm's tiles
         t.route_experts = switch_setting("HOTSEAT_ROUTE_EXPERTS", t.route_experts)
         t.head_norm = switch_setting("HOTSEAT_HEAD_NORM", t.head_norm)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
@@ -299,7 +307,8 @@ class Tuning:
             head_dim=head_dim,
             decode_matmul="mul_mat_vecq" if self.matvecq else "mul_mat_vec" if self.matvec
             else "mul_mat",
-            prefill_matmul="mul_mat_cm" if self.fast_prefill else "mul_mat",
+            prefill_matmul="mul_mat_cm2" if self.fast_prefill and self.coopmat2
+            else "mul_mat_cm" if self.fast_prefill else "mul_mat",
             # with ggml's rounding a token's attention has the same bits whichever pass
             # computes it: decode takes the prefill's kernel, so a cached prefix followed by
             # one token gives the answer of the whole prompt
@@ -318,8 +327,10 @@ class Paths:
     head_dim: int
     decode_matmul: str       # mul_mat_vecq (int8 activations, where the type has a
                              # reader; else mul_mat_vec) | mul_mat_vec | mul_mat (one token)
-    prefill_matmul: str      # mul_mat_cm (matrix units) | mul_mat (register tiles);
-                             # a product whose row length is no multiple of 16 takes mul_mat
+    prefill_matmul: str      # mul_mat_cm2 (workgroup-scope matrix units; the types it
+                             # has no decoder for take mul_mat_cm) | mul_mat_cm (matrix
+                             # units) | mul_mat (register tiles); a product whose row
+                             # length is no multiple of 64 takes mul_mat
     decode_attention: str    # attn_decode (one pass per split) | attn_split (two) | with
                              # ggml numerics, prefill_attention's kernel
     prefill_attention: str   # flash_attn_cm | flash_attn (tiled) | attention (per token)
@@ -347,6 +358,50 @@ def switch_setting(name: str, default: bool) -> bool:
     if value not in ("", "on", "off"):
         raise ValueError(f"{name}: {value!r} is not on or off")
     return default if not value else value == "on"
+
+
+CM_TILES = {"BM": (64, 128), "BN": (32, 64, 128)}    # mul_mat_cm's tiles
+
+
+def cm_shared_bytes(bm: int, bn: int) -> int:
+    """mul_mat_cm's shared memory at a tile: its W and x tiles as f16 rows of 64 + 8 padding,
+    and each subgroup's 16x16 staging of f32 sums."""
+    return 2 * 72 * (bm + bn) + 4 * 4 * 256
+
+
+def cm_tile_setting(default: tuple[int, int], max_shared: int) -> tuple[int, int]:
+    """$HOTSEAT_CM_TILE as BMxBN (weight rows x tokens of a mul_mat_cm workgroup), or default
+    where it is unset."""
+    value = os.environ.get("HOTSEAT_CM_TILE", "").strip()
+    if not value:
+        return default
+    bm, _, bn = value.partition("x")
+    if not (bm.isdigit() and bn.isdigit() and int(bm) in CM_TILES["BM"]
+            and int(bn) in CM_TILES["BN"]):
+        raise ValueError(f"HOTSEAT_CM_TILE: {value!r} is not BMxBN with BM in "
+                         f"{CM_TILES['BM']} and BN in {CM_TILES['BN']}")
+    tile = int(bm), int(bn)
+    if cm_shared_bytes(*tile) > max_shared:
+        raise ValueError(f"HOTSEAT_CM_TILE: {value} needs {cm_shared_bytes(*tile)} bytes of "
+                         f"shared memory; the device gives {max_shared}")
+    return tile
+
+
+CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256)}
+
+
+def cm2_tile_setting(default: tuple[int, int, int]) -> tuple[int, int, int]:
+    """$HOTSEAT_CM2_TILE as BMxBNxWG (weight rows x tokens x lanes of a mul_mat_cm2
+    workgroup), or default where it is unset."""
+    value = os.environ.get("HOTSEAT_CM2_TILE", "").strip()
+    if not value:
+        return default
+    parts = value.split("x")
+    if len(parts) != 3 or not all(v.isdigit() for v in parts) \
+            or any(int(v) not in CM2_TILES[k] for k, v in zip(("BM", "BN", "WG"), parts)):
+        raise ValueError(f"HOTSEAT_CM2_TILE: {value!r} is not BMxBNxWG with BM in "
+                         f"{CM2_TILES['BM']}, BN in {CM2_TILES['BN']}, WG in {CM2_TILES['WG']}")
+    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 def count_setting(name: str, default: int) -> int:

@@ -227,7 +227,7 @@ class Device:
         self.wait_min_s = seconds_setting("HOTSEAT_WAIT_MIN_S")
         app = _vk.VkApplicationInfo(pApplicationName="hotseat", applicationVersion=1,
                                     pEngineName="hotseat", engineVersion=1,
-                                    apiVersion=_vk.VK_MAKE_VERSION(1, 2, 0))
+                                    apiVersion=_instance_version())
         exts = [e.extensionName for e in _vk.vkEnumerateInstanceExtensionProperties(None)]
         flags = 0
         enabled = []
@@ -255,6 +255,8 @@ class Device:
         self.name = self.info.name
         props = _vk.vkGetPhysicalDeviceProperties(self.physical)
         self.limits = props.limits
+        # the version this device is used at: its own, at most the instance's
+        self.api_version = min(int(props.apiVersion), _instance_version())
         self.timestamp_period_ns = float(props.limits.timestampPeriod)
         self.max_storage_range = int(props.limits.maxStorageBufferRange)
         self.storage_align = int(props.limits.minStorageBufferOffsetAlignment)
@@ -312,6 +314,13 @@ class Device:
         self.coopmat = (self.has_float16 and bool(f12.vulkanMemoryModel)
                         and "VK_KHR_cooperative_matrix" in dev_exts
                         and self._coopmat_16x16x16())
+        # NVIDIA's workgroup-scope matrices (VK_NV_cooperative_matrix2: mul_mat_cm2), on top
+        # of the KHR ones; their SPIR-V is 1.6 (Vulkan 1.3) and their decode functions take
+        # buffer addresses
+        self.coopmat2 = (self.coopmat and bool(f12.bufferDeviceAddress)
+                         and self.api_version >= _vk.VK_MAKE_VERSION(1, 3, 0)
+                         and "VK_NV_cooperative_matrix2" in dev_exts
+                         and self._coopmat2_features() and self._coopmat2_workgroups())
         # 4-wide int8 dot products (mul_mat_vecq, the decode product with int8 activations)
         self.dot4 = False
         if "VK_KHR_shader_integer_dot_product" in dev_exts:
@@ -323,13 +332,17 @@ class Device:
             storageBuffer16BitAccess=_vk.VK_TRUE,
             pNext=_vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(
                 shaderIntegerDotProduct=_vk.VK_TRUE) if self.dot4 else None)
+        want_cm2 = self._coopmat2_chain(want11) if self.coopmat2 else want11
         want_cm = (_vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
-            pNext=want11, cooperativeMatrix=_vk.VK_TRUE) if self.coopmat else want11)
+            pNext=want_cm2, cooperativeMatrix=_vk.VK_TRUE) if self.coopmat else want11)
         want12 = _vk.VkPhysicalDeviceVulkan12Features(
             pNext=want_cm, storageBuffer8BitAccess=f12.storageBuffer8BitAccess or None,
             shaderInt8=f12.shaderInt8 or None, shaderFloat16=f12.shaderFloat16 or None,
             hostQueryReset=f12.hostQueryReset or None,
-            vulkanMemoryModel=_vk.VK_TRUE if self.coopmat else None)
+            vulkanMemoryModel=_vk.VK_TRUE if self.coopmat else None,
+            bufferDeviceAddress=_vk.VK_TRUE if self.coopmat2 else None)
+        # buffers whose addresses shaders may take (mul_mat_cm2's decode functions)
+        self.buffer_usage = BUFFER_USAGE | (SHADER_DEVICE_ADDRESS if self.coopmat2 else 0)
         self.host_query_reset = bool(f12.hostQueryReset)
         want = _vk.VkPhysicalDeviceFeatures2(pNext=want12, features=_vk.VkPhysicalDeviceFeatures(
             shaderInt16=feats.features.shaderInt16 or None,
@@ -337,6 +350,7 @@ class Device:
         enable = [e for e in ("VK_EXT_memory_budget", "VK_EXT_external_memory_host",
                               "VK_KHR_external_memory_fd") if e in dev_exts] \
             + (["VK_KHR_cooperative_matrix"] if self.coopmat else []) \
+            + (["VK_NV_cooperative_matrix2"] if self.coopmat2 else []) \
             + (["VK_KHR_shader_integer_dot_product"] if self.dot4 else [])
         qinfo = _vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.queue_family,
                                             queueCount=1, pQueuePriorities=[1.0])
@@ -388,6 +402,56 @@ class Device:
         return any((p.MSize, p.NSize, p.KSize, p.AType, p.BType, p.CType, p.ResultType, p.scope)
                    == (16, 16, 16, f16, f16, f32, f32, _vk.VK_SCOPE_SUBGROUP_KHR)
                    for p in props[0:count[0]])
+
+    def _coopmat2_features(self) -> bool:
+        """Whether VK_NV_cooperative_matrix2 gives all that mul_mat_cm2 uses: workgroup
+        scope, flexible sizes, tensor addressing and block loads (decode functions)."""
+        feats = ffi.new("uint32_t[12]")       # sType, pNext, then 7 VkBool32
+        feats[0] = COOPMAT2_FEATURES
+        _vk.vkGetPhysicalDeviceFeatures2(self.physical, _vk.VkPhysicalDeviceFeatures2(
+            pNext=ffi.cast("void*", feats)))
+        # workgroup scope, flexible dimensions, reductions, conversions, per-element
+        # operations, tensor addressing, block loads
+        return all(feats[4 + i] for i in (0, 1, 5, 6))
+
+    def _coopmat2_chain(self, nxt):
+        """The VK_NV_cooperative_matrix2 features mul_mat_cm2 uses, as a pNext link before
+        nxt (the binding predates the extension: its struct laid out by hand)."""
+        feats = ffi.new("uint32_t[12]")
+        feats[0] = COOPMAT2_FEATURES
+        ffi.cast("void**", feats + 2)[0] = ffi.cast("void*", ffi.addressof(nxt))
+        for i in (0, 1, 5, 6):
+            feats[4 + i] = 1
+        self._keep = (feats, nxt)            # alive until vkCreateDevice has read them
+        return ffi.cast("void*", feats)
+
+    def _coopmat2_workgroups(self) -> bool:
+        """Whether the driver lists f16 x f16 + f32 workgroup-scope products for workgroups
+        of 256 lanes (vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV)
+        whose granularity divides mul_mat_cm2's tiles (multiples of 64)."""
+        name = b"vkGetPhysicalDeviceCooperativeMatrixFlexibleDimensionsPropertiesNV"
+        ptr = lib.vkGetInstanceProcAddr(self.instance, name)
+        if ptr == ffi.NULL:
+            return False
+        fn = ffi.cast("VkResult (*)(VkPhysicalDevice, uint32_t*, void*)", ptr)
+        count = ffi.new("uint32_t*")
+        if fn(self.physical, count, ffi.NULL) != _vk.VK_SUCCESS or not count[0]:
+            return False
+        # each entry 14 u32: sType, (pad), pNext (2), M, N, K granularity, A, B, C and
+        # result types, saturating, scope, workgroup invocations
+        props = ffi.new("uint32_t[]", 14 * count[0])
+        for i in range(count[0]):
+            props[14 * i] = COOPMAT2_FLEXIBLE
+        if fn(self.physical, count, props) != _vk.VK_SUCCESS:
+            return False
+        f16, f32 = _vk.VK_COMPONENT_TYPE_FLOAT16_KHR, _vk.VK_COMPONENT_TYPE_FLOAT32_KHR
+        for i in range(count[0]):
+            m, n, k, a, b, c, r, sat, scope, lanes = props[14 * i + 4:14 * i + 14]
+            if (a, b, c, r, sat, scope, lanes) == (f16, f16, f32, f32, 0,
+                                                   _vk.VK_SCOPE_WORKGROUP_KHR, 256) \
+                    and 64 % m == 0 and 64 % n == 0 and 64 % k == 0:
+                return True
+        return False
 
     # -- memory types -----------------------------------------------------------------------
     def _pick_memory_types(self) -> None:
@@ -651,6 +715,22 @@ BUFFER_USAGE = (_vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | _vk.VK_BUFFER_USAGE_TRA
                 | _vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT | _vk.VK_BUFFER_USAGE_INDIRECT_BUFFER_BIT)
 
 
+SHADER_DEVICE_ADDRESS = 0x00020000        # VK_BUFFER_USAGE_SHADER_DEVICE_ADDRESS_BIT
+ALLOCATE_DEVICE_ADDRESS = 0x00000002      # VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT
+COOPMAT2_FEATURES = 1000593000            # VK_NV_cooperative_matrix2's structure types
+COOPMAT2_FLEXIBLE = 1000593001
+
+
+def _instance_version() -> int:
+    """Vulkan 1.3 where the loader has it (mul_mat_cm2's SPIR-V 1.6 needs it), else 1.2."""
+    try:
+        have = _vk.vkEnumerateInstanceVersion()
+    except Exception:
+        return _vk.VK_MAKE_VERSION(1, 2, 0)
+    return min(have, _vk.VK_MAKE_VERSION(1, 3, 0)) if have >= _vk.VK_MAKE_VERSION(1, 2, 0) \
+        else _vk.VK_MAKE_VERSION(1, 2, 0)
+
+
 OPAQUE_FD = _vk.VK_EXTERNAL_MEMORY_HANDLE_TYPE_OPAQUE_FD_BIT
 
 
@@ -690,6 +770,10 @@ class _Block:
             nxt = ffi.new("VkImportMemoryFdInfoKHR*", {
                 "sType": _vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_FD_INFO_KHR,
                 "handleType": OPAQUE_FD, "fd": fd})
+        if dev.buffer_usage & SHADER_DEVICE_ADDRESS:     # its buffers' addresses may be taken
+            nxt = ffi.new("VkMemoryAllocateFlagsInfo*", {
+                "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO, "pNext": nxt,
+                "flags": ALLOCATE_DEVICE_ADDRESS})
         r, memory = _allocate_memory(dev, size, type_index, nxt)
         if r in (_vk.VK_ERROR_OUT_OF_DEVICE_MEMORY, _vk.VK_ERROR_OUT_OF_HOST_MEMORY):
             raise OutOfMemory(f"cannot allocate {size >> 20} MiB on {dev.name}")
@@ -821,7 +905,7 @@ class Allocator:
         # ~25 us each against ~3 us
         info = ffi.new("VkBufferCreateInfo*", {
             "sType": _vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, "size": nbytes,
-            "usage": BUFFER_USAGE, "sharingMode": _vk.VK_SHARING_MODE_EXCLUSIVE})
+            "usage": dev.buffer_usage, "sharingMode": _vk.VK_SHARING_MODE_EXCLUSIVE})
         out = ffi.new("VkBuffer*")
         # VkResult vkCreateBuffer(VkDevice, const VkBufferCreateInfo*,
         #                         const VkAllocationCallbacks*, VkBuffer*)

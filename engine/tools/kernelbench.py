@@ -3,13 +3,19 @@ against each other.
 
 concat: its two paths on the shapes lfm2 gives it. mul_mat_moe: a prefill chunk's expert
 products, one per token and slot against grouped by expert, on the shader cores and, where
-prefill takes the matrix units, on them (mul_mat_moe_cm, marked cm).
+prefill takes the matrix units, on them (mul_mat_moe_cm, marked cm). mul_mat_cm: the prefill
+products' tiles on the matrix units, KHR subgroup-scope (cm) and, where the device has
+VK_NV_cooperative_matrix2, workgroup-scope (cm2), against the register-tiled mul_mat.
 
 lfm2 concatenates each layer's conv state [n_embd, d_conv] with B * x read transposed
 ([n, n_embd] stored token-major), along dim 0. Each path is recorded once as a one-op graph
 and replayed `repeats` times; a replay's time is the op's GPU time from timestamps (wall
 time around the submit where the device has none). Reported: medians in microseconds and
 element-wise / tiled. Both paths' outputs are compared with numpy first.
+
+Why this module is long: one bench per kernel family, each short, all built on the same
+timing (`_time_records`), cold weight copies, random weights and checks, and reported by
+one command; split by kernel, each part would import all of that back.
 """
 from __future__ import annotations
 
@@ -20,6 +26,7 @@ import time
 import numpy as np
 
 from ..gpu import vk
+from shaders.registry import CM2_TYPES
 
 # (d_conv, tokens, n_embd): decode and a prefill chunk at LFM2-350M and -1.2B widths, and a
 # long prefill
@@ -261,20 +268,26 @@ def _check(dev, by, want: np.ndarray, tol: float, what: str) -> None:
 MATMUL_SHAPES = (("Q4_0", 2048, 2048, 512), ("Q4_0", 2048, 8192, 512),
                  ("Q4_0", 8192, 2048, 512), ("Q4_K", 4096, 4096, 512),
                  ("Q4_K", 4096, 14336, 512), ("Q6_K", 14336, 4096, 512),
-                 ("Q4_K", 4096, 14336, 256))
+                 ("Q4_K", 4096, 14336, 256), ("Q4_K", 4096, 14336, 2048))
+# mul_mat_cm2's (rows, tokens, lanes), where the device has VK_NV_cooperative_matrix2
+MATMUL_CM2_TILES = ((128, 128, 256), (128, 256, 256), (256, 128, 256), (128, 64, 256),
+                    (64, 64, 128), (64, 128, 128))
 MATMUL_VARIANTS = (("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64), ("mul_mat_cm", 128, 32),
-                   ("mul_mat_cm", 64, 32))
+                   ("mul_mat_cm", 64, 32), ("mul_mat_cm", 128, 128), ("mul_mat_cm", 64, 128))
 
 
 def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> list[dict]:
     """The cooperative-matrix prefill products, tile by tile, against the register-tiled
     mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative)."""
-    from ..gpu.paths import Tuning
+    from ..gpu.paths import Tuning, cm_shared_bytes
 
     if not dev.coopmat:
         raise ValueError(f"{dev.name} has no cooperative matrices: nothing to compare")
+    from ..gpu.kernels import compiled
+
     rng = np.random.default_rng(0)
     t = Tuning.for_device(dev)
+    cm2 = dev.coopmat2 and compiled("mul_mat_cm2")
     out = []
     for wtype, n_in, n_out, n in shapes:
         raw = _random_weights(rng, wtype, n_in, n_out)
@@ -300,6 +313,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
             row = {"type": wtype, "n_in": n_in, "n_out": n_out, "tokens": n,
                    "mul_mat_us": us, "mul_mat_tflops": flop / us / 1e6, "variants": []}
             for kernel, bm, bn in MATMUL_VARIANTS:
+                if cm_shared_bytes(bm, bn) > dev.max_shared:
+                    continue
                 spec = dict(ACC=0, BM=bm, BN=bn)
 
                 def cm(g, i=0, kernel=kernel, bm=bm, bn=bn, spec=spec):
@@ -311,7 +326,25 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
                 err = _rel_err(got, want)
                 row["variants"].append({"kernel": kernel, "tile": [bm, bn], "us": us,
                                         "tflops": flop / us / 1e6, "max_rel_err": err})
-            row["best"] = min(row["variants"], key=lambda v: v["us"])
+            for bm, bn, wg in (MATMUL_CM2_TILES if cm2 and wtype in CM2_TYPES else ()):
+                spec = dict(WG=wg, BM=bm, BN=bn, ACC=0)
+
+                def cm2_op(g, i=0, bm=bm, bn=bn, spec=spec):
+                    g.op("mul_mat_cm2", [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
+                         wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
+                         x_offset=0, y_offset=0, y_stride=n_out)
+                vk.upload(dev, by, np.zeros(n * n_out, np.float32))
+                try:
+                    us = _time_records(dev, kernels, cm2_op, repeats)
+                except Exception as exc:     # a tile the driver refuses: said, not fatal
+                    row["variants"].append({"kernel": "mul_mat_cm2", "tile": [bm, bn, wg],
+                                            "error": f"{type(exc).__name__}: {exc}"})
+                    continue
+                err = _rel_err(vk.download(dev, by).view(np.float32), want)
+                row["variants"].append({"kernel": "mul_mat_cm2", "tile": [bm, bn, wg],
+                                        "us": us, "tflops": flop / us / 1e6,
+                                        "max_rel_err": err})
+            row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"])
             out.append(row)
         finally:
             for b in (bw, bx, by):
@@ -609,8 +642,12 @@ def run_kernel_bench(args) -> int:
         print("|---|---:|---:|---:|---:|---|---:|---|")
         for r in rows:
             b = r["best"]
-            rest = " ".join(f"{v['kernel'][-3:]}{v['tile'][0]}x{v['tile'][1]}:{v['tflops']:.0f}"
-                            f"(e{v['max_rel_err']:.0e})" for v in r["variants"])
+            def one(v: dict) -> str:      # cm2 tiles: rows x tokens x lanes
+                name = f"{v['kernel'][8:]}{'x'.join(map(str, v['tile']))}"
+                if "error" in v:
+                    return f"{name}:refused"
+                return f"{name}:{v['tflops']:.0f}(e{v['max_rel_err']:.0e})"
+            rest = " ".join(one(v) for v in r["variants"])
             print(f"| {r['type']} | {r['n_in']} | {r['n_out']} | {r['tokens']} | "
                   f"{r['mul_mat_tflops']:.1f} | {b['kernel']} {b['tile']} | {b['tflops']:.1f} | "
                   f"{rest} |")

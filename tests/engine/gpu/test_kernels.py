@@ -11,8 +11,8 @@ from engine.gpu import vk
 from engine.gpu.builder import VECQ_PLAIN
 from engine.gpu.graph import run_once
 from engine.gpu.rope import Rope
-from shaders.registry import (KERNELS, STEP_BYTES, STEP_FIELDS, STEP_TOKENS, SUPER_BLOCKS,
-                              WEIGHT_TYPES, pack_step)
+from shaders.registry import (CM2_TYPES, KERNELS, STEP_BYTES, STEP_FIELDS, STEP_TOKENS,
+                              SUPER_BLOCKS, WEIGHT_TYPES, pack_step)
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[3] / "shaders"
@@ -248,12 +248,16 @@ def test_mul_mat_vec_fused_input(dev, kc, wtype, xform):
 
 
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
-@pytest.mark.parametrize("tile", [(128, 64), (64, 32)])
+@pytest.mark.parametrize("tile", [(128, 64), (64, 32), (128, 128)])
 def test_mul_mat_cm(dev, kc, wtype, tile):
     """The cooperative-matrix product against numpy on f16 inputs; partial tiles on both
     axes, a token offset, a residual add. Runs where the device has matrix units."""
+    from engine.gpu.paths import cm_shared_bytes
+
     if not dev.coopmat:
         pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
+    if cm_shared_bytes(*tile) > dev.max_shared:
+        pytest.skip(f"{dev.name} gives {dev.max_shared} bytes of shared memory")
     rng = np.random.default_rng(23)
     n_out, n_in, n = 200, 512, 70
     raw, w = quantized(wtype, n_out, n_in, rng)
@@ -267,6 +271,40 @@ def test_mul_mat_cm(dev, kc, wtype, tile):
     f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
     want = y0 + f16(x[1:]) @ f16(w).T
     assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9
+
+
+@pytest.mark.parametrize("wtype", CM2_TYPES)
+@pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 256, 256)])
+def test_mul_mat_cm2(dev, kc, wtype, tile):
+    """NVIDIA's workgroup-scope product against numpy on f16 inputs: partial tiles on both
+    axes (clamped loads and stores), a token offset, a binding's rows placed at an offset
+    in wider rows of y, a residual add. Runs where the device has VK_NV_cooperative_matrix2
+    and the kernel is compiled (a glslang of 15 or later)."""
+    from engine.gpu.kernels import compiled
+
+    if not (dev.coopmat2 and compiled("mul_mat_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
+    rng = np.random.default_rng(29)
+    n_out, n_in, n, y_offset, y_stride = 200, 512, 70, 5, 213
+    bm, bn, wg = tile
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = rng.standard_normal((n + 1, n_in)).astype(np.float32)
+    y0 = rng.standard_normal((n, y_stride)).astype(np.float32)
+    bw, bx, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, y0)
+    for acc in (0, 1):
+        vk.upload(dev, by, y0)
+        run_once(dev, kc, "mul_mat_cm2", [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
+                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc), n_in=n_in,
+                 n_out=n_out, n_tokens=n, x_offset=n_in // 4, y_offset=y_offset,
+                 y_stride=y_stride)
+        f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+        want = y0.astype(np.float64).copy()
+        want[:, y_offset:y_offset + n_out] = acc * want[:, y_offset:y_offset + n_out] \
+            + f16(x[1:]) @ f16(w).T
+        got = read(dev, by).reshape(n, y_stride)
+        assert nmse(got, want) < 1e-9, acc
+        assert np.array_equal(got[:, :y_offset], y0[:, :y_offset])       # others' rows kept
+        assert np.array_equal(got[:, y_offset + n_out:], y0[:, y_offset + n_out:])
 
 
 def _one_token_product(dev, kc, wtype, raw, x, n_out, tuning, x_row=0):

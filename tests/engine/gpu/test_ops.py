@@ -222,6 +222,47 @@ def test_the_decode_fusion_switches(monkeypatch, name, field, default):
         value()
 
 
+def test_the_matrix_unit_tile_setting(monkeypatch):
+    """HOTSEAT_CM_TILE sets mul_mat_cm's weight rows x tokens; a tile it has no variant for,
+    or one past the device's shared memory, is an error that names the setting."""
+    def tile(max_shared=49152):
+        return Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True,
+                               max_shared=max_shared).cm_tile
+
+    monkeypatch.delenv("HOTSEAT_CM_TILE", raising=False)
+    assert tile() == (128, 64)
+    monkeypatch.setenv("HOTSEAT_CM_TILE", "128x128")
+    assert tile() == (128, 128)
+    with pytest.raises(ValueError, match="HOTSEAT_CM_TILE.*shared memory"):
+        tile(max_shared=32768)
+    for bad in ("96x64", "128x256", "128", "wide"):
+        monkeypatch.setenv("HOTSEAT_CM_TILE", bad)
+        with pytest.raises(ValueError, match="HOTSEAT_CM_TILE"):
+            tile()
+
+
+def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
+    """Tuning.coopmat2 takes prefill's products to mul_mat_cm2 (bench prints it), off by
+    default; HOTSEAT_CM2_TILE sets its rows x tokens x lanes, and a tile it has no variant
+    for is an error that names the setting."""
+    t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
+    assert not t.coopmat2 and t.paths(128).prefill_matmul == "mul_mat_cm"
+    t.coopmat2 = True
+    assert t.paths(128).prefill_matmul == "mul_mat_cm2"
+    t.ggml_numerics = True                   # llama.cpp's rounding asked for: no f16 tiles
+    assert t.paths(128).prefill_matmul == "mul_mat"
+    from engine.gpu.paths import cm2_tile_setting
+
+    monkeypatch.delenv("HOTSEAT_CM2_TILE", raising=False)
+    assert cm2_tile_setting((128, 128, 256)) == (128, 128, 256)
+    monkeypatch.setenv("HOTSEAT_CM2_TILE", "256x128x256")
+    assert cm2_tile_setting((128, 128, 256)) == (256, 128, 256)
+    for bad in ("128x128", "96x128x256", "128x128x512", "wide"):
+        monkeypatch.setenv("HOTSEAT_CM2_TILE", bad)
+        with pytest.raises(ValueError, match="HOTSEAT_CM2_TILE"):
+            cm2_tile_setting((128, 128, 256))
+
+
 def test_decode_attention_settings(monkeypatch):
     """HOTSEAT_DECODE_WG and HOTSEAT_DECODE_HEADS set attn_decode's width and heads on a
     GPU; a setting that is not a count is an error that names it."""
