@@ -3,9 +3,10 @@
 // workgroup-scope matrices (a BM x BK tile of W, BK x BN of x, BM x BN of f32 sums) that the
 // driver spreads over the workgroup's subgroups and stages itself. W is read through tensor
 // loads that call a decode function per weight (its block and the weight's place in it), so
-// quantized rows become f16 inside the load; x is read as f32 the same way. Partial tiles
-// at the edges are clamped by the tensor layouts: loads past them give 0, stores past them
-// are dropped. Q4_K's sub-block scales and mins are worked out once per super-block and
+// quantized rows become f16 inside the load; x is read as f32 the same way (or as f16 where
+// a pass before has made it so: X16). Partial tiles at the edges are clamped by the tensor
+// layouts (loads past them give 0, stores past them are dropped); the others take plain
+// layouts, which spare the bounds checks. Q4_K's sub-block scales and mins are worked out once per super-block and
 // tile row into shared memory, where its decode function reads them.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -21,13 +22,14 @@ layout(local_size_x_id = 0) in;                  // 128 or 256 lanes
 layout(constant_id = 1) const uint BM = 128;     // weight rows per workgroup
 layout(constant_id = 2) const uint BN = 128;     // tokens per workgroup
 layout(constant_id = 3) const uint ACC = 0;      // 1: add into y (fused residual add)
+layout(constant_id = 4) const uint X16 = 0;      // 1: x is f16 already (x_offset in halves)
 const uint BK = 64;
 
 layout(push_constant) uniform Push {
     uint n_in;       // K, a multiple of BK
     uint n_out;      // rows of W in this binding
     uint n_tokens;
-    uint x_offset;   // in vec4 units: first token row to read
+    uint x_offset;   // in vec4 units (X16: in halves): first token row to read
     uint y_offset;   // in floats
     uint y_stride;   // floats between token rows of y
 } p;
@@ -98,27 +100,89 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
 }
 #endif
 
-// x as f32, four values a block, turned to f16 as the tile is loaded
+// x as f32, four values a block, turned to f16 as the tile is loaded; or as f16 (X16)
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
+layout(std430, binding = 1) readonly buffer X16s { float16_t x16[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer DecX { vec4 v; };
 float16_t decode_x(const in DecX bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
     return float16_t(bl.v[coordInBlock[1]]);
 }
 layout(std430, binding = 2) buffer Y { float y[]; };
 
+// one step along K: Q4_K's scales at each super-block, then W's tile and x's, then the
+// product; TW and TX are clamping layouts at the edges and plain ones inside
+#if defined(TYPE_Q4_K)
+#define SCALES(k0) if ((k0) % QK == 0) load_scales(row0, (k0) / QK);
+#else
+#define SCALES(k0)
+#endif
+#if defined(TYPE_F16)
+#define LOAD_W(TW, k0) coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, row0, BM, k0, BK));
+#else
+#define LOAD_W(TW, k0) \
+    coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, row0, BM, k0, BK), decode);
+#endif
+#define STEP(TW, TX, TX16) \
+    for (uint k0 = 0; k0 < p.n_in; k0 += BK) { \
+        SCALES(k0) \
+        LOAD_W(TW, k0) \
+        if (X16 != 0) \
+            coopMatLoadTensorNV(b, x16, p.x_offset, sliceTensorLayoutNV(TX16, t0, BN, k0, BK), \
+                                transposed); \
+        else \
+            coopMatLoadTensorNV(b, x4, p.x_offset, sliceTensorLayoutNV(TX, t0, BN, k0, BK), \
+                                transposed, decode_x); \
+        acc = coopMatMulAdd(a, b, acc); \
+    }
+
+#if defined(TYPE_Q4_K)
+// the super-block kb's (scale, min) per sub-block, for every row of the tile
+void load_scales(uint row0, uint kb) {
+    barrier();                       // the last super-block's loads are done
+    const uint nb = p.n_in / QK;
+    for (uint e = gl_LocalInvocationID.x; e < 2 * BM; e += gl_WorkGroupSize.x) {
+        const uint r = e >> 1, row = min(row0 + r, p.n_out - 1);
+        const uvec4 hd = w4[(row * nb + kb) * 9];
+        const vec2 dm = unpackHalf2x16(hd.x);
+        [[unroll]] for (uint s = 4 * (e & 1); s < 4 * (e & 1) + 4; s++) {
+            const uvec2 sm = scale_min(hd, s);
+            dmin[s * BM + r] = vec2(dm.x * float(sm.x), dm.y * float(sm.y));
+        }
+    }
+    barrier();
+}
+#endif
+
 void main() {
     const uint row0 = gl_WorkGroupID.x * BM, t0 = gl_WorkGroupID.y * BN;
 
-    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tw =
+    // W: rows of n_in weights in blocks of QK; x: token rows of n_in, f32 four a block (or
+    // f16); each in a clamping form for the edge tiles and a plain one for the others
+    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> twc =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+    twc = setTensorLayoutBlockSizeNV(twc, 1, QK);
+    twc = setTensorLayoutDimensionNV(twc, p.n_out, p.n_in);
+    twc = setTensorLayoutStrideNV(twc, p.n_in / QK, 1);
+    tensorLayoutNV<2> tw = createTensorLayoutNV(2);
     tw = setTensorLayoutBlockSizeNV(tw, 1, QK);
     tw = setTensorLayoutDimensionNV(tw, p.n_out, p.n_in);
     tw = setTensorLayoutStrideNV(tw, p.n_in / QK, 1);
-    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tx =
+    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> txc =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+    txc = setTensorLayoutBlockSizeNV(txc, 1, 4);
+    txc = setTensorLayoutDimensionNV(txc, p.n_tokens, p.n_in);
+    txc = setTensorLayoutStrideNV(txc, p.n_in / 4, 1);
+    tensorLayoutNV<2> tx = createTensorLayoutNV(2);
     tx = setTensorLayoutBlockSizeNV(tx, 1, 4);
     tx = setTensorLayoutDimensionNV(tx, p.n_tokens, p.n_in);
     tx = setTensorLayoutStrideNV(tx, p.n_in / 4, 1);
+    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> thc =
+        createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+    thc = setTensorLayoutDimensionNV(thc, p.n_tokens, p.n_in);
+    thc = setTensorLayoutStrideNV(thc, p.n_in, 1);
+    tensorLayoutNV<2> th = createTensorLayoutNV(2);
+    th = setTensorLayoutDimensionNV(th, p.n_tokens, p.n_in);
+    th = setTensorLayoutStrideNV(th, p.n_in, 1);
     // y: token rows of y_stride floats; this binding's rows start at y_offset
     tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> ty =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
@@ -135,31 +199,10 @@ void main() {
     }
     coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
     coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
-    for (uint k0 = 0; k0 < p.n_in; k0 += BK) {
-#if defined(TYPE_Q4_K)
-        if (k0 % QK == 0) {          // this super-block's scales and mins, for every tile row
-            barrier();               // the last super-block's loads are done
-            const uint nb = p.n_in / QK;
-            for (uint e = gl_LocalInvocationID.x; e < 2 * BM; e += gl_WorkGroupSize.x) {
-                const uint r = e >> 1, row = min(row0 + r, p.n_out - 1);
-                const uvec4 hd = w4[(row * nb + k0 / QK) * 9];
-                const vec2 dm = unpackHalf2x16(hd.x);
-                [[unroll]] for (uint s = 4 * (e & 1); s < 4 * (e & 1) + 4; s++) {
-                    const uvec2 sm = scale_min(hd, s);
-                    dmin[s * BM + r] = vec2(dm.x * float(sm.x), dm.y * float(sm.y));
-                }
-            }
-            barrier();
-        }
-#endif
-#if defined(TYPE_F16)
-        coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(tw, row0, BM, k0, BK));
-#else
-        coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(tw, row0, BM, k0, BK), decode);
-#endif
-        coopMatLoadTensorNV(b, x4, p.x_offset, sliceTensorLayoutNV(tx, t0, BN, k0, BK),
-                            transposed, decode_x);
-        acc = coopMatMulAdd(a, b, acc);
+    if (row0 + BM <= p.n_out && t0 + BN <= p.n_tokens) {
+        STEP(tw, tx, th)
+    } else {
+        STEP(twc, txc, thc)
     }
     coopMatStoreTensorNV(acc, y, 0, sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
                          transposed);

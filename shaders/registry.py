@@ -107,7 +107,8 @@ KERNELS: dict[str, KernelSpec] = {
         "mul_mat_cm2.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("y_stride", U)),
-        (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3)), typed=True, writes=(2,), coopmat2=True,
+        (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3), ("X16", 4)), typed=True, writes=(2,),
+        coopmat2=True,
         types=CM2_TYPES),
     "mul_mat_id": KernelSpec(
         "mul_mat_id.comp", 4,

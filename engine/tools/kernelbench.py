@@ -295,11 +295,13 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
         alloc = dev.allocator.alloc
         bw = alloc(raw.nbytes, "bench/w", "scratch")
         bx = alloc(x.nbytes, "bench/x", "scratch")
+        bh = alloc(x.nbytes // 2, "bench/x16", "scratch")
         by = alloc(4 * n * n_out, "bench/y", "scratch")
         flop = 2.0 * n * n_in * n_out
         try:
             vk.upload(dev, bw, raw)
             vk.upload(dev, bx, x)
+            vk.upload(dev, bh, x.astype(np.float16))
 
             def plain(g, i=0):
                 per = t.mm_rows * t.warps
@@ -326,28 +328,30 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
                 err = _rel_err(got, want)
                 row["variants"].append({"kernel": kernel, "tile": [bm, bn], "us": us,
                                         "tflops": flop / us / 1e6, "max_rel_err": err})
-            for bm, bn, wg in (MATMUL_CM2_TILES if cm2 and wtype in CM2_TYPES else ()):
-                spec = dict(WG=wg, BM=bm, BN=bn, ACC=0)
+            cm2_grid = [(tile, x16) for tile in MATMUL_CM2_TILES for x16 in (0, 1)] \
+                if cm2 and wtype in CM2_TYPES else []
+            for (bm, bn, wg), x16 in cm2_grid:    # x16: x given as f16 (a pass before)
+                spec = dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16)
+                name = "mul_mat_cm2h" if x16 else "mul_mat_cm2"
 
-                def cm2_op(g, i=0, bm=bm, bn=bn, spec=spec):
-                    g.op("mul_mat_cm2", [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
-                         wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
-                         x_offset=0, y_offset=0, y_stride=n_out)
+                def cm2_op(g, i=0, bm=bm, bn=bn, spec=spec, x16=x16):
+                    g.op("mul_mat_cm2", [bw, bh if x16 else bx, by],
+                         (-(-n_out // bm), -(-n // bn), 1), wtype=wtype, spec=spec, n_in=n_in,
+                         n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, y_stride=n_out)
                 vk.upload(dev, by, np.zeros(n * n_out, np.float32))
                 try:
                     us = _time_records(dev, kernels, cm2_op, repeats)
                 except Exception as exc:     # a tile the driver refuses: said, not fatal
-                    row["variants"].append({"kernel": "mul_mat_cm2", "tile": [bm, bn, wg],
+                    row["variants"].append({"kernel": name, "tile": [bm, bn, wg],
                                             "error": f"{type(exc).__name__}: {exc}"})
                     continue
                 err = _rel_err(vk.download(dev, by).view(np.float32), want)
-                row["variants"].append({"kernel": "mul_mat_cm2", "tile": [bm, bn, wg],
-                                        "us": us, "tflops": flop / us / 1e6,
-                                        "max_rel_err": err})
+                row["variants"].append({"kernel": name, "tile": [bm, bn, wg], "us": us,
+                                        "tflops": flop / us / 1e6, "max_rel_err": err})
             row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"])
             out.append(row)
         finally:
-            for b in (bw, bx, by):
+            for b in (bw, bx, bh, by):
                 dev.allocator.free(b)
     return out
 

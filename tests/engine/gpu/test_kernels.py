@@ -275,28 +275,32 @@ def test_mul_mat_cm(dev, kc, wtype, tile):
 
 @pytest.mark.parametrize("wtype", CM2_TYPES)
 @pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 256, 256)])
-def test_mul_mat_cm2(dev, kc, wtype, tile):
-    """NVIDIA's workgroup-scope product against numpy on f16 inputs: partial tiles on both
-    axes (clamped loads and stores), a token offset, a binding's rows placed at an offset
-    in wider rows of y, a residual add. Runs where the device has VK_NV_cooperative_matrix2
-    and the kernel is compiled (a glslang of 15 or later)."""
+@pytest.mark.parametrize("x16", [0, 1])
+def test_mul_mat_cm2(dev, kc, wtype, tile, x16):
+    """NVIDIA's workgroup-scope product against numpy on f16 inputs: whole tiles (plain
+    layouts) and partial ones on both axes (clamped loads and stores), a token offset, a
+    binding's rows placed at an offset in wider rows of y, a residual add; x as f32 or as
+    f16 (X16). Runs where the device has VK_NV_cooperative_matrix2 and the kernel is
+    compiled (a glslang of 15 or later)."""
     from engine.gpu.kernels import compiled
 
     if not (dev.coopmat2 and compiled("mul_mat_cm2")):
         pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
     rng = np.random.default_rng(29)
-    n_out, n_in, n, y_offset, y_stride = 200, 512, 70, 5, 213
     bm, bn, wg = tile
+    # 3 x 2 whole tiles and a partial one on each axis
+    n_out, n_in, n, y_offset, y_stride = 3 * bm + 40, 512, 2 * bn + 6, 5, 3 * bm + 53
     raw, w = quantized(wtype, n_out, n_in, rng)
     x = rng.standard_normal((n + 1, n_in)).astype(np.float32)
     y0 = rng.standard_normal((n, y_stride)).astype(np.float32)
-    bw, bx, by = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, y0)
+    bw, by = buf(dev, raw, kind="weights"), buf(dev, y0)
+    bx = buf(dev, x.astype(np.float16) if x16 else x)
     for acc in (0, 1):
         vk.upload(dev, by, y0)
         run_once(dev, kc, "mul_mat_cm2", [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
-                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc), n_in=n_in,
-                 n_out=n_out, n_tokens=n, x_offset=n_in // 4, y_offset=y_offset,
-                 y_stride=y_stride)
+                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc, X16=x16), n_in=n_in,
+                 n_out=n_out, n_tokens=n, x_offset=n_in if x16 else n_in // 4,
+                 y_offset=y_offset, y_stride=y_stride)
         f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
         want = y0.astype(np.float64).copy()
         want[:, y_offset:y_offset + n_out] = acc * want[:, y_offset:y_offset + n_out] \
