@@ -28,6 +28,7 @@ VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0, e
 # mul_mat_moe_cm's tile: weight rows x slots (a 512-token chunk gives each of 128 experts
 # about 32 slots where 8 are used, as Qwen3-30B-A3B routes)
 MOE_CM_TILE = (64, 32)
+MOE_CM2_TILE = (128, 32, 256)    # mul_mat_moe_cm2's: weight rows x slots x lanes
 
 
 class Builder:
@@ -415,7 +416,8 @@ class Builder:
         """y[t, j, :] = x[t (, j), :] @ w[ids[t, j]]^T for n tokens of n_used routed experts;
         w is [n_in, n_out, n_expert], x is [n, n_in] or, per_slot, [n, n_used, n_in].
         Several tokens: grouped by expert (Tuning.moe_grouped), each expert one product."""
-        if not self._one(n) and self.paths().moe_prefill in ("mul_mat_moe", "mul_mat_moe_cm"):
+        if not self._one(n) and self.paths().moe_prefill in ("mul_mat_moe", "mul_mat_moe_cm",
+                                                             "mul_mat_moe_cm2"):
             self._matmul_moe(w, x, ids, y, n, n_used, per_slot)
             return
         n_in, n_out = w.shape[0], w.shape[1]
@@ -447,8 +449,12 @@ class Builder:
         them (ggml_numerics), then one register-tiled product per expert over its slots."""
         n_in, n_out, n_expert = w.shape
         self.moe_group(ids, n, n_used, n_expert)
-        if self.paths().moe_prefill == "mul_mat_moe_cm" and n_in % CM_K == 0:
-            self._matmul_moe_cm(w, x, y, n, n_used, per_slot)
+        if self.paths().moe_prefill in ("mul_mat_moe_cm", "mul_mat_moe_cm2") \
+                and n_in % CM_K == 0:
+            if self.paths().moe_prefill == "mul_mat_moe_cm2" and w.wtype in CM2_TYPES:
+                self._matmul_moe_cm2(w, x, y, n, n_used, per_slot)
+            else:
+                self._matmul_moe_cm(w, x, y, n, n_used, per_slot)
             return
         rows = self.t.mm_rows
         nt = moe_tile_slots(n, n_used, n_expert, self.t.mm_tokens)
@@ -484,6 +490,21 @@ class Builder:
                       (-(-n_out // bm), tiles, count // n_out), wtype=w.wtype,
                       spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot)), n_in=n_in, n_out=n_out,
                       n_used=n_used, expert_base=first // n_out)
+        self._wrote(y)
+
+    def _matmul_moe_cm2(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, n_used: int,
+                        per_slot: bool) -> None:
+        """The routed products grouped by expert on NVIDIA's workgroup-scope matrices: tiles
+        of MOE_CM2_TILE, W decoded and x gathered inside the driver's tile loads."""
+        n_in, n_out, n_expert = w.shape
+        bm, bn, wg = MOE_CM2_TILE
+        tiles = moe_tile_groups(n, n_used, n_expert, bn)
+        rs = self.rs
+        for buf, first, count in w.bindings():          # parts of whole experts
+            self.g.op("mul_mat_moe_cm2", [buf, x, rs.moe_groups, rs.moe_perm, y],
+                      (-(-n_out // bm), tiles, count // n_out), wtype=w.wtype,
+                      spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot)), n_in=n_in,
+                      n_out=n_out, n_used=n_used, expert_base=first // n_out)
         self._wrote(y)
 
     def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,

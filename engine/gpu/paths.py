@@ -123,6 +123,7 @@ class Tuning:
                          compute_units=dev.compute_units)
         t.moe_cm = t.moe_cm and compiled("mul_mat_moe_cm")
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
+                      and compiled("mul_mat_moe_cm2")
                       and switch_setting("HOTSEAT_COOPMAT2", t.coopmat2))
         t.cm2_tile = cm2_tile_setting(t.cm2_tile)
         return t
@@ -315,8 +316,9 @@ class Tuning:
             decode_attention=prefill_attn if self.ggml_numerics
             else "attn_decode" if self.matvec else "attn_split",
             prefill_attention=prefill_attn,
-            moe_prefill="mul_mat_moe_cm" if self.moe_grouped and self.moe_cm
-            and self.fast_prefill else "mul_mat_moe" if self.moe_grouped else "mul_mat_id",
+            moe_prefill=("mul_mat_moe_cm2" if self.coopmat2 else "mul_mat_moe_cm")
+            if self.moe_grouped and self.moe_cm and self.fast_prefill
+            else "mul_mat_moe" if self.moe_grouped else "mul_mat_id",
             numerics="ggml" if self.ggml_numerics else "device",
             prefill_delta="delta_chunk" if self.delta_chunk else "delta_net")
 
@@ -334,7 +336,9 @@ class Paths:
     decode_attention: str    # attn_decode (one pass per split) | attn_split (two) | with
                              # ggml numerics, prefill_attention's kernel
     prefill_attention: str   # flash_attn_cm | flash_attn (tiled) | attention (per token)
-    moe_prefill: str         # mul_mat_moe_cm (grouped, matrix units) | mul_mat_moe
+    moe_prefill: str         # mul_mat_moe_cm2 (grouped, workgroup-scope matrix units;
+                             # the types it has no decoder for take mul_mat_moe_cm) |
+                             # mul_mat_moe_cm (grouped, matrix units) | mul_mat_moe
                              # (grouped by expert) | mul_mat_id (per token); a product
                              # whose row length is no multiple of 64 takes mul_mat_moe
     numerics: str            # ggml (llama.cpp's CPU rounding) | device

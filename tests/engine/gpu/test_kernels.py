@@ -87,7 +87,7 @@ def test_push_constants_match_glsl(name):
         fields += [(n, _GLSL_TYPES[typ]) for n in names]
     assert tuple(fields) == ks.push
     n_bindings = len(set(re.findall(r"binding\s*=\s*(\d+)", src)))
-    if "quant.glsl" in src:
+    if "quant.glsl" in src or "cm2_decode.glsl" in src:
         n_bindings += 1          # the weight buffer is declared in the include
     if "step.glsl" in src:
         n_bindings += 1          # and the step buffer in its own
@@ -622,6 +622,45 @@ def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
         assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-9, tiles
 
 
+@pytest.mark.parametrize("wtype", CM2_TYPES)
+@pytest.mark.parametrize("per_slot", [0, 1])
+@pytest.mark.parametrize("tile", [(128, 32, 256), (64, 64, 128)])
+def test_mul_mat_moe_cm2(dev, kc, wtype, per_slot, tile):
+    """Each expert's slots as one product on NVIDIA's workgroup-scope matrices, x's rows
+    gathered inside the tile load, against numpy on f16 inputs: W in two parts, an expert
+    that gets no token, one that every token takes (more slot tiles than the dispatch has:
+    it loops), experts whose rows are no multiple of the tile (a tile reads into the next
+    expert's), partial tiles of slots. Runs where the device has VK_NV_cooperative_matrix2
+    and the kernel is compiled."""
+    from engine.gpu.kernels import compiled
+
+    if not (dev.coopmat2 and compiled("mul_mat_moe_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_moe_cm2 not compiled)")
+    rng = np.random.default_rng(31)
+    n_expert, n_out, n_in, T, k = 6, 200, 256, 70, 3
+    bm, bn, wg = tile
+    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
+    raw = raw.reshape(-1)
+    ids = routed_ids(rng, T, k, n_expert, hot=T)
+    x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
+    per_expert = raw.nbytes // n_expert
+    parts = [(buf(dev, raw[:2 * per_expert], kind="weights"), 0, 2),
+             (buf(dev, raw[2 * per_expert:], kind="weights"), 2, n_expert - 2)]
+    bx, bi = buf(dev, x), buf(dev, ids)
+    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    want = moe_product_ref(f16(w).reshape(n_expert, n_out, n_in), f16(x), ids, per_slot)
+    assert (ids == 1).any(axis=1).all() and not (ids == 0).any()
+    for tiles in (1, 3):
+        by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
+        for bw, first, count in parts:
+            run_once(dev, kc, "mul_mat_moe_cm2", [bw, bx, bg, bp, by],
+                     (-(-n_out // bm), tiles, count), wtype=wtype,
+                     spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=per_slot), n_in=n_in, n_out=n_out,
+                     n_used=k, expert_base=first)
+        assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-9, tiles
+
+
 def builder_moe(dev, kc, tuning, wtype, raw, x, ids, n_expert, n_out, per_slot, parts=(1.0,)):
     """Builder.matmul_id over W [n_in, n_out, n_expert] bound in parts (fractions of the
     experts), as a model records it."""
@@ -681,20 +720,25 @@ def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
 
 
 @pytest.mark.parametrize("wtype,n_in", [("Q4_K", 512), ("Q8_0", 512), ("Q8_0", 96)])
-def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in):
+@pytest.mark.parametrize("cm2", [False, True])
+def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in, cm2):
     """Tuning.moe_cm: a model's routed prefill products (W in two parts, a row per token and
-    a row per slot) take mul_mat_moe_cm and give numpy's on f16 inputs; rows that are no
-    multiple of 64 keep mul_mat_moe, exact in f32. Runs where prefill takes the matrix
-    units."""
+    a row per slot) take mul_mat_moe_cm (with Tuning.coopmat2, mul_mat_moe_cm2 for the types
+    it decodes) and give numpy's on f16 inputs; rows that are no multiple of 64 keep
+    mul_mat_moe, exact in f32. Runs where prefill takes the matrix units (and for cm2, where
+    the device has VK_NV_cooperative_matrix2)."""
     from dataclasses import replace
 
+    from engine.gpu.kernels import compiled
     from engine.gpu.paths import Tuning
 
     base = Tuning.for_device(dev)
     if not base.fast_prefill:
         pytest.skip(f"{dev.name}: prefill is not on the matrix units")
-    t = replace(base, moe_cm=True)
-    assert t.paths(128).moe_prefill == "mul_mat_moe_cm"
+    if cm2 and not (dev.coopmat2 and compiled("mul_mat_moe_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or its kernels not compiled)")
+    t = replace(base, moe_cm=True, coopmat2=cm2)
+    assert t.paths(128).moe_prefill == ("mul_mat_moe_cm2" if cm2 else "mul_mat_moe_cm")
     rng = np.random.default_rng(30)
     n_expert, n_out, T, k = 8, 72, 40, 2
     raw, w = quantized(wtype, n_expert * n_out, n_in, rng)

@@ -242,13 +242,18 @@ def test_the_matrix_unit_tile_setting(monkeypatch):
 
 
 def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
-    """Tuning.coopmat2 takes prefill's products to mul_mat_cm2 (bench prints it), off by
-    default; HOTSEAT_CM2_TILE sets its rows x tokens x lanes, and a tile it has no variant
+    """Tuning.coopmat2 takes prefill's products to mul_mat_cm2 (bench prints it), and the
+    grouped experts' to mul_mat_moe_cm2 where they take the matrix units, off by default;
+    HOTSEAT_CM2_TILE sets its rows x tokens x lanes, and a tile it has no variant
     for is an error that names the setting."""
     t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
     assert not t.coopmat2 and t.paths(128).prefill_matmul == "mul_mat_cm"
     t.coopmat2 = True
     assert t.paths(128).prefill_matmul == "mul_mat_cm2"
+    t.moe_cm = False                          # the grouped experts follow HOTSEAT_MOE_CM
+    assert t.paths(128).moe_prefill == "mul_mat_moe"
+    t.moe_cm = True
+    assert t.paths(128).moe_prefill == "mul_mat_moe_cm2"
     t.ggml_numerics = True                   # llama.cpp's rounding asked for: no f16 tiles
     assert t.paths(128).prefill_matmul == "mul_mat"
     from engine.gpu.paths import cm2_tile_setting

@@ -1,0 +1,130 @@
+#version 450
+// y[s, r] = sum_k W[e, r, k] * x[t (or s), k]   for every slot s = t * n_used + j routed to
+// expert e, on NVIDIA's workgroup-scope matrices (VK_NV_cooperative_matrix2): mul_mat_moe's
+// grouping (moe_group's perm and groups) with mul_mat_cm2's tiles. Workgroups are (row
+// tiles of BM, G slot-tile lanes, experts of this part of W); workgroup y takes its
+// expert's tiles of BN slots y, y + G, ...: an expert with more slots than G tiles hold
+// loops, one with none exits at once. W's rows come through the tensor loads' decode
+// functions (include/cm2_decode.glsl); a tile's x rows are gathered by a decode function of
+// their own, which reads each slot's row through the tile's table in shared memory; the
+// sums leave element by element to their slots' rows of y ([n_tokens, n_used, n_out], for
+// moe_combine).
+// X_SLOT 0: a slot reads its token's row of x (gate, up); 1: its own row s (down).
+// W bound in parts holds whole experts; groups is indexed by expert_base + the part's expert.
+#extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_EXT_shader_16bit_storage : require
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int16 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_NV_cooperative_matrix2 : require
+#extension GL_EXT_buffer_reference : require
+
+layout(local_size_x_id = 0) in;                  // 128 or 256 lanes
+layout(constant_id = 1) const uint BM = 128;     // weight rows per workgroup
+layout(constant_id = 2) const uint BN = 64;      // slots per tile
+layout(constant_id = 3) const uint X_SLOT = 0;
+const uint BK = 64;
+
+layout(push_constant) uniform Push {
+    uint n_in;         // K, a multiple of BK
+    uint n_out;        // rows of one expert
+    uint n_used;       // experts per token
+    uint expert_base;  // first expert held by this part of W
+} p;
+
+#include "cm2_decode.glsl"
+layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
+layout(std430, binding = 2) readonly buffer Groups { uint groups[]; };
+layout(std430, binding = 3) readonly buffer Perm { uint perm[]; };
+layout(std430, binding = 4) writeonly buffer Y { float y[]; };
+
+shared uint slot_of[BN];           // the tile's slots (perm), 0 past its live ones
+shared uint xrow_of[BN];           // ... and their x rows, in vec4
+
+// x's tile: row c of the tile is slot c's row of x, read through xrow_of; the block the
+// load points at (row 0's) is not the one read
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer DecX { vec4 v; };
+float16_t gather_x(const in DecX bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
+    return float16_t(x4[xrow_of[blockCoords[0]] + blockCoords[1]][coordInBlock[1]]);
+}
+
+// the sums of tile row r, slot c, to that slot's row of y
+float store_y(const in uint r, const in uint c, const in float v, const in uint row0,
+              const in uint live) {
+    if (row0 + r < p.n_out && c < live) y[slot_of[c] * p.n_out + row0 + r] = v;
+    return v;
+}
+
+#if defined(TYPE_F16)
+#define LOAD_W(TW, k0) \
+    coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, w0 + row0, BM, k0, BK));
+#else
+#define LOAD_W(TW, k0) \
+    coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, w0 + row0, BM, k0, BK), decode);
+#endif
+#if defined(TYPE_Q4_K)
+#define SCALES(k0) if ((k0) % QK == 0) load_scales(w0 + row0, w0 + p.n_out, p.n_in, (k0) / QK);
+#else
+#define SCALES(k0)
+#endif
+#define STEP(TW, TX) \
+    for (uint k0 = 0; k0 < p.n_in; k0 += BK) { \
+        SCALES(k0) \
+        LOAD_W(TW, k0) \
+        coopMatLoadTensorNV(b, x4, 0, sliceTensorLayoutNV(TX, 0, BN, k0, BK), transposed, \
+                            gather_x); \
+        acc = coopMatMulAdd(a, b, acc); \
+    }
+
+void main() {
+    const uint row0 = gl_WorkGroupID.x * BM;
+    const uint e = gl_WorkGroupID.z;                       // in this part
+    const uint offset = groups[2 * (p.expert_base + e)];
+    const uint count = groups[2 * (p.expert_base + e) + 1];
+    const uint xs = p.n_in / 4, w0 = e * p.n_out;
+
+    // W: this part's experts' rows one after another, in blocks of QK; a tile past its
+    // expert's last row reads the next one's (its sums are not stored), past the part's
+    // last row zeros. x: BN rows of n_in, all at row 0's address (gather_x finds them).
+    const uint rows = gl_NumWorkGroups.z * p.n_out;
+    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> twc =
+        createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+    twc = setTensorLayoutBlockSizeNV(twc, 1, QK);
+    twc = setTensorLayoutDimensionNV(twc, rows, p.n_in);
+    twc = setTensorLayoutStrideNV(twc, p.n_in / QK, 1);
+    tensorLayoutNV<2> tw = createTensorLayoutNV(2);
+    tw = setTensorLayoutBlockSizeNV(tw, 1, QK);
+    tw = setTensorLayoutDimensionNV(tw, rows, p.n_in);
+    tw = setTensorLayoutStrideNV(tw, p.n_in / QK, 1);
+    tensorViewNV<2, false, 1, 0> transposed = createTensorViewNV(2, false, 1, 0);
+
+    coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
+    coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
+    for (uint i0 = gl_WorkGroupID.y * BN; i0 < count; i0 += gl_NumWorkGroups.y * BN) {
+        const uint live = min(BN, count - i0);
+        barrier();                                         // the last tile's slots are read
+        for (uint t = gl_LocalInvocationID.x; t < BN; t += gl_WorkGroupSize.x) {
+            const uint s = t < live ? perm[offset + i0 + t] : 0;
+            slot_of[t] = s;
+            xrow_of[t] = (X_SLOT != 0 ? s : s / p.n_used) * xs;
+        }
+        barrier();
+        // slots past live: zeros, gather_x not called for them
+        tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tx =
+            createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+        tx = setTensorLayoutBlockSizeNV(tx, 1, 4);
+        tx = setTensorLayoutDimensionNV(tx, live, p.n_in);
+        tx = setTensorLayoutStrideNV(tx, 0, 1);
+
+        coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
+            coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+        if (row0 + BM <= p.n_out) {
+            STEP(tw, tx)
+        } else {
+            STEP(twc, tx)
+        }
+        coopMatPerElementNV(acc, acc, store_y, row0, live);
+    }
+}
