@@ -37,6 +37,26 @@ def test_a_device_refuses_seconds_that_are_not(monkeypatch, name):
             vk.Device()
 
 
+def test_the_workgroup_scope_matrices_are_asked_for_with_the_features_they_need(dev):
+    """VK_NV_cooperative_matrix2 (which the binding predates): its feature query goes
+    through a hand-laid struct that a device without it ignores; the link put before
+    vkCreateDevice's chain asks for workgroup scope, flexible sizes, tensor addressing and
+    block loads and points on to the rest; buffers take addresses only where it is on."""
+    from vulkan import ffi
+
+    import vulkan as _vk
+
+    if "VK_NV_cooperative_matrix2" not in dev.extensions:
+        assert not dev.coopmat2 and not dev._coopmat2_features()
+        assert dev.buffer_usage == vk.BUFFER_USAGE
+    nxt = _vk.VkPhysicalDeviceVulkan11Features()
+    link = ffi.cast("uint32_t*", dev._coopmat2_chain(nxt))
+    assert link[0] == vk.COOPMAT2_FEATURES
+    assert ffi.cast("void**", link + 2)[0] == ffi.cast("void*", ffi.addressof(nxt))
+    assert [link[4 + i] for i in range(7)] == [1, 1, 0, 0, 0, 1, 1]
+    assert dev.api_version >= _vk.VK_MAKE_VERSION(1, 2, 0)
+
+
 def test_allocator_labels_kinds_and_frees(dev):
     a = dev.allocator
     before = a.totals()
