@@ -61,7 +61,8 @@ class Tuning:
     cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
     coopmat2: bool = False  # ... through NVIDIA's workgroup-scope matrices where the type
                             # has a decoder (mul_mat_cm2, VK_NV_cooperative_matrix2): off
-                            # until a GPU run has timed it; $HOTSEAT_COOPMAT2=on takes it
+                            # until a GPU run has timed it; $HOTSEAT_COOPMAT2=on opens the
+                            # device with them and takes them
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
@@ -122,9 +123,9 @@ class Tuning:
                          and os.environ.get("HOTSEAT_MATVECQ") != "off",
                          compute_units=dev.compute_units)
         t.moe_cm = t.moe_cm and compiled("mul_mat_moe_cm")
+        # the device has them only where $HOTSEAT_COOPMAT2=on asked (vk.coopmat2_asked)
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
-                      and compiled("mul_mat_moe_cm2")
-                      and switch_setting("HOTSEAT_COOPMAT2", t.coopmat2))
+                      and compiled("mul_mat_moe_cm2"))
         t.cm2_tile = cm2_tile_setting(t.cm2_tile)
         return t
 

@@ -316,8 +316,9 @@ class Device:
                         and self._coopmat_16x16x16())
         # NVIDIA's workgroup-scope matrices (VK_NV_cooperative_matrix2: mul_mat_cm2), on top
         # of the KHR ones; their SPIR-V is 1.6 (Vulkan 1.3) and their decode functions take
-        # buffer addresses
-        self.coopmat2 = (self.coopmat and bool(f12.bufferDeviceAddress)
+        # buffer addresses. Asked for with $HOTSEAT_COOPMAT2=on until a GPU run has held
+        # them to the other paths: otherwise the device is opened as without them.
+        self.coopmat2 = (coopmat2_asked() and self.coopmat and bool(f12.bufferDeviceAddress)
                          and self.api_version >= _vk.VK_MAKE_VERSION(1, 3, 0)
                          and "VK_NV_cooperative_matrix2" in dev_exts
                          and self._coopmat2_features() and self._coopmat2_workgroups())
@@ -721,8 +722,20 @@ COOPMAT2_FEATURES = 1000593000            # VK_NV_cooperative_matrix2's structur
 COOPMAT2_FLEXIBLE = 1000593001
 
 
+def coopmat2_asked() -> bool:
+    """$HOTSEAT_COOPMAT2: on asks for NVIDIA's workgroup-scope matrices where the device has
+    them; off or unset, not."""
+    value = os.environ.get("HOTSEAT_COOPMAT2", "").strip()
+    if value not in ("", "on", "off"):
+        raise ValueError(f"HOTSEAT_COOPMAT2: {value!r} is not on or off")
+    return value == "on"
+
+
 def _instance_version() -> int:
-    """Vulkan 1.3 where the loader has it (mul_mat_cm2's SPIR-V 1.6 needs it), else 1.2."""
+    """Vulkan 1.3 where mul_mat_cm2 is asked for and the loader has it (its SPIR-V 1.6 needs
+    it), else 1.2."""
+    if not coopmat2_asked():
+        return _vk.VK_MAKE_VERSION(1, 2, 0)
     try:
         have = _vk.vkEnumerateInstanceVersion()
     except Exception:

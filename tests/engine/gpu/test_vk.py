@@ -41,20 +41,39 @@ def test_the_workgroup_scope_matrices_are_asked_for_with_the_features_they_need(
     """VK_NV_cooperative_matrix2 (which the binding predates): its feature query goes
     through a hand-laid struct that a device without it ignores; the link put before
     vkCreateDevice's chain asks for workgroup scope, flexible sizes, tensor addressing and
-    block loads and points on to the rest; buffers take addresses only where it is on."""
+    block loads and points on to the rest; buffers take addresses only where it is on, and
+    it is on only where $HOTSEAT_COOPMAT2=on asked for it."""
     from vulkan import ffi
 
     import vulkan as _vk
 
     if "VK_NV_cooperative_matrix2" not in dev.extensions:
-        assert not dev.coopmat2 and not dev._coopmat2_features()
-        assert dev.buffer_usage == vk.BUFFER_USAGE
+        assert not dev._coopmat2_features()
+    if not (vk.coopmat2_asked() and "VK_NV_cooperative_matrix2" in dev.extensions):
+        assert not dev.coopmat2 and dev.buffer_usage == vk.BUFFER_USAGE
     nxt = _vk.VkPhysicalDeviceVulkan11Features()
     link = ffi.cast("uint32_t*", dev._coopmat2_chain(nxt))
     assert link[0] == vk.COOPMAT2_FEATURES
     assert ffi.cast("void**", link + 2)[0] == ffi.cast("void*", ffi.addressof(nxt))
     assert [link[4 + i] for i in range(7)] == [1, 1, 0, 0, 0, 1, 1]
     assert dev.api_version >= _vk.VK_MAKE_VERSION(1, 2, 0)
+
+
+def test_the_workgroup_scope_setting(monkeypatch):
+    """Unset or off, a device opens at Vulkan 1.2 as it always has; on asks for 1.3 (mul_mat
+    _cm2's SPIR-V 1.6) where the loader has it; any other value names the setting."""
+    import vulkan as _vk
+
+    for value in ("", "off"):
+        monkeypatch.setenv("HOTSEAT_COOPMAT2", value)
+        assert not vk.coopmat2_asked()
+        assert vk._instance_version() == _vk.VK_MAKE_VERSION(1, 2, 0)
+    monkeypatch.setenv("HOTSEAT_COOPMAT2", "on")
+    assert vk.coopmat2_asked()
+    assert vk._instance_version() >= _vk.VK_MAKE_VERSION(1, 2, 0)
+    monkeypatch.setenv("HOTSEAT_COOPMAT2", "yes")
+    with pytest.raises(ValueError, match="HOTSEAT_COOPMAT2"):
+        vk.coopmat2_asked()
 
 
 def test_allocator_labels_kinds_and_frees(dev):
