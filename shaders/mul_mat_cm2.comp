@@ -6,8 +6,7 @@
 // quantized rows become f16 inside the load; x is read as f32 the same way (or as f16 where
 // a pass before has made it so: X16). Partial tiles at the edges are clamped by the tensor
 // layouts (loads past them give 0, stores past them are dropped); the others take plain
-// layouts, which spare the bounds checks. Q4_K's sub-block scales and mins are worked out once per super-block and
-// tile row into shared memory, where its decode function reads them.
+// layouts, which spare the bounds checks. The decoders: include/cm2_decode.glsl.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_16bit_storage : require

@@ -20,14 +20,7 @@ vec4 csbyte4(uint v) {
 uint cpair(uint i) { return uint(w16[i]) | (uint(w16[i + 1]) << 16); }   // at u16 index i
 float cf16(uint i) { return unpackHalf2x16(uint(w16[i])).x; }
 
-// Q4_K/Q5_K: the 6-bit (scale, min) of sub-block s from the super-block's first 16 bytes
-// (f16 d and dmin in hd.x, the 12 scale bytes in hd.y..hd.w), as ggml's get_scale_min_k4
-uvec2 kscale_min(uvec4 hd, uint s) {
-    if (s < 4) return uvec2((hd.y >> (8 * s)) & 63u, (hd.z >> (8 * s)) & 63u);
-    const uint lo4 = (hd.w >> (8 * (s - 4))) & 0xFFu;
-    return uvec2((lo4 & 0xFu) | (((hd.y >> (8 * (s - 4))) >> 6 & 3u) << 4),
-                 (lo4 >> 4) | (((hd.z >> (8 * (s - 4))) >> 6 & 3u) << 4));
-}
+#include "kscale.glsl"
 
 #if defined(DEQUANT8_TYPE)
 #include "dequant8.glsl"

@@ -43,13 +43,7 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
     const vec2 sm = dmin[(i >> 5) * BM + blockCoords[0] % BM];
     return float16_t(sm.x * float(q) - sm.y);
 }
-// ggml's get_scale_min_k4 from the block's first 16 bytes (d and dmin, then 12 scale bytes)
-uvec2 scale_min(uvec4 hd, uint s) {
-    if (s < 4) return uvec2((hd.y >> (8 * s)) & 63u, (hd.z >> (8 * s)) & 63u);
-    const uint lo4 = (hd.w >> (8 * (s - 4))) & 0xFFu;
-    return uvec2((lo4 & 0xFu) | (((hd.y >> (8 * (s - 4))) >> 6 & 3u) << 4),
-                 (lo4 >> 4) | (((hd.z >> (8 * (s - 4))) >> 6 & 3u) << 4));
-}
+#include "kscale.glsl"
 #elif defined(TYPE_Q6_K)
 const uint QK = 256;
 struct Block { uint16_t ql[64]; uint16_t qh[32]; uint16_t scales[8]; float16_t d; };  // 210
@@ -80,7 +74,7 @@ void load_scales(uint base, uint limit, uint n_in, uint kb) {
         const uvec4 hd = w4[(row * nb + kb) * 9];
         const vec2 dm = unpackHalf2x16(hd.x);
         [[unroll]] for (uint s = 4 * (e & 1); s < 4 * (e & 1) + 4; s++) {
-            const uvec2 sm = scale_min(hd, s);
+            const uvec2 sm = kscale_min(hd, s);
             dmin[s * BM + (base + r) % BM] = vec2(dm.x * float(sm.x), dm.y * float(sm.y));
         }
     }

@@ -587,19 +587,12 @@ def test_mul_mat_moe(dev, kc, wtype, per_slot):
         assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10, tiles
 
 
-@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
-@pytest.mark.parametrize("per_slot", [0, 1])
-@pytest.mark.parametrize("tile", [(64, 32), (128, 64)])
-def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
-    """Each expert's slots as one product on the matrix units, against numpy on f16 inputs:
-    W in two parts, an expert that gets no token, one that every token takes (more slot
-    tiles than the dispatch has: it loops), partial tiles of rows and of slots. Runs where
-    the device has matrix units."""
-    if not dev.coopmat:
-        pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
-    rng = np.random.default_rng(29)
-    n_expert, n_out, n_in, T, k = 6, 80, 256, 70, 3
-    bm, bn = tile
+def grouped_case(dev, kc, wtype, per_slot, n_out, seed):
+    """Six experts' weights of n_out rows in two parts, 70 tokens routed to 3 of them (expert
+    0 by none, expert 1 by all), grouped by moe_group; the f16 reference of their products.
+    Gives (parts, x, groups, perm, want, (tokens, used, n_out, n_in))."""
+    rng = np.random.default_rng(seed)
+    n_expert, n_in, T, k = 6, 256, 70, 3
     raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
     raw = raw.reshape(-1)                          # F32's comes as rows: cut it in bytes
     ids = routed_ids(rng, T, k, n_expert, hot=T)
@@ -612,6 +605,21 @@ def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
     f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
     want = moe_product_ref(f16(w).reshape(n_expert, n_out, n_in), f16(x), ids, per_slot)
     assert (ids == 1).any(axis=1).all() and not (ids == 0).any()
+    return parts, bx, bg, bp, want, (T, k, n_out, n_in)
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("per_slot", [0, 1])
+@pytest.mark.parametrize("tile", [(64, 32), (128, 64)])
+def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
+    """Each expert's slots as one product on the matrix units, against numpy on f16 inputs:
+    W in two parts, an expert that gets no token, one that every token takes (more slot
+    tiles than the dispatch has: it loops), partial tiles of rows and of slots. Runs where
+    the device has matrix units."""
+    if not dev.coopmat:
+        pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
+    bm, bn = tile
+    parts, bx, bg, bp, want, (T, k, n_out, n_in) = grouped_case(dev, kc, wtype, per_slot, 80, 29)
     for tiles in (1, 3):                       # expert 1's 70 slots: 3 tiles of 32, 2 of 64
         by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
         for bw, first, count in parts:
@@ -636,21 +644,9 @@ def test_mul_mat_moe_cm2(dev, kc, wtype, per_slot, tile):
 
     if not (dev.coopmat2 and compiled("mul_mat_moe_cm2")):
         pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_moe_cm2 not compiled)")
-    rng = np.random.default_rng(31)
-    n_expert, n_out, n_in, T, k = 6, 200, 256, 70, 3
     bm, bn, wg = tile
-    raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
-    raw = raw.reshape(-1)
-    ids = routed_ids(rng, T, k, n_expert, hot=T)
-    x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
-    per_expert = raw.nbytes // n_expert
-    parts = [(buf(dev, raw[:2 * per_expert], kind="weights"), 0, 2),
-             (buf(dev, raw[2 * per_expert:], kind="weights"), 2, n_expert - 2)]
-    bx, bi = buf(dev, x), buf(dev, ids)
-    bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
-    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
-    want = moe_product_ref(f16(w).reshape(n_expert, n_out, n_in), f16(x), ids, per_slot)
-    assert (ids == 1).any(axis=1).all() and not (ids == 0).any()
+    parts, bx, bg, bp, want, (T, k, n_out, n_in) = grouped_case(dev, kc, wtype, per_slot, 200,
+                                                               31)
     for tiles in (1, 3):
         by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
         for bw, first, count in parts:
