@@ -24,10 +24,11 @@ def test_a_new_enough_glslang_is_taken(tmp_path, monkeypatch):
 
 
 def test_an_old_glslang_is_not(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOTSEAT_GLSLANG", fake_glslang(tmp_path, "13.1.1"))
     monkeypatch.setattr(shader_compile, "glslang", lambda: fake_glslang(tmp_path, "14.3.0"))
-    with pytest.raises(shader_compile.CompilerMissing, match="HOTSEAT_GLSLANG"):
-        shader_compile.glslang2()
+    for named in (fake_glslang(tmp_path, "13.1.1"), str(tmp_path / "nowhere"), str(tmp_path)):
+        monkeypatch.setenv("HOTSEAT_GLSLANG", named)    # old, missing, not a program
+        with pytest.raises(shader_compile.CompilerMissing, match="HOTSEAT_GLSLANG"):
+            shader_compile.glslang2()
 
 
 def test_without_one_the_workgroup_scope_kernels_are_skipped(tmp_path, monkeypatch):
