@@ -14,6 +14,7 @@ are skipped the same way, and NVIDIA GPUs keep the KHR kernels.
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -54,16 +55,23 @@ def glslang2() -> str:
     except CompilerMissing:
         pass
     for exe in filter(None, found):
-        try:
-            out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
-        except OSError:
-            continue
-        line = next((ln for ln in out.splitlines() if ln.startswith("Glslang Version")), "")
-        major = line.rpartition(":")[2].strip().split(".")[0]     # "Glslang Version: 11:16.1.0"
-        if major.isdigit() and int(major) >= 15:
+        if _glslang_major(exe) >= 15:
             return exe
     raise CompilerMissing("no glslang of 15 or later (for GL_NV_cooperative_matrix2): "
                           "set HOTSEAT_GLSLANG to one")
+
+
+@functools.lru_cache(maxsize=None)
+def _glslang_major(exe: str) -> int:
+    """The major version a glslang reports (its line "Glslang Version: 11:16.1.0"); 0 for
+    a path that is not one. Asked once a path: every variant compiled asks."""
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True).stdout
+    except OSError:
+        return 0
+    line = next((ln for ln in out.splitlines() if ln.startswith("Glslang Version")), "")
+    major = line.rpartition(":")[2].strip().split(".")[0]
+    return int(major) if major.isdigit() else 0
 
 
 def _newest_input(source: str) -> float:

@@ -128,10 +128,7 @@ class Builder:
         n_in, n_out = w.shape[0], w.rows
         if not one and p.prefill_matmul in ("mul_mat_cm", "mul_mat_cm2") \
                 and n_in % CM_K == 0 and not any(skips):
-            if p.prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
-                self._matmul_cm2(w, x, y, n, accumulate, x_row)
-            else:
-                self._matmul_cm(w, x, y, n, accumulate, x_row)
+            self._matmul_cm(w, x, y, n, accumulate, x_row)
             return
         rows, nt = (self.t.mv_rows, 1) if one else (self.t.mm_rows, self.t.mm_tokens)
         per_group = rows * self.t.warps
@@ -152,27 +149,20 @@ class Builder:
     def _matmul_cm(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool,
                    x_row: int) -> None:
         """Many tokens on the matrix units: f16 tiles, f32 sums. x goes in as f16, not
-        rounded as ggml's CPU backend rounds it (f16 cannot hold those values)."""
+        rounded as ggml's CPU backend rounds it (f16 cannot hold those values). Where the
+        paths take NVIDIA's workgroup-scope matrices and the type has a decoder, mul_mat_cm2
+        (W decoded and x turned to f16 inside the driver's tile loads), else mul_mat_cm."""
         n_in, n_out = w.shape[0], w.rows
-        bm, bn = self.t.cm_tile
+        if self.paths().prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
+            bm, bn, wg = self.t.cm2_tile
+            kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate))
+        else:
+            bm, bn = self.t.cm_tile
+            kernel, spec = "mul_mat_cm", dict(ACC=int(accumulate), BM=bm, BN=bn)
         for buf, first, count in w.bindings():
-            self.g.op("mul_mat_cm", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
-                      wtype=w.wtype, spec=dict(ACC=int(accumulate), BM=bm, BN=bn), n_in=n_in,
-                      n_out=count, n_tokens=n, x_offset=x_row * n_in // 4, y_offset=first,
-                      y_stride=n_out)
-        self._wrote(y)
-
-    def _matmul_cm2(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, accumulate: bool,
-                    x_row: int) -> None:
-        """Many tokens on NVIDIA's workgroup-scope matrices: W decoded to f16 and x turned
-        to f16 inside the driver's tile loads, f32 sums."""
-        n_in, n_out = w.shape[0], w.rows
-        bm, bn, wg = self.t.cm2_tile
-        for buf, first, count in w.bindings():
-            self.g.op("mul_mat_cm2", [buf, x, y], (-(-count // bm), -(-n // bn), 1),
-                      wtype=w.wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate)),
-                      n_in=n_in, n_out=count, n_tokens=n, x_offset=x_row * n_in // 4,
-                      y_offset=first, y_stride=n_out)
+            self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), 1), wtype=w.wtype,
+                      spec=spec, n_in=n_in, n_out=count, n_tokens=n,
+                      x_offset=x_row * n_in // 4, y_offset=first, y_stride=n_out)
         self._wrote(y)
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
@@ -451,10 +441,7 @@ class Builder:
         self.moe_group(ids, n, n_used, n_expert)
         if self.paths().moe_prefill in ("mul_mat_moe_cm", "mul_mat_moe_cm2") \
                 and n_in % CM_K == 0:
-            if self.paths().moe_prefill == "mul_mat_moe_cm2" and w.wtype in CM2_TYPES:
-                self._matmul_moe_cm2(w, x, y, n, n_used, per_slot)
-            else:
-                self._matmul_moe_cm(w, x, y, n, n_used, per_slot)
+            self._matmul_moe_cm(w, x, y, n, n_used, per_slot)
             return
         rows = self.t.mm_rows
         nt = moe_tile_slots(n, n_used, n_expert, self.t.mm_tokens)
@@ -479,32 +466,24 @@ class Builder:
 
     def _matmul_moe_cm(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, n_used: int,
                        per_slot: bool) -> None:
-        """The routed products grouped by expert on the matrix units: tiles of MOE_CM_TILE
-        (weight rows x slots), x in as f16 as mul_mat_cm takes it."""
+        """The routed products grouped by expert on the matrix units, x in as f16 as
+        mul_mat_cm takes it: mul_mat_moe_cm2's tiles of MOE_CM2_TILE (W decoded and x
+        gathered inside the driver's tile loads) where the paths take NVIDIA's
+        workgroup-scope matrices and the type has a decoder, else mul_mat_moe_cm's of
+        MOE_CM_TILE (weight rows x slots)."""
         n_in, n_out, n_expert = w.shape
-        bm, bn = MOE_CM_TILE
+        if self.paths().moe_prefill == "mul_mat_moe_cm2" and w.wtype in CM2_TYPES:
+            bm, bn, wg = MOE_CM2_TILE
+            kernel, spec = "mul_mat_moe_cm2", dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot))
+        else:
+            bm, bn = MOE_CM_TILE
+            kernel, spec = "mul_mat_moe_cm", dict(BM=bm, BN=bn, X_SLOT=int(per_slot))
         tiles = moe_tile_groups(n, n_used, n_expert, bn)
         rs = self.rs
         for buf, first, count in w.bindings():          # parts of whole experts
-            self.g.op("mul_mat_moe_cm", [buf, x, rs.moe_groups, rs.moe_perm, y],
-                      (-(-n_out // bm), tiles, count // n_out), wtype=w.wtype,
-                      spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot)), n_in=n_in, n_out=n_out,
-                      n_used=n_used, expert_base=first // n_out)
-        self._wrote(y)
-
-    def _matmul_moe_cm2(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, n_used: int,
-                        per_slot: bool) -> None:
-        """The routed products grouped by expert on NVIDIA's workgroup-scope matrices: tiles
-        of MOE_CM2_TILE, W decoded and x gathered inside the driver's tile loads."""
-        n_in, n_out, n_expert = w.shape
-        bm, bn, wg = MOE_CM2_TILE
-        tiles = moe_tile_groups(n, n_used, n_expert, bn)
-        rs = self.rs
-        for buf, first, count in w.bindings():          # parts of whole experts
-            self.g.op("mul_mat_moe_cm2", [buf, x, rs.moe_groups, rs.moe_perm, y],
-                      (-(-n_out // bm), tiles, count // n_out), wtype=w.wtype,
-                      spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot)), n_in=n_in,
-                      n_out=n_out, n_used=n_used, expert_base=first // n_out)
+            self.g.op(kernel, [buf, x, rs.moe_groups, rs.moe_perm, y],
+                      (-(-n_out // bm), tiles, count // n_out), wtype=w.wtype, spec=spec,
+                      n_in=n_in, n_out=n_out, n_used=n_used, expert_base=first // n_out)
         self._wrote(y)
 
     def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,

@@ -126,7 +126,6 @@ class Tuning:
         # the device has them only where $HOTSEAT_COOPMAT2=on asked (vk.coopmat2_asked)
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
                       and compiled("mul_mat_moe_cm2"))
-        t.cm2_tile = cm2_tile_setting(t.cm2_tile)
         return t
 
     @classmethod
@@ -162,7 +161,8 @@ class Tuning:
         t.long_groups = count_setting("HOTSEAT_LONG_GROUPS", t.long_groups)
         t.tall_groups = count_setting("HOTSEAT_TALL_GROUPS", t.tall_groups)
         t.moe_cm = switch_setting("HOTSEAT_MOE_CM", t.moe_cm)
-        t.cm_tile = cm_tile_setting(t.cm_tile, max_shared)   # to measure mul_mat_cm's tiles
+        t.cm_tile = cm_tile_setting(t.cm_tile, max_shared)   # to measure the matrix units'
+        t.cm2_tile = tile_setting("HOTSEAT_CM2_TILE", t.cm2_tile, CM2_TILES)      # tiles
         t.route_experts = switch_setting("HOTSEAT_ROUTE_EXPERTS", t.route_experts)
         t.head_norm = switch_setting("HOTSEAT_HEAD_NORM", t.head_norm)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
@@ -365,7 +365,22 @@ def switch_setting(name: str, default: bool) -> bool:
     return default if not value else value == "on"
 
 
-CM_TILES = {"BM": (64, 128), "BN": (32, 64, 128)}    # mul_mat_cm's tiles
+CM_TILES = {"BM": (64, 128), "BN": (32, 64, 128)}                     # mul_mat_cm's
+CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256)}   # mul_mat_cm2's
+
+
+def tile_setting(name: str, default: tuple[int, ...], sizes: dict[str, tuple[int, ...]]):
+    """$name as sizes joined by x, one of each entry of `sizes` in its order (BMxBN...),
+    or default where it is unset."""
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return default
+    parts = value.split("x")
+    if len(parts) != len(sizes) or not all(v.isdigit() for v in parts) \
+            or any(int(v) not in allowed for v, allowed in zip(parts, sizes.values())):
+        raise ValueError(f"{name}: {value!r} is not {'x'.join(sizes)} with "
+                         + ", ".join(f"{k} in {v}" for k, v in sizes.items()))
+    return tuple(int(v) for v in parts)
 
 
 def cm_shared_bytes(bm: int, bn: int) -> int:
@@ -376,37 +391,13 @@ def cm_shared_bytes(bm: int, bn: int) -> int:
 
 def cm_tile_setting(default: tuple[int, int], max_shared: int) -> tuple[int, int]:
     """$HOTSEAT_CM_TILE as BMxBN (weight rows x tokens of a mul_mat_cm workgroup), or default
-    where it is unset."""
-    value = os.environ.get("HOTSEAT_CM_TILE", "").strip()
-    if not value:
-        return default
-    bm, _, bn = value.partition("x")
-    if not (bm.isdigit() and bn.isdigit() and int(bm) in CM_TILES["BM"]
-            and int(bn) in CM_TILES["BN"]):
-        raise ValueError(f"HOTSEAT_CM_TILE: {value!r} is not BMxBN with BM in "
-                         f"{CM_TILES['BM']} and BN in {CM_TILES['BN']}")
-    tile = int(bm), int(bn)
+    where it is unset; a tile past the device's shared memory is refused."""
+    tile = tile_setting("HOTSEAT_CM_TILE", default, CM_TILES)
     if cm_shared_bytes(*tile) > max_shared:
-        raise ValueError(f"HOTSEAT_CM_TILE: {value} needs {cm_shared_bytes(*tile)} bytes of "
-                         f"shared memory; the device gives {max_shared}")
+        raise ValueError(f"HOTSEAT_CM_TILE: {'x'.join(map(str, tile))} needs "
+                         f"{cm_shared_bytes(*tile)} bytes of shared memory; the device gives "
+                         f"{max_shared}")
     return tile
-
-
-CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256)}
-
-
-def cm2_tile_setting(default: tuple[int, int, int]) -> tuple[int, int, int]:
-    """$HOTSEAT_CM2_TILE as BMxBNxWG (weight rows x tokens x lanes of a mul_mat_cm2
-    workgroup), or default where it is unset."""
-    value = os.environ.get("HOTSEAT_CM2_TILE", "").strip()
-    if not value:
-        return default
-    parts = value.split("x")
-    if len(parts) != 3 or not all(v.isdigit() for v in parts) \
-            or any(int(v) not in CM2_TILES[k] for k, v in zip(("BM", "BN", "WG"), parts)):
-        raise ValueError(f"HOTSEAT_CM2_TILE: {value!r} is not BMxBNxWG with BM in "
-                         f"{CM2_TILES['BM']}, BN in {CM2_TILES['BN']}, WG in {CM2_TILES['WG']}")
-    return int(parts[0]), int(parts[1]), int(parts[2])
 
 
 def count_setting(name: str, default: int) -> int:

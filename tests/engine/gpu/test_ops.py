@@ -256,16 +256,17 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     assert t.paths(128).moe_prefill == "mul_mat_moe_cm2"
     t.ggml_numerics = True                   # llama.cpp's rounding asked for: no f16 tiles
     assert t.paths(128).prefill_matmul == "mul_mat"
-    from engine.gpu.paths import cm2_tile_setting
+    def tile():
+        return Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True).cm2_tile
 
     monkeypatch.delenv("HOTSEAT_CM2_TILE", raising=False)
-    assert cm2_tile_setting((128, 128, 256)) == (128, 128, 256)
+    assert tile() == (128, 128, 256)
     monkeypatch.setenv("HOTSEAT_CM2_TILE", "256x128x256")
-    assert cm2_tile_setting((128, 128, 256)) == (256, 128, 256)
+    assert tile() == (256, 128, 256)
     for bad in ("128x128", "96x128x256", "128x128x512", "wide"):
         monkeypatch.setenv("HOTSEAT_CM2_TILE", bad)
         with pytest.raises(ValueError, match="HOTSEAT_CM2_TILE"):
-            cm2_tile_setting((128, 128, 256))
+            tile()
 
 
 def test_decode_attention_settings(monkeypatch):
