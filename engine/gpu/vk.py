@@ -321,7 +321,8 @@ class Device:
         self.coopmat2 = (coopmat2_asked() and self.coopmat and bool(f12.bufferDeviceAddress)
                          and self.api_version >= _vk.VK_MAKE_VERSION(1, 3, 0)
                          and "VK_NV_cooperative_matrix2" in dev_exts
-                         and self._coopmat2_features() and self._coopmat2_workgroups())
+                         and self._coopmat2_features() and self._coopmat2_workgroups()
+                         and self._maintenance4())
         # 4-wide int8 dot products (mul_mat_vecq, the decode product with int8 activations)
         self.dot4 = False
         if "VK_KHR_shader_integer_dot_product" in dev_exts:
@@ -329,11 +330,17 @@ class Device:
             _vk.vkGetPhysicalDeviceFeatures2(self.physical,
                                              _vk.VkPhysicalDeviceFeatures2(pNext=fdot))
             self.dot4 = bool(fdot.shaderIntegerDotProduct)
+        # (with the Vulkan 1.3 struct in the chain, the int8 dot products are asked there)
+        dot = self.dot4 and not self.coopmat2
         want11 = _vk.VkPhysicalDeviceVulkan11Features(
             storageBuffer16BitAccess=_vk.VK_TRUE,
             pNext=_vk.VkPhysicalDeviceShaderIntegerDotProductFeatures(
-                shaderIntegerDotProduct=_vk.VK_TRUE) if self.dot4 else None)
-        want_cm2 = self._coopmat2_chain(want11) if self.coopmat2 else want11
+                shaderIntegerDotProduct=_vk.VK_TRUE) if dot else None)
+        # (SPIR-V 1.6's spec-constant workgroup size, LocalSizeId, needs maintenance4)
+        want_cm2 = self._coopmat2_chain(_vk.VkPhysicalDeviceVulkan13Features(
+            pNext=want11, maintenance4=_vk.VK_TRUE,
+            shaderIntegerDotProduct=_vk.VK_TRUE if self.dot4 else None)) \
+            if self.coopmat2 else want11
         want_cm = (_vk.VkPhysicalDeviceCooperativeMatrixFeaturesKHR(
             pNext=want_cm2, cooperativeMatrix=_vk.VK_TRUE) if self.coopmat else want11)
         want12 = _vk.VkPhysicalDeviceVulkan12Features(
@@ -413,7 +420,7 @@ class Device:
             pNext=ffi.cast("void*", feats)))
         # workgroup scope, flexible dimensions, reductions, conversions, per-element
         # operations, tensor addressing, block loads
-        return all(feats[4 + i] for i in (0, 1, 5, 6))
+        return all(feats[4 + i] for i in COOPMAT2_USED)
 
     def _coopmat2_chain(self, nxt):
         """The VK_NV_cooperative_matrix2 features mul_mat_cm2 uses, as a pNext link before
@@ -421,10 +428,17 @@ class Device:
         feats = ffi.new("uint32_t[12]")
         feats[0] = COOPMAT2_FEATURES
         ffi.cast("void**", feats + 2)[0] = ffi.cast("void*", ffi.addressof(nxt))
-        for i in (0, 1, 5, 6):
+        for i in COOPMAT2_USED:
             feats[4 + i] = 1
         self._keep = (feats, nxt)            # alive until vkCreateDevice has read them
         return ffi.cast("void*", feats)
+
+    def _maintenance4(self) -> bool:
+        """Whether the Vulkan 1.3 device has maintenance4 (workgroup sizes given by
+        specialization constants in SPIR-V 1.6, as mul_mat_cm2's are)."""
+        f13 = _vk.VkPhysicalDeviceVulkan13Features()
+        _vk.vkGetPhysicalDeviceFeatures2(self.physical, _vk.VkPhysicalDeviceFeatures2(pNext=f13))
+        return bool(f13.maintenance4)
 
     def _coopmat2_workgroups(self) -> bool:
         """Whether the driver lists f16 x f16 + f32 workgroup-scope products for workgroups
@@ -720,6 +734,9 @@ SHADER_DEVICE_ADDRESS = 0x00020000        # VK_BUFFER_USAGE_SHADER_DEVICE_ADDRES
 ALLOCATE_DEVICE_ADDRESS = 0x00000002      # VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT
 COOPMAT2_FEATURES = 1000593000            # VK_NV_cooperative_matrix2's structure types
 COOPMAT2_FLEXIBLE = 1000593001
+COOPMAT2_USED = (0, 1, 4, 5, 6)           # its features mul_mat_cm2 and mul_mat_moe_cm2 use:
+                                          # workgroup scope, flexible dimensions, per-element
+                                          # operations, tensor addressing, block loads
 
 
 def coopmat2_asked() -> bool:
