@@ -237,7 +237,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "lanes, heads a workgroup, splits and split sizes")
     kb.add_argument("-r", "--repeats", type=int, default=50, help="replays per path (default 50)")
     kb.add_argument("--types", metavar="T,T",
-                    help="mul_mat_vec: only these weight types (e.g. Q4_K,Q6_K)")
+                    help="mul_mat_vec, mul_mat_cm, mul_mat_moe: only these weight types "
+                         "(e.g. Q4_K,Q6_K)")
+    kb.add_argument("--variants", metavar="K,K",
+                    help="mul_mat_cm, mul_mat_moe: only these kernels beside the baseline "
+                         "(mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16; mul_mat_moe, "
+                         "mul_mat_moe_cm, mul_mat_moe_cm2)")
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)
 

@@ -22,10 +22,12 @@ layout(constant_id = 1) const uint BM = 128;     // weight rows per workgroup
 layout(constant_id = 2) const uint BN = 128;     // tokens per workgroup
 layout(constant_id = 3) const uint ACC = 0;      // 1: add into y (fused residual add)
 layout(constant_id = 4) const uint X16 = 0;      // 1: x is f16 already (x_offset in halves)
+layout(constant_id = 5) const uint AHEAD = 0;    // K-quants: 1 fetches the next super-block's
+                                                 // scales while this one's products run
 const uint BK = 64;
 
 layout(push_constant) uniform Push {
-    uint n_in;       // K, a multiple of BK
+    uint n_in;       // K, a multiple of BK (of 256 for the K-quants)
     uint n_out;      // rows of W in this binding
     uint n_tokens;
     uint x_offset;   // in vec4 units (X16: in halves): first token row to read
@@ -44,31 +46,48 @@ float16_t decode_x(const in DecX bl, const in uint blockCoords[2], const in uint
 }
 layout(std430, binding = 2) buffer Y { float y[]; };
 
-// one step along K: Q4_K's scales at each super-block, then W's tile and x's, then the
-// product; TW and TX are clamping layouts at the edges and plain ones inside
-#if defined(TYPE_Q4_K)
-#define SCALES(k0) if ((k0) % QK == 0) load_scales(row0, p.n_out, p.n_in, (k0) / QK);
-#else
-#define SCALES(k0)
-#endif
+// one step along K: W's tile and x's, then the product; TW and TX are clamping layouts at
+// the edges and plain ones inside
 #if defined(TYPE_F16)
 #define LOAD_W(TW, k0) coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, row0, BM, k0, BK));
 #else
 #define LOAD_W(TW, k0) \
     coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, row0, BM, k0, BK), decode);
 #endif
+#define PRODUCT(TW, TX, TX16, k0) \
+    LOAD_W(TW, k0) \
+    if (X16 != 0) \
+        coopMatLoadTensorNV(b, x16, p.x_offset, sliceTensorLayoutNV(TX16, t0, BN, k0, BK), \
+                            transposed); \
+    else \
+        coopMatLoadTensorNV(b, x4, p.x_offset, sliceTensorLayoutNV(TX, t0, BN, k0, BK), \
+                            transposed, decode_x); \
+    acc = coopMatMulAdd(a, b, acc);
+// the K-quants a super-block at a time: its scales into shared memory first (Q4_K; Q6_K
+// with AHEAD), with AHEAD fetched during the super-block before
+#if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
+#define STEP(TW, TX, TX16) \
+    if (AHEAD != 0) \
+        fetch_scales(row0, p.n_out, p.n_in, 0); \
+    for (uint kb = 0; kb < p.n_in / QK; kb++) { \
+        if (AHEAD != 0) { \
+            store_scales(row0); \
+            if (kb + 1 < p.n_in / QK) \
+                fetch_scales(row0, p.n_out, p.n_in, kb + 1); \
+        } else if (QK_SHARED) { \
+            fetch_scales(row0, p.n_out, p.n_in, kb); \
+            store_scales(row0); \
+        } \
+        [[unroll]] for (uint j = 0; j < QK / BK; j++) { \
+            PRODUCT(TW, TX, TX16, kb * QK + j * BK) \
+        } \
+    }
+#else
 #define STEP(TW, TX, TX16) \
     for (uint k0 = 0; k0 < p.n_in; k0 += BK) { \
-        SCALES(k0) \
-        LOAD_W(TW, k0) \
-        if (X16 != 0) \
-            coopMatLoadTensorNV(b, x16, p.x_offset, sliceTensorLayoutNV(TX16, t0, BN, k0, BK), \
-                                transposed); \
-        else \
-            coopMatLoadTensorNV(b, x4, p.x_offset, sliceTensorLayoutNV(TX, t0, BN, k0, BK), \
-                                transposed, decode_x); \
-        acc = coopMatMulAdd(a, b, acc); \
+        PRODUCT(TW, TX, TX16, k0) \
     }
+#endif
 
 void main() {
     const uint row0 = gl_WorkGroupID.x * BM, t0 = gl_WorkGroupID.y * BN;

@@ -26,6 +26,7 @@ layout(constant_id = 1) const uint BM = 128;     // weight rows per workgroup
 layout(constant_id = 2) const uint BN = 64;      // slots per tile
 layout(constant_id = 3) const uint X_SLOT = 0;
 const uint BK = 64;
+const uint AHEAD = 0;              // the K-quants' scales: at each super-block (cm2_decode)
 
 layout(push_constant) uniform Push {
     uint n_in;         // K, a multiple of BK
@@ -65,7 +66,11 @@ float store_y(const in uint r, const in uint c, const in float v, const in uint 
     coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, w0 + row0, BM, k0, BK), decode);
 #endif
 #if defined(TYPE_Q4_K)
-#define SCALES(k0) if ((k0) % QK == 0) load_scales(w0 + row0, w0 + p.n_out, p.n_in, (k0) / QK);
+#define SCALES(k0) \
+    if ((k0) % QK == 0) { \
+        fetch_scales(w0 + row0, w0 + p.n_out, p.n_in, (k0) / QK); \
+        store_scales(w0 + row0); \
+    }
 #else
 #define SCALES(k0)
 #endif

@@ -67,11 +67,25 @@ class Builder:
 
     def _rounded_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int, fmt: int):
         """x rounded to `fmt` in rs.xq (reused while x and the format stay the same)."""
-        key = (id(x), x_row, n, n_in, fmt)
+        key = (id(x), x_row, n, n_in, fmt, self.g.last_write(x))
         if self._rounded != key:
             blocks = n * n_in // ACT_BLOCK[fmt]
             self.g.op("quantize_act", [x, self.rs.xq], (-(-blocks // 64), 1, 1),
                       spec=dict(FMT=fmt), n_cols=n_in, n_rows=n, x_offset=x_row)
+            self._rounded = key
+        return self.rs.xq
+
+    def _f16_input(self, x: vk.Buffer, x_row: int, n: int, n_in: int) -> vk.Buffer:
+        """x[x_row:x_row+n] as f16 in rs.xq (to_f16), for the products that load f16 tiles
+        (mul_mat_cm2's X16): one pass serves every product of the same x until x is written
+        again (q, k and v; gate and up). rs.xq is free on that path: it holds ggml's
+        roundings, which the matrix units' paths never take."""
+        key = (id(x), x_row, n, n_in, "f16", self.g.last_write(x))
+        if self._rounded != key:
+            count = n * n_in
+            groups = -(-count // (4 * 64))
+            self.g.op("to_f16", [x, self.rs.xq], (min(groups, 65535), -(-groups // 65535), 1),
+                      n=count, x_offset=x_row * n_in // 4)
             self._rounded = key
         return self.rs.xq
 
@@ -151,18 +165,24 @@ class Builder:
         """Many tokens on the matrix units: f16 tiles, f32 sums. x goes in as f16, not
         rounded as ggml's CPU backend rounds it (f16 cannot hold those values). Where the
         paths take NVIDIA's workgroup-scope matrices and the type has a decoder, mul_mat_cm2
-        (W decoded and x turned to f16 inside the driver's tile loads), else mul_mat_cm."""
+        (W decoded inside the driver's tile loads; x turned to f16 by a pass before, shared
+        by the products of the same x, or inside the loads), else mul_mat_cm."""
         n_in, n_out = w.shape[0], w.rows
+        x_offset = x_row * n_in // 4
         if self.paths().prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
             bm, bn, wg = self.t.cm2_tile
-            kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate))
+            kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate),
+                                               X16=int(self.t.cm2_x16),
+                                               AHEAD=int(self.t.cm2_ahead))
+            if self.t.cm2_x16:
+                x, x_offset = self._f16_input(x, x_row, n, n_in), 0
         else:
             bm, bn = self.t.cm_tile
             kernel, spec = "mul_mat_cm", dict(ACC=int(accumulate), BM=bm, BN=bn)
         for buf, first, count in w.bindings():
             self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), 1), wtype=w.wtype,
                       spec=spec, n_in=n_in, n_out=count, n_tokens=n,
-                      x_offset=x_row * n_in // 4, y_offset=first, y_stride=n_out)
+                      x_offset=x_offset, y_offset=first, y_stride=n_out)
         self._wrote(y)
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,

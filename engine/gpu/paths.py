@@ -64,6 +64,8 @@ class Tuning:
                             # until a GPU run has timed it; $HOTSEAT_COOPMAT2=on opens the
                             # device with them and takes them
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
+    cm2_x16: bool = True    # ... x turned to f16 by a pass before (to_f16), not in its loads
+    cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
                                  # off by default on devices with matrix units
@@ -163,6 +165,8 @@ class Tuning:
         t.moe_cm = switch_setting("HOTSEAT_MOE_CM", t.moe_cm)
         t.cm_tile = cm_tile_setting(t.cm_tile, max_shared)   # to measure the matrix units'
         t.cm2_tile = tile_setting("HOTSEAT_CM2_TILE", t.cm2_tile, CM2_TILES)      # tiles
+        t.cm2_x16 = switch_setting("HOTSEAT_CM2_X16", t.cm2_x16)
+        t.cm2_ahead = switch_setting("HOTSEAT_CM2_AHEAD", t.cm2_ahead)
         t.route_experts = switch_setting("HOTSEAT_ROUTE_EXPERTS", t.route_experts)
         t.head_norm = switch_setting("HOTSEAT_HEAD_NORM", t.head_norm)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths

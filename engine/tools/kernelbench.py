@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -276,9 +277,20 @@ MATMUL_VARIANTS = (("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64), ("mul_mat_cm
                    ("mul_mat_cm", 64, 32), ("mul_mat_cm", 128, 128), ("mul_mat_cm", 64, 128))
 
 
-def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> list[dict]:
+def _said(row: dict, v: dict) -> None:
+    """One variant's time as it comes, on stderr (a long sweep cut short still tells)."""
+    tile = "x".join(map(str, v["tile"])) + (" ahead" if v.get("ahead") else "")
+    what = f"{v['us']:.1f} us {v['tflops']:.1f} TFLOP/s" if "us" in v else v["error"]
+    print(f"{row['type']} {row['n_in']}x{row['n_out']}x{row.get('tokens', '')} {v['kernel']} "
+          f"{tile}: {what}", file=sys.stderr, flush=True)
+
+
+def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
+                     types: set[str] | None = None,
+                     variants: set[str] | None = None) -> list[dict]:
     """The cooperative-matrix prefill products, tile by tile, against the register-tiled
-    mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative)."""
+    mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative). types and
+    variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16) narrow the sweep."""
     from ..gpu.paths import Tuning, cm_shared_bytes
 
     if not dev.coopmat:
@@ -290,6 +302,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
     cm2 = dev.coopmat2 and compiled("mul_mat_cm2")
     out = []
     for wtype, n_in, n_out, n in shapes:
+        if types and wtype not in types:
+            continue
         raw = _random_weights(rng, wtype, n_in, n_out)
         x = rng.standard_normal((n, n_in)).astype(np.float32)
         alloc = dev.allocator.alloc
@@ -315,7 +329,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
             row = {"type": wtype, "n_in": n_in, "n_out": n_out, "tokens": n,
                    "mul_mat_us": us, "mul_mat_tflops": flop / us / 1e6, "variants": []}
             for kernel, bm, bn in MATMUL_VARIANTS:
-                if cm_shared_bytes(bm, bn) > dev.max_shared:
+                if cm_shared_bytes(bm, bn) > dev.max_shared or (variants and kernel not in
+                                                                  variants):
                     continue
                 spec = dict(ACC=0, BM=bm, BN=bn)
 
@@ -328,11 +343,17 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
                 err = _rel_err(got, want)
                 row["variants"].append({"kernel": kernel, "tile": [bm, bn], "us": us,
                                         "tflops": flop / us / 1e6, "max_rel_err": err})
-            cm2_grid = [(tile, x16) for tile in MATMUL_CM2_TILES for x16 in (0, 1)] \
-                if cm2 and wtype in CM2_TYPES else []
-            for (bm, bn, wg), x16 in cm2_grid:    # x16: x given as f16 (a pass before)
-                spec = dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16)
+                _said(row, row["variants"][-1])
+            # x16: x given as f16 (a pass before); ahead: the K-quants' scales fetched a
+            # super-block ahead
+            aheads = (0, 1) if wtype in ("Q4_K", "Q6_K") else (0,)
+            cm2_grid = [(tile, x16, ahead) for tile in MATMUL_CM2_TILES for x16 in (0, 1)
+                        for ahead in aheads] if cm2 and wtype in CM2_TYPES else []
+            for (bm, bn, wg), x16, ahead in cm2_grid:
+                spec = dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=ahead)
                 name = "mul_mat_cm2h" if x16 else "mul_mat_cm2"
+                if variants and name not in variants:
+                    continue
 
                 def cm2_op(g, i=0, bm=bm, bn=bn, spec=spec, x16=x16):
                     g.op("mul_mat_cm2", [bw, bh if x16 else bx, by],
@@ -343,12 +364,18 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES) -> l
                     us = _time_records(dev, kernels, cm2_op, repeats)
                 except Exception as exc:     # a tile the driver refuses: said, not fatal
                     row["variants"].append({"kernel": name, "tile": [bm, bn, wg],
+                                            "ahead": ahead,
                                             "error": f"{type(exc).__name__}: {exc}"})
+                    _said(row, row["variants"][-1])
                     continue
                 err = _rel_err(vk.download(dev, by).view(np.float32), want)
-                row["variants"].append({"kernel": name, "tile": [bm, bn, wg], "us": us,
-                                        "tflops": flop / us / 1e6, "max_rel_err": err})
-            row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"])
+                row["variants"].append({"kernel": name, "tile": [bm, bn, wg], "ahead": ahead,
+                                        "us": us, "tflops": flop / us / 1e6,
+                                        "max_rel_err": err})
+                _said(row, row["variants"][-1])
+            row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"],
+                              default={"kernel": "mul_mat", "tile": [], "us": row["mul_mat_us"],
+                                       "tflops": row["mul_mat_tflops"]})
             out.append(row)
         finally:
             for b in (bw, bx, bh, by):
@@ -380,7 +407,8 @@ def moe_routing(rng, n: int, n_expert: int, k: int, skew: float) -> np.ndarray:
 
 def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                       n_expert: int = MOE_EXPERTS, k: int = MOE_USED, n: int = MOE_TOKENS,
-                      tiles=MOE_TILES) -> list[dict]:
+                      tiles=MOE_TILES, types: set[str] | None = None,
+                      variants: set[str] | None = None) -> list[dict]:
     """A prefill chunk's routed products: per token and slot (mul_mat_id) against grouped by
     expert (moe_group, then mul_mat_moe at several tiles and token-tile counts), for an even
     and an uneven routing; outputs checked against mul_mat_id first. Activations rounded
@@ -399,6 +427,8 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
     alloc = dev.allocator.alloc
     out = []
     for wtype, n_in, n_out, per_slot in shapes:
+        if types and wtype not in types:
+            continue
         raw = _random_weights(rng, wtype, n_in, n_out * n_expert)
         x = rng.standard_normal((n * k if per_slot else n, n_in)).astype(np.float32)
         act = ACT_INLINE.get(wtype, 0)
@@ -444,7 +474,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                        "parts": len(parts), "variants": []}
                 run_once(dev, kernels, "moe_group", [bi, bg, bp], (n_expert, 1, 1),
                          n_slots=n * k)
-                for rows, nt in tiles:
+                for rows, nt in tiles if not variants or "mul_mat_moe" in variants else ():
                     rows, nt = rows or t.mm_rows, nt or moe_tile_slots(n, k, n_expert,
                                                                        t.mm_tokens)
                     for lanes in sorted({moe_tile_groups(n, k, n_expert, nt), -(-n // nt)}):
@@ -467,7 +497,8 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                 "token_tiles": lanes,
                                                 "us": us, "tflops": flop / us / 1e6,
                                                 "max_rel_err": err})
-                if t.fast_prefill and n_in % CM_K == 0:  # the matrix units' tiles
+                if t.fast_prefill and n_in % CM_K == 0 and (not variants
+                                                             or "mul_mat_moe_cm" in variants):
                     for bm, bn in MOE_CM_TILES:
                         lanes = moe_tile_groups(n, k, n_expert, bn)
 
@@ -487,7 +518,8 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                 "token_tiles": lanes, "us": us,
                                                 "tflops": flop / us / 1e6,
                                                 "max_rel_err": err})
-                if t.fast_prefill and n_in % CM_K == 0 and cm2 and wtype in CM2_TYPES:
+                if t.fast_prefill and n_in % CM_K == 0 and cm2 and wtype in CM2_TYPES \
+                        and (not variants or "mul_mat_moe_cm2" in variants):
                     for bm, bn, wg in MOE_CM2_TILES:    # workgroup-scope tiles
                         lanes = moe_tile_groups(n, k, n_expert, bn)
 
@@ -513,7 +545,12 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                             continue
                         row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6,
                                                     max_rel_err=err))
-                best = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"])
+                for v in row["variants"]:
+                    _said(dict(row, tokens=n), v)
+                best = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"],
+                           default={"kernel": "mul_mat_id", "tile": [], "token_tiles": 0,
+                                    "us": row["mul_mat_id_us"],
+                                    "tflops": row["mul_mat_id_tflops"]})
                 row["best"] = best
                 row["speedup"] = row["mul_mat_id_us"] / (best["us"] + row["moe_group_us"] / 3)
                 out.append(row)
@@ -625,6 +662,11 @@ def run_kernel_bench(args) -> int:
                      "attn_decode": bench_attn_decode}[args.kernel]
             types = getattr(args, "types", None)
             kw = {"types": set(types.split(","))} if types else {}
+            variants = getattr(args, "variants", None)
+            if variants:
+                if args.kernel not in ("mul_mat_cm", "mul_mat_moe"):
+                    raise ValueError("--variants narrows mul_mat_cm and mul_mat_moe only")
+                kw["variants"] = set(variants.split(","))
             rows = bench(dev, kernels, args.repeats, **kw)
         finally:
             kernels.close()
@@ -678,8 +720,9 @@ def run_kernel_bench(args) -> int:
         print("|---|---:|---:|---:|---:|---|---:|---|")
         for r in rows:
             b = r["best"]
-            def one(v: dict) -> str:      # cm2 tiles: rows x tokens x lanes
-                name = f"{v['kernel'][8:]}{'x'.join(map(str, v['tile']))}"
+            def one(v: dict) -> str:      # cm2 tiles: rows x tokens x lanes (a: ahead)
+                name = f"{v['kernel'][8:]}{'x'.join(map(str, v['tile']))}" \
+                    f"{'a' if v.get('ahead') else ''}"
                 if "error" in v:
                     return f"{name}:refused"
                 return f"{name}:{v['tflops']:.0f}(e{v['max_rel_err']:.0e})"

@@ -1,9 +1,12 @@
 // mul_mat_cm2's and mul_mat_moe_cm2's view of W (binding 0) for VK_NV_cooperative_matrix2's
 // tensor loads: its blocks of QK weights as a struct array, and the decode function the
 // load calls per weight (its block, the weight's place in the block), giving it as f16.
-// Q4_K's sub-block scales and mins are not worked out per weight: load_scales() puts a
-// super-block's into shared memory for every row of the tile, and decode reads them there.
-// Needs BM (rows of a tile) declared before.
+// The K-quants' sub-block scales are not worked out per weight: fetch_scales() reads a
+// super-block's for every row of the tile into registers, store_scales() puts them into
+// shared memory (Q4_K's (scale, min) pairs, Q6_K's d * scale), and decode reads them there.
+// Q4_K always so; Q6_K where AHEAD is 1 (else decode reads its scale from the block). With
+// AHEAD the products fetch the next super-block's while this one's run.
+// Needs BM (rows of a tile) and AHEAD declared before.
 #if defined(TYPE_F16)
 const uint QK = 1;
 layout(std430, binding = 0) readonly buffer W { float16_t w[]; };
@@ -30,6 +33,7 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
 }
 #elif defined(TYPE_Q4_K)
 const uint QK = 256;
+const bool QK_SHARED = true;       // scales through shared memory even without AHEAD
 struct Block { f16vec2 dm; uint scales[3]; uint qs[32]; };           // 144 bytes
 layout(std430, binding = 0) readonly buffer W { Block w[]; };
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
@@ -46,8 +50,11 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
 #include "kscale.glsl"
 #elif defined(TYPE_Q6_K)
 const uint QK = 256;
+const bool QK_SHARED = false;
 struct Block { uint16_t ql[64]; uint16_t qh[32]; uint16_t scales[8]; float16_t d; };  // 210
 layout(std430, binding = 0) readonly buffer W { Block w[]; };
+layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
+shared float dsc[16 * BM];         // d * scale of sub-block s of row r at [s * BM + r % BM]
 layout(buffer_reference, std430, buffer_reference_align = 2) buffer Dec { Block b; };
 float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
     // weight i: its low 4 bits in ql[64(i / 128) + i % 64] (high nibble where (i / 64) is
@@ -57,25 +64,60 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
     const uint lo = (uint(bl.b.ql[lb >> 1]) >> (8 * (lb & 1) + 4 * ((i >> 6) & 1))) & 15u;
     const uint hi = (uint(bl.b.qh[hb >> 1]) >> (8 * (hb & 1) + 2 * ((i >> 5) & 3))) & 3u;
     const uint sb = i >> 4;
+    if (AHEAD != 0)
+        return float16_t(dsc[sb * BM + blockCoords[0] % BM] * (float(lo | (hi << 4)) - 32.0));
     const int sc = int(uint(bl.b.scales[sb >> 1]) << (24 - 8 * (sb & 1))) >> 24;
     return float16_t(float(bl.b.d) * float(sc) * (float(lo | (hi << 4)) - 32.0));
 }
 #endif
 
+#if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
+// a super-block's scales for rows base .. base + BM - 1 (rows past limit read the last
+// one): two lanes a row, each with half the row's sub-blocks; a lane holds at most four
+// (row, half) pairs (BM <= 2 x lanes)
 #if defined(TYPE_Q4_K)
-// super-block kb's (scale, min) per sub-block for rows base .. base + BM - 1 (rows past
-// limit read the last one), where decode finds them: at row % BM, so a tile may start on
-// any row
-void load_scales(uint base, uint limit, uint n_in, uint kb) {
-    barrier();                       // the last super-block's loads are done
+uvec4 scale_words[4];              // d, dmin and the 12 scale bytes
+#else
+uvec2 scale_words[4];              // half the 16 scale bytes
+float scale_d[4];
+#endif
+void fetch_scales(uint base, uint limit, uint n_in, uint kb) {
     const uint nb = n_in / QK;
-    for (uint e = gl_LocalInvocationID.x; e < 2 * BM; e += gl_WorkGroupSize.x) {
-        const uint r = e >> 1, row = min(base + r, limit - 1);
-        const uvec4 hd = w4[(row * nb + kb) * 9];
-        const vec2 dm = unpackHalf2x16(hd.x);
-        [[unroll]] for (uint s = 4 * (e & 1); s < 4 * (e & 1) + 4; s++) {
-            const uvec2 sm = kscale_min(hd, s);
-            dmin[s * BM + (base + r) % BM] = vec2(dm.x * float(sm.x), dm.y * float(sm.y));
+    [[unroll]] for (uint j = 0; j < 4; j++) {
+        const uint e = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
+        if (e < 2 * BM) {
+            const uint blk = min(base + (e >> 1), limit - 1) * nb + kb;
+#if defined(TYPE_Q4_K)
+            scale_words[j] = w4[blk * 9];
+#else
+            const uint h = blk * 105 + 96 + 4 * (e & 1);     // 105 halves a block
+            scale_words[j] = uvec2(uint(w16[h]) | uint(w16[h + 1]) << 16,
+                                   uint(w16[h + 2]) | uint(w16[h + 3]) << 16);
+            scale_d[j] = float(uint16BitsToFloat16(w16[blk * 105 + 104]));
+#endif
+        }
+    }
+}
+// ... and into shared memory, where decode finds them (at row % BM, so a tile may start on
+// any row), once the last super-block's loads are done
+void store_scales(uint base) {
+    barrier();
+    [[unroll]] for (uint j = 0; j < 4; j++) {
+        const uint e = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
+        if (e < 2 * BM) {
+            const uint r = (base + (e >> 1)) % BM;
+#if defined(TYPE_Q4_K)
+            const vec2 dm = unpackHalf2x16(scale_words[j].x);
+            [[unroll]] for (uint s = 0; s < 4; s++) {
+                const uvec2 sm = kscale_min(scale_words[j], s + 4 * (e & 1));
+                dmin[(s + 4 * (e & 1)) * BM + r] = vec2(dm.x * float(sm.x), dm.y * float(sm.y));
+            }
+#else
+            [[unroll]] for (uint s = 0; s < 8; s++) {
+                const int sc = int(scale_words[j][s >> 2] << (24 - 8 * (s & 3))) >> 24;
+                dsc[(s + 8 * (e & 1)) * BM + r] = scale_d[j] * float(sc);
+            }
+#endif
         }
     }
     barrier();

@@ -273,15 +273,18 @@ def test_mul_mat_cm(dev, kc, wtype, tile):
     assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9
 
 
-@pytest.mark.parametrize("wtype", CM2_TYPES)
-@pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 256, 256)])
+@pytest.mark.parametrize("wtype,ahead", [(t, 0) for t in CM2_TYPES]
+                         + [("Q4_K", 1), ("Q6_K", 1)])
+@pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 256, 256),
+                                  (256, 128, 128)])
 @pytest.mark.parametrize("x16", [0, 1])
-def test_mul_mat_cm2(dev, kc, wtype, tile, x16):
+def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
     """NVIDIA's workgroup-scope product against numpy on f16 inputs: whole tiles (plain
     layouts) and partial ones on both axes (clamped loads and stores), a token offset, a
     binding's rows placed at an offset in wider rows of y, a residual add; x as f32 or as
-    f16 (X16). Runs where the device has VK_NV_cooperative_matrix2 and the kernel is
-    compiled (a glslang of 15 or later)."""
+    f16 (X16); the K-quants' scales fetched a super-block ahead (AHEAD) or not, with tiles
+    of 64 to 256 rows over 128 or 256 lanes. Runs where the device has
+    VK_NV_cooperative_matrix2 and the kernel is compiled (a glslang of 15 or later)."""
     from engine.gpu.kernels import compiled
 
     if not (dev.coopmat2 and compiled("mul_mat_cm2")):
@@ -298,7 +301,8 @@ def test_mul_mat_cm2(dev, kc, wtype, tile, x16):
     for acc in (0, 1):
         vk.upload(dev, by, y0)
         run_once(dev, kc, "mul_mat_cm2", [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
-                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc, X16=x16), n_in=n_in,
+                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc, X16=x16, AHEAD=ahead),
+                 n_in=n_in,
                  n_out=n_out, n_tokens=n, x_offset=n_in if x16 else n_in // 4,
                  y_offset=y_offset, y_stride=y_stride)
         f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
@@ -1150,6 +1154,51 @@ def test_products_round_like_ggml_cpu(dev, kc, wtype):
             got = builder_moe(dev, kc, replace(base, moe_grouped=grouped), wtype, raw, xx, ids,
                               n_expert, n_out // n_expert, per_slot)
             assert np.abs(got - want).max() < most, (per_slot, grouped)
+
+
+def test_to_f16_rounds_to_nearest_even_from_a_row_offset(dev, kc):
+    """to_f16 (mul_mat_cm2's x as f16 tiles): x's rows from x_offset on, each value the f16
+    numpy rounds it to, the halves after them untouched."""
+    rng = np.random.default_rng(31)
+    x = (rng.standard_normal((5, 384)) * np.logspace(-6, 4, 384)).astype(np.float32)
+    bx, bo = buf(dev, x), buf(dev, np.full(4 * 384 + 8, 7, np.float16))
+    run_once(dev, kc, "to_f16", [bx, bo], (-(-4 * 384 // 256), 1, 1), n=4 * 384,
+             x_offset=384 // 4)
+    got = read(dev, bo, np.float16)
+    assert np.array_equal(got[:4 * 384].view(np.uint16),
+                          x[1:].astype(np.float16).reshape(-1).view(np.uint16))
+    assert np.all(got[4 * 384:] == 7)
+
+
+def test_f16_input_is_made_once_for_the_products_of_one_x(dev, kc):
+    """Builder._f16_input: the products reading the same rows of x share one to_f16 pass (q,
+    k and v; gate and up); other rows, or x written since, take a new one, whose values
+    follow x's."""
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+
+    rng = np.random.default_rng(32)
+    x = rng.standard_normal((6, 256)).astype(np.float32)
+    rs = RunState(dev, "t", n_layer=1, n_embd=256, n_head=1, q_dim=256, kv_dim=64, n_ff=256,
+                  n_vocab=16, n_ctx=16, max_tokens=8)
+    bx = buf(dev, x)
+    g = Graph(dev, kc, "t")
+    b = Builder(g, {}, rs, Tuning.for_device(dev))
+    assert b._f16_input(bx, 1, 4, 256) is rs.xq
+    b._f16_input(bx, 1, 4, 256)
+    assert g.n_ops == 1                                  # the same rows: the same pass
+    b._f16_input(bx, 0, 4, 256)
+    assert g.n_ops == 2                                  # other rows: a pass of their own
+    g.op("scale", [bx], (-(-x.size // 64), 1, 1), n=x.size, scale=2.0)
+    b._f16_input(bx, 0, 4, 256)
+    assert g.n_ops == 4                                  # x written since: again
+    g.replay()
+    got = read(dev, rs.xq, np.float16)[:4 * 256].reshape(4, 256)
+    assert np.array_equal(got, (2 * x[:4]).astype(np.float16))
+    g.close()
+    rs.close()
 
 
 @pytest.mark.parametrize("fmt", [0, 2, 3, 4])

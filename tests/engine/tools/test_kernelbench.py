@@ -36,6 +36,20 @@ def test_mul_mat_moe_bench_rows(dev, kc, monkeypatch):
         assert all(v["max_rel_err"] <= 2e-2 and v["us"] > 0 for v in cm)
 
 
+def test_the_sweep_narrows_and_says_each_variant_as_it_comes(dev, kc, capsys):
+    """--types and --variants narrow a sweep; each variant timed is said on stderr at once
+    (a sweep cut short still tells what it timed); --variants names no other kernel's."""
+    rows = kernelbench.bench_mul_mat_moe(dev, kc, 1, types={"Q6_K"}, variants={"mul_mat_moe"},
+                                         **TINY)
+    assert [r["type"] for r in rows] == ["Q6_K", "Q6_K"]
+    assert all({v["kernel"] for v in r["variants"]} == {"mul_mat_moe"} for r in rows)
+    said = [ln for ln in capsys.readouterr().err.splitlines() if " mul_mat_moe 2x4: " in ln]
+    assert len(said) == 4 and all(ln.startswith("Q6_K 256x8x12 ") for ln in said)
+    args = argparse.Namespace(kernel="concat", repeats=1, json=False, variants="mul_mat_moe")
+    with pytest.raises(ValueError, match="--variants"):
+        kernelbench.run_kernel_bench(args)
+
+
 def test_mul_mat_moe_bench_table(monkeypatch, capsys):
     monkeypatch.setattr(kernelbench, "bench_mul_mat_moe",
                         functools.partial(kernelbench.bench_mul_mat_moe, **TINY))
