@@ -30,7 +30,7 @@ layout(push_constant) uniform Push {
     uint n_in;       // K, a multiple of BK (of 256 for the K-quants)
     uint n_out;      // rows of W in this binding
     uint n_tokens;
-    uint x_offset;   // in vec4 units (X16: in halves): first token row to read
+    uint x_offset;   // in vec4 units (X16: in halves, a multiple of 8): first token row to read
     uint y_offset;   // in floats
     uint y_stride;   // floats between token rows of y
 } p;
@@ -57,7 +57,7 @@ layout(std430, binding = 2) buffer Y { float y[]; };
 #define PRODUCT(TW, TX, TX16, k0) \
     LOAD_W(TW, k0) \
     if (X16 != 0) \
-        coopMatLoadTensorNV(b, x16, p.x_offset, sliceTensorLayoutNV(TX16, t0, BN, k0, BK), \
+        coopMatLoadTensorNV(b, x16, p.x_offset & ~7u, sliceTensorLayoutNV(TX16, t0, BN, k0, BK), \
                             transposed); \
     else \
         coopMatLoadTensorNV(b, x4, p.x_offset, sliceTensorLayoutNV(TX, t0, BN, k0, BK), \
@@ -112,13 +112,15 @@ void main() {
     tx = setTensorLayoutBlockSizeNV(tx, 1, 4);
     tx = setTensorLayoutDimensionNV(tx, p.n_tokens, p.n_in);
     tx = setTensorLayoutStrideNV(tx, p.n_in / 4, 1);
+    // (f16 x: a stride the compiler sees is a multiple of 8 halves, so rows load 16 bytes
+    // at a time; n_in is a multiple of 64)
     tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> thc =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
     thc = setTensorLayoutDimensionNV(thc, p.n_tokens, p.n_in);
-    thc = setTensorLayoutStrideNV(thc, p.n_in, 1);
+    thc = setTensorLayoutStrideNV(thc, p.n_in & ~7u, 1);
     tensorLayoutNV<2> th = createTensorLayoutNV(2);
     th = setTensorLayoutDimensionNV(th, p.n_tokens, p.n_in);
-    th = setTensorLayoutStrideNV(th, p.n_in, 1);
+    th = setTensorLayoutStrideNV(th, p.n_in & ~7u, 1);
     // y: token rows of y_stride floats; this binding's rows start at y_offset
     tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> ty =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);

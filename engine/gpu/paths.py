@@ -64,7 +64,7 @@ class Tuning:
                             # until a GPU run has timed it; $HOTSEAT_COOPMAT2=on opens the
                             # device with them and takes them
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
-    cm2_x16: bool = True    # ... x turned to f16 by a pass before (to_f16), not in its loads
+    cm2_x16: bool = False   # ... x turned to f16 by a pass before (to_f16), not in its loads
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);

@@ -205,13 +205,13 @@ def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
 
 @pytest.mark.parametrize("name, field, default", [("HOTSEAT_ROUTE_EXPERTS", "route_experts", True),
                                                   ("HOTSEAT_HEAD_NORM", "head_norm", False),
-                                                  ("HOTSEAT_CM2_X16", "cm2_x16", True),
+                                                  ("HOTSEAT_CM2_X16", "cm2_x16", False),
                                                   ("HOTSEAT_CM2_AHEAD", "cm2_ahead", True)])
 def test_the_fusion_switches(monkeypatch, name, field, default):
     """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
     asks for the moe_router pass; per-head q/k norms stay in rope_qkv's pass unless
-    HOTSEAT_HEAD_NORM=on; mul_mat_cm2 takes x as f16 from a pass before unless
-    HOTSEAT_CM2_X16=off, and fetches the K-quants' scales a super-block ahead unless
+    HOTSEAT_HEAD_NORM=on; mul_mat_cm2 takes x as f16 from a pass before where
+    HOTSEAT_CM2_X16=on, and fetches the K-quants' scales a super-block ahead unless
     HOTSEAT_CM2_AHEAD=off; a value other than on or off names the setting."""
     def value() -> bool:
         return getattr(Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32), field)
