@@ -277,10 +277,19 @@ MATMUL_VARIANTS = (("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64), ("mul_mat_cm
                    ("mul_mat_cm", 64, 32), ("mul_mat_cm", 128, 128), ("mul_mat_cm", 64, 128))
 
 
+def _compile_s(kernels, name: str, wtype: str, spec: dict) -> float:
+    """Seconds the driver takes to make a variant's pipeline (0 where it was made before)."""
+    t0 = time.perf_counter()
+    kernels.get(name, wtype, **spec)
+    return time.perf_counter() - t0
+
+
 def _said(row: dict, v: dict) -> None:
     """One variant's time as it comes, on stderr (a long sweep cut short still tells)."""
     tile = "x".join(map(str, v["tile"])) + (" ahead" if v.get("ahead") else "")
     what = f"{v['us']:.1f} us {v['tflops']:.1f} TFLOP/s" if "us" in v else v["error"]
+    if v.get("compile_s"):
+        what += f" (pipeline made in {v['compile_s']:.1f} s)"
     print(f"{row['type']} {row['n_in']}x{row['n_out']}x{row.get('tokens', '')} {v['kernel']} "
           f"{tile}: {what}", file=sys.stderr, flush=True)
 
@@ -361,6 +370,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                          n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, y_stride=n_out)
                 vk.upload(dev, by, np.zeros(n * n_out, np.float32))
                 try:
+                    made = _compile_s(kernels, "mul_mat_cm2", wtype, spec)
                     us = _time_records(dev, kernels, cm2_op, repeats)
                 except Exception as exc:     # a tile the driver refuses: said, not fatal
                     row["variants"].append({"kernel": name, "tile": [bm, bn, wg],
@@ -371,7 +381,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                 err = _rel_err(vk.download(dev, by).view(np.float32), want)
                 row["variants"].append({"kernel": name, "tile": [bm, bn, wg], "ahead": ahead,
                                         "us": us, "tflops": flop / us / 1e6,
-                                        "max_rel_err": err})
+                                        "max_rel_err": err, "compile_s": made})
                 _said(row, row["variants"][-1])
             row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"],
                               default={"kernel": "mul_mat", "tile": [], "us": row["mul_mat_us"],
@@ -533,6 +543,9 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                         v = {"kernel": "mul_mat_moe_cm2", "tile": [bm, bn, wg],
                              "token_tiles": lanes}
                         try:
+                            v["compile_s"] = _compile_s(kernels, "mul_mat_moe_cm2", wtype,
+                                                        dict(WG=wg, BM=bm, BN=bn,
+                                                             X_SLOT=int(per_slot)))
                             us = _time_records(dev, kernels, on_cm2, repeats)
                         except Exception as exc:   # a tile the driver refuses: said
                             row["variants"].append(dict(v, error=f"{type(exc).__name__}: "

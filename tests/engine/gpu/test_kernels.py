@@ -277,7 +277,7 @@ def test_mul_mat_cm(dev, kc, wtype, tile):
                          + [("Q4_K", 1), ("Q6_K", 1)])
 @pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 256, 256),
                                   (256, 128, 128)])
-@pytest.mark.parametrize("x16", [0, 1])
+@pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
 def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
     """NVIDIA's workgroup-scope product against numpy on f16 inputs: whole tiles (plain
     layouts) and partial ones on both axes (clamped loads and stores), a token offset, a
