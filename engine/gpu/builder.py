@@ -29,6 +29,7 @@ VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0, e
 # about 32 slots where 8 are used, as Qwen3-30B-A3B routes)
 MOE_CM_TILE = (64, 32)
 MOE_CM2_TILE = (128, 32, 256)    # mul_mat_moe_cm2's: weight rows x slots x lanes
+FA_CM2_TILE = (64, 64, 128)      # flash_attn_cm2's: query rows x keys a block x lanes
 
 
 class Builder:
@@ -624,6 +625,13 @@ class Builder:
                 raise ValueError("a pass of packed sequences has more than one token")
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
                                   scale, window, sk, opt, spec, kernel)
+        elif kernel == "flash_attn_cm2":
+            br, bc, wg = FA_CM2_TILE
+            self.g.op("flash_attn_cm2", [q, k_cache, v_cache, out, self.rs.step, sk],
+                      (-(-n // br), n_head, 1),
+                      spec=dict(WG=wg, HD=head_dim, BR=br, BC=bc, SEQS=self.seqs, **spec),
+                      n_head=n_head, n_head_kv=n_head_kv, n_tokens=n, window=window,
+                      scale=scale, **opt)
         elif kernel == "flash_attn_cm":
             self.g.op("flash_attn_cm", [q, k_cache, v_cache, out, self.rs.step, sk],
                       (-(-n // 64), n_head, 1), spec=dict(HD=head_dim, SEQS=self.seqs, **spec),

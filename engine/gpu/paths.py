@@ -66,6 +66,7 @@ class Tuning:
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
     cm2_x16: bool = False   # ... x turned to f16 by a pass before (to_f16), not in its loads
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
+    cm2_attn: bool = False  # prefill attention on them too (flash_attn_cm2): off until timed
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
                                  # off by default on devices with matrix units
@@ -128,6 +129,7 @@ class Tuning:
         # the device has them only where $HOTSEAT_COOPMAT2=on asked (vk.coopmat2_asked)
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
                       and compiled("mul_mat_moe_cm2"))
+        t.cm2_attn = t.cm2_attn and t.coopmat2 and compiled("flash_attn_cm2")
         return t
 
     @classmethod
@@ -167,6 +169,7 @@ class Tuning:
         t.cm2_tile = tile_setting("HOTSEAT_CM2_TILE", t.cm2_tile, CM2_TILES)      # tiles
         t.cm2_x16 = switch_setting("HOTSEAT_CM2_X16", t.cm2_x16)
         t.cm2_ahead = switch_setting("HOTSEAT_CM2_AHEAD", t.cm2_ahead)
+        t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
         t.route_experts = switch_setting("HOTSEAT_ROUTE_EXPERTS", t.route_experts)
         t.head_norm = switch_setting("HOTSEAT_HEAD_NORM", t.head_norm)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
@@ -307,8 +310,9 @@ class Tuning:
 
     def paths(self, head_dim: int) -> "Paths":
         """The kernels a model with heads of head_dim takes on this device."""
-        prefill_attn = "flash_attn_cm" if self.fast_prefill and head_dim in (64, 128) else \
-            "flash_attn" if self.use_flash_attn(head_dim, 2) else "attention"
+        prefill_attn = ("flash_attn_cm2" if self.coopmat2 and self.cm2_attn
+                        else "flash_attn_cm") if self.fast_prefill and head_dim in (64, 128) \
+            else "flash_attn" if self.use_flash_attn(head_dim, 2) else "attention"
         return Paths(
             head_dim=head_dim,
             decode_matmul="mul_mat_vecq" if self.matvecq else "mul_mat_vec" if self.matvec
@@ -340,7 +344,8 @@ class Paths:
                              # length is no multiple of 64 takes mul_mat
     decode_attention: str    # attn_decode (one pass per split) | attn_split (two) | with
                              # ggml numerics, prefill_attention's kernel
-    prefill_attention: str   # flash_attn_cm | flash_attn (tiled) | attention (per token)
+    prefill_attention: str   # flash_attn_cm2 (workgroup-scope) | flash_attn_cm | flash_attn
+                             # (tiled) | attention (per token)
     moe_prefill: str         # mul_mat_moe_cm2 (grouped, workgroup-scope matrix units;
                              # the types it has no decoder for take mul_mat_moe_cm) |
                              # mul_mat_moe_cm (grouped, matrix units) | mul_mat_moe

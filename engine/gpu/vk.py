@@ -412,8 +412,8 @@ class Device:
                    for p in props[0:count[0]])
 
     def _coopmat2_features(self) -> bool:
-        """Whether VK_NV_cooperative_matrix2 gives all that mul_mat_cm2 uses: workgroup
-        scope, flexible sizes, tensor addressing and block loads (decode functions)."""
+        """Whether VK_NV_cooperative_matrix2 gives all that the cm2 kernels use (every one
+        of its seven features: COOPMAT2_USED)."""
         feats = ffi.new("uint32_t[12]")       # sType, pNext, then 7 VkBool32
         feats[0] = COOPMAT2_FEATURES
         _vk.vkGetPhysicalDeviceFeatures2(self.physical, _vk.VkPhysicalDeviceFeatures2(
@@ -423,7 +423,7 @@ class Device:
         return all(feats[4 + i] for i in COOPMAT2_USED)
 
     def _coopmat2_chain(self, nxt):
-        """The VK_NV_cooperative_matrix2 features mul_mat_cm2 uses, as a pNext link before
+        """The VK_NV_cooperative_matrix2 features the cm2 kernels use, as a pNext link before
         nxt (the binding predates the extension: its struct laid out by hand)."""
         feats = ffi.new("uint32_t[12]")
         feats[0] = COOPMAT2_FEATURES
@@ -734,8 +734,9 @@ SHADER_DEVICE_ADDRESS = 0x00020000        # VK_BUFFER_USAGE_SHADER_DEVICE_ADDRES
 ALLOCATE_DEVICE_ADDRESS = 0x00000002      # VK_MEMORY_ALLOCATE_DEVICE_ADDRESS_BIT
 COOPMAT2_FEATURES = 1000593000            # VK_NV_cooperative_matrix2's structure types
 COOPMAT2_FLEXIBLE = 1000593001
-COOPMAT2_USED = (0, 1, 4, 5, 6)           # its features mul_mat_cm2 and mul_mat_moe_cm2 use:
-                                          # workgroup scope, flexible dimensions, per-element
+COOPMAT2_USED = (0, 1, 2, 3, 4, 5, 6)     # its features the cm2 kernels use: workgroup
+                                          # scope, flexible dimensions, reductions and
+                                          # conversions (flash_attn_cm2), per-element
                                           # operations, tensor addressing, block loads
 
 

@@ -992,6 +992,66 @@ def test_flash_attention_on_matrix_units(dev, kc, hd, n_tok, pos0, window):
     assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-5
 
 
+def attention_ref_full(q, k, v, pos0, window, scale, softcap=0.0, sinks=None, bidir=False):
+    """attention_ref with flash_attn_cm's options: scores capped at softcap * tanh(s /
+    softcap), a sink logit per head in the softmax's sum, every key seen (bidir)."""
+    n_tok, n_head, hd = q.shape
+    group = n_head // k.shape[1]
+    out = np.zeros_like(q, dtype=np.float64)
+    for t in range(n_tok):
+        pos = pos0 + t
+        hi = k.shape[0] - 1 if bidir else pos
+        lo = pos - window + 1 if window and pos >= window and not bidir else 0
+        for h in range(n_head):
+            s = k[lo:hi + 1, h // group].astype(np.float64) @ q[t, h].astype(np.float64) * scale
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            top = max(s.max(), sinks[h]) if sinks is not None else s.max()
+            e = np.exp(s - top)
+            total = e.sum() + (np.exp(sinks[h] - top) if sinks is not None else 0.0)
+            out[t, h] = (e / total) @ v[lo:hi + 1, h // group].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("n_tok,pos0,window,opts", [
+    (70, 0, 0, ""), (100, 37, 0, ""), (130, 20, 48, ""), (5, 90, 0, ""), (200, 64, 0, ""),
+    (90, 10, 0, "softcap"), (80, 30, 0, "sinks"), (70, 0, 0, "bidir")])
+@pytest.mark.parametrize("tile", [(64, 64, 128), (64, 32, 128), (128, 64, 256)])
+def test_flash_attention_on_workgroup_scope_matrices(dev, kc, hd, n_tok, pos0, window, opts,
+                                                     tile):
+    """flash_attn_cm2 against the float64 reference on the same f16 K and V with q rounded to
+    f16 as the kernel takes it (P through f16 too: 1e-5): partial tiles of rows and keys,
+    blocks wholly seen (the scale alone) and blocks on the diagonal or the window's edge
+    (masked element by element), soft-capped scores, a sink per head, keys seen both ways.
+    Runs where the device has VK_NV_cooperative_matrix2."""
+    from engine.gpu.kernels import compiled
+
+    if not (dev.coopmat2 and compiled("flash_attn_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or flash_attn_cm2 not compiled)")
+    rng = np.random.default_rng(25)
+    n_ctx, n_head, n_kv = pos0 + n_tok + 3, 8, 2
+    k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    v = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)
+    q = (rng.standard_normal((n_tok, n_head, hd)) * 2).astype(np.float32)
+    sinks = rng.standard_normal(n_head).astype(np.float32) * 3
+    softcap = 5.0 if opts == "softcap" else 0.0
+    bidir = opts == "bidir"
+    bq, bk, bv, bs = buf(dev, q), buf(dev, k), buf(dev, v), buf(dev, sinks)
+    bo = buf(dev, nbytes=q.nbytes)
+    st = buf(dev, np.frombuffer(pack_step(pos0, pos0 + n_tok, bidir), np.uint8))
+    scale = hd ** -0.5
+    br, bc, wg = tile
+    run_once(dev, kc, "flash_attn_cm2", [bq, bk, bv, bo, st, bs], (-(-n_tok // br), n_head, 1),
+             spec=dict(WG=wg, HD=hd, BR=br, BC=bc, SINKS=int(opts == "sinks")),
+             n_head=n_head, n_head_kv=n_kv, n_tokens=n_tok, window=window, scale=scale,
+             softcap=softcap)
+    want = attention_ref_full(q.astype(np.float16).astype(np.float32),
+                              k[:pos0 + n_tok], v[:pos0 + n_tok], pos0, window, scale,
+                              softcap, sinks if opts == "sinks" else None, bidir)
+    assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-5
+
+
 # -- llama.cpp CPU numerics -------------------------------------------------------------------
 
 def ggml_dot_q4_1_q8_1(raw: np.ndarray, x: np.ndarray, n_out: int, n_in: int) -> np.ndarray:

@@ -206,13 +206,15 @@ def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
 @pytest.mark.parametrize("name, field, default", [("HOTSEAT_ROUTE_EXPERTS", "route_experts", True),
                                                   ("HOTSEAT_HEAD_NORM", "head_norm", False),
                                                   ("HOTSEAT_CM2_X16", "cm2_x16", False),
-                                                  ("HOTSEAT_CM2_AHEAD", "cm2_ahead", True)])
+                                                  ("HOTSEAT_CM2_AHEAD", "cm2_ahead", True),
+                                                  ("HOTSEAT_CM2_ATTN", "cm2_attn", False)])
 def test_the_fusion_switches(monkeypatch, name, field, default):
     """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
     asks for the moe_router pass; per-head q/k norms stay in rope_qkv's pass unless
     HOTSEAT_HEAD_NORM=on; mul_mat_cm2 takes x as f16 from a pass before where
     HOTSEAT_CM2_X16=on, and fetches the K-quants' scales a super-block ahead unless
-    HOTSEAT_CM2_AHEAD=off; a value other than on or off names the setting."""
+    HOTSEAT_CM2_AHEAD=off; prefill attention takes flash_attn_cm2 where HOTSEAT_CM2_ATTN=on;
+    a value other than on or off names the setting."""
     def value() -> bool:
         return getattr(Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32), field)
 
@@ -254,6 +256,10 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     assert not t.coopmat2 and t.paths(128).prefill_matmul == "mul_mat_cm"
     t.coopmat2 = True
     assert t.paths(128).prefill_matmul == "mul_mat_cm2"
+    assert t.paths(128).prefill_attention == "flash_attn_cm"
+    t.cm2_attn = True                         # attention too where HOTSEAT_CM2_ATTN asks
+    assert t.paths(128).prefill_attention == "flash_attn_cm2"
+    assert t.paths(256).prefill_attention != "flash_attn_cm2"     # heads of 64 or 128 only
     t.moe_cm = False                          # the grouped experts follow HOTSEAT_MOE_CM
     assert t.paths(128).moe_prefill == "mul_mat_moe"
     t.moe_cm = True

@@ -40,8 +40,8 @@ def test_a_device_refuses_seconds_that_are_not(monkeypatch, name):
 def test_the_workgroup_scope_matrices_are_asked_for_with_the_features_they_need(dev):
     """VK_NV_cooperative_matrix2 (which the binding predates): its feature query goes
     through a hand-laid struct that a device without it ignores; the link put before
-    vkCreateDevice's chain asks for workgroup scope, flexible sizes, per-element operations,
-    tensor addressing and block loads and points on to the rest; buffers take addresses only where it is on, and
+    vkCreateDevice's chain asks for workgroup scope, flexible sizes, reductions, conversions,
+    per-element operations, tensor addressing and block loads and points on to the rest; buffers take addresses only where it is on, and
     it is on only where $HOTSEAT_COOPMAT2=on asked for it."""
     from vulkan import ffi
 
@@ -55,7 +55,7 @@ def test_the_workgroup_scope_matrices_are_asked_for_with_the_features_they_need(
     link = ffi.cast("uint32_t*", dev._coopmat2_chain(nxt))
     assert link[0] == vk.COOPMAT2_FEATURES
     assert ffi.cast("void**", link + 2)[0] == ffi.cast("void*", ffi.addressof(nxt))
-    assert [link[4 + i] for i in range(7)] == [1, 1, 0, 0, 1, 1, 1]
+    assert [link[4 + i] for i in range(7)] == [1, 1, 1, 1, 1, 1, 1]
     assert dev.api_version >= _vk.VK_MAKE_VERSION(1, 2, 0)
 
 
