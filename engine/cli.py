@@ -241,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(e.g. Q4_K,Q6_K)")
     kb.add_argument("--variants", metavar="K,K",
                     help="mul_mat_cm, mul_mat_moe: only these kernels beside the baseline "
-                         "(mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16; mul_mat_moe, "
+                         "(mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2s: W "
+                         "staged by the lanes; mul_mat_moe, "
                          "mul_mat_moe_cm, mul_mat_moe_cm2)")
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)

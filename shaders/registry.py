@@ -109,6 +109,12 @@ KERNELS: dict[str, KernelSpec] = {
          ("y_stride", U)),
         (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3), ("X16", 4), ("AHEAD", 5)), typed=True,
         writes=(2,), coopmat2=True, types=CM2_TYPES),
+    "mul_mat_cm2s": KernelSpec(
+        "mul_mat_cm2s.comp", 3,
+        (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
+         ("y_stride", U)),
+        (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3)), typed=True, writes=(2,),
+        coopmat2=True),
     "mul_mat_id": KernelSpec(
         "mul_mat_id.comp", 4,
         (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U), ("n_experts", U)),

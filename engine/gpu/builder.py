@@ -167,10 +167,14 @@ class Builder:
         rounded as ggml's CPU backend rounds it (f16 cannot hold those values). Where the
         paths take NVIDIA's workgroup-scope matrices and the type has a decoder, mul_mat_cm2
         (W decoded inside the driver's tile loads; x turned to f16 by a pass before, shared
-        by the products of the same x, or inside the loads), else mul_mat_cm."""
+        by the products of the same x, or inside the loads), else mul_mat_cm; with
+        Tuning.cm2_staged, mul_mat_cm2s for every type (W staged by the lanes)."""
         n_in, n_out = w.shape[0], w.rows
         x_offset = x_row * n_in // 4
-        if self.paths().prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
+        if self.paths().prefill_matmul == "mul_mat_cm2" and self.t.cm2_staged:
+            bm, bn, wg = self.t.cm2_tile
+            kernel, spec = "mul_mat_cm2s", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate))
+        elif self.paths().prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
             bm, bn, wg = self.t.cm2_tile
             kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate),
                                                X16=int(self.t.cm2_x16),

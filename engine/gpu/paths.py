@@ -67,6 +67,8 @@ class Tuning:
     cm2_x16: bool = False   # ... x turned to f16 by a pass before (to_f16), not in its loads
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
     cm2_attn: bool = False  # prefill attention on them too (flash_attn_cm2): off until timed
+    cm2_staged: bool = False  # ... W dequantized by the lanes into shared memory, every type
+                              # (mul_mat_cm2s), not through the tensor loads' decoders
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
                                  # off by default on devices with matrix units
@@ -130,6 +132,7 @@ class Tuning:
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
                       and compiled("mul_mat_moe_cm2"))
         t.cm2_attn = t.cm2_attn and t.coopmat2 and compiled("flash_attn_cm2")
+        t.cm2_staged = t.cm2_staged and t.coopmat2 and compiled("mul_mat_cm2s")
         return t
 
     @classmethod
@@ -170,6 +173,11 @@ class Tuning:
         t.cm2_x16 = switch_setting("HOTSEAT_CM2_X16", t.cm2_x16)
         t.cm2_ahead = switch_setting("HOTSEAT_CM2_AHEAD", t.cm2_ahead)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
+        t.cm2_staged = switch_setting("HOTSEAT_CM2_STAGED", t.cm2_staged)
+        if t.cm2_staged and cm2s_shared_bytes(*t.cm2_tile[:2]) > max_shared:
+            raise ValueError(f"HOTSEAT_CM2_TILE={'x'.join(map(str, t.cm2_tile))}: mul_mat_cm2s "
+                             f"would take {cm2s_shared_bytes(*t.cm2_tile[:2])} bytes of shared "
+                             f"memory, past the device's {max_shared}")
         t.route_experts = switch_setting("HOTSEAT_ROUTE_EXPERTS", t.route_experts)
         t.head_norm = switch_setting("HOTSEAT_HEAD_NORM", t.head_norm)
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
@@ -396,6 +404,11 @@ def cm_shared_bytes(bm: int, bn: int) -> int:
     """mul_mat_cm's shared memory at a tile: its W and x tiles as f16 rows of 64 + 8 padding,
     and each subgroup's 16x16 staging of f32 sums."""
     return 2 * 72 * (bm + bn) + 4 * 4 * 256
+
+
+def cm2s_shared_bytes(bm: int, bn: int) -> int:
+    """mul_mat_cm2s's shared memory at a tile: its W and x tiles as f16 rows of 64 + 8."""
+    return 2 * 72 * (bm + bn)
 
 
 def cm_tile_setting(default: tuple[int, int], max_shared: int) -> tuple[int, int]:

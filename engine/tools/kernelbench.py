@@ -299,8 +299,9 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                      variants: set[str] | None = None) -> list[dict]:
     """The cooperative-matrix prefill products, tile by tile, against the register-tiled
     mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative). types and
-    variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16) narrow the sweep."""
-    from ..gpu.paths import Tuning, cm_shared_bytes
+    variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2s: W staged by
+    the lanes) narrow the sweep."""
+    from ..gpu.paths import Tuning, cm2s_shared_bytes, cm_shared_bytes
 
     if not dev.coopmat:
         raise ValueError(f"{dev.name} has no cooperative matrices: nothing to compare")
@@ -309,6 +310,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
     rng = np.random.default_rng(0)
     t = Tuning.for_device(dev)
     cm2 = dev.coopmat2 and compiled("mul_mat_cm2")
+    cm2s = dev.coopmat2 and compiled("mul_mat_cm2s")
     out = []
     for wtype, n_in, n_out, n in shapes:
         if types and wtype not in types:
@@ -382,6 +384,28 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                 row["variants"].append({"kernel": name, "tile": [bm, bn, wg], "ahead": ahead,
                                         "us": us, "tflops": flop / us / 1e6,
                                         "max_rel_err": err, "compile_s": made})
+                _said(row, row["variants"][-1])
+            # W staged by the lanes (every type), at the tiles whose shared memory fits
+            staged = [t for t in MATMUL_CM2_TILES if cm2s_shared_bytes(*t[:2]) <= dev.max_shared] \
+                if cm2s and (not variants or "mul_mat_cm2s" in variants) else []
+            for bm, bn, wg in staged:
+                spec = dict(WG=wg, BM=bm, BN=bn, ACC=0)
+
+                def cm2s_op(g, i=0, bm=bm, bn=bn, spec=spec):
+                    g.op("mul_mat_cm2s", [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
+                         wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
+                         x_offset=0, y_offset=0, y_stride=n_out)
+                vk.upload(dev, by, np.zeros(n * n_out, np.float32))
+                v = {"kernel": "mul_mat_cm2s", "tile": [bm, bn, wg]}
+                try:
+                    v["compile_s"] = _compile_s(kernels, "mul_mat_cm2s", wtype, spec)
+                    us = _time_records(dev, kernels, cm2s_op, repeats)
+                except Exception as exc:     # a tile the driver refuses: said, not fatal
+                    row["variants"].append(dict(v, error=f"{type(exc).__name__}: {exc}"))
+                    _said(row, row["variants"][-1])
+                    continue
+                err = _rel_err(vk.download(dev, by).view(np.float32), want)
+                row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6, max_rel_err=err))
                 _said(row, row["variants"][-1])
             row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"],
                               default={"kernel": "mul_mat", "tile": [], "us": row["mul_mat_us"],

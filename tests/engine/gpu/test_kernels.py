@@ -273,25 +273,12 @@ def test_mul_mat_cm(dev, kc, wtype, tile):
     assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9
 
 
-@pytest.mark.parametrize("wtype,ahead", [(t, 0) for t in CM2_TYPES]
-                         + [("Q4_K", 1), ("Q6_K", 1)])
-@pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 256, 256),
-                                  (256, 128, 128)])
-@pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
-def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
-    """NVIDIA's workgroup-scope product against numpy on f16 inputs: whole tiles (plain
-    layouts) and partial ones on both axes (clamped loads and stores), a token offset, a
-    binding's rows placed at an offset in wider rows of y, a residual add; x as f32 or as
-    f16 (X16); the K-quants' scales fetched a super-block ahead (AHEAD) or not, with tiles
-    of 64 to 256 rows over 128 or 256 lanes. Runs where the device has
-    VK_NV_cooperative_matrix2 and the kernel is compiled (a glslang of 15 or later)."""
-    from engine.gpu.kernels import compiled
-
-    if not (dev.coopmat2 and compiled("mul_mat_cm2")):
-        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
+def _workgroup_scope_product(dev, kc, kernel, wtype, tile, spec, x16=0):
+    """A product of `kernel` (mul_mat_cm2 or mul_mat_cm2s) against numpy on f16 inputs: 3 x 2
+    whole tiles and a partial one on each axis, a token offset, the binding's rows at an
+    offset in wider rows of y, with and without the residual add."""
     rng = np.random.default_rng(29)
     bm, bn, wg = tile
-    # 3 x 2 whole tiles and a partial one on each axis
     n_out, n_in, n, y_offset, y_stride = 3 * bm + 40, 512, 2 * bn + 6, 5, 3 * bm + 53
     raw, w = quantized(wtype, n_out, n_in, rng)
     x = rng.standard_normal((n + 1, n_in)).astype(np.float32)
@@ -300,9 +287,8 @@ def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
     bx = buf(dev, x.astype(np.float16) if x16 else x)
     for acc in (0, 1):
         vk.upload(dev, by, y0)
-        run_once(dev, kc, "mul_mat_cm2", [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
-                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc, X16=x16, AHEAD=ahead),
-                 n_in=n_in,
+        run_once(dev, kc, kernel, [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
+                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc, **spec), n_in=n_in,
                  n_out=n_out, n_tokens=n, x_offset=n_in if x16 else n_in // 4,
                  y_offset=y_offset, y_stride=y_stride)
         f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
@@ -313,6 +299,37 @@ def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
         assert nmse(got, want) < 1e-9, acc
         assert np.array_equal(got[:, :y_offset], y0[:, :y_offset])       # others' rows kept
         assert np.array_equal(got[:, y_offset + n_out:], y0[:, y_offset + n_out:])
+
+
+@pytest.mark.parametrize("wtype,ahead", [(t, 0) for t in CM2_TYPES]
+                         + [("Q4_K", 1), ("Q6_K", 1)])
+@pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 256, 256),
+                                  (256, 128, 128)])
+@pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
+def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
+    """NVIDIA's workgroup-scope product, W through the tensor loads' decoders: x as f32 or as
+    f16 (X16); the K-quants' scales fetched a super-block ahead (AHEAD) or not, with tiles
+    of 64 to 256 rows over 128 or 256 lanes. Runs where the device has
+    VK_NV_cooperative_matrix2 and the kernel is compiled (a glslang of 15 or later)."""
+    from engine.gpu.kernels import compiled
+
+    if not (dev.coopmat2 and compiled("mul_mat_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
+    _workgroup_scope_product(dev, kc, "mul_mat_cm2", wtype, tile, dict(X16=x16, AHEAD=ahead),
+                             x16)
+
+
+@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 64, 256)])
+def test_mul_mat_cm2s(dev, kc, wtype, tile):
+    """The workgroup-scope product with W dequantized by the lanes into shared memory
+    (mul_mat_cm2s), every weight type. Runs where the device has VK_NV_cooperative_matrix2
+    and the kernel is compiled."""
+    from engine.gpu.kernels import compiled
+
+    if not (dev.coopmat2 and compiled("mul_mat_cm2s")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2s not compiled)")
+    _workgroup_scope_product(dev, kc, "mul_mat_cm2s", wtype, tile, {})
 
 
 def _one_token_product(dev, kc, wtype, raw, x, n_out, tuning, x_row=0):

@@ -207,16 +207,18 @@ def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
                                                   ("HOTSEAT_HEAD_NORM", "head_norm", False),
                                                   ("HOTSEAT_CM2_X16", "cm2_x16", False),
                                                   ("HOTSEAT_CM2_AHEAD", "cm2_ahead", True),
-                                                  ("HOTSEAT_CM2_ATTN", "cm2_attn", False)])
+                                                  ("HOTSEAT_CM2_ATTN", "cm2_attn", False),
+                                                  ("HOTSEAT_CM2_STAGED", "cm2_staged", False)])
 def test_the_fusion_switches(monkeypatch, name, field, default):
     """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
     asks for the moe_router pass; per-head q/k norms stay in rope_qkv's pass unless
     HOTSEAT_HEAD_NORM=on; mul_mat_cm2 takes x as f16 from a pass before where
     HOTSEAT_CM2_X16=on, and fetches the K-quants' scales a super-block ahead unless
-    HOTSEAT_CM2_AHEAD=off; prefill attention takes flash_attn_cm2 where HOTSEAT_CM2_ATTN=on;
-    a value other than on or off names the setting."""
+    HOTSEAT_CM2_AHEAD=off; prefill attention takes flash_attn_cm2 where HOTSEAT_CM2_ATTN=on,
+    and every type's product mul_mat_cm2s where HOTSEAT_CM2_STAGED=on; a value other than on or off names the setting."""
     def value() -> bool:
-        return getattr(Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32), field)
+        return getattr(Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32,
+                                       max_shared=49152), field)
 
     monkeypatch.delenv(name, raising=False)
     assert value() == default
@@ -277,6 +279,22 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
         monkeypatch.setenv("HOTSEAT_CM2_TILE", bad)
         with pytest.raises(ValueError, match="HOTSEAT_CM2_TILE"):
             tile()
+
+
+def test_a_staged_tile_past_shared_memory_is_refused(monkeypatch):
+    """mul_mat_cm2s keeps its W and x tiles in shared memory: with HOTSEAT_CM2_STAGED=on, a
+    HOTSEAT_CM2_TILE whose tiles do not fit the device's is an error naming the setting."""
+    from engine.gpu.paths import cm2s_shared_bytes
+
+    monkeypatch.setenv("HOTSEAT_CM2_STAGED", "on")
+    monkeypatch.setenv("HOTSEAT_CM2_TILE", "128x128x256")
+    t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, max_shared=49152,
+                        coopmat=True)
+    assert t.cm2_staged and cm2s_shared_bytes(128, 128) <= 49152
+    monkeypatch.setenv("HOTSEAT_CM2_TILE", "256x256x256")
+    with pytest.raises(ValueError, match="HOTSEAT_CM2_TILE"):
+        Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, max_shared=49152,
+                        coopmat=True)
 
 
 def test_decode_attention_settings(monkeypatch):
