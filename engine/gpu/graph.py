@@ -31,7 +31,8 @@ class Graph:
         self._pool_left = 0
         self._dirty: set[int] = set()       # ids of buffers written since the last barrier
         self._read: set[int] = set()        # and of those only read since then
-        self._writes: dict[int, int] = {}   # id of a buffer -> ops recorded when last written
+        self._writes: dict[int, int] = {}   # id of a buffer -> the count of writes recorded
+        self._n_writes = 0                  # when it was last written
         self.n_ops = 0
         self.finished = False
         self.replays = 0                    # submits so far (profile() reads the last one's)
@@ -65,7 +66,7 @@ class Graph:
         self._dirty |= written
         self._read |= touched - written
         for i in written:
-            self._writes[i] = self.n_ops + 1
+            self._wrote(i)
         ds = self._descriptor_set(kernel, bindings)
         self.cmd.dispatch(kernel, ds, ks.pack(**push) if ks.push else b"", groups, indirect)
         self.n_ops += 1
@@ -79,7 +80,7 @@ class Graph:
             self._dirty, self._read = set(), set()
         self.cmd.copy(src, src_off, dst, dst_off, nbytes)
         self._dirty.add(id(dst))
-        self._writes[id(dst)] = self.n_ops + 1
+        self._wrote(id(dst))
         self._read.add(id(src))
 
     def fill(self, dst: vk.Buffer, value: int) -> None:
@@ -88,12 +89,15 @@ class Graph:
             self._dirty, self._read = set(), set()
         self.cmd.fill(dst, value)
         self._dirty.add(id(dst))
-        self._writes[id(dst)] = self.n_ops + 1
+        self._wrote(id(dst))
+
+    def _wrote(self, buf_id: int) -> None:
+        self._n_writes += 1
+        self._writes[buf_id] = self._n_writes
 
     def last_write(self, buf: vk.Buffer) -> int:
-        """How many ops were recorded when buf was last written in this graph (a copy or a
-        fill counts as the op after them); 0 if never: a value held from buf stays valid
-        while this does not change."""
+        """A stamp of buf's last write recorded in this graph (by an op, a copy or a fill),
+        0 if none: what was made from buf stays valid while the stamp stays the same."""
         return self._writes.get(id(buf), 0)
 
     def barrier(self) -> None:

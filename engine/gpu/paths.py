@@ -174,7 +174,7 @@ class Tuning:
         t.cm2_ahead = switch_setting("HOTSEAT_CM2_AHEAD", t.cm2_ahead)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
         t.cm2_staged = switch_setting("HOTSEAT_CM2_STAGED", t.cm2_staged)
-        if t.cm2_staged and cm2s_shared_bytes(*t.cm2_tile[:2]) > max_shared:
+        if t.cm2_staged and coopmat and cm2s_shared_bytes(*t.cm2_tile[:2]) > max_shared:
             raise ValueError(f"HOTSEAT_CM2_TILE={'x'.join(map(str, t.cm2_tile))}: mul_mat_cm2s "
                              f"would take {cm2s_shared_bytes(*t.cm2_tile[:2])} bytes of shared "
                              f"memory, past the device's {max_shared}")
@@ -400,15 +400,16 @@ def tile_setting(name: str, default: tuple[int, ...], sizes: dict[str, tuple[int
     return tuple(int(v) for v in parts)
 
 
-def cm_shared_bytes(bm: int, bn: int) -> int:
-    """mul_mat_cm's shared memory at a tile: its W and x tiles as f16 rows of 64 + 8 padding,
-    and each subgroup's 16x16 staging of f32 sums."""
-    return 2 * 72 * (bm + bn) + 4 * 4 * 256
-
-
 def cm2s_shared_bytes(bm: int, bn: int) -> int:
-    """mul_mat_cm2s's shared memory at a tile: its W and x tiles as f16 rows of 64 + 8."""
+    """mul_mat_cm2s's shared memory at a tile: its W and x tiles as f16 rows of 64 + 8
+    padding."""
     return 2 * 72 * (bm + bn)
+
+
+def cm_shared_bytes(bm: int, bn: int) -> int:
+    """mul_mat_cm's shared memory at a tile: the same W and x tiles, and each subgroup's
+    16x16 staging of f32 sums."""
+    return cm2s_shared_bytes(bm, bn) + 4 * 4 * 256
 
 
 def cm_tile_setting(default: tuple[int, int], max_shared: int) -> tuple[int, int]:
