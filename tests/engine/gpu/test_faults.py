@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from vulkan import ffi, lib
+from vulkan import lib
 
 from engine.gpu import vk
 from engine.gpu.graph import Graph
