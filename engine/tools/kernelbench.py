@@ -358,48 +358,31 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
             # x16: x given as f16 (a pass before); ahead: the K-quants' scales fetched a
             # super-block ahead
             aheads = (0, 1) if wtype in ("Q4_K", "Q6_K") else (0,)
-            cm2_grid = [(tile, x16, ahead) for tile in MATMUL_CM2_TILES for x16 in (0, 1)
-                        for ahead in aheads] if cm2 and wtype in CM2_TYPES else []
-            for (bm, bn, wg), x16, ahead in cm2_grid:
-                spec = dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=ahead)
-                name = "mul_mat_cm2h" if x16 else "mul_mat_cm2"
-                if variants and name not in variants:
+            # the workgroup-scope products: (variant, kernel, spec, x's buffer) each
+            cm2_runs = [({"kernel": "mul_mat_cm2h" if x16 else "mul_mat_cm2",
+                          "tile": [bm, bn, wg], "ahead": ahead}, "mul_mat_cm2",
+                         dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=ahead),
+                         bh if x16 else bx)
+                        for bm, bn, wg in MATMUL_CM2_TILES for x16 in (0, 1) for ahead in aheads
+                        if cm2 and wtype in CM2_TYPES]
+            # ... and W staged by the lanes (every type), at the tiles whose shared memory fits
+            cm2_runs += [({"kernel": "mul_mat_cm2s", "tile": [bm, bn, wg]}, "mul_mat_cm2s",
+                          dict(WG=wg, BM=bm, BN=bn, ACC=0), bx)
+                         for bm, bn, wg in MATMUL_CM2_TILES
+                         if cm2s and cm2s_shared_bytes(bm, bn) <= dev.max_shared]
+            for v, kernel, spec, xb in cm2_runs:
+                if variants and v["kernel"] not in variants:
                     continue
+                bm, bn = v["tile"][:2]
 
-                def cm2_op(g, i=0, bm=bm, bn=bn, spec=spec, x16=x16):
-                    g.op("mul_mat_cm2", [bw, bh if x16 else bx, by],
-                         (-(-n_out // bm), -(-n // bn), 1), wtype=wtype, spec=spec, n_in=n_in,
-                         n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, y_stride=n_out)
+                def cm2_op(g, i=0, kernel=kernel, spec=spec, xb=xb, bm=bm, bn=bn):
+                    g.op(kernel, [bw, xb, by], (-(-n_out // bm), -(-n // bn), 1), wtype=wtype,
+                         spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
+                         y_offset=0, y_stride=n_out)
                 vk.upload(dev, by, np.zeros(n * n_out, np.float32))
                 try:
-                    made = _compile_s(kernels, "mul_mat_cm2", wtype, spec)
+                    v["compile_s"] = _compile_s(kernels, kernel, wtype, spec)
                     us = _time_records(dev, kernels, cm2_op, repeats)
-                except Exception as exc:     # a tile the driver refuses: said, not fatal
-                    row["variants"].append({"kernel": name, "tile": [bm, bn, wg],
-                                            "ahead": ahead,
-                                            "error": f"{type(exc).__name__}: {exc}"})
-                    _said(row, row["variants"][-1])
-                    continue
-                err = _rel_err(vk.download(dev, by).view(np.float32), want)
-                row["variants"].append({"kernel": name, "tile": [bm, bn, wg], "ahead": ahead,
-                                        "us": us, "tflops": flop / us / 1e6,
-                                        "max_rel_err": err, "compile_s": made})
-                _said(row, row["variants"][-1])
-            # W staged by the lanes (every type), at the tiles whose shared memory fits
-            staged = [t for t in MATMUL_CM2_TILES if cm2s_shared_bytes(*t[:2]) <= dev.max_shared] \
-                if cm2s and (not variants or "mul_mat_cm2s" in variants) else []
-            for bm, bn, wg in staged:
-                spec = dict(WG=wg, BM=bm, BN=bn, ACC=0)
-
-                def cm2s_op(g, i=0, bm=bm, bn=bn, spec=spec):
-                    g.op("mul_mat_cm2s", [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
-                         wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
-                         x_offset=0, y_offset=0, y_stride=n_out)
-                vk.upload(dev, by, np.zeros(n * n_out, np.float32))
-                v = {"kernel": "mul_mat_cm2s", "tile": [bm, bn, wg]}
-                try:
-                    v["compile_s"] = _compile_s(kernels, "mul_mat_cm2s", wtype, spec)
-                    us = _time_records(dev, kernels, cm2s_op, repeats)
                 except Exception as exc:     # a tile the driver refuses: said, not fatal
                     row["variants"].append(dict(v, error=f"{type(exc).__name__}: {exc}"))
                     _said(row, row["variants"][-1])
