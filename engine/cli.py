@@ -244,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "(mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2s: W "
                          "staged by the lanes; mul_mat_moe, "
                          "mul_mat_moe_cm, mul_mat_moe_cm2)")
+    kb.add_argument("--shapes", metavar="T:KxMxN,...",
+                    help="mul_mat_cm: these products instead (weight type: inputs x outputs "
+                         "x tokens, e.g. Q4_K:4096x14336x512)")
+    kb.add_argument("--tiles", metavar="BMxBNxWG,...",
+                    help="mul_mat_cm: these workgroup-scope tiles (rows x tokens x lanes) "
+                         "instead")
     kb.add_argument("--json", action="store_true")
     kb.set_defaults(func=cmd_kernel_bench)
 

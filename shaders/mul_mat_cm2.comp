@@ -6,7 +6,9 @@
 // quantized rows become f16 inside the load; x is read as f32 the same way (or as f16 where
 // a pass before has made it so: X16). Partial tiles at the edges are clamped by the tensor
 // layouts (loads past them give 0, stores past them are dropped); the others take plain
-// layouts, which spare the bounds checks. The decoders: include/cm2_decode.glsl.
+// layouts, which spare the bounds checks. Where the tiles are too few to fill the GPU, K is
+// split: workgroup z sums its slice of K into its own slice of y, and split_sum adds the
+// slices after. The decoders: include/cm2_decode.glsl.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_16bit_storage : require
@@ -33,6 +35,9 @@ layout(push_constant) uniform Push {
     uint x_offset;   // in vec4 units (X16: in halves, a multiple of 8): first token row to read
     uint y_offset;   // in floats
     uint y_stride;   // floats between token rows of y
+    uint k_split;    // K a workgroup sums over (split K: workgroup z takes the z-th slice,
+                     // a multiple of 256); 0: all of it
+    uint y_slice;    // floats between the slices' sums in y (split K; split_sum adds them)
 } p;
 
 #include "cm2_decode.glsl"
@@ -68,11 +73,11 @@ layout(std430, binding = 2) buffer Y { float y[]; };
 #if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
 #define STEP(TW, TX, TX16) \
     if (AHEAD != 0) \
-        fetch_scales(row0, p.n_out, p.n_in, 0); \
-    for (uint kb = 0; kb < p.n_in / QK; kb++) { \
+        fetch_scales(row0, p.n_out, p.n_in, k_begin / QK); \
+    for (uint kb = k_begin / QK; kb < k_end / QK; kb++) { \
         if (AHEAD != 0) { \
             store_scales(row0); \
-            if (kb + 1 < p.n_in / QK) \
+            if (kb + 1 < k_end / QK) \
                 fetch_scales(row0, p.n_out, p.n_in, kb + 1); \
         } else if (QK_SHARED) { \
             fetch_scales(row0, p.n_out, p.n_in, kb); \
@@ -84,13 +89,16 @@ layout(std430, binding = 2) buffer Y { float y[]; };
     }
 #else
 #define STEP(TW, TX, TX16) \
-    for (uint k0 = 0; k0 < p.n_in; k0 += BK) { \
+    for (uint k0 = k_begin; k0 < k_end; k0 += BK) { \
         PRODUCT(TW, TX, TX16, k0) \
     }
 #endif
 
 void main() {
     const uint row0 = gl_WorkGroupID.x * BM, t0 = gl_WorkGroupID.y * BN;
+    const uint k_begin = gl_WorkGroupID.z * p.k_split;
+    const uint k_end = p.k_split == 0 ? p.n_in : min(p.n_in, k_begin + p.k_split);
+    const uint y_base = gl_WorkGroupID.z * p.y_slice;
 
     // W: rows of n_in weights in blocks of QK; x: token rows of n_in, f32 four a block (or
     // f16); each in a clamping form for the edge tiles and a plain one for the others
@@ -142,6 +150,6 @@ void main() {
     } else {
         STEP(twc, txc, thc)
     }
-    coopMatStoreTensorNV(acc, y, 0, sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
-                         transposed);
+    coopMatStoreTensorNV(acc, y, y_base,
+                         sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM), transposed);
 }

@@ -106,7 +106,7 @@ KERNELS: dict[str, KernelSpec] = {
     "mul_mat_cm2": KernelSpec(
         "mul_mat_cm2.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
-         ("y_stride", U)),
+         ("y_stride", U), ("k_split", U), ("y_slice", U)),
         (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3), ("X16", 4), ("AHEAD", 5)), typed=True,
         writes=(2,), coopmat2=True, types=CM2_TYPES),
     "mul_mat_cm2s": KernelSpec(
@@ -196,6 +196,8 @@ KERNELS: dict[str, KernelSpec] = {
                                (("n_cols", U), ("n_rows", U), ("x_offset", U)),
                                (("FMT", 0),), writes=(1,)),
     "to_f16": KernelSpec("to_f16.comp", 2, (("n", U), ("x_offset", U)), writes=(1,)),
+    "split_sum": KernelSpec("split_sum.comp", 2, (("n", U), ("slices", U)), (("ACC", 0),),
+                            writes=(1,)),
     "silu_mul": KernelSpec("silu_mul.comp", 3, (("n", U),),
                            (("GELU", 0), ("CLAMPED", 1), ("GATED", 2)), writes=(2,)),
     "add": KernelSpec("add.comp", 3, (("n", U), ("b_len", U), ("scale", F)), writes=(2,)),

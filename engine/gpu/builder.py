@@ -184,10 +184,24 @@ class Builder:
         else:
             bm, bn = self.t.cm_tile
             kernel, spec = "mul_mat_cm", dict(ACC=int(accumulate), BM=bm, BN=bn)
+        slices, k_split = 1, 0
+        if kernel == "mul_mat_cm2":
+            slices, k_split = self.t.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)
+        if slices > 1:       # each slice of K into its own slice of rs's partial sums
+            part, out = self.rs.split_partials(self.t), y
+            y, spec = part, dict(spec, ACC=0)
         for buf, first, count in w.bindings():
-            self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), 1), wtype=w.wtype,
-                      spec=spec, n_in=n_in, n_out=count, n_tokens=n,
-                      x_offset=x_offset, y_offset=first, y_stride=n_out)
+            split = dict(k_split=k_split if slices > 1 else 0, y_slice=n * n_out) \
+                if kernel == "mul_mat_cm2" else {}
+            self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), slices),
+                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
+                      x_offset=x_offset, y_offset=first, y_stride=n_out, **split)
+        if slices > 1:
+            count = n * n_out
+            groups = -(-count // 64)
+            self.g.op("split_sum", [part, out], (min(groups, 65535), -(-groups // 65535), 1),
+                      spec=dict(ACC=int(accumulate)), n=count, slices=slices)
+            y = out
         self._wrote(y)
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,

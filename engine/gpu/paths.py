@@ -66,6 +66,8 @@ class Tuning:
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
     cm2_x16: bool = False   # ... x turned to f16 by a pass before (to_f16), not in its loads
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
+    cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to fill
+                            # the GPU (Tuning.cm2_k_split)
     cm2_attn: bool = False  # prefill attention on them too (flash_attn_cm2): off until timed
     cm2_staged: bool = False  # ... W dequantized by the lanes into shared memory, every type
                               # (mul_mat_cm2s), not through the tensor loads' decoders
@@ -172,6 +174,7 @@ class Tuning:
         t.cm2_tile = tile_setting("HOTSEAT_CM2_TILE", t.cm2_tile, CM2_TILES)      # tiles
         t.cm2_x16 = switch_setting("HOTSEAT_CM2_X16", t.cm2_x16)
         t.cm2_ahead = switch_setting("HOTSEAT_CM2_AHEAD", t.cm2_ahead)
+        t.cm2_split = switch_setting("HOTSEAT_CM2_SPLIT", t.cm2_split)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
         t.cm2_staged = switch_setting("HOTSEAT_CM2_STAGED", t.cm2_staged)
         if t.cm2_staged and coopmat and cm2s_shared_bytes(*t.cm2_tile[:2]) > max_shared:
@@ -183,6 +186,25 @@ class Tuning:
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
+
+    def cm2_k_split(self, tiles: int, n_in: int) -> tuple[int, int]:
+        """(slices, K a slice) for a mul_mat_cm2 product of `tiles` workgroups over n_in:
+        one slice (all of K) where the tiles fill the GPU's compute units, or K is short;
+        else K cut in up to 8 slices of whole super-blocks (256), so that tiles x slices
+        about fill them (a third more work for a GPU two-thirds full). split_sum adds the
+        slices after."""
+        cu = self.compute_units
+        if not self.cm2_split or not cu or n_in < CM2_SPLIT_MIN_K or n_in % CM2_SPLIT_UNIT:
+            return 1, n_in
+        if tiles <= cu // 2:
+            slices = cu // tiles
+        elif tiles <= cu * 2 // 3:
+            slices = 3
+        else:
+            return 1, n_in
+        units = n_in // CM2_SPLIT_UNIT
+        per = -(-units // min(slices, CM2_SPLIT_MAX, units))
+        return -(-units // per), per * CM2_SPLIT_UNIT
 
     @property
     def fast_prefill(self) -> bool:
@@ -383,6 +405,7 @@ def switch_setting(name: str, default: bool) -> bool:
 
 
 CM_TILES = {"BM": (64, 128), "BN": (32, 64, 128)}                     # mul_mat_cm's
+CM2_SPLIT_MIN_K, CM2_SPLIT_UNIT, CM2_SPLIT_MAX = 2048, 256, 8   # mul_mat_cm2's split K
 CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256)}   # mul_mat_cm2's
 
 

@@ -61,6 +61,7 @@ class RunState:
         # rope table, whose rows the model writes for each pass (host-visible tables)
         self.positioned = positioned
         self.embd_in: vk.Buffer | None = None    # [T, n_embd] an image's rows (embd_input)
+        self.split_part: vk.Buffer | None = None  # split K's partial sums (split_partials)
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
         T = max_tokens
@@ -276,6 +277,17 @@ class RunState:
                                                     f"{self.label}/embd_in", "compute",
                                                     host=True)
         return self.embd_in
+
+    def split_partials(self, tuning) -> vk.Buffer:
+        """The partial sums of the prefill products whose K is split (mul_mat_cm2's
+        k_split), made on first use: room for the most Tuning.cm2_k_split gives, slices x
+        tiles of at most two per compute unit, each tile's rows x tokens."""
+        if self.split_part is None:
+            bm, bn, _ = tuning.cm2_tile
+            floats = 2 * max(tuning.compute_units, 1) * bm * bn
+            self.split_part = self.dev.allocator.alloc(4 * floats, f"{self.label}/split_part",
+                                                       "compute")
+        return self.split_part
 
     def reset_recurrent(self) -> None:
         """Zero every recurrent state: a sequence starting at position 0 has no past."""

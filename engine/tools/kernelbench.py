@@ -277,6 +277,34 @@ MATMUL_VARIANTS = (("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64), ("mul_mat_cm
                    ("mul_mat_cm", 64, 32), ("mul_mat_cm", 128, 128), ("mul_mat_cm", 64, 128))
 
 
+def parse_shapes(text: str) -> list[tuple[str, int, int, int]]:
+    """"Q4_K:4096x14336x512,..." (type: inputs x outputs x tokens) as MATMUL_SHAPES' rows."""
+    import gguf
+
+    out = []
+    for item in text.split(","):
+        try:
+            wtype, dims = item.strip().split(":")
+            n_in, n_out, n = (int(v) for v in dims.split("x"))
+        except ValueError:
+            raise ValueError(f"a shape is TYPE:INxOUTxTOKENS, not {item!r}") from None
+        if wtype not in gguf.GGMLQuantizationType.__members__:
+            raise ValueError(f"{wtype!r} is not a weight type")
+        out.append((wtype, n_in, n_out, n))
+    return out
+
+
+def parse_tiles(text: str) -> list[tuple[int, int, int]]:
+    """"128x128x256,..." (rows x tokens x lanes) as MATMUL_CM2_TILES' rows."""
+    try:
+        tiles = [tuple(int(v) for v in item.strip().split("x")) for item in text.split(",")]
+    except ValueError:
+        tiles = []
+    if not tiles or any(len(t) != 3 for t in tiles):
+        raise ValueError(f"tiles are ROWSxTOKENSxLANES, comma-separated, not {text!r}")
+    return tiles
+
+
 def _compile_s(kernels, name: str, wtype: str, spec: dict) -> float:
     """Seconds the driver takes to make a variant's pipeline (0 where it was made before)."""
     t0 = time.perf_counter()
@@ -286,7 +314,8 @@ def _compile_s(kernels, name: str, wtype: str, spec: dict) -> float:
 
 def _said(row: dict, v: dict) -> None:
     """One variant's time as it comes, on stderr (a long sweep cut short still tells)."""
-    tile = "x".join(map(str, v["tile"])) + (" ahead" if v.get("ahead") else "")
+    tile = "x".join(map(str, v["tile"])) + (" ahead" if v.get("ahead") else "") + \
+        (f" split {v['split']}" if v.get("split", 1) > 1 else "")
     what = f"{v['us']:.1f} us {v['tflops']:.1f} TFLOP/s" if "us" in v else v["error"]
     if v.get("compile_s"):
         what += f" (pipeline made in {v['compile_s']:.1f} s)"
@@ -296,11 +325,13 @@ def _said(row: dict, v: dict) -> None:
 
 def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                      types: set[str] | None = None,
-                     variants: set[str] | None = None) -> list[dict]:
+                     variants: set[str] | None = None,
+                     cm2_tiles=MATMUL_CM2_TILES) -> list[dict]:
     """The cooperative-matrix prefill products, tile by tile, against the register-tiled
     mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative). types and
     variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2s: W staged by
-    the lanes) narrow the sweep."""
+    the lanes) narrow the sweep; shapes and cm2_tiles replace its products and its
+    workgroup-scope tiles."""
     from ..gpu.paths import Tuning, cm2s_shared_bytes, cm_shared_bytes
 
     if not dev.coopmat:
@@ -322,6 +353,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
         bx = alloc(x.nbytes, "bench/x", "scratch")
         bh = alloc(x.nbytes // 2, "bench/x16", "scratch")
         by = alloc(4 * n * n_out, "bench/y", "scratch")
+        bp = None                      # split K's partial sums, made when first needed
         flop = 2.0 * n * n_in * n_out
         try:
             vk.upload(dev, bw, raw)
@@ -363,22 +395,42 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                           "tile": [bm, bn, wg], "ahead": ahead}, "mul_mat_cm2",
                          dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=ahead),
                          bh if x16 else bx)
-                        for bm, bn, wg in MATMUL_CM2_TILES for x16 in (0, 1) for ahead in aheads
+                        for bm, bn, wg in cm2_tiles for x16 in (0, 1) for ahead in aheads
                         if cm2 and wtype in CM2_TYPES]
+            # ... x as f16 with K split where the tiles are too few (Tuning.cm2_k_split)
+            for bm, bn, wg in cm2_tiles if cm2 and wtype in CM2_TYPES else ():
+                slices, k_split = t.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)
+                if slices > 1:
+                    cm2_runs.append(({"kernel": "mul_mat_cm2h", "tile": [bm, bn, wg],
+                                      "ahead": 1, "split": slices}, "mul_mat_cm2",
+                                     dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=1), bh))
             # ... and W staged by the lanes (every type), at the tiles whose shared memory fits
             cm2_runs += [({"kernel": "mul_mat_cm2s", "tile": [bm, bn, wg]}, "mul_mat_cm2s",
                           dict(WG=wg, BM=bm, BN=bn, ACC=0), bx)
-                         for bm, bn, wg in MATMUL_CM2_TILES
+                         for bm, bn, wg in cm2_tiles
                          if cm2s and cm2s_shared_bytes(bm, bn) <= dev.max_shared]
             for v, kernel, spec, xb in cm2_runs:
                 if variants and v["kernel"] not in variants:
                     continue
                 bm, bn = v["tile"][:2]
+                slices = v.get("split", 1)
+                k_split = t.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)[1] \
+                    if slices > 1 else 0
+                if slices > 1 and bp is None:
+                    bp = alloc(4 * 2 * t.compute_units * 256 * 256, "bench/part", "scratch")
+                push = dict(k_split=k_split, y_slice=n * n_out) if kernel == "mul_mat_cm2" \
+                    else {}
 
-                def cm2_op(g, i=0, kernel=kernel, spec=spec, xb=xb, bm=bm, bn=bn):
-                    g.op(kernel, [bw, xb, by], (-(-n_out // bm), -(-n // bn), 1), wtype=wtype,
+                def cm2_op(g, i=0, kernel=kernel, spec=spec, xb=xb, bm=bm, bn=bn,
+                           slices=slices, push=push):
+                    g.op(kernel, [bw, xb, bp if slices > 1 else by],
+                         (-(-n_out // bm), -(-n // bn), slices), wtype=wtype,
                          spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
-                         y_offset=0, y_stride=n_out)
+                         y_offset=0, y_stride=n_out, **push)
+                    if slices > 1:
+                        groups = -(-n * n_out // 64)
+                        g.op("split_sum", [bp, by], (min(groups, 65535), -(-groups // 65535), 1),
+                             spec=dict(ACC=0), n=n * n_out, slices=slices)
                 vk.upload(dev, by, np.zeros(n * n_out, np.float32))
                 try:
                     v["compile_s"] = _compile_s(kernels, kernel, wtype, spec)
@@ -395,8 +447,9 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                                        "tflops": row["mul_mat_tflops"]})
             out.append(row)
         finally:
-            for b in (bw, bx, bh, by):
-                dev.allocator.free(b)
+            for b in (bw, bx, bh, by, bp):
+                if b is not None:
+                    dev.allocator.free(b)
     return out
 
 
@@ -687,6 +740,13 @@ def run_kernel_bench(args) -> int:
                 if args.kernel not in ("mul_mat_cm", "mul_mat_moe"):
                     raise ValueError("--variants narrows mul_mat_cm and mul_mat_moe only")
                 kw["variants"] = set(variants.split(","))
+            if getattr(args, "shapes", None) or getattr(args, "tiles", None):
+                if args.kernel != "mul_mat_cm":
+                    raise ValueError("--shapes and --tiles are mul_mat_cm's")
+                if args.shapes:
+                    kw["shapes"] = parse_shapes(args.shapes)
+                if args.tiles:
+                    kw["cm2_tiles"] = parse_tiles(args.tiles)
             rows = bench(dev, kernels, args.repeats, **kw)
         finally:
             kernels.close()

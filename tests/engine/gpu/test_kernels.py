@@ -277,6 +277,7 @@ def _workgroup_scope_product(dev, kc, kernel, wtype, tile, spec, x16=0):
     """A product of `kernel` (mul_mat_cm2 or mul_mat_cm2s) against numpy on f16 inputs: 3 x 2
     whole tiles and a partial one on each axis, a token offset, the binding's rows at an
     offset in wider rows of y, with and without the residual add."""
+    split = dict(k_split=0, y_slice=0) if kernel == "mul_mat_cm2" else {}
     rng = np.random.default_rng(29)
     bm, bn, wg = tile
     n_out, n_in, n, y_offset, y_stride = 3 * bm + 40, 512, 2 * bn + 6, 5, 3 * bm + 53
@@ -290,7 +291,7 @@ def _workgroup_scope_product(dev, kc, kernel, wtype, tile, spec, x16=0):
         run_once(dev, kc, kernel, [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
                  wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc, **spec), n_in=n_in,
                  n_out=n_out, n_tokens=n, x_offset=n_in if x16 else n_in // 4,
-                 y_offset=y_offset, y_stride=y_stride)
+                 y_offset=y_offset, y_stride=y_stride, **split)
         f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
         want = y0.astype(np.float64).copy()
         want[:, y_offset:y_offset + n_out] = acc * want[:, y_offset:y_offset + n_out] \
@@ -317,6 +318,60 @@ def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
         pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
     _workgroup_scope_product(dev, kc, "mul_mat_cm2", wtype, tile, dict(X16=x16, AHEAD=ahead),
                              x16)
+
+
+@pytest.mark.parametrize("acc", [0, 1])
+def test_split_sum_adds_the_slices_in_order(dev, kc, acc):
+    """split_sum: y (+)= the slices of a split product, summed in slice order (the same bits
+    as numpy's float32 left-to-right sum), past one dispatch row of workgroups."""
+    rng = np.random.default_rng(33)
+    n, slices = 65536 * 64 + 77, 3
+    part = rng.standard_normal((slices, n)).astype(np.float32)
+    y0 = rng.standard_normal(n + 5).astype(np.float32)
+    bp, by = buf(dev, part), buf(dev, y0)
+    groups = -(-n // 64)
+    run_once(dev, kc, "split_sum", [bp, by], (min(groups, 65535), -(-groups // 65535), 1),
+             spec=dict(ACC=acc), n=n, slices=slices)
+    want = part[0] + part[1] + part[2]
+    if acc:
+        want = y0[:n] + want
+    got = read(dev, by)
+    assert np.array_equal(got[:n], want)
+    assert np.array_equal(got[n:], y0[n:])
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "F16"])
+@pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
+def test_mul_mat_cm2_split_k(dev, kc, wtype, x16):
+    """mul_mat_cm2 with K in slices (k_split): each slice's sums into its own part of the
+    partial buffer, then split_sum adds them into y, with and without the residual add:
+    numpy's product on f16 inputs. Runs where the device has VK_NV_cooperative_matrix2."""
+    from engine.gpu.kernels import compiled
+
+    if not (dev.coopmat2 and compiled("mul_mat_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
+    rng = np.random.default_rng(34)
+    bm, bn, wg = 128, 128, 256
+    n_out, n_in, n, k_split = 2 * bm + 24, 1280, bn + 9, 512        # slices of 512, 512, 256
+    slices = -(-n_in // k_split)
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    x = rng.standard_normal((n, n_in)).astype(np.float32)
+    y0 = rng.standard_normal((n, n_out)).astype(np.float32)
+    bw, by = buf(dev, raw, kind="weights"), buf(dev, y0)
+    bx = buf(dev, x.astype(np.float16) if x16 else x)
+    bp = buf(dev, np.full(slices * n * n_out, np.nan, np.float32))
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    for acc in (0, 1):
+        vk.upload(dev, by, y0)
+        run_once(dev, kc, "mul_mat_cm2", [bw, bx, bp], (-(-n_out // bm), -(-n // bn), slices),
+                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=1),
+                 n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, y_stride=n_out,
+                 k_split=k_split, y_slice=n * n_out)
+        groups = -(-n * n_out // 64)
+        run_once(dev, kc, "split_sum", [bp, by], (groups, 1, 1), spec=dict(ACC=acc),
+                 n=n * n_out, slices=slices)
+        want = acc * y0.astype(np.float64) + f16(x) @ f16(w).T
+        assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9, acc
 
 
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)

@@ -281,6 +281,33 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
             tile()
 
 
+def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
+    """Tuning.cm2_k_split: a product whose tiles fill fewer than half the compute units has
+    its K cut in up to 8 slices of whole super-blocks, about filling them; two thirds full,
+    3 slices; fuller, short K (< 2048), K not of whole super-blocks, an unknown count of
+    units or HOTSEAT_CM2_SPLIT=off: one slice."""
+    monkeypatch.delenv("HOTSEAT_CM2_SPLIT", raising=False)
+    t = Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
+                        compute_units=132)
+    assert t.cm2_k_split(32, 4096) == (4, 1024)       # 8B k/v: 32 tiles, 132 units
+    assert t.cm2_k_split(16, 4096) == (8, 512)        # at most 8
+    assert t.cm2_k_split(64, 14336) == (2, 7168)      # 8B's down at 128x256 tiles
+    assert t.cm2_k_split(80, 4096) == (3, 1536)       # two thirds full
+    assert t.cm2_k_split(128, 4096) == (1, 4096)      # full
+    assert t.cm2_k_split(16, 1024) == (1, 1024)       # short K
+    assert t.cm2_k_split(16, 4160) == (1, 4160)       # not whole super-blocks
+    assert t.cm2_k_split(2, 2048) == (8, 256)
+    for slices, k in (t.cm2_k_split(n, 5120) for n in range(1, 90)):
+        assert k % 256 == 0 and (slices - 1) * k < 5120 <= slices * k and slices <= 8
+    monkeypatch.setenv("HOTSEAT_CM2_SPLIT", "off")
+    t = Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
+                        compute_units=132)
+    assert t.cm2_k_split(32, 4096) == (1, 4096)
+    monkeypatch.delenv("HOTSEAT_CM2_SPLIT")
+    assert Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32,
+                           coopmat=True).cm2_k_split(8, 4096) == (1, 4096)   # units unknown
+
+
 def test_a_staged_tile_past_shared_memory_is_refused(monkeypatch):
     """mul_mat_cm2s keeps its W and x tiles in shared memory: with HOTSEAT_CM2_STAGED=on, a
     HOTSEAT_CM2_TILE whose tiles do not fit the device's is an error naming the setting."""
