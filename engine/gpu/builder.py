@@ -184,9 +184,12 @@ class Builder:
         else:
             bm, bn = self.t.cm_tile
             kernel, spec = "mul_mat_cm", dict(ACC=int(accumulate), BM=bm, BN=bn)
+        # K split by the tiles of the model's widest pass, not this one's: a token's bits
+        # do not depend on the pass that computes it (a cached prefix, a prompt cut anywhere)
         slices, k_split = 1, 0
         if kernel == "mul_mat_cm2":
-            slices, k_split = self.t.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)
+            slices, k_split = self.t.cm2_k_split(
+                -(-n_out // bm) * -(-self.rs.max_tokens // bn), n_in)
         if slices > 1:       # each slice of K into its own slice of rs's partial sums
             part, out = self.rs.split_partials(self.t), y
             y, spec = part, dict(spec, ACC=0)

@@ -374,6 +374,57 @@ def test_mul_mat_cm2_split_k(dev, kc, wtype, x16):
         assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9, acc
 
 
+@pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
+def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc, x16):
+    """Builder.matmul on mul_mat_cm2 with K split (a GPU of 132 compute units, W of two
+    tiles of rows in two bindings): numpy's product on f16 inputs, with and without the
+    residual add; the split is the widest pass's, so a token's row is the same bits in a
+    pass of 37 tokens as in one of 100."""
+    from dataclasses import replace
+
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.kernels import compiled
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
+
+    if not (dev.coopmat2 and compiled("mul_mat_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
+    rng = np.random.default_rng(35)
+    n_in, n_out, T = 2048, 256, 128
+    raw, w = quantized("Q4_K", n_out, n_in, rng)
+    t = replace(Tuning.for_device(dev), coopmat2=True, cm2_x16=bool(x16), cm2_split=True,
+                compute_units=132, ggml_numerics=False)
+    assert t.paths(128).prefill_matmul == "mul_mat_cm2"
+    assert t.cm2_k_split(2 * -(-T // t.cm2_tile[1]), n_in)[0] == 8
+    half = raw.nbytes // 2
+    arenas = [buf(dev, raw[:half], kind="weights"), buf(dev, raw[half:], kind="weights")]
+    wt = Tensor("Q4_K", (n_in, n_out), [(0, 128, 0, 0, half), (128, 128, 1, 0, half)], arenas)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=16, n_ctx=16, max_tokens=T)
+    x = rng.standard_normal((100, n_in)).astype(np.float32)
+    y0 = rng.standard_normal((100, n_out)).astype(np.float32)
+    bx, by = buf(dev, x), buf(dev, y0)
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    try:
+        for acc in (False, True):
+            rows = {}
+            for n in (100, 37):
+                vk.upload(dev, by, y0)
+                g = Graph(dev, kc, "t")
+                Builder(g, {}, rs, t).matmul(wt, bx, by, n, accumulate=acc)
+                assert g.n_ops == 3 + x16        # (to_f16,) two bindings' slices, split_sum
+                g.replay()
+                g.close()
+                rows[n] = read(dev, by).reshape(100, n_out)[:n].copy()
+            want = acc * y0[:100].astype(np.float64) + f16(x) @ f16(w).T
+            assert nmse(rows[100], want) < 1e-9, acc
+            assert np.array_equal(rows[37], rows[100][:37]), acc
+    finally:
+        rs.close()
+
+
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 @pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 64, 256)])
 def test_mul_mat_cm2s(dev, kc, wtype, tile):
