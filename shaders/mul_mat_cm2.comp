@@ -35,9 +35,9 @@ layout(push_constant) uniform Push {
     uint x_offset;   // in vec4 units (X16: in halves, a multiple of 8): first token row to read
     uint y_offset;   // in floats
     uint y_stride;   // floats between token rows of y
-    uint k_split;    // K a workgroup sums over (split K: workgroup z takes the z-th slice,
-                     // a multiple of 256); 0: all of it
-    uint y_slice;    // floats between the slices' sums in y (split K; split_sum adds them)
+    uint k_split;    // K a workgroup sums over, a multiple of 256 (split K: workgroup z
+                     // takes the z-th slice), or 0: all of it
+    uint y_slice;    // floats between the slices' sums in y (split K: split_sum adds them)
 } p;
 
 #include "cm2_decode.glsl"

@@ -40,7 +40,8 @@ class Builder:
                  prompt: bool = False):
         self.g, self.weights, self.rs, self.t = graph, weights, rs, tuning
         self._paths = paths       # the model's table; else per head size from the tuning
-        self._rounded = None      # (source buffer, row, n, format) now held in rs.xq
+        self._rounded = None      # (source buffer, where, how much, format, its write stamp)
+                                  # of what rs.xq holds now
         self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
         self._counted = False     # this graph zeroes attn_decode's split counters first
@@ -81,7 +82,7 @@ class Builder:
         (mul_mat_cm2's X16): one pass serves every product of the same x until x is written
         again (q, k and v; gate and up). rs.xq is free on that path: it holds ggml's
         roundings, which the matrix units' paths never take."""
-        key = (id(x), x_row, n, n_in, "f16", self.g.last_write(x))
+        key = (id(x), x_row * n_in, n * n_in, "f16", self.g.last_write(x))
         if self._rounded != key:
             count = n * n_in
             groups = -(-count // (4 * 64))
@@ -89,6 +90,19 @@ class Builder:
                       n=count, x_offset=x_row * n_in // 4)
             self._rounded = key
         return self.rs.xq
+
+    def _f16_beside(self, n: int, count: int) -> bool:
+        """Whether an op writing `count` values (from its output's start) of a pass of n
+        tokens writes them as f16 into rs.xq too, for the products after it that load x as
+        f16 tiles (mul_mat_cm2's X16): they then need no to_f16 pass (_f16_input)."""
+        return (not self._one(n) and self.rs is not None and self.t.cm2_x16
+                and not self.t.cm2_staged and self.paths().prefill_matmul == "mul_mat_cm2"
+                and 2 * count <= self.rs.xq.nbytes)
+
+    def _made_f16(self, out: vk.Buffer, count: int) -> None:
+        """out's first `count` values are in rs.xq as f16 now (an op wrote both)."""
+        self._wrote(out)
+        self._rounded = (id(out), 0, count, "f16", self.g.last_write(out))
 
     def paths(self, head_dim: int = 0) -> Paths:
         p = self._paths
@@ -440,7 +454,7 @@ class Builder:
         if self._fusing(n, [w]):
             self._matvec(w, gate, y, accumulate, 0, xform=2, x2=up)
             return
-        self.silu_mul(gate, up, gate, n * n_ff)
+        self.silu_mul(gate, up, gate, n * n_ff, rows=n)
         self.matmul(w, gate, y, n, accumulate=accumulate)
 
     def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
@@ -549,11 +563,18 @@ class Builder:
 
     def rms_norm(self, x: vk.Buffer, w: Tensor, out: vk.Buffer, n: int, eps: float,
                  row_offset: int = 0, add: bool = False) -> None:
-        """out = rms_norm(x) * w per row (add: out += that, as ggml's norm, mul, then add)."""
-        self.g.op("rms_norm", [x, w.binding(), out], (n, 1, 1),
-                  spec=dict(WG=self.t.norm_wg, ADD=int(add)),
-                  n_cols=w.shape[0], n_rows=n, eps=eps, x_offset=row_offset)
-        self._wrote(out)
+        """out = rms_norm(x) * w per row (add: out += that, as ggml's norm, mul, then add);
+        as f16 too where the products after it load x so (_f16_beside)."""
+        count = n * w.shape[0]
+        f16 = row_offset == 0 and not add and self._f16_beside(n, count)
+        self.g.op("rms_norm", [x, w.binding(), out, self.rs.xq if f16 else out], (n, 1, 1),
+                  spec=dict(WG=self.t.norm_wg, ADD=int(add), OUT16=int(f16)),
+                  writes=(3,) if f16 else (), n_cols=w.shape[0], n_rows=n, eps=eps,
+                  x_offset=row_offset)
+        if f16:
+            self._made_f16(out, count)
+        else:
+            self._wrote(out)
 
     def layer_norm(self, x: vk.Buffer, w: Tensor, bias: Tensor, out: vk.Buffer, n: int,
                    eps: float) -> None:
@@ -565,7 +586,7 @@ class Builder:
 
     def gelu(self, x: vk.Buffer, out: vk.Buffer, count: int) -> None:
         """out = gelu(x), tanh form (ggml_gelu)."""
-        self.g.op("silu_mul", [x, x, out], _groups_1d(count),
+        self.g.op("silu_mul", [x, x, out, out], _groups_1d(count),
                   spec=dict(GELU=1, CLAMPED=0, GATED=0), n=count)
         self._wrote(out)
 
@@ -729,11 +750,18 @@ class Builder:
                   stride=-(-self.rs.n_ctx // cols) * cols, scale=scale, **opt)
 
     def silu_mul(self, gate: vk.Buffer, up: vk.Buffer, out: vk.Buffer, count: int,
-                 gelu: bool = False, clamped: bool = False) -> None:
-        """out = act(gate) * up: SiLU, GELU (gelu), or gpt-oss's clamped SwiGLU (clamped)."""
-        self.g.op("silu_mul", [gate, up, out], _groups_1d(count),
-                  spec=dict(GELU=int(gelu), CLAMPED=int(clamped)), n=count)
-        self._wrote(out)
+                 gelu: bool = False, clamped: bool = False, rows: int = 0) -> None:
+        """out = act(gate) * up: SiLU, GELU (gelu), or gpt-oss's clamped SwiGLU (clamped).
+        rows: the pass's tokens, where a product of the output follows (as f16 too where it
+        loads x so: _f16_beside)."""
+        f16 = rows > 0 and self._f16_beside(rows, count)
+        self.g.op("silu_mul", [gate, up, out, self.rs.xq if f16 else out], _groups_1d(count),
+                  spec=dict(GELU=int(gelu), CLAMPED=int(clamped), OUT16=int(f16)),
+                  writes=(3,) if f16 else (), n=count)
+        if f16:
+            self._made_f16(out, count)
+        else:
+            self._wrote(out)
 
     def add_id(self, x: vk.Buffer, bias: Tensor, ids: vk.Buffer, rows: int) -> None:
         """x[r, :] += bias[:, ids[r]] in place for rows r: bias is [n_cols, n_ids] F32 (one row

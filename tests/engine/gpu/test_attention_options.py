@@ -180,7 +180,7 @@ def test_clamped_swiglu(dev, kc):
     rng = np.random.default_rng(9)
     g, u = (rng.standard_normal(1000).astype(np.float32) * 6 for _ in range(2))
     bg, bu, bo = buf(dev, g), buf(dev, u), buf(dev, nbytes=g.nbytes)
-    run_once(dev, kc, "silu_mul", [bg, bu, bo], (16, 1, 1), spec=dict(CLAMPED=1), n=1000)
+    run_once(dev, kc, "silu_mul", [bg, bu, bo, bo], (16, 1, 1), spec=dict(CLAMPED=1), n=1000)
     gc = np.minimum(g.astype(np.float64), 7.0)
     want = gc / (1 + np.exp(-1.702 * gc)) * (np.clip(u.astype(np.float64), -7.0, 7.0) + 1)
     assert (g > 7).any() and (np.abs(u) > 7).any()      # both clamps are exercised

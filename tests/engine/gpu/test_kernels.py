@@ -949,31 +949,50 @@ def test_get_rows_from_table_parts(dev, kc):
 
 @pytest.mark.parametrize("lanes", [8, 32, 256])
 @pytest.mark.parametrize("add", [0, 1])
-def test_rms_norm(dev, kc, lanes, add):
-    """Rows from x_offset on; ADD puts the normed rows onto out (a post-norm onto x)."""
+@pytest.mark.parametrize("out16", [0, 1])
+def test_rms_norm(dev, kc, lanes, add, out16):
+    """Rows from x_offset on; ADD puts the normed rows onto out (a post-norm onto x); OUT16
+    writes out's rows as f16 too, from the f16 buffer's start (the bits to_f16 gives)."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((6, 576)).astype(np.float32) * 3
     w = rng.standard_normal(576).astype(np.float32)
     o = rng.standard_normal((6, 576)).astype(np.float32)
     bx, bw, bo = buf(dev, x), buf(dev, w), buf(dev, o)
-    run_once(dev, kc, "rms_norm", [bx, bw, bo], (5, 1, 1), spec=dict(WG=lanes, ADD=add),
-             n_cols=576, n_rows=5, eps=1e-5, x_offset=1)
+    bh = buf(dev, np.full(6 * 576, 7, np.float16))
+    run_once(dev, kc, "rms_norm", [bx, bw, bo, bh], (5, 1, 1),
+             spec=dict(WG=lanes, ADD=add, OUT16=out16), n_cols=576, n_rows=5, eps=1e-5,
+             x_offset=1)
     want = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + 1e-5) * w + (o if add else 0)
     got = read(dev, bo).reshape(6, 576)
     assert nmse(got[1:], want[1:]) < 1e-12 and np.array_equal(got[0], o[0])
+    half = read(dev, bh, np.float16)
+    if out16:
+        assert np.array_equal(half[:5 * 576], got[1:].reshape(-1).astype(np.float16))
+        assert np.all(half[5 * 576:] == 7)
+    else:
+        assert np.all(half == 7)
 
 
 @pytest.mark.parametrize("gelu", [0, 1])
-def test_silu_mul(dev, kc, gelu):
+@pytest.mark.parametrize("out16", [0, 1])
+def test_silu_mul(dev, kc, gelu, out16):
+    """act(gate) * up; OUT16: as f16 too (the bits to_f16 gives)."""
     rng = np.random.default_rng(5)
     g, u = (rng.standard_normal(1000).astype(np.float32) * 4 for _ in range(2))
     bg, bu, bo = buf(dev, g), buf(dev, u), buf(dev, nbytes=g.nbytes)
-    run_once(dev, kc, "silu_mul", [bg, bu, bo], (16, 1, 1), spec=dict(GELU=gelu), n=1000)
+    bh = buf(dev, np.full(1008, 7, np.float16))
+    run_once(dev, kc, "silu_mul", [bg, bu, bo, bh], (16, 1, 1),
+             spec=dict(GELU=gelu, OUT16=out16), n=1000)
     if gelu:
         a = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * g * (1 + 0.044715 * g * g)))
     else:
         a = g / (1 + np.exp(-g))
-    assert nmse(read(dev, bo), a * u) < 1e-12
+    got = read(dev, bo)
+    assert nmse(got, a * u) < 1e-12
+    half = read(dev, bh, np.float16)
+    assert np.array_equal(half[:1000], got.astype(np.float16)) if out16 \
+        else np.all(half[:1000] == 7)
+    assert np.all(half[1000:] == 7)
 
 
 def test_add(dev, kc):
@@ -1382,6 +1401,64 @@ def test_f16_input_is_made_once_for_the_products_of_one_x(dev, kc):
     assert np.array_equal(got, (2 * x[:4]).astype(np.float16))
     g.close()
     rs.close()
+
+
+def test_a_norm_and_a_glu_give_their_products_f16_inputs_in_the_same_pass(dev, kc):
+    """Where the products load x as f16 tiles (mul_mat_cm2's X16), rms_norm and the GLU
+    before the down product write their output as f16 too: the products' _f16_input then
+    records no to_f16 pass, and rs.xq holds what to_f16 would have made. A one-token step,
+    a norm at a row offset or onto x, and a pass of another path do not."""
+    from dataclasses import replace
+
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
+
+    rng = np.random.default_rng(36)
+    n, d = 6, 256
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    u = rng.standard_normal((n, d)).astype(np.float32)
+    w = rng.standard_normal(d).astype(np.float32)
+    rs = RunState(dev, "t", n_layer=1, n_embd=d, n_head=1, q_dim=d, kv_dim=64, n_ff=d,
+                  n_vocab=16, n_ctx=16, max_tokens=8)
+    bx, bu, bout = buf(dev, x), buf(dev, u), buf(dev, nbytes=x.nbytes)
+    norm = Tensor("F32", (d,), [(0, d, 0, 0, 4 * d)], [buf(dev, w, kind="weights")])
+    base = replace(Tuning.for_device(dev), coopmat=True, coopmat2=True, cm2_x16=True,
+                   ggml_numerics=False)
+    assert base.paths(64).prefill_matmul == "mul_mat_cm2"
+    try:
+        for t, fused in ((base, True), (replace(base, cm2_x16=False), False),
+                         (replace(base, coopmat2=False), False)):
+            g = Graph(dev, kc, "t")
+            b = Builder(g, {}, rs, t)
+            b.rms_norm(bx, norm, bout, n, 1e-5)
+            ops = g.n_ops
+            b._f16_input(bout, 0, n, d)
+            assert (g.n_ops == ops) == fused
+            g.replay()
+            normed = read(dev, bout)[:n * d]
+            assert np.array_equal(read(dev, rs.xq, np.float16)[:n * d],
+                                  normed.astype(np.float16))
+            b.silu_mul(bx, bu, bout, n * d, rows=n)
+            ops = g.n_ops
+            b._f16_input(bout, 0, n, d)
+            assert (g.n_ops == ops) == fused
+            g.replay()
+            assert np.array_equal(read(dev, rs.xq, np.float16)[:n * d],
+                                  read(dev, bout)[:n * d].astype(np.float16))
+            for step in (lambda: b.rms_norm(bx, norm, bout, 1, 1e-5),
+                         lambda: b.rms_norm(bx, norm, bout, 1, 1e-5, row_offset=2),
+                         lambda: b.rms_norm(bx, norm, bout, n, 1e-5, add=True),
+                         lambda: b.silu_mul(bx, bu, bout, n * d)):
+                step()
+                ops = g.n_ops
+                b._f16_input(bout, 0, 1, d)
+                assert g.n_ops == ops + 1                # a to_f16 pass of its own
+            g.close()
+    finally:
+        rs.close()
 
 
 @pytest.mark.parametrize("fmt", [0, 2, 3, 4])
