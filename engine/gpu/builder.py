@@ -189,7 +189,8 @@ class Builder:
             bm, bn, wg = self.t.cm2_tile
             kernel, spec = "mul_mat_cm2s", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate))
         elif self.paths().prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
-            bm, bn, wg = self.t.cm2_tile
+            # by the model's widest pass, as the split below (the same bits in any pass)
+            bm, bn, wg = self.t.cm2_tile_for(n_out, self.rs.max_tokens)
             kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate),
                                                X16=int(self.t.cm2_x16),
                                                AHEAD=int(self.t.cm2_ahead))

@@ -66,6 +66,8 @@ class Tuning:
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
     cm2_x16: bool = False   # ... x turned to f16 by a pass before (to_f16), not in its loads
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
+    cm2_wide: bool = False  # ... tiles twice as wide (CM2_WIDE_TILE) for products whose rows
+                            # fill the compute units with them (Tuning.cm2_tile_for)
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to fill
                             # the GPU (Tuning.cm2_k_split)
     cm2_attn: bool = False  # prefill attention on them too (flash_attn_cm2): off until timed
@@ -175,6 +177,7 @@ class Tuning:
         t.cm2_x16 = switch_setting("HOTSEAT_CM2_X16", t.cm2_x16)
         t.cm2_ahead = switch_setting("HOTSEAT_CM2_AHEAD", t.cm2_ahead)
         t.cm2_split = switch_setting("HOTSEAT_CM2_SPLIT", t.cm2_split)
+        t.cm2_wide = switch_setting("HOTSEAT_CM2_WIDE", t.cm2_wide)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
         t.cm2_staged = switch_setting("HOTSEAT_CM2_STAGED", t.cm2_staged)
         if t.cm2_staged and coopmat and cm2s_shared_bytes(*t.cm2_tile[:2]) > max_shared:
@@ -186,6 +189,16 @@ class Tuning:
         if os.environ.get("HOTSEAT_DELTA_CHUNK"):    # to measure the two delta-rule paths
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
+
+    def cm2_tile_for(self, n_out: int, n_tokens: int) -> tuple[int, int, int]:
+        """mul_mat_cm2's tile for a product of n_out rows in passes of n_tokens: the wide
+        tile (Tuning.cm2_wide) where its workgroups fill the compute units (each decoded
+        weight serves twice the tokens), else cm2_tile."""
+        bm, bn, wg = CM2_WIDE_TILE
+        if self.cm2_wide and self.compute_units and \
+                -(-n_out // bm) * -(-n_tokens // bn) >= self.compute_units:
+            return CM2_WIDE_TILE
+        return self.cm2_tile
 
     def cm2_k_split(self, tiles: int, n_in: int) -> tuple[int, int]:
         """(slices, K a slice) for a mul_mat_cm2 product of `tiles` workgroups over n_in:
@@ -406,6 +419,7 @@ def switch_setting(name: str, default: bool) -> bool:
 
 CM_TILES = {"BM": (64, 128), "BN": (32, 64, 128)}                     # mul_mat_cm's
 CM2_SPLIT_MIN_K, CM2_SPLIT_UNIT, CM2_SPLIT_MAX = 2048, 256, 8   # mul_mat_cm2's split K
+CM2_WIDE_TILE = (128, 256, 256)     # mul_mat_cm2's tile for products of many rows
 CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256)}   # mul_mat_cm2's
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import vk
-from .paths import MAX_SPLITS
+from .paths import CM2_WIDE_TILE, MAX_SPLITS
 from .rope import Rope, rope_table
 
 DELTA_CHUNK = 64    # the longest chunk (Tuning.delta_chunk) the delta rule's scratch is sized for
@@ -283,8 +283,8 @@ class RunState:
         k_split), made on first use: room for the most Tuning.cm2_k_split gives, slices x
         tiles of at most two per compute unit, each tile's rows x tokens."""
         if self.split_part is None:
-            bm, bn, _ = tuning.cm2_tile
-            floats = 2 * max(tuning.compute_units, 1) * bm * bn
+            floats = 2 * max(tuning.compute_units, 1) * max(
+                bm * bn for bm, bn, _ in (tuning.cm2_tile, CM2_WIDE_TILE))
             self.split_part = self.dev.allocator.alloc(4 * floats, f"{self.label}/split_part",
                                                        "compute")
         return self.split_part

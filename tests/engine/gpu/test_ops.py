@@ -308,6 +308,25 @@ def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
                            coopmat=True).cm2_k_split(8, 4096) == (1, 4096)   # units unknown
 
 
+def test_wide_tiles_go_where_their_workgroups_fill_the_compute_units(monkeypatch):
+    """Tuning.cm2_tile_for: with HOTSEAT_CM2_WIDE=on, a product whose 128 x 256 tiles fill
+    the compute units in the model's widest pass takes them; fewer rows (or the setting
+    off, or the units unknown) keep cm2_tile."""
+    from engine.gpu.paths import CM2_WIDE_TILE
+
+    def tuning(setting, units=132):
+        monkeypatch.setenv("HOTSEAT_CM2_WIDE", setting)
+        return Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
+                               compute_units=units)
+
+    t = tuning("on")
+    assert t.cm2_tile_for(14336, 512) == CM2_WIDE_TILE == (128, 256, 256)   # 224 tiles
+    assert t.cm2_tile_for(4096, 512) == t.cm2_tile == (128, 128, 256)       # 64: too few
+    assert t.cm2_tile_for(4096, 2048) == CM2_WIDE_TILE                      # 32 x 8
+    assert tuning("on", units=0).cm2_tile_for(14336, 512) == t.cm2_tile
+    assert tuning("off").cm2_tile_for(14336, 512) == t.cm2_tile
+
+
 def test_a_staged_tile_past_shared_memory_is_refused(monkeypatch):
     """mul_mat_cm2s keeps its W and x tiles in shared memory: with HOTSEAT_CM2_STAGED=on, a
     HOTSEAT_CM2_TILE whose tiles do not fit the device's is an error naming the setting."""
