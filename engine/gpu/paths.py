@@ -68,8 +68,8 @@ class Tuning:
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
     cm2_wide: bool = False  # ... tiles twice as wide (CM2_WIDE_TILE) for products whose rows
                             # fill the compute units with them (Tuning.cm2_tile_for)
-    cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to fill
-                            # the GPU (Tuning.cm2_k_split)
+    cm2_split: bool = False  # ... K split over workgroups where the tiles are too few to
+                             # fill the GPU (Tuning.cm2_k_split): off until a GPU has run it
     cm2_attn: bool = False  # prefill attention on them too (flash_attn_cm2): off until timed
     cm2_staged: bool = False  # ... W dequantized by the lanes into shared memory, every type
                               # (mul_mat_cm2s), not through the tensor loads' decoders

@@ -285,8 +285,11 @@ def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
     """Tuning.cm2_k_split: a product whose tiles fill fewer than half the compute units has
     its K cut in up to 8 slices of whole super-blocks, about filling them; two thirds full,
     3 slices; fuller, short K (< 2048), K not of whole super-blocks, an unknown count of
-    units or HOTSEAT_CM2_SPLIT=off: one slice."""
+    units or HOTSEAT_CM2_SPLIT=off (the default until a GPU has run it): one slice."""
     monkeypatch.delenv("HOTSEAT_CM2_SPLIT", raising=False)
+    assert not Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
+                               compute_units=132).cm2_split
+    monkeypatch.setenv("HOTSEAT_CM2_SPLIT", "on")
     t = Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
                         compute_units=132)
     assert t.cm2_k_split(32, 4096) == (4, 1024)       # 8B k/v: 32 tiles, 132 units
@@ -303,7 +306,7 @@ def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
     t = Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
                         compute_units=132)
     assert t.cm2_k_split(32, 4096) == (1, 4096)
-    monkeypatch.delenv("HOTSEAT_CM2_SPLIT")
+    monkeypatch.setenv("HOTSEAT_CM2_SPLIT", "on")
     assert Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32,
                            coopmat=True).cm2_k_split(8, 4096) == (1, 4096)   # units unknown
 
