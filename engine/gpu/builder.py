@@ -190,7 +190,7 @@ class Builder:
             kernel, spec = "mul_mat_cm2s", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate))
         elif self.paths().prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
             # by the model's widest pass, as the split below (the same bits in any pass)
-            bm, bn, wg = self.t.cm2_tile_for(n_out, self.rs.max_tokens)
+            bm, bn, wg = self.t.cm2_tile_for(n_out, self.rs.max_tokens, n_in)
             kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate),
                                                X16=int(self.t.cm2_x16),
                                                AHEAD=int(self.t.cm2_ahead))

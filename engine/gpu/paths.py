@@ -190,13 +190,15 @@ class Tuning:
             t.delta_chunk = int(os.environ["HOTSEAT_DELTA_CHUNK"])
         return t
 
-    def cm2_tile_for(self, n_out: int, n_tokens: int) -> tuple[int, int, int]:
-        """mul_mat_cm2's tile for a product of n_out rows in passes of n_tokens: the wide
-        tile (Tuning.cm2_wide) where its workgroups fill the compute units (each decoded
-        weight serves twice the tokens), else cm2_tile."""
+    def cm2_tile_for(self, n_out: int, n_tokens: int, n_in: int) -> tuple[int, int, int]:
+        """mul_mat_cm2's tile for a product of n_out rows over n_in in passes of n_tokens:
+        the wide tile (Tuning.cm2_wide) where its workgroups, with K split where that is on
+        (cm2_k_split), fill at least two thirds of the compute units (each decoded weight
+        then serves twice the tokens), else cm2_tile."""
         bm, bn, wg = CM2_WIDE_TILE
+        tiles = -(-n_out // bm) * -(-n_tokens // bn)
         if self.cm2_wide and self.compute_units and \
-                -(-n_out // bm) * -(-n_tokens // bn) >= self.compute_units:
+                3 * tiles * self.cm2_k_split(tiles, n_in)[0] >= 2 * self.compute_units:
             return CM2_WIDE_TILE
         return self.cm2_tile
 

@@ -313,21 +313,27 @@ def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
 
 def test_wide_tiles_go_where_their_workgroups_fill_the_compute_units(monkeypatch):
     """Tuning.cm2_tile_for: with HOTSEAT_CM2_WIDE=on, a product whose 128 x 256 tiles fill
-    the compute units in the model's widest pass takes them; fewer rows (or the setting
+    two thirds of the compute units in the model's widest pass takes them, with K split
+    where HOTSEAT_CM2_SPLIT=on (so then nearly every product); fewer tiles (or the setting
     off, or the units unknown) keep cm2_tile."""
     from engine.gpu.paths import CM2_WIDE_TILE
 
-    def tuning(setting, units=132):
-        monkeypatch.setenv("HOTSEAT_CM2_WIDE", setting)
+    def tuning(wide, split="off", units=132):
+        monkeypatch.setenv("HOTSEAT_CM2_WIDE", wide)
+        monkeypatch.setenv("HOTSEAT_CM2_SPLIT", split)
         return Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
                                compute_units=units)
 
     t = tuning("on")
-    assert t.cm2_tile_for(14336, 512) == CM2_WIDE_TILE == (128, 256, 256)   # 224 tiles
-    assert t.cm2_tile_for(4096, 512) == t.cm2_tile == (128, 128, 256)       # 64: too few
-    assert t.cm2_tile_for(4096, 2048) == CM2_WIDE_TILE                      # 32 x 8
-    assert tuning("on", units=0).cm2_tile_for(14336, 512) == t.cm2_tile
-    assert tuning("off").cm2_tile_for(14336, 512) == t.cm2_tile
+    assert t.cm2_tile_for(14336, 512, 4096) == CM2_WIDE_TILE == (128, 256, 256)   # 224
+    assert t.cm2_tile_for(4096, 512, 4096) == t.cm2_tile == (128, 128, 256)       # 64
+    assert t.cm2_tile_for(4096, 2048, 4096) == CM2_WIDE_TILE                      # 32 x 8
+    assert tuning("on", units=0).cm2_tile_for(14336, 512, 4096) == t.cm2_tile
+    assert tuning("off").cm2_tile_for(14336, 512, 4096) == t.cm2_tile
+    t = tuning("on", "on")
+    assert t.cm2_tile_for(4096, 512, 4096) == CM2_WIDE_TILE       # 64 tiles, 2 slices
+    assert t.cm2_tile_for(1024, 512, 4096) == CM2_WIDE_TILE       # 16 tiles, 8 slices
+    assert t.cm2_tile_for(1024, 512, 1024) == t.cm2_tile          # K too short to split
 
 
 def test_a_staged_tile_past_shared_memory_is_refused(monkeypatch):
