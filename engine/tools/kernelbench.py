@@ -19,6 +19,7 @@ one command; split by kernel, each part would import all of that back.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import statistics
 import sys
@@ -340,6 +341,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
 
     rng = np.random.default_rng(0)
     t = Tuning.for_device(dev)
+    splits = dataclasses.replace(t, cm2_split=True)    # the split variants, on or not
     cm2 = dev.coopmat2 and compiled("mul_mat_cm2")
     cm2s = dev.coopmat2 and compiled("mul_mat_cm2s")
     out = []
@@ -399,7 +401,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                         if cm2 and wtype in CM2_TYPES]
             # ... x as f16 with K split where the tiles are too few (Tuning.cm2_k_split)
             for bm, bn, wg in cm2_tiles if cm2 and wtype in CM2_TYPES else ():
-                slices, k_split = t.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)
+                slices, k_split = splits.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)
                 if slices > 1:
                     cm2_runs.append(({"kernel": "mul_mat_cm2h", "tile": [bm, bn, wg],
                                       "ahead": 1, "split": slices}, "mul_mat_cm2",
@@ -414,7 +416,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                     continue
                 bm, bn = v["tile"][:2]
                 slices = v.get("split", 1)
-                k_split = t.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)[1] \
+                k_split = splits.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)[1] \
                     if slices > 1 else 0
                 if slices > 1 and bp is None:
                     bp = alloc(4 * 2 * t.compute_units * 256 * 256, "bench/part", "scratch")
@@ -647,8 +649,6 @@ def bench_attn_decode(dev, kernels, repeats: int = 20, shapes=None, grid=None) -
     """Decode attention (attn_decode, one pass with its splits joined by the last workgroup)
     at every (lanes, heads, splits, chunk, ahead) of the grid, K and V read cold (each op
     its own copy, COLD_BYTES over), each variant's output checked against numpy first."""
-    import dataclasses
-
     from ..gpu.builder import Builder
     from ..gpu.rope import Rope
     from ..gpu.runstate import RunState

@@ -50,6 +50,24 @@ def test_the_sweep_narrows_and_says_each_variant_as_it_comes(dev, kc, capsys):
         kernelbench.run_kernel_bench(args)
 
 
+def test_shapes_and_tiles_are_read_and_checked():
+    """--shapes and --tiles (mul_mat_cm only): TYPE:INxOUTxTOKENS and ROWSxTOKENSxLANES
+    lists; a malformed one, an unknown type or another kernel is an error naming them."""
+    assert kernelbench.parse_shapes("Q4_K:4096x14336x512, Q6_K:14336x4096x256") == \
+        [("Q4_K", 4096, 14336, 512), ("Q6_K", 14336, 4096, 256)]
+    assert kernelbench.parse_tiles("128x128x256,64x64x128") == [(128, 128, 256), (64, 64, 128)]
+    for bad in ("Q4_K:4096x14336", "Q4_K", "Q9_K:1x2x3", "Q4_K:ax2x3"):
+        with pytest.raises(ValueError, match="shape|weight type"):
+            kernelbench.parse_shapes(bad)
+    for bad in ("128x128", "wide", ""):
+        with pytest.raises(ValueError, match="ROWSxTOKENSxLANES"):
+            kernelbench.parse_tiles(bad)
+    args = argparse.Namespace(kernel="mul_mat_moe", repeats=1, json=False, shapes="Q4_K:1x2x3",
+                              tiles=None)
+    with pytest.raises(ValueError, match="--shapes and --tiles"):
+        kernelbench.run_kernel_bench(args)
+
+
 def test_mul_mat_moe_bench_table(monkeypatch, capsys):
     monkeypatch.setattr(kernelbench, "bench_mul_mat_moe",
                         functools.partial(kernelbench.bench_mul_mat_moe, **TINY))
