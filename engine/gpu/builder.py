@@ -85,9 +85,8 @@ class Builder:
         key = (id(x), x_row * n_in, n * n_in, "f16", self.g.last_write(x))
         if self._rounded != key:
             count = n * n_in
-            groups = -(-count // (4 * 64))
-            self.g.op("to_f16", [x, self.rs.xq], (min(groups, 65535), -(-groups // 65535), 1),
-                      n=count, x_offset=x_row * n_in // 4)
+            self.g.op("to_f16", [x, self.rs.xq], _groups_1d(-(-count // 4)), n=count,
+                      x_offset=x_row * n_in // 4)
             self._rounded = key
         return self.rs.xq
 
@@ -208,17 +207,15 @@ class Builder:
         if slices > 1:       # each slice of K into its own slice of rs's partial sums
             part, out = self.rs.split_partials(self.t), y
             y, spec = part, dict(spec, ACC=0)
+        split = dict(k_split=k_split if slices > 1 else 0, y_slice=n * n_out) \
+            if kernel == "mul_mat_cm2" else {}
         for buf, first, count in w.bindings():
-            split = dict(k_split=k_split if slices > 1 else 0, y_slice=n * n_out) \
-                if kernel == "mul_mat_cm2" else {}
             self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), slices),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_offset, y_offset=first, y_stride=n_out, **split)
         if slices > 1:
-            count = n * n_out
-            groups = -(-count // 64)
-            self.g.op("split_sum", [part, out], (min(groups, 65535), -(-groups // 65535), 1),
-                      spec=dict(ACC=int(accumulate)), n=count, slices=slices)
+            self.g.op("split_sum", [part, out], _groups_1d(n * n_out),
+                      spec=dict(ACC=int(accumulate)), n=n * n_out, slices=slices)
             y = out
         self._wrote(y)
 
