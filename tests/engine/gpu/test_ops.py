@@ -208,14 +208,18 @@ def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
                                                   ("HOTSEAT_CM2_X16", "cm2_x16", False),
                                                   ("HOTSEAT_CM2_AHEAD", "cm2_ahead", True),
                                                   ("HOTSEAT_CM2_ATTN", "cm2_attn", False),
-                                                  ("HOTSEAT_CM2_STAGED", "cm2_staged", False)])
+                                                  ("HOTSEAT_CM2_STAGED", "cm2_staged", False),
+                                                  ("HOTSEAT_CM2_SPLIT", "cm2_split", False),
+                                                  ("HOTSEAT_CM2_WIDE", "cm2_wide", False)])
 def test_the_fusion_switches(monkeypatch, name, field, default):
     """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
     asks for the moe_router pass; per-head q/k norms stay in rope_qkv's pass unless
     HOTSEAT_HEAD_NORM=on; mul_mat_cm2 takes x as f16 from a pass before where
     HOTSEAT_CM2_X16=on, and fetches the K-quants' scales a super-block ahead unless
     HOTSEAT_CM2_AHEAD=off; prefill attention takes flash_attn_cm2 where HOTSEAT_CM2_ATTN=on,
-    and every type's product mul_mat_cm2s where HOTSEAT_CM2_STAGED=on; a value other than on or off names the setting."""
+    and every type's product mul_mat_cm2s where HOTSEAT_CM2_STAGED=on; mul_mat_cm2 splits K
+    where HOTSEAT_CM2_SPLIT=on and takes wide tiles where HOTSEAT_CM2_WIDE=on; a value other
+    than on or off names the setting."""
     def value() -> bool:
         return getattr(Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32,
                                        max_shared=49152), field)
