@@ -355,7 +355,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
         bx = alloc(x.nbytes, "bench/x", "scratch")
         bh = alloc(x.nbytes // 2, "bench/x16", "scratch")
         by = alloc(4 * n * n_out, "bench/y", "scratch")
-        bp = None                      # split K's partial sums, made when first needed
+        bp = None                      # split K's partial sums, where a variant splits
         flop = 2.0 * n * n_in * n_out
         try:
             vk.upload(dev, bw, raw)
@@ -392,11 +392,12 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
             # x16: x given as f16 (a pass before); ahead: the K-quants' scales fetched a
             # super-block ahead
             aheads = (0, 1) if wtype in ("Q4_K", "Q6_K") else (0,)
-            # the workgroup-scope products: (variant, kernel, spec, x's buffer) each
+            # the workgroup-scope products: (variant, kernel, spec, x's buffer, push) each
+            whole = dict(k_split=0, y_slice=0)
             cm2_runs = [({"kernel": "mul_mat_cm2h" if x16 else "mul_mat_cm2",
                           "tile": [bm, bn, wg], "ahead": ahead}, "mul_mat_cm2",
                          dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=ahead),
-                         bh if x16 else bx)
+                         bh if x16 else bx, whole)
                         for bm, bn, wg in cm2_tiles for x16 in (0, 1) for ahead in aheads
                         if cm2 and wtype in CM2_TYPES]
             # ... x as f16 with K split where the tiles are too few (Tuning.cm2_k_split)
@@ -405,23 +406,21 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                 if slices > 1:
                     cm2_runs.append(({"kernel": "mul_mat_cm2h", "tile": [bm, bn, wg],
                                       "ahead": 1, "split": slices}, "mul_mat_cm2",
-                                     dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=1), bh))
+                                     dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=1), bh,
+                                     dict(k_split=k_split, y_slice=n * n_out)))
             # ... and W staged by the lanes (every type), at the tiles whose shared memory fits
             cm2_runs += [({"kernel": "mul_mat_cm2s", "tile": [bm, bn, wg]}, "mul_mat_cm2s",
-                          dict(WG=wg, BM=bm, BN=bn, ACC=0), bx)
+                          dict(WG=wg, BM=bm, BN=bn, ACC=0), bx, {})
                          for bm, bn, wg in cm2_tiles
                          if cm2s and cm2s_shared_bytes(bm, bn) <= dev.max_shared]
-            for v, kernel, spec, xb in cm2_runs:
+            most = max((r[0].get("split", 1) for r in cm2_runs), default=1)
+            if most > 1:                       # the most slices' partial sums
+                bp = alloc(4 * most * n * n_out, "bench/part", "scratch")
+            for v, kernel, spec, xb, push in cm2_runs:
                 if variants and v["kernel"] not in variants:
                     continue
                 bm, bn = v["tile"][:2]
                 slices = v.get("split", 1)
-                k_split = splits.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)[1] \
-                    if slices > 1 else 0
-                if slices > 1 and bp is None:
-                    bp = alloc(4 * 2 * t.compute_units * 256 * 256, "bench/part", "scratch")
-                push = dict(k_split=k_split, y_slice=n * n_out) if kernel == "mul_mat_cm2" \
-                    else {}
 
                 def cm2_op(g, i=0, kernel=kernel, spec=spec, xb=xb, bm=bm, bn=bn,
                            slices=slices, push=push):
