@@ -118,7 +118,8 @@ def ffn(b: Builder, c: Config, rs: RunState, i: int, n: int, *, gelu: bool = Fal
     if glu:
         b.matmul(down, rs.gate, y, n, accumulate=not apart)
     elif gelu:
-        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff, gelu=True, rows=n)
+        b.silu_mul(rs.gate, rs.up, rs.gate, n * c.n_ff, gelu=True, rows=n,
+                   f16_only=b.reads_f16(down, n))
         b.matmul(down, rs.gate, y, n, accumulate=not apart)
     else:
         b.swiglu_matmul(down, rs.gate, rs.up, y, n, c.n_ff, accumulate=not apart)

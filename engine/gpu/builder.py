@@ -98,6 +98,13 @@ class Builder:
                 and not self.t.cm2_staged and self.paths().prefill_matmul == "mul_mat_cm2"
                 and 2 * count <= self.rs.xq.nbytes)
 
+    def reads_f16(self, w: Tensor, n: int) -> bool:
+        """Whether matmul(w, x, ..., n) takes x as f16 from rs.xq (_f16_input): an op before
+        it that gives it as f16 too (_f16_beside) then need not write its f32 values where
+        the product is their only reader."""
+        return (self._f16_beside(n, n * w.shape[0]) and w.wtype in CM2_TYPES
+                and w.shape[0] % CM_K == 0 and not any(w.skips()))
+
     def _made_f16(self, out: vk.Buffer, count: int) -> None:
         """out's first `count` values are in rs.xq as f16 now (an op wrote both)."""
         self._wrote(out)
@@ -452,7 +459,7 @@ class Builder:
         if self._fusing(n, [w]):
             self._matvec(w, gate, y, accumulate, 0, xform=2, x2=up)
             return
-        self.silu_mul(gate, up, gate, n * n_ff, rows=n)
+        self.silu_mul(gate, up, gate, n * n_ff, rows=n, f16_only=self.reads_f16(w, n))
         self.matmul(w, gate, y, n, accumulate=accumulate)
 
     def matmul_id(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
@@ -748,14 +755,19 @@ class Builder:
                   stride=-(-self.rs.n_ctx // cols) * cols, scale=scale, **opt)
 
     def silu_mul(self, gate: vk.Buffer, up: vk.Buffer, out: vk.Buffer, count: int,
-                 gelu: bool = False, clamped: bool = False, rows: int = 0) -> None:
+                 gelu: bool = False, clamped: bool = False, rows: int = 0,
+                 f16_only: bool = False) -> None:
         """out = act(gate) * up: SiLU, GELU (gelu), or gpt-oss's clamped SwiGLU (clamped).
         rows: the pass's tokens, where a product of the output follows (as f16 too where it
-        loads x so: _f16_beside)."""
+        loads x so: _f16_beside); f16_only: then as f16 alone, out's f32 values left as they
+        were (that product is out's only reader)."""
         f16 = rows > 0 and self._f16_beside(rows, count)
-        self.g.op("silu_mul", [gate, up, out, self.rs.xq if f16 else out], _groups_1d(count),
-                  spec=dict(GELU=int(gelu), CLAMPED=int(clamped), OUT16=int(f16)),
-                  writes=(3,) if f16 else (), n=count)
+        v4 = count % 4 == 0
+        self.g.op("silu_mul", [gate, up, out, self.rs.xq if f16 else out],
+                  _groups_1d(count // 4 if v4 else count),
+                  spec=dict(GELU=int(gelu), CLAMPED=int(clamped),
+                            OUT16=(2 if f16_only else 1) if f16 else 0, V4=int(v4)),
+                  writes=(3,) if f16 else (), n=count // 4 if v4 else count)
         if f16:
             self._made_f16(out, count)
         else:

@@ -64,13 +64,14 @@ class Tuning:
                             # until a GPU run has timed it; $HOTSEAT_COOPMAT2=on opens the
                             # device with them and takes them
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
-    cm2_x16: bool = False   # ... x turned to f16 by a pass before (to_f16), not in its loads
+    cm2_x16: bool = True    # ... x turned to f16 by a pass before (to_f16, or the norm or
+                            # GLU before the product), not in its loads
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
-    cm2_wide: bool = False  # ... tiles twice as wide (CM2_WIDE_TILE) for products whose rows
+    cm2_wide: bool = True   # ... tiles twice as wide (CM2_WIDE_TILE) for products whose rows
                             # fill the compute units with them (Tuning.cm2_tile_for)
-    cm2_split: bool = False  # ... K split over workgroups where the tiles are too few to
-                             # fill the GPU (Tuning.cm2_k_split): off until a GPU has run it
-    cm2_attn: bool = False  # prefill attention on them too (flash_attn_cm2): off until timed
+    cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
+                            # fill the GPU (Tuning.cm2_k_split)
+    cm2_attn: bool = True   # prefill attention on them too (flash_attn_cm2)
     cm2_staged: bool = False  # ... W dequantized by the lanes into shared memory, every type
                               # (mul_mat_cm2s), not through the tensor loads' decoders
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)

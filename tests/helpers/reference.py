@@ -511,6 +511,8 @@ class ReferenceModel:
         self.emulate = quantize_activations
         self.weights = Weights.from_gguf(g, self.config, quantize_activations)
         self.state = RunState(self.config, n_ctx)
+        # a list to have _moe append, per call, each token's router margin (router_log)
+        self.router_log: list[np.ndarray] | None = None
         # llama_model::get_rope_factors: LongRoPE's long factors once the context (padded to
         # 256 as llama_context pads n_ctx_seq) exceeds the original one, else the short ones
         W = self.weights
@@ -838,7 +840,11 @@ class ReferenceModel:
         """build_moe_ffn with softmax gating and renormalised weights: h [T, n_embd] ->
         the weighted sum of each token's n_expert_used SwiGLU experts [T, n_embd]."""
         k = self.config.n_expert_used
-        probs = softmax(L.ffn_gate_inp(h))                                  # [T, n_expert]
+        logits = L.ffn_gate_inp(h)                                          # [T, n_expert]
+        if self.router_log is not None:     # the last chosen logit minus the next, per token
+            ranked = -np.sort(-logits, axis=1)
+            self.router_log.append(ranked[:, k - 1] - ranked[:, k])
+        probs = softmax(logits)
         out = np.empty_like(h)
         for t in range(len(h)):
             top = np.argsort(-probs[t], kind="stable")[:k]      # largest, lowest index on ties

@@ -169,6 +169,7 @@ class HybridModel(ReferenceModel):
         self.n_ctx = n_ctx
         self.emulate = quantize_activations
         self.rope_factors = None
+        self.router_log: list[np.ndarray] | None = None       # as ReferenceModel's
         lin = lambda name: Linear(g, name, quantize_activations)  # noqa: E731
         opt = lambda name: lin(name) if name in g.tensors else None  # noqa: E731
         vec = lambda name: g.dequantize(name) if name in g.tensors else None  # noqa: E731

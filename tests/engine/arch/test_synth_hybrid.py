@@ -13,12 +13,16 @@ back the KV cache and every conv and delta-rule state bit for bit.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
+from engine.formats.gguf_file import GGUFFile
 from engine.gpu.paths import Tuning
 from engine.residency.model import Model
 from tests.helpers import synth_reference as sr
+from tests.helpers.reference_hybrid import open_model
 
 pytestmark = pytest.mark.gpu
 
@@ -63,6 +67,40 @@ def same_bound(dev, across_widths: bool = False) -> float:
     if not dev_has_fast_prefill(dev):
         return 1e-9
     return 1e-4 if across_widths else 1e-6
+
+
+# a router's last chosen logit over the next by less than this: f16 activations (a prefill
+# pass on matrix units) may choose the other expert where f32 ones (a one-token step) do not.
+# The qwen35moe-f16 case's smallest margin, 0.009 (its third token, last layer), flipped on
+# an H100 with x as f16 from to_f16, flash_attn_cm2 and mul_mat_moe_cm2 together (nmse 0.044).
+ROUTER_TIE = 0.02
+
+
+@functools.cache
+def router_margins(name: str) -> np.ndarray:
+    """[n_tokens]: per position of the case's tokens, the smallest margin over its layers
+    between the router's last chosen logit and the next (the numpy reference's, one pass);
+    inf for a model without experts."""
+    case = sr.load_case(name)
+    ref = open_model(GGUFFile(str(case.model_path)), n_ctx=case.n_ctx)
+    if not ref.config.n_expert:
+        return np.full(len(case.tokens), np.inf, np.float32)
+    ref.router_log = []
+    ref.forward(case.tokens, 0)
+    return np.min(np.stack(ref.router_log), axis=0)
+
+
+def test_router_margins_find_the_near_tie():
+    """router_margins reads the numpy reference's routers: the qwen35moe-f16 case's smallest
+    margin is its third token's (in its last layer), under ROUTER_TIE, and the others' are
+    over it; a model without experts has none."""
+    if "qwen35moe-f16" not in CASES:
+        pytest.skip("the qwen35moe-f16 case is missing")
+    m = router_margins("qwen35moe-f16")
+    assert m.shape == (len(sr.load_case("qwen35moe-f16").tokens),)
+    assert int(np.argmin(m)) == 2 and 0 < m[2] < ROUTER_TIE
+    assert np.sum(m < ROUTER_TIE) <= 3
+    assert np.all(np.isinf(router_margins("qwen35-f16")))
 
 
 def test_every_case_of_the_hybrid_architectures_is_here():
@@ -140,7 +178,9 @@ def test_chunked_delta_rule_gives_the_same_model_output(dev, kc, case, chunk):
 def test_prefill_in_uneven_passes_continues_the_state(dev, kc, case):
     """The sequence in passes of 1..7 tokens, each continuing the recurrent states where
     the last left them: each pass's last logits are the ones of one-token steps (to f32
-    rounding: float activations, as llama.cpp's rounding of them may flip a step)."""
+    rounding: float activations, as llama.cpp's rounding of them may flip a step). On matrix
+    units, a pass with a token whose experts are a near tie (ROUTER_TIE) is not compared."""
+    margins = router_margins(case.name) if dev_has_fast_prefill(dev) else None
     m = load(dev, kc, case)
     m.tuning.ggml_numerics = False
     m.tuning.dot4 = False       # one-token steps on f32 x (a GPU's int8 x is checked apart)
@@ -152,7 +192,10 @@ def test_prefill_in_uneven_passes_continues_the_state(dev, kc, case):
         while pos < len(ids):
             n = min(sizes[k % len(sizes)], len(ids) - pos)
             got = m.eval(ids[pos:pos + n], pos, greedy=False)
+            tie = margins is not None and margins[pos:pos + n].min() < ROUTER_TIE
             pos, k = pos + n, k + 1
+            if tie:
+                continue
             nmse = np.sum((got - steps[pos - 1]) ** 2) / np.sum(steps[pos - 1] ** 2)
             assert nmse < same_bound(dev, across_widths=True), f"pass ending at {pos}: {nmse}"
             assert got.argmax() == steps[pos - 1].argmax() or \

@@ -974,25 +974,47 @@ def test_rms_norm(dev, kc, lanes, add, out16):
 
 
 @pytest.mark.parametrize("gelu", [0, 1])
-@pytest.mark.parametrize("out16", [0, 1])
-def test_silu_mul(dev, kc, gelu, out16):
-    """act(gate) * up; OUT16: as f16 too (the bits to_f16 gives)."""
+@pytest.mark.parametrize("out16", [0, 1, 2])
+@pytest.mark.parametrize("v4", [0, 1])
+def test_silu_mul(dev, kc, gelu, out16, v4):
+    """act(gate) * up; OUT16: as f16 too (the bits to_f16 gives), or (2) as f16 alone, the
+    f32 output untouched; V4: four values a lane, the same bits."""
     rng = np.random.default_rng(5)
     g, u = (rng.standard_normal(1000).astype(np.float32) * 4 for _ in range(2))
-    bg, bu, bo = buf(dev, g), buf(dev, u), buf(dev, nbytes=g.nbytes)
+    bg, bu = buf(dev, g), buf(dev, u)
+    bo = buf(dev, np.full(1000, 3, np.float32))
     bh = buf(dev, np.full(1008, 7, np.float16))
-    run_once(dev, kc, "silu_mul", [bg, bu, bo, bh], (16, 1, 1),
-             spec=dict(GELU=gelu, OUT16=out16), n=1000)
+    run_once(dev, kc, "silu_mul", [bg, bu, bo, bh], (16 // (1 + 3 * v4), 1, 1),
+             spec=dict(GELU=gelu, OUT16=out16, V4=v4), n=1000 // (1 + 3 * v4))
     if gelu:
         a = 0.5 * g * (1 + np.tanh(np.sqrt(2 / np.pi) * g * (1 + 0.044715 * g * g)))
     else:
         a = g / (1 + np.exp(-g))
-    got = read(dev, bo)
-    assert nmse(got, a * u) < 1e-12
-    half = read(dev, bh, np.float16)
-    assert np.array_equal(half[:1000], got.astype(np.float16)) if out16 \
-        else np.all(half[:1000] == 7)
+    got, half = read(dev, bo), read(dev, bh, np.float16)
+    if out16 == 2:
+        assert np.all(got == 3)
+        assert nmse(half[:1000].astype(np.float32), a * u) < 1e-6
+    else:
+        assert nmse(got, a * u) < 1e-12
+        assert np.array_equal(half[:1000], got.astype(np.float16)) if out16 \
+            else np.all(half[:1000] == 7)
     assert np.all(half[1000:] == 7)
+
+
+def test_silu_mul_gives_the_same_bits_four_values_a_lane(dev, kc):
+    """V4's 16-byte loads change no bit of any mode's output (SwiGLU, GeGLU, gpt-oss's)."""
+    rng = np.random.default_rng(15)
+    g, u = (rng.standard_normal(4096).astype(np.float32) * 6 for _ in range(2))
+    bg, bu = buf(dev, g), buf(dev, u)
+    for spec in (dict(), dict(GELU=1), dict(CLAMPED=1), dict(GATED=0, GELU=1)):
+        outs = []
+        for v4 in (0, 1):
+            bo, bh = buf(dev, nbytes=g.nbytes), buf(dev, nbytes=g.nbytes // 2)
+            run_once(dev, kc, "silu_mul", [bg, bu, bo, bh], (64 // (1 + 3 * v4), 1, 1),
+                     spec=dict(spec, OUT16=1, V4=v4), n=4096 // (1 + 3 * v4))
+            outs.append((read(dev, bo), read(dev, bh, np.float16)))
+        assert np.array_equal(outs[0][0], outs[1][0]), spec
+        assert np.array_equal(outs[0][1], outs[1][1]), spec
 
 
 def test_add(dev, kc):
@@ -1406,7 +1428,8 @@ def test_f16_input_is_made_once_for_the_products_of_one_x(dev, kc):
 def test_a_norm_and_a_glu_give_their_products_f16_inputs_in_the_same_pass(dev, kc):
     """Where the products load x as f16 tiles (mul_mat_cm2's X16), rms_norm and the GLU
     before the down product write their output as f16 too: the products' _f16_input then
-    records no to_f16 pass, and rs.xq holds what to_f16 would have made. A one-token step,
+    records no to_f16 pass, and rs.xq holds what to_f16 would have made (the GLU's f16
+    alone where asked, its f32 output left as it was). A one-token step,
     a norm at a row offset or onto x, and a pass of another path do not."""
     from dataclasses import replace
 
@@ -1446,8 +1469,19 @@ def test_a_norm_and_a_glu_give_their_products_f16_inputs_in_the_same_pass(dev, k
             b._f16_input(bout, 0, n, d)
             assert (g.n_ops == ops) == fused
             g.replay()
+            glu = read(dev, bout)[:n * d]
             assert np.array_equal(read(dev, rs.xq, np.float16)[:n * d],
-                                  read(dev, bout)[:n * d].astype(np.float16))
+                                  glu.astype(np.float16))
+            if fused:       # f16 alone: the same f16, out's f32 values as they were
+                b.rms_norm(bx, norm, bout, n, 1e-5)
+                b.silu_mul(bx, bu, bout, n * d, rows=n, f16_only=True)
+                ops = g.n_ops
+                b._f16_input(bout, 0, n, d)
+                assert g.n_ops == ops
+                g.replay()
+                assert np.array_equal(read(dev, rs.xq, np.float16)[:n * d],
+                                      glu.astype(np.float16))
+                assert np.array_equal(read(dev, bout)[:n * d], normed)
             for step in (lambda: b.rms_norm(bx, norm, bout, 1, 1e-5),
                          lambda: b.rms_norm(bx, norm, bout, 1, 1e-5, row_offset=2),
                          lambda: b.rms_norm(bx, norm, bout, n, 1e-5, add=True),

@@ -205,21 +205,21 @@ def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
 
 @pytest.mark.parametrize("name, field, default", [("HOTSEAT_ROUTE_EXPERTS", "route_experts", True),
                                                   ("HOTSEAT_HEAD_NORM", "head_norm", False),
-                                                  ("HOTSEAT_CM2_X16", "cm2_x16", False),
+                                                  ("HOTSEAT_CM2_X16", "cm2_x16", True),
                                                   ("HOTSEAT_CM2_AHEAD", "cm2_ahead", True),
-                                                  ("HOTSEAT_CM2_ATTN", "cm2_attn", False),
+                                                  ("HOTSEAT_CM2_ATTN", "cm2_attn", True),
                                                   ("HOTSEAT_CM2_STAGED", "cm2_staged", False),
-                                                  ("HOTSEAT_CM2_SPLIT", "cm2_split", False),
-                                                  ("HOTSEAT_CM2_WIDE", "cm2_wide", False)])
+                                                  ("HOTSEAT_CM2_SPLIT", "cm2_split", True),
+                                                  ("HOTSEAT_CM2_WIDE", "cm2_wide", True)])
 def test_the_fusion_switches(monkeypatch, name, field, default):
     """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
     asks for the moe_router pass; per-head q/k norms stay in rope_qkv's pass unless
-    HOTSEAT_HEAD_NORM=on; mul_mat_cm2 takes x as f16 from a pass before where
-    HOTSEAT_CM2_X16=on, and fetches the K-quants' scales a super-block ahead unless
-    HOTSEAT_CM2_AHEAD=off; prefill attention takes flash_attn_cm2 where HOTSEAT_CM2_ATTN=on,
+    HOTSEAT_HEAD_NORM=on; mul_mat_cm2 takes x as f16 from a pass before unless
+    HOTSEAT_CM2_X16=off, and fetches the K-quants' scales a super-block ahead unless
+    HOTSEAT_CM2_AHEAD=off; prefill attention takes flash_attn_cm2 unless HOTSEAT_CM2_ATTN=off,
     and every type's product mul_mat_cm2s where HOTSEAT_CM2_STAGED=on; mul_mat_cm2 splits K
-    where HOTSEAT_CM2_SPLIT=on and takes wide tiles where HOTSEAT_CM2_WIDE=on; a value other
-    than on or off names the setting."""
+    unless HOTSEAT_CM2_SPLIT=off and takes wide tiles unless HOTSEAT_CM2_WIDE=off; a value
+    other than on or off names the setting."""
     def value() -> bool:
         return getattr(Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32,
                                        max_shared=49152), field)
@@ -255,16 +255,18 @@ def test_the_matrix_unit_tile_setting(monkeypatch):
 
 def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     """Tuning.coopmat2 takes prefill's products to mul_mat_cm2 (bench prints it), and the
-    grouped experts' to mul_mat_moe_cm2 where they take the matrix units, off by default;
+    grouped experts' to mul_mat_moe_cm2 where they take the matrix units, off by default
+    (prefill attention then takes flash_attn_cm2 unless HOTSEAT_CM2_ATTN=off);
     HOTSEAT_CM2_TILE sets its rows x tokens x lanes, and a tile it has no variant
     for is an error that names the setting."""
     t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
     assert not t.coopmat2 and t.paths(128).prefill_matmul == "mul_mat_cm"
     t.coopmat2 = True
     assert t.paths(128).prefill_matmul == "mul_mat_cm2"
-    assert t.paths(128).prefill_attention == "flash_attn_cm"
-    t.cm2_attn = True                         # attention too where HOTSEAT_CM2_ATTN asks
     assert t.paths(128).prefill_attention == "flash_attn_cm2"
+    t.cm2_attn = False                        # HOTSEAT_CM2_ATTN=off
+    assert t.paths(128).prefill_attention == "flash_attn_cm"
+    t.cm2_attn = True
     assert t.paths(256).prefill_attention != "flash_attn_cm2"     # heads of 64 or 128 only
     t.moe_cm = False                          # the grouped experts follow HOTSEAT_MOE_CM
     assert t.paths(128).moe_prefill == "mul_mat_moe"
@@ -289,9 +291,9 @@ def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
     """Tuning.cm2_k_split: a product whose tiles fill fewer than half the compute units has
     its K cut in up to 8 slices of whole super-blocks, about filling them; two thirds full,
     3 slices; fuller, short K (< 2048), K not of whole super-blocks, an unknown count of
-    units or HOTSEAT_CM2_SPLIT=off (the default until a GPU has run it): one slice."""
+    units or HOTSEAT_CM2_SPLIT=off: one slice."""
     monkeypatch.delenv("HOTSEAT_CM2_SPLIT", raising=False)
-    assert not Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
+    assert Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
                                compute_units=132).cm2_split
     monkeypatch.setenv("HOTSEAT_CM2_SPLIT", "on")
     t = Tuning.for_info(gpu("NVIDIA H100", NVIDIA), subgroup=32, coopmat=True,
@@ -316,9 +318,9 @@ def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
 
 
 def test_wide_tiles_go_where_their_workgroups_fill_the_compute_units(monkeypatch):
-    """Tuning.cm2_tile_for: with HOTSEAT_CM2_WIDE=on, a product whose 128 x 256 tiles fill
+    """Tuning.cm2_tile_for: with HOTSEAT_CM2_WIDE on (the default), a product whose 128 x 256 tiles fill
     two thirds of the compute units in the model's widest pass takes them, with K split
-    where HOTSEAT_CM2_SPLIT=on (so then nearly every product); fewer tiles (or the setting
+    where HOTSEAT_CM2_SPLIT is on (so then nearly every product); fewer tiles (or the setting
     off, or the units unknown) keep cm2_tile."""
     from engine.gpu.paths import CM2_WIDE_TILE
 
