@@ -197,10 +197,10 @@ class Builder:
         elif self.paths().prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
             # by the model's widest pass, as the split below (the same bits in any pass)
             bm, bn, wg = self.t.cm2_tile_for(n_out, self.rs.max_tokens, n_in)
+            x16 = self.reads_f16(w, n)
             kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate),
-                                               X16=int(self.t.cm2_x16),
-                                               AHEAD=int(self.t.cm2_ahead))
-            if self.t.cm2_x16:
+                                               X16=int(x16), AHEAD=int(self.t.cm2_ahead))
+            if x16:
                 x, x_offset = self._f16_input(x, x_row, n, n_in), 0
         else:
             bm, bn = self.t.cm_tile
