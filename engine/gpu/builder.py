@@ -763,11 +763,11 @@ class Builder:
         were (that product is out's only reader)."""
         f16 = rows > 0 and self._f16_beside(rows, count)
         v4 = count % 4 == 0
-        self.g.op("silu_mul", [gate, up, out, self.rs.xq if f16 else out],
-                  _groups_1d(count // 4 if v4 else count),
+        lanes = count // 4 if v4 else count          # a lane's four values, or one
+        self.g.op("silu_mul", [gate, up, out, self.rs.xq if f16 else out], _groups_1d(lanes),
                   spec=dict(GELU=int(gelu), CLAMPED=int(clamped),
                             OUT16=(2 if f16_only else 1) if f16 else 0, V4=int(v4)),
-                  writes=(3,) if f16 else (), n=count // 4 if v4 else count)
+                  writes=(3,) if f16 else (), n=lanes)
         if f16:
             self._made_f16(out, count)
         else:

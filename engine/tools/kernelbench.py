@@ -333,6 +333,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
     variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2s: W staged by
     the lanes) narrow the sweep; shapes and cm2_tiles replace its products and its
     workgroup-scope tiles."""
+    from ..gpu.builder import _groups_1d
     from ..gpu.paths import Tuning, cm2s_shared_bytes, cm_shared_bytes
 
     if not dev.coopmat:
@@ -429,9 +430,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                          spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
                          y_offset=0, y_stride=n_out, **push)
                     if slices > 1:
-                        groups = -(-n * n_out // 64)
-                        g.op("split_sum", [bp, by], (min(groups, 65535), -(-groups // 65535), 1),
-                             spec=dict(ACC=0), n=n * n_out, slices=slices)
+                        g.op("split_sum", [bp, by], _groups_1d(n * n_out), spec=dict(ACC=0),
+                             n=n * n_out, slices=slices)
                 vk.upload(dev, by, np.zeros(n * n_out, np.float32))
                 try:
                     v["compile_s"] = _compile_s(kernels, kernel, wtype, spec)
