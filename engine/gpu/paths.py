@@ -133,6 +133,8 @@ class Tuning:
                          and os.environ.get("HOTSEAT_MATVECQ") != "off",
                          compute_units=dev.compute_units)
         t.moe_cm = t.moe_cm and compiled("mul_mat_moe_cm")
+        # to measure wider prefill passes (more tokens a product's workgroups share)
+        t.prefill_tokens = count_setting("HOTSEAT_PREFILL_TOKENS", t.prefill_tokens)
         # the device has them only where $HOTSEAT_COOPMAT2=on asked (vk.coopmat2_asked)
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
                       and compiled("mul_mat_moe_cm2"))
