@@ -29,7 +29,6 @@ VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0, e
 # about 32 slots where 8 are used, as Qwen3-30B-A3B routes)
 MOE_CM_TILE = (64, 32)
 MOE_CM2_TILE = (128, 32, 256)    # mul_mat_moe_cm2's: weight rows x slots x lanes
-FA_CM2_TILE = (64, 64, 128)      # flash_attn_cm2's: query rows x keys a block x lanes
 
 
 class Builder:
@@ -673,7 +672,7 @@ class Builder:
             self._split_attention(q, k_cache, v_cache, out, n_head, n_head_kv, head_dim,
                                   scale, window, sk, opt, spec, kernel)
         elif kernel == "flash_attn_cm2":
-            br, bc, wg = FA_CM2_TILE
+            br, bc, wg = self.t.fa_cm2_tile
             self.g.op("flash_attn_cm2", [q, k_cache, v_cache, out, self.rs.step, sk],
                       (-(-n // br), n_head, 1),
                       spec=dict(WG=wg, HD=head_dim, BR=br, BC=bc, SEQS=self.seqs, **spec),

@@ -72,6 +72,7 @@ class Tuning:
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
                             # fill the GPU (Tuning.cm2_k_split)
     cm2_attn: bool = True   # prefill attention on them too (flash_attn_cm2)
+    fa_cm2_tile: tuple[int, int, int] = (64, 64, 128)   # its query rows x keys a block x lanes
     cm2_staged: bool = False  # ... W dequantized by the lanes into shared memory, every type
                               # (mul_mat_cm2s), not through the tensor loads' decoders
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
@@ -133,8 +134,6 @@ class Tuning:
                          and os.environ.get("HOTSEAT_MATVECQ") != "off",
                          compute_units=dev.compute_units)
         t.moe_cm = t.moe_cm and compiled("mul_mat_moe_cm")
-        # to measure wider prefill passes (more tokens a product's workgroups share)
-        t.prefill_tokens = count_setting("HOTSEAT_PREFILL_TOKENS", t.prefill_tokens)
         # the device has them only where $HOTSEAT_COOPMAT2=on asked (vk.coopmat2_asked)
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
                       and compiled("mul_mat_moe_cm2"))
@@ -151,7 +150,10 @@ class Tuning:
                       loop_ticks=driver.loop_ticks, max_ctx=driver.max_ctx,
                       amd_gcn=is_amd_gcn(info), coopmat=coopmat, dot4=dot4,
                       compute_units=compute_units,
-                      prefill_tokens=512 if coopmat else 0, max_shared=max_shared,
+                      # (the setting: to measure wider passes, more tokens a tile)
+                      prefill_tokens=count_setting("HOTSEAT_PREFILL_TOKENS",
+                                                   512 if coopmat else 0),
+                      max_shared=max_shared,
                       # where the matrix units can take prefill, their f16 inputs cannot
                       # follow ggml's CPU rounding anyway: decode does not either
                       ggml_numerics=not coopmat)
@@ -182,6 +184,7 @@ class Tuning:
         t.cm2_split = switch_setting("HOTSEAT_CM2_SPLIT", t.cm2_split)
         t.cm2_wide = switch_setting("HOTSEAT_CM2_WIDE", t.cm2_wide)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
+        t.fa_cm2_tile = tile_setting("HOTSEAT_FA_CM2_TILE", t.fa_cm2_tile, FA_CM2_TILES)
         t.cm2_staged = switch_setting("HOTSEAT_CM2_STAGED", t.cm2_staged)
         if t.cm2_staged and coopmat and cm2s_shared_bytes(*t.cm2_tile[:2]) > max_shared:
             raise ValueError(f"HOTSEAT_CM2_TILE={'x'.join(map(str, t.cm2_tile))}: mul_mat_cm2s "
@@ -426,6 +429,7 @@ CM_TILES = {"BM": (64, 128), "BN": (32, 64, 128)}                     # mul_mat_
 CM2_SPLIT_MIN_K, CM2_SPLIT_UNIT, CM2_SPLIT_MAX = 2048, 256, 8   # mul_mat_cm2's split K
 CM2_WIDE_TILE = (128, 256, 256)     # mul_mat_cm2's tile for products of many rows
 CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256)}   # mul_mat_cm2's
+FA_CM2_TILES = {"BR": (32, 64, 128), "BC": (32, 64, 128), "WG": (128, 256)}  # flash_attn_cm2's
 
 
 def tile_setting(name: str, default: tuple[int, ...], sizes: dict[str, tuple[int, ...]]):

@@ -287,6 +287,26 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
             tile()
 
 
+def test_attention_tile_and_pass_width_settings(monkeypatch):
+    """HOTSEAT_FA_CM2_TILE sets flash_attn_cm2's query rows x keys x lanes (a size it has
+    no variant for is an error naming it); HOTSEAT_PREFILL_TOKENS the tokens of a prefill
+    pass, where the matrix units' default is 512."""
+    def tuning():
+        return Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
+
+    monkeypatch.delenv("HOTSEAT_FA_CM2_TILE", raising=False)
+    assert tuning().fa_cm2_tile == (64, 64, 128) and tuning().prefill_tokens == 512
+    monkeypatch.setenv("HOTSEAT_FA_CM2_TILE", "128x64x256")
+    assert tuning().fa_cm2_tile == (128, 64, 256)
+    for bad in ("64x64", "48x64x128", "64x64x512"):
+        monkeypatch.setenv("HOTSEAT_FA_CM2_TILE", bad)
+        with pytest.raises(ValueError, match="HOTSEAT_FA_CM2_TILE"):
+            tuning()
+    monkeypatch.delenv("HOTSEAT_FA_CM2_TILE")
+    monkeypatch.setenv("HOTSEAT_PREFILL_TOKENS", "2048")
+    assert tuning().prefill_tokens == 2048
+
+
 def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
     """Tuning.cm2_k_split: a product whose tiles fill fewer than half the compute units has
     its K cut in up to 8 slices of whole super-blocks, about filling them; two thirds full,
