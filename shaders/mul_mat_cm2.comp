@@ -26,6 +26,7 @@ layout(constant_id = 3) const uint ACC = 0;      // 1: add into y (fused residua
 layout(constant_id = 4) const uint X16 = 0;      // 1: x is f16 already (x_offset in halves)
 layout(constant_id = 5) const uint AHEAD = 0;    // K-quants: 1 fetches the next super-block's
                                                  // scales while this one's products run
+layout(constant_id = 6) const uint F16DEC = 0;   // K-quants: 1 decodes in f16 (cm2_decode)
 const uint BK = 64;
 
 layout(push_constant) uniform Push {

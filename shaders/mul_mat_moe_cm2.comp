@@ -25,6 +25,7 @@ layout(local_size_x_id = 0) in;                  // 128 or 256 lanes
 layout(constant_id = 1) const uint BM = 128;     // weight rows per workgroup
 layout(constant_id = 2) const uint BN = 64;      // slots per tile
 layout(constant_id = 3) const uint X_SLOT = 0;
+layout(constant_id = 4) const uint F16DEC = 0;   // K-quants: 1 decodes in f16 (cm2_decode)
 const uint BK = 64;
 const uint AHEAD = 0;              // the K-quants' scales: at each super-block (cm2_decode)
 

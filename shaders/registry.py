@@ -107,8 +107,8 @@ KERNELS: dict[str, KernelSpec] = {
         "mul_mat_cm2.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("y_stride", U), ("k_split", U), ("y_slice", U)),
-        (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3), ("X16", 4), ("AHEAD", 5)), typed=True,
-        writes=(2,), coopmat2=True, types=CM2_TYPES),
+        (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3), ("X16", 4), ("AHEAD", 5), ("F16DEC", 6)),
+        typed=True, writes=(2,), coopmat2=True, types=CM2_TYPES),
     "mul_mat_cm2s": KernelSpec(
         "mul_mat_cm2s.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
@@ -134,8 +134,8 @@ KERNELS: dict[str, KernelSpec] = {
         (("BM", 0), ("BN", 1), ("X_SLOT", 2)), typed=True, writes=(4,), coopmat=True),
     "mul_mat_moe_cm2": KernelSpec(
         "mul_mat_moe_cm2.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
-        (("WG", 0), ("BM", 1), ("BN", 2), ("X_SLOT", 3)), typed=True, writes=(4,),
-        coopmat2=True, types=CM2_TYPES),
+        (("WG", 0), ("BM", 1), ("BN", 2), ("X_SLOT", 3), ("F16DEC", 4)), typed=True,
+        writes=(4,), coopmat2=True, types=CM2_TYPES),
     "get_rows": KernelSpec("get_rows.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
                             ("part_rows", U)),

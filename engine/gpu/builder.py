@@ -198,7 +198,8 @@ class Builder:
             bm, bn, wg = self.t.cm2_tile_for(n_out, self.rs.max_tokens, n_in)
             x16 = self.reads_f16(w, n)
             kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate),
-                                               X16=int(x16), AHEAD=int(self.t.cm2_ahead))
+                                               X16=int(x16), AHEAD=int(self.t.cm2_ahead),
+                                               F16DEC=int(self.t.cm2_f16dec))
             if x16:
                 x, x_offset = self._f16_input(x, x_row, n, n_in), 0
         else:
@@ -534,7 +535,8 @@ class Builder:
         n_in, n_out, n_expert = w.shape
         if self.paths().moe_prefill == "mul_mat_moe_cm2" and w.wtype in CM2_TYPES:
             bm, bn, wg = MOE_CM2_TILE
-            kernel, spec = "mul_mat_moe_cm2", dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot))
+            kernel, spec = "mul_mat_moe_cm2", dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot),
+                                                   F16DEC=int(self.t.cm2_f16dec))
         else:
             bm, bn = MOE_CM_TILE
             kernel, spec = "mul_mat_moe_cm", dict(BM=bm, BN=bn, X_SLOT=int(per_slot))

@@ -344,6 +344,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
     t = Tuning.for_device(dev)
     splits = dataclasses.replace(t, cm2_split=True)    # the split variants, on or not
     cm2 = dev.coopmat2 and compiled("mul_mat_cm2")
+    f16dec = int(t.cm2_f16dec)                          # $HOTSEAT_CM2_F16DEC's decoders
     cm2s = dev.coopmat2 and compiled("mul_mat_cm2s")
     out = []
     for wtype, n_in, n_out, n in shapes:
@@ -397,7 +398,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
             whole = dict(k_split=0, y_slice=0)
             cm2_runs = [({"kernel": "mul_mat_cm2h" if x16 else "mul_mat_cm2",
                           "tile": [bm, bn, wg], "ahead": ahead}, "mul_mat_cm2",
-                         dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=ahead),
+                         dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=ahead,
+                              F16DEC=f16dec),
                          bh if x16 else bx, whole)
                         for bm, bn, wg in cm2_tiles for x16 in (0, 1) for ahead in aheads
                         if cm2 and wtype in CM2_TYPES]
@@ -407,7 +409,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                 if slices > 1:
                     cm2_runs.append(({"kernel": "mul_mat_cm2h", "tile": [bm, bn, wg],
                                       "ahead": 1, "split": slices}, "mul_mat_cm2",
-                                     dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=1), bh,
+                                     dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=1,
+                                          F16DEC=f16dec), bh,
                                      dict(k_split=k_split, y_slice=n * n_out)))
             # ... and W staged by the lanes (every type), at the tiles whose shared memory fits
             cm2_runs += [({"kernel": "mul_mat_cm2s", "tile": [bm, bn, wg]}, "mul_mat_cm2s",
@@ -495,6 +498,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
     rng = np.random.default_rng(0)
     t = Tuning.for_device(dev)
     cm2 = dev.coopmat2 and compiled("mul_mat_moe_cm2")
+    f16dec = int(t.cm2_f16dec)                          # $HOTSEAT_CM2_F16DEC's decoders
     alloc = dev.allocator.alloc
     out = []
     for wtype, n_in, n_out, per_slot in shapes:
@@ -598,7 +602,8 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                             for bw, e, count in parts:
                                 g.op("mul_mat_moe_cm2", [bw, bx, bg, bp, by],
                                      (-(-n_out // bm), lanes, count), wtype=wtype,
-                                     spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot)),
+                                     spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot),
+                                               F16DEC=f16dec),
                                      n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
                         vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
                         v = {"kernel": "mul_mat_moe_cm2", "tile": [bm, bn, wg],

@@ -9,7 +9,9 @@
 // Small whole numbers become floats by their bits, not by a conversion instruction (a
 // quarter of the rate, or less, of the adds on NVIDIA's shader cores): 0x6400 | n is the
 // f16 1024 + n, 0x4B000000 | n the f32 2^23 + n, and subtracting the offset is exact.
-// Needs BM (rows of a tile) and AHEAD declared before.
+// F16DEC 1: the K-quants' scale products rounded to f16 and the weight worked out in f16
+// (no conversion of the result; llama.cpp's Q6_K decoder rounds so), else in f32.
+// Needs BM (rows of a tile), AHEAD and F16DEC declared before.
 float16_t small_f16(const in uint n) {             // n < 1024, as f16, offset 1024 kept
     return uint16BitsToFloat16(uint16_t(0x6400u | n));
 }
@@ -49,11 +51,16 @@ layout(std430, binding = 0) readonly buffer W { Block w[]; };
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer Dec { Block b; };
 shared vec2 dmin[8 * BM];          // (scale, min) of sub-block s of row r at [s * BM + r % BM]
+shared f16vec2 dmin16[8 * BM];     // ... as f16 (F16DEC)
 float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
     // weights 64j .. 64j + 31 are the low nibbles of qs bytes 32j .., the next 32 the high
     const uint i = coordInBlock[1];
     const uint byte = (i >> 6) * 32 + (i & 31u);
     const uint q = (bl.b.qs[byte >> 2] >> (8 * (byte & 3) + 4 * ((i >> 5) & 1))) & 15u;
+    if (F16DEC != 0) {
+        const f16vec2 sm = dmin16[(i >> 5) * BM + blockCoords[0] % BM];
+        return sm.x * (small_f16(q) - float16_t(1024.0)) - sm.y;
+    }
     const vec2 sm = dmin[(i >> 5) * BM + blockCoords[0] % BM];
     return float16_t(sm.x * (small_f32(q) - 8388608.0) - sm.y);
 }
@@ -65,6 +72,7 @@ struct Block { uint16_t ql[64]; uint16_t qh[32]; uint16_t scales[8]; float16_t d
 layout(std430, binding = 0) readonly buffer W { Block w[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
 shared float dsc[16 * BM];         // d * scale of sub-block s of row r at [s * BM + r % BM]
+shared float16_t dsc16[16 * BM];   // ... as f16 (F16DEC)
 layout(buffer_reference, std430, buffer_reference_align = 2) buffer Dec { Block b; };
 float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
     // weight i: its low 4 bits in ql[64(i / 128) + i % 64] (high nibble where (i / 64) is
@@ -74,9 +82,17 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
     const uint lo = (uint(bl.b.ql[lb >> 1]) >> (8 * (lb & 1) + 4 * ((i >> 6) & 1))) & 15u;
     const uint hi = (uint(bl.b.qh[hb >> 1]) >> (8 * (hb & 1) + 2 * ((i >> 5) & 3))) & 3u;
     const uint sb = i >> 4;
+    if (AHEAD != 0 && F16DEC != 0)
+        return dsc16[sb * BM + blockCoords[0] % BM] * (small_f16(lo | (hi << 4)) -
+                                                       float16_t(1024.0 + 32.0));
     if (AHEAD != 0)
         return float16_t(dsc[sb * BM + blockCoords[0] % BM] *
                          (small_f32(lo | (hi << 4)) - (8388608.0 + 32.0)));
+    if (F16DEC != 0) {     // the scale byte with its sign bit flipped is scale + 128
+        const uint u = ((uint(bl.b.scales[sb >> 1]) >> (8 * (sb & 1))) & 255u) ^ 128u;
+        return bl.b.d * (small_f16(u) - float16_t(1024.0 + 128.0)) *
+               (small_f16(lo | (hi << 4)) - float16_t(1024.0 + 32.0));
+    }
     const int sc = int(uint(bl.b.scales[sb >> 1]) << (24 - 8 * (sb & 1))) >> 24;
     return float16_t(float(bl.b.d) * float(sc) * (float(lo | (hi << 4)) - 32.0));
 }
@@ -121,12 +137,19 @@ void store_scales(uint base) {
             const vec2 dm = unpackHalf2x16(scale_words[j].x);
             [[unroll]] for (uint s = 0; s < 4; s++) {
                 const uvec2 sm = kscale_min(scale_words[j], s + 4 * (e & 1));
-                dmin[(s + 4 * (e & 1)) * BM + r] = vec2(dm.x * float(sm.x), dm.y * float(sm.y));
+                const vec2 v = vec2(dm.x * float(sm.x), dm.y * float(sm.y));
+                if (F16DEC != 0)
+                    dmin16[(s + 4 * (e & 1)) * BM + r] = f16vec2(v);
+                else
+                    dmin[(s + 4 * (e & 1)) * BM + r] = v;
             }
 #else
             [[unroll]] for (uint s = 0; s < 8; s++) {
                 const int sc = int(scale_words[j][s >> 2] << (24 - 8 * (s & 3))) >> 24;
-                dsc[(s + 8 * (e & 1)) * BM + r] = scale_d[j] * float(sc);
+                if (F16DEC != 0)
+                    dsc16[(s + 8 * (e & 1)) * BM + r] = float16_t(scale_d[j] * float(sc));
+                else
+                    dsc[(s + 8 * (e & 1)) * BM + r] = scale_d[j] * float(sc);
             }
 #endif
         }

@@ -273,6 +273,37 @@ def test_mul_mat_cm(dev, kc, wtype, tile):
     assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9
 
 
+def f16_decoded(wtype: str, raw: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """The weights as cm2_decode's F16DEC decoders give them: Q4_K f16(f16(d sc) q -
+    f16(dmin m)), Q6_K f16(f16(d sc) (q - 32)); the pieces taken from gguf-py's dequantize
+    of the blocks with some fields replaced (e.g. every quant 1 gives d sc)."""
+    import gguf
+    from gguf.quants import dequantize
+
+    qt = gguf.GGMLQuantizationType[wtype]
+    size = gguf.GGML_QUANT_SIZES[qt][1]
+    blocks = raw.reshape(-1, size)
+
+    def deq(**fields):
+        b = blocks.copy()
+        for (lo, hi), v in fields.values():
+            b[:, lo:hi] = v
+        return dequantize(b, qt).reshape(rows, cols).astype(np.float64)
+
+    one_f16 = np.frombuffer(np.float16(1.0).tobytes(), np.uint8)
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    if wtype == "Q4_K":     # d, dmin, scales[12], qs[128]
+        unit_scales = np.array([1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1], np.uint8)
+        q = deq(d=((0, 2), one_f16), dmin=((2, 4), 0), scales=((4, 16), unit_scales))
+        dsc = deq(dmin=((2, 4), 0), qs=((16, 144), 0x11))
+        dm = -deq(d=((0, 2), 0))
+        return f16(f16(dsc) * q - f16(dm))
+    assert wtype == "Q6_K"  # ql[128], qh[64], scales[16], d
+    q = deq(scales=((192, 208), 1), d=((208, 210), one_f16))
+    dsc = deq(ql=((0, 128), 0x11), qh=((128, 192), 0xAA))
+    return f16(f16(dsc) * q)
+
+
 def _workgroup_scope_product(dev, kc, kernel, wtype, tile, spec, x16=0):
     """A product of `kernel` (mul_mat_cm2 or mul_mat_cm2s) against numpy on f16 inputs: 3 x 2
     whole tiles and a partial one on each axis, a token offset, the binding's rows at an
@@ -282,6 +313,8 @@ def _workgroup_scope_product(dev, kc, kernel, wtype, tile, spec, x16=0):
     bm, bn, wg = tile
     n_out, n_in, n, y_offset, y_stride = 3 * bm + 40, 512, 2 * bn + 6, 5, 3 * bm + 53
     raw, w = quantized(wtype, n_out, n_in, rng)
+    if spec.get("F16DEC"):
+        w = f16_decoded(wtype, raw, n_out, n_in)
     x = rng.standard_normal((n + 1, n_in)).astype(np.float32)
     y0 = rng.standard_normal((n, y_stride)).astype(np.float32)
     bw, by = buf(dev, raw, kind="weights"), buf(dev, y0)
@@ -318,6 +351,31 @@ def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
         pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
     _workgroup_scope_product(dev, kc, "mul_mat_cm2", wtype, tile, dict(X16=x16, AHEAD=ahead),
                              x16)
+
+
+@pytest.mark.parametrize("wtype,ahead", [("Q4_K", 0), ("Q4_K", 1), ("Q6_K", 0), ("Q6_K", 1)])
+@pytest.mark.parametrize("tile", [(128, 128, 256), (64, 128, 128)])
+def test_mul_mat_cm2_f16_decoders(dev, kc, wtype, ahead, tile):
+    """mul_mat_cm2 with the K-quants decoded in f16 (F16DEC): the weights are the f16
+    roundings f16_decoded models, x as f16."""
+    from engine.gpu.kernels import compiled
+
+    if not (dev.coopmat2 and compiled("mul_mat_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
+    _workgroup_scope_product(dev, kc, "mul_mat_cm2", wtype, tile,
+                             dict(X16=1, AHEAD=ahead, F16DEC=1), 1)
+
+
+@pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K"])
+def test_f16_decoders_model(wtype):
+    """f16_decoded (the F16DEC decoders' numpy model) differs from gguf-py's dequantize
+    by the f16 roundings alone: within a few f16 steps of each weight's block scale."""
+    rng = np.random.default_rng(3)
+    raw, w = quantized(wtype, 8, 512, rng)
+    got = f16_decoded(wtype, raw, 8, 512)
+    assert not np.array_equal(got, w)
+    assert np.abs(got - w).max() <= 4 * 2.0 ** -11 * np.abs(w).max()
+    assert nmse(got, w) < 1e-6
 
 
 @pytest.mark.parametrize("acc", [0, 1])
