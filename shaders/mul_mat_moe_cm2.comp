@@ -10,6 +10,7 @@
 // sums leave element by element to their slots' rows of y ([n_tokens, n_used, n_out], for
 // moe_combine).
 // X_SLOT 0: a slot reads its token's row of x (gate, up); 1: its own row s (down).
+// X16 1: x is f16 (a pass before made it so), else f32 turned to f16 in the gather.
 // W bound in parts holds whole experts; groups is indexed by expert_base + the part's expert.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -26,6 +27,7 @@ layout(constant_id = 1) const uint BM = 128;     // weight rows per workgroup
 layout(constant_id = 2) const uint BN = 64;      // slots per tile
 layout(constant_id = 3) const uint X_SLOT = 0;
 layout(constant_id = 4) const uint F16DEC = 0;   // K-quants: 1 decodes in f16 (cm2_decode)
+layout(constant_id = 5) const uint X16 = 0;
 const uint BK = 64;
 const uint AHEAD = 0;              // the K-quants' scales: at each super-block (cm2_decode)
 
@@ -38,6 +40,7 @@ layout(push_constant) uniform Push {
 
 #include "cm2_decode.glsl"
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
+layout(std430, binding = 1) readonly buffer X16s { float16_t x16[]; };
 layout(std430, binding = 2) readonly buffer Groups { uint groups[]; };
 layout(std430, binding = 3) readonly buffer Perm { uint perm[]; };
 layout(std430, binding = 4) writeonly buffer Y { float y[]; };
@@ -49,6 +52,8 @@ shared uint xrow_of[BN];           // ... and their x rows, in vec4
 // load points at (row 0's) is not the one read
 layout(buffer_reference, std430, buffer_reference_align = 16) buffer DecX { vec4 v; };
 float16_t gather_x(const in DecX bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
+    if (X16 != 0)       // the same places in halves
+        return x16[(xrow_of[blockCoords[0]] + blockCoords[1]) * 4 + coordInBlock[1]];
     return float16_t(x4[xrow_of[blockCoords[0]] + blockCoords[1]][coordInBlock[1]]);
 }
 

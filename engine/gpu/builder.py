@@ -535,8 +535,13 @@ class Builder:
         n_in, n_out, n_expert = w.shape
         if self.paths().moe_prefill == "mul_mat_moe_cm2" and w.wtype in CM2_TYPES:
             bm, bn, wg = MOE_CM2_TILE
+            rows = n * n_used if per_slot else n
+            # x as f16 from a pass before (Tuning.cm2_x16), not turned so in the gather
+            x16 = self.t.cm2_x16 and 2 * rows * n_in <= self.rs.xq.nbytes
+            if x16:
+                x = self._f16_input(x, 0, rows, n_in)
             kernel, spec = "mul_mat_moe_cm2", dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot),
-                                                   F16DEC=int(self.t.cm2_f16dec))
+                                                   F16DEC=int(self.t.cm2_f16dec), X16=int(x16))
         else:
             bm, bn = MOE_CM_TILE
             kernel, spec = "mul_mat_moe_cm", dict(BM=bm, BN=bn, X_SLOT=int(per_slot))

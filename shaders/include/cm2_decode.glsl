@@ -88,13 +88,13 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
     if (AHEAD != 0)
         return float16_t(dsc[sb * BM + blockCoords[0] % BM] *
                          (small_f32(lo | (hi << 4)) - (8388608.0 + 32.0)));
-    if (F16DEC != 0) {     // the scale byte with its sign bit flipped is scale + 128
-        const uint u = ((uint(bl.b.scales[sb >> 1]) >> (8 * (sb & 1))) & 255u) ^ 128u;
+    // the scale byte with its sign bit flipped is scale + 128
+    const uint u = ((uint(bl.b.scales[sb >> 1]) >> (8 * (sb & 1))) & 255u) ^ 128u;
+    if (F16DEC != 0)
         return bl.b.d * (small_f16(u) - float16_t(1024.0 + 128.0)) *
                (small_f16(lo | (hi << 4)) - float16_t(1024.0 + 32.0));
-    }
-    const int sc = int(uint(bl.b.scales[sb >> 1]) << (24 - 8 * (sb & 1))) >> 24;
-    return float16_t(float(bl.b.d) * float(sc) * (float(lo | (hi << 4)) - 32.0));
+    return float16_t(float(bl.b.d) * (small_f32(u) - (8388608.0 + 128.0)) *
+                     (small_f32(lo | (hi << 4)) - (8388608.0 + 32.0)));
 }
 #endif
 

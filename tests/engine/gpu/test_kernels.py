@@ -772,10 +772,10 @@ def test_mul_mat_moe(dev, kc, wtype, per_slot):
         assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10, tiles
 
 
-def grouped_case(dev, kc, wtype, per_slot, n_out, seed):
+def grouped_case(dev, kc, wtype, per_slot, n_out, seed, x16=False):
     """Six experts' weights of n_out rows in two parts, 70 tokens routed to 3 of them (expert
     0 by none, expert 1 by all), grouped by moe_group; the f16 reference of their products.
-    Gives (parts, x, groups, perm, want, (tokens, used, n_out, n_in))."""
+    Gives (parts, x (as f16 where x16), groups, perm, want, (tokens, used, n_out, n_in))."""
     rng = np.random.default_rng(seed)
     n_expert, n_in, T, k = 6, 256, 70, 3
     raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
@@ -785,7 +785,7 @@ def grouped_case(dev, kc, wtype, per_slot, n_out, seed):
     per_expert = raw.nbytes // n_expert
     parts = [(buf(dev, raw[:2 * per_expert], kind="weights"), 0, 2),
              (buf(dev, raw[2 * per_expert:], kind="weights"), 2, n_expert - 2)]
-    bx, bi = buf(dev, x), buf(dev, ids)
+    bx, bi = buf(dev, x.astype(np.float16) if x16 else x), buf(dev, ids)
     bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
     f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
     want = moe_product_ref(f16(w).reshape(n_expert, n_out, n_in), f16(x), ids, per_slot)
@@ -818,27 +818,28 @@ def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
 @pytest.mark.parametrize("wtype", CM2_TYPES)
 @pytest.mark.parametrize("per_slot", [0, 1])
 @pytest.mark.parametrize("tile", [(128, 32, 256), (64, 64, 128)])
-def test_mul_mat_moe_cm2(dev, kc, wtype, per_slot, tile):
+@pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
+def test_mul_mat_moe_cm2(dev, kc, wtype, per_slot, tile, x16):
     """Each expert's slots as one product on NVIDIA's workgroup-scope matrices, x's rows
-    gathered inside the tile load, against numpy on f16 inputs: W in two parts, an expert
-    that gets no token, one that every token takes (more slot tiles than the dispatch has:
-    it loops), experts whose rows are no multiple of the tile (a tile reads into the next
-    expert's), partial tiles of slots. Runs where the device has VK_NV_cooperative_matrix2
-    and the kernel is compiled."""
+    (f32, or f16: X16) gathered inside the tile load, against numpy on f16 inputs: W in two
+    parts, an expert that gets no token, one that every token takes (more slot tiles than
+    the dispatch has: it loops), experts whose rows are no multiple of the tile (a tile
+    reads into the next expert's), partial tiles of slots. Runs where the device has
+    VK_NV_cooperative_matrix2 and the kernel is compiled."""
     from engine.gpu.kernels import compiled
 
     if not (dev.coopmat2 and compiled("mul_mat_moe_cm2")):
         pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_moe_cm2 not compiled)")
     bm, bn, wg = tile
     parts, bx, bg, bp, want, (T, k, n_out, n_in) = grouped_case(dev, kc, wtype, per_slot, 200,
-                                                               31)
+                                                               31, x16=bool(x16))
     for tiles in (1, 3):
         by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
         for bw, first, count in parts:
             run_once(dev, kc, "mul_mat_moe_cm2", [bw, bx, bg, bp, by],
                      (-(-n_out // bm), tiles, count), wtype=wtype,
-                     spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=per_slot), n_in=n_in, n_out=n_out,
-                     n_used=k, expert_base=first)
+                     spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=per_slot, X16=x16), n_in=n_in,
+                     n_out=n_out, n_used=k, expert_base=first)
         assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-9, tiles
 
 
@@ -918,8 +919,6 @@ def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in, cm2):
         pytest.skip(f"{dev.name}: prefill is not on the matrix units")
     if cm2 and not (dev.coopmat2 and compiled("mul_mat_moe_cm2")):
         pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or its kernels not compiled)")
-    t = replace(base, moe_cm=True, coopmat2=cm2)
-    assert t.paths(128).moe_prefill == ("mul_mat_moe_cm2" if cm2 else "mul_mat_moe_cm")
     rng = np.random.default_rng(30)
     n_expert, n_out, T, k = 8, 72, 40, 2
     raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
@@ -927,12 +926,15 @@ def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in, cm2):
     ids = routed_ids(rng, T, k, n_expert, hot=T)
     f16 = (lambda a: a.astype(np.float16).astype(np.float64)) if n_in % 64 == 0 \
         else (lambda a: a.astype(np.float64))
-    for per_slot in (0, 1):
-        x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
-        got = builder_moe(dev, kc, t, wtype, raw, x, ids, n_expert, n_out, per_slot,
-                          parts=(0.5, 1.0))
-        want = moe_product_ref(f16(w), f16(x), ids, per_slot)
-        assert nmse(got, want) < (1e-9 if n_in % 64 == 0 else 1e-10), per_slot
+    for x16 in (False, True) if cm2 else (False,):      # cm2: x made f16 by to_f16 or not
+        t = replace(base, moe_cm=True, coopmat2=cm2, cm2_x16=x16)
+        assert t.paths(128).moe_prefill == ("mul_mat_moe_cm2" if cm2 else "mul_mat_moe_cm")
+        for per_slot in (0, 1):
+            x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)
+            got = builder_moe(dev, kc, t, wtype, raw, x, ids, n_expert, n_out, per_slot,
+                              parts=(0.5, 1.0))
+            want = moe_product_ref(f16(w), f16(x), ids, per_slot)
+            assert nmse(got, want) < (1e-9 if n_in % 64 == 0 else 1e-10), (x16, per_slot)
 
 
 def test_grouped_experts_round_like_ggml(dev, kc):
