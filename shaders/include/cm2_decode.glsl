@@ -59,7 +59,7 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
     const uint q = (bl.b.qs[byte >> 2] >> (8 * (byte & 3) + 4 * ((i >> 5) & 1))) & 15u;
     if (F16DEC != 0) {
         const f16vec2 sm = dmin16[(i >> 5) * BM + blockCoords[0] % BM];
-        return sm.x * (small_f16(q) - float16_t(1024.0)) - sm.y;
+        return fma(sm.x, small_f16(q) - float16_t(1024.0), -sm.y);      // one rounding
     }
     const vec2 sm = dmin[(i >> 5) * BM + blockCoords[0] % BM];
     return float16_t(sm.x * (small_f32(q) - 8388608.0) - sm.y);
