@@ -292,7 +292,8 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
 def test_attention_tile_and_pass_width_settings(monkeypatch):
     """HOTSEAT_FA_CM2_TILE sets flash_attn_cm2's query rows x keys x lanes (a size it has
     no variant for is an error naming it); HOTSEAT_PREFILL_TOKENS the tokens of a prefill
-    pass, where the matrix units' default is 512."""
+    pass, where the matrix units' default is 512 (anything but a whole number from 1 is an
+    error naming it)."""
     def tuning():
         return Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
 
@@ -307,6 +308,10 @@ def test_attention_tile_and_pass_width_settings(monkeypatch):
     monkeypatch.delenv("HOTSEAT_FA_CM2_TILE")
     monkeypatch.setenv("HOTSEAT_PREFILL_TOKENS", "2048")
     assert tuning().prefill_tokens == 2048
+    for bad in ("0", "-512", "wide", "1e3"):
+        monkeypatch.setenv("HOTSEAT_PREFILL_TOKENS", bad)
+        with pytest.raises(ValueError, match="HOTSEAT_PREFILL_TOKENS"):
+            tuning()
 
 
 def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
