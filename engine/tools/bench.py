@@ -41,12 +41,14 @@ def measure(model, prompt: list[int], n_gen: int) -> tuple[float, float]:
     return len(prompt) / (t1 - t0), n_gen / (t2 - t1) if n_gen else 0.0
 
 
-def _profile_table(model, n_prompt: int) -> list[dict]:
+def _profile_table(model, n_prompt: int, decode: bool) -> list[dict]:
+    """Per-kernel times of the last replay of the prompt's widest pass and, where tokens were
+    decoded (`decode`), of the one-token graph."""
     rows = []
     # the prompt's widest pass that ran (a prompt of n tokens can run n - 1 as prefill)
     ran = [key[0] for key, g in model._prefill.items() if g.replays and key[1:] == (True,
                                                                                     False, False)]
-    passes = [("decode", 1)] + ([(f"pp{n_prompt}", max(ran))] if ran else [])
+    passes = ([("decode", 1)] if decode else []) + ([(f"pp{n_prompt}", max(ran))] if ran else [])
     for label, n in passes:
         graph = model._graph(n, True)
         per = defaultdict(lambda: [0.0, 0])
@@ -94,7 +96,7 @@ def run_bench(args) -> int:
                 measure(model, prompt, min(args.n_gen, 4))
             samples = [measure(model, prompt, args.n_gen) for _ in range(args.repeats)]
             replay = _replay_ms(model) if args.n_gen else None
-            profile = _profile_table(model, args.n_prompt) if args.profile else None
+            profile = _profile_table(model, args.n_prompt, args.n_gen > 0) if args.profile else None
             size = sum(t.nbytes for t in model.gguf.tensors.values())
             return samples, profile, size, model.paths.as_dict(), replay
         samples, profile, size, paths, replay = eng.device_job(run, name=name, why="bench")

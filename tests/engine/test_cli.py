@@ -101,3 +101,15 @@ def test_kernel_bench_concat_json():
     for row in out["rows"]:
         assert row["tiled_us"] > 0 and row["generic_us"] > 0
         assert row["generic_over_tiled"] == pytest.approx(row["generic_us"] / row["tiled_us"])
+
+
+def test_bench_profile_of_a_prompt_alone():
+    """`bench --profile -n 0` times the prompt's widest pass kernel by kernel, and no decode
+    graph (none ran); the shares of that pass add up to one."""
+    r = hotseat("bench", "-p", "24", "-n", "0", "-r", "1", "--profile", "--no-arena", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["profile"]
+    assert rows and {p["graph"] for p in rows} == {"pp24"}
+    assert all(p["ms"] > 0 and p["calls"] >= 1 for p in rows)
+    assert sum(p["share"] for p in rows) == pytest.approx(1.0)
+    assert any(p["kernel"].startswith("mul_mat") for p in rows)
