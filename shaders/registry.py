@@ -20,6 +20,9 @@ SUPER_BLOCKS = K_QUANTS + ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "I
                                             # (include/types.glsl's SUPER_BLOCK)
 MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4")   # mul_mat_vecq's readers
 CM2_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")           # mul_mat_cm2's decoders
+# the quantized types dequant_f16 turns to f16 rows for the prefill products (BF16 and F32
+# keep their own path: f16 cannot hold their range)
+PREDECODE_TYPES = tuple(t for t in WEIGHT_TYPES if t not in ("F32", "F16", "BF16"))
 _FMT = {"u32": "I", "f32": "f"}
 MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, route.glsl's
 
@@ -140,6 +143,8 @@ KERNELS: dict[str, KernelSpec] = {
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),
                             ("part_rows", U)),
                            typed=True, writes=(2,)),
+    "dequant_f16": KernelSpec("dequant_f16.comp", 2, (("n_in", U), ("n_rows", U), ("row0", U)),
+                              typed=True, writes=(1,), types=PREDECODE_TYPES),
     "rms_norm": KernelSpec("rms_norm.comp", 4,
                            (("n_cols", U), ("n_rows", U), ("eps", F), ("x_offset", U)),
                            (("WG", 0), ("ADD", 1), ("OUT16", 2)), writes=(2,)),

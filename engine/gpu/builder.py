@@ -20,7 +20,7 @@ from .paths import Paths, Tuning
 from .rope import Rope
 from .runstate import RunState, delta_scratch_floats
 from .tensors import Tensor, View
-from shaders.registry import CM2_TYPES, MATVECQ_TYPES
+from shaders.registry import CM2_TYPES, MATVECQ_TYPES, PREDECODE_TYPES
 
 # mul_mat_vecq's push constants that only PAIR, ROPE, OUT16 and EXPERTS read
 VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0, expert_base=0,
@@ -42,6 +42,7 @@ class Builder:
         self._rounded = None      # (source buffer, where, how much, format, its write stamp)
                                   # of what rs.xq holds now
         self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
+        self._slice = 0           # which of rs's two predecoded slices fills next
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
         self._counted = False     # this graph zeroes attn_decode's split counters first
         self._heads_counted = False   # ... and mul_mat_vecq's HNORM head counters
@@ -101,7 +102,8 @@ class Builder:
         """Whether matmul(w, x, ..., n) takes x as f16 from rs.xq (_f16_input): an op before
         it that gives it as f16 too (_f16_beside) then need not write its f32 values where
         the product is their only reader."""
-        return (self._f16_beside(n, n * w.shape[0]) and w.wtype in CM2_TYPES
+        return (self._f16_beside(n, n * w.shape[0])
+                and (w.wtype in CM2_TYPES or self.predecodes(w))
                 and w.shape[0] % CM_K == 0 and not any(w.skips()))
 
     def _made_f16(self, out: vk.Buffer, count: int) -> None:
@@ -187,15 +189,21 @@ class Builder:
         paths take NVIDIA's workgroup-scope matrices and the type has a decoder, mul_mat_cm2
         (W decoded inside the driver's tile loads; x turned to f16 by a pass before, shared
         by the products of the same x, or inside the loads), else mul_mat_cm; with
-        Tuning.cm2_staged, mul_mat_cm2s for every type (W staged by the lanes)."""
+        Tuning.cm2_staged, mul_mat_cm2s for every type (W staged by the lanes). Where the
+        paths predecode (Tuning.predecode), a quantized W is read as f16 rows that
+        dequant_f16 writes a slice at a time (_predecoded), whatever its type."""
         n_in, n_out = w.shape[0], w.rows
         x_offset = x_row * n_in // 4
-        if self.paths().prefill_matmul == "mul_mat_cm2" and self.t.cm2_staged:
+        predecode = self.predecodes(w)
+        wtype = "F16" if predecode else w.wtype
+        cm2 = self.paths().prefill_matmul == "mul_mat_cm2"
+        if cm2 and self.t.cm2_staged:
             bm, bn, wg = self.t.cm2_tile
             kernel, spec = "mul_mat_cm2s", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate))
-        elif self.paths().prefill_matmul == "mul_mat_cm2" and w.wtype in CM2_TYPES:
+        elif cm2 and wtype in CM2_TYPES:
             # by the model's widest pass, as the split below (the same bits in any pass)
-            bm, bn, wg = self.t.cm2_tile_for(n_out, self.rs.max_tokens, n_in)
+            bm, bn, wg = self.t.cm2_tile if predecode else \
+                self.t.cm2_tile_for(n_out, self.rs.max_tokens, n_in)
             x16 = self.reads_f16(w, n)
             kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate),
                                                X16=int(x16), AHEAD=int(self.t.cm2_ahead),
@@ -206,9 +214,10 @@ class Builder:
             bm, bn = self.t.cm_tile
             kernel, spec = "mul_mat_cm", dict(ACC=int(accumulate), BM=bm, BN=bn)
         # K split by the tiles of the model's widest pass, not this one's: a token's bits
-        # do not depend on the pass that computes it (a cached prefix, a prompt cut anywhere)
+        # do not depend on the pass that computes it (a cached prefix, a prompt cut anywhere).
+        # Predecoded products are not split: their f16 tiles load without decoding.
         slices, k_split = 1, 0
-        if kernel == "mul_mat_cm2":
+        if kernel == "mul_mat_cm2" and not predecode:
             slices, k_split = self.t.cm2_k_split(
                 -(-n_out // bm) * -(-self.rs.max_tokens // bn), n_in)
         if slices > 1:       # each slice of K into its own slice of rs's partial sums
@@ -216,15 +225,37 @@ class Builder:
             y, spec = part, dict(spec, ACC=0)
         split = dict(k_split=k_split if slices > 1 else 0, y_slice=n * n_out) \
             if kernel == "mul_mat_cm2" else {}
-        for buf, first, count in w.bindings():
+        parts = self._predecoded(w) if predecode else w.bindings()
+        for buf, first, count in parts:
             self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), slices),
-                      wtype=w.wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
+                      wtype=wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_offset, y_offset=first, y_stride=n_out, **split)
         if slices > 1:
             self.g.op("split_sum", [part, out], _groups_1d(n * n_out),
                       spec=dict(ACC=int(accumulate)), n=n * n_out, slices=slices)
             y = out
         self._wrote(y)
+
+    def predecodes(self, w: Tensor) -> bool:
+        """Whether a prefill product of w reads it as f16 rows dequant_f16 makes
+        (Paths.prefill_weights): the quantized types, where the paths say so."""
+        return (self.paths().prefill_weights == "dequant_f16" and self.rs is not None
+                and w.wtype in PREDECODE_TYPES)
+
+    def _predecoded(self, w: Tensor):
+        """w's rows as f16, a slice at a time: for each, dequant_f16 fills one of rs's two
+        slice buffers (the other may still be read by the product before), then yields
+        (that buffer, the slice's first row in w, its rows) for the product to read."""
+        n_in = w.shape[0]
+        pair, rows = self.rs.predecode_slices(self.t, n_in)
+        for buf, first, count in w.bindings():
+            for r0 in range(0, count, rows):
+                m = min(rows, count - r0)
+                out = pair[self._slice]
+                self._slice ^= 1
+                self.g.op("dequant_f16", [buf, out], _groups_1d(m * n_in // 8),
+                          wtype=w.wtype, n_in=n_in, n_rows=m, row0=r0)
+                yield out, first + r0, m
 
     def _matvec(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, accumulate: bool,
                 x_row: int, xform: int = 0, x2=None, eps: float = 0.0,

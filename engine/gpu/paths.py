@@ -77,6 +77,14 @@ class Tuning:
     fa_cm2_tile: tuple[int, int, int] = (64, 64, 128)   # its query rows x keys a block x lanes
     cm2_staged: bool = False  # ... W dequantized by the lanes into shared memory, every type
                               # (mul_mat_cm2s), not through the tensor loads' decoders
+    predecode: bool = False  # prefill products on the matrix units read their quantized
+                             # weights as f16 rows that dequant_f16 writes once a pass, in
+                             # slices of predecode_mib (two, one made while the other is
+                             # read), not decoded in the tile loads (once per tile of
+                             # tokens); $HOTSEAT_PREDECODE=on, to time it. Off: on an H100
+                             # mul_mat_cm2's f16 product of 4096 x 14336 x 512 ran at 35
+                             # TFLOP/s against 140 for Q4_K's (an 8B's pp512 340 t/s)
+    predecode_mib: int = 32  # ... MiB a slice of f16 rows
     prefill_tokens: int = 0  # tokens per prefill pass (0: the model's default chunk)
     ggml_numerics: bool = True   # round like llama.cpp's CPU backend (token-exact greedy);
                                  # off by default on devices with matrix units
@@ -189,6 +197,8 @@ class Tuning:
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
         t.fa_cm2_tile = tile_setting("HOTSEAT_FA_CM2_TILE", t.fa_cm2_tile, FA_CM2_TILES)
         t.cm2_staged = switch_setting("HOTSEAT_CM2_STAGED", t.cm2_staged)
+        t.predecode = switch_setting("HOTSEAT_PREDECODE", t.predecode)
+        t.predecode_mib = count_setting("HOTSEAT_PREDECODE_MIB", t.predecode_mib)
         if t.cm2_staged and coopmat and cm2s_shared_bytes(*t.cm2_tile[:2]) > max_shared:
             raise ValueError(f"HOTSEAT_CM2_TILE={'x'.join(map(str, t.cm2_tile))}: mul_mat_cm2s "
                              f"would take {cm2s_shared_bytes(*t.cm2_tile[:2])} bytes of shared "
@@ -383,7 +393,9 @@ class Tuning:
             if self.moe_grouped and self.moe_cm and self.fast_prefill
             else "mul_mat_moe" if self.moe_grouped else "mul_mat_id",
             numerics="ggml" if self.ggml_numerics else "device",
-            prefill_delta="delta_chunk" if self.delta_chunk else "delta_net")
+            prefill_delta="delta_chunk" if self.delta_chunk else "delta_net",
+            prefill_weights="dequant_f16" if self.predecode and self.fast_prefill
+            and not (self.coopmat2 and self.cm2_staged) else "in_tiles")
 
 
 @dataclass(frozen=True)
@@ -408,6 +420,10 @@ class Paths:
     numerics: str            # ggml (llama.cpp's CPU rounding) | device
     prefill_delta: str = "delta_net"     # delta_chunk (chunks of Tuning.delta_chunk
                                          # tokens) | delta_net (token by token, as decode)
+    prefill_weights: str = "in_tiles"    # dequant_f16 (prefill_matmul reads the quantized
+                                         # types as f16 rows made once a pass: Tuning.
+                                         # predecode) | in_tiles (decoded where the tiles
+                                         # are loaded)
 
     @property
     def steps_match_prompts(self) -> bool:

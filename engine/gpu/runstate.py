@@ -15,6 +15,7 @@ DELTA_CHUNK = 64    # the longest chunk (Tuning.delta_chunk) the delta rule's sc
 TOP_LOGPROBS = 20                      # the most alternatives per token (OpenAI's limit;
                                        # shaders/logprobs.comp's TOP_MAX)
 LOGPROB_WORDS = 1 + 2 * TOP_LOGPROBS   # what the logprobs pass writes: lse, values, ids
+PREDECODE_ROWS = 256   # a slice of predecoded rows: a multiple of the largest tile's rows
 
 
 def delta_scratch_floats(n_head: int, n_tokens: int, chunk: int) -> int:
@@ -62,6 +63,9 @@ class RunState:
         self.positioned = positioned
         self.embd_in: vk.Buffer | None = None    # [T, n_embd] an image's rows (embd_input)
         self.split_part: vk.Buffer | None = None  # split K's partial sums (split_partials)
+        # predecoded weights' two slices of f16 rows (predecode_slices)
+        self.predecoded_a: vk.Buffer | None = None
+        self.predecoded_b: vk.Buffer | None = None
         self.kv_row_bytes = 2 * kv_dim              # one position of one layer's K (or V)
         alloc = dev.allocator.alloc
         T = max_tokens
@@ -81,6 +85,7 @@ class RunState:
         self.logits = act("logits", n_vocab)         # [1, n_vocab] last token only
         d_inner = delta_heads * delta_head_dim          # a delta-net layer's value dims
         k_max = max(n_embd, q_dim, n_ff, d_inner)
+        self.k_max = k_max                           # the longest row a product reads
         self.xq = act("xq", S * k_max)               # [S, k_max] rounded activations
         if n_expert:
             self.router = act("router", T * n_expert)               # [T, n_expert] logits
@@ -288,6 +293,19 @@ class RunState:
             self.split_part = self.dev.allocator.alloc(4 * floats, f"{self.label}/split_part",
                                                        "compute")
         return self.split_part
+
+    def predecode_slices(self, tuning, n_in: int) -> tuple[tuple[vk.Buffer, vk.Buffer], int]:
+        """The two buffers of f16 weight rows that prefill products read where their weights
+        are decoded once a pass (Tuning.predecode), made on first use at predecode_mib each
+        (or PREDECODE_ROWS rows of the longest row), and the rows a slice takes at rows of
+        n_in weights: a multiple of PREDECODE_ROWS, so the tiles of a slice are whole."""
+        if self.predecoded_a is None:
+            nbytes = max(tuning.predecode_mib << 20, 2 * PREDECODE_ROWS * self.k_max)
+            self.predecoded_a, self.predecoded_b = (
+                self.dev.allocator.alloc(nbytes, f"{self.label}/predecoded_{s}", "compute")
+                for s in "ab")
+        rows = self.predecoded_a.nbytes // (2 * n_in) // PREDECODE_ROWS * PREDECODE_ROWS
+        return (self.predecoded_a, self.predecoded_b), rows
 
     def reset_recurrent(self) -> None:
         """Zero every recurrent state: a sequence starting at position 0 has no past."""

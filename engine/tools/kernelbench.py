@@ -28,7 +28,7 @@ import time
 import numpy as np
 
 from ..gpu import vk
-from shaders.registry import CM2_TYPES
+from shaders.registry import CM2_TYPES, PREDECODE_TYPES
 
 # (d_conv, tokens, n_embd): decode and a prefill chunk at LFM2-350M and -1.2B widths, and a
 # long prefill
@@ -331,7 +331,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
     """The cooperative-matrix prefill products, tile by tile, against the register-tiled
     mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative). types and
     variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2s: W staged by
-    the lanes) narrow the sweep; shapes and cm2_tiles replace its products and its
+    the lanes, mul_mat_cm2p: W predecoded to f16 rows by dequant_f16, then the f16
+    product) narrow the sweep; shapes and cm2_tiles replace its products and its
     workgroup-scope tiles."""
     from ..gpu.builder import _groups_1d
     from ..gpu.paths import Tuning, cm2s_shared_bytes, cm_shared_bytes
@@ -446,6 +447,34 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                 err = _rel_err(vk.download(dev, by).view(np.float32), want)
                 row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6, max_rel_err=err))
                 _said(row, row["variants"][-1])
+            # ... and W predecoded: dequant_f16 turns it to f16 rows, which the f16 product
+            # reads (Tuning.predecode; here the whole of W in one pass, x as f16)
+            if cm2 and wtype in PREDECODE_TYPES and (not variants or "mul_mat_cm2p" in variants):
+                bd = alloc(2 * n_in * n_out, "bench/w16", "scratch")
+                try:
+                    for bm, bn, wg in cm2_tiles:
+                        spec = dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=0, F16DEC=0)
+
+                        def predecoded(g, i=0, bm=bm, bn=bn, spec=spec):
+                            g.op("dequant_f16", [bw, bd], _groups_1d(n_out * n_in // 8),
+                                 wtype=wtype, n_in=n_in, n_rows=n_out, row0=0)
+                            g.op("mul_mat_cm2", [bd, bh, by], (-(-n_out // bm), -(-n // bn), 1),
+                                 wtype="F16", spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
+                                 x_offset=0, y_offset=0, y_stride=n_out, **whole)
+                        v = {"kernel": "mul_mat_cm2p", "tile": [bm, bn, wg]}
+                        vk.upload(dev, by, np.zeros(n * n_out, np.float32))
+                        try:
+                            us = _time_records(dev, kernels, predecoded, repeats)
+                        except Exception as exc:     # a tile the driver refuses
+                            row["variants"].append(dict(v, error=f"{type(exc).__name__}: {exc}"))
+                            _said(row, row["variants"][-1])
+                            continue
+                        err = _rel_err(vk.download(dev, by).view(np.float32), want)
+                        row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6,
+                                                    max_rel_err=err))
+                        _said(row, row["variants"][-1])
+                finally:
+                    dev.allocator.free(bd)
             row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"],
                               default={"kernel": "mul_mat", "tile": [], "us": row["mul_mat_us"],
                                        "tflops": row["mul_mat_tflops"]})

@@ -11,8 +11,8 @@ from engine.gpu import vk
 from engine.gpu.builder import VECQ_PLAIN
 from engine.gpu.graph import run_once
 from engine.gpu.rope import Rope
-from shaders.registry import (CM2_TYPES, KERNELS, STEP_BYTES, STEP_FIELDS, STEP_TOKENS,
-                              SUPER_BLOCKS, WEIGHT_TYPES, pack_step)
+from shaders.registry import (CM2_TYPES, KERNELS, PREDECODE_TYPES, STEP_BYTES, STEP_FIELDS,
+                              STEP_TOKENS, SUPER_BLOCKS, WEIGHT_TYPES, pack_step)
 
 pytestmark = pytest.mark.gpu
 SHADERS = Path(__file__).resolve().parents[3] / "shaders"
@@ -473,6 +473,62 @@ def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc
                 g = Graph(dev, kc, "t")
                 Builder(g, {}, rs, t).matmul(wt, bx, by, n, accumulate=acc)
                 assert g.n_ops == 3 + x16        # (to_f16,) two bindings' slices, split_sum
+                g.replay()
+                g.close()
+                rows[n] = read(dev, by).reshape(100, n_out)[:n].copy()
+            want = acc * y0[:100].astype(np.float64) + f16(x) @ f16(w).T
+            assert nmse(rows[100], want) < 1e-9, acc
+            assert np.array_equal(rows[37], rows[100][:37]), acc
+    finally:
+        rs.close()
+
+
+@pytest.mark.parametrize("cm2", [0, 1], ids=["khr", "cm2"])
+@pytest.mark.parametrize("wtype", ["Q4_K", "IQ4_XS"])
+def test_predecoded_products_give_a_tokens_bits_whatever_the_pass(dev, kc, wtype, cm2):
+    """Builder.matmul with Tuning.predecode on the matrix units (mul_mat_cm2, or mul_mat_cm
+    where the device takes KHR's): W (two bindings, 384 and 256 rows) as f16 rows in slices
+    of 256, numpy's product on f16 inputs, with and without the residual add; a token's row
+    is the same bits in a pass of 37 tokens as in one of 100. A type without a tile decoder
+    (IQ4_XS) takes the same path."""
+    from dataclasses import replace
+
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.kernels import compiled
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
+
+    kernel = "mul_mat_cm2" if cm2 else "mul_mat_cm"
+    if not ((dev.coopmat2 if cm2 else dev.coopmat) and compiled(kernel)):
+        pytest.skip(f"{dev.name}: no {kernel} (no matrix units of that kind, or not compiled)")
+    rng = np.random.default_rng(43)
+    n_in, n_out, T = 2048, 640, 128
+    raw, w = quantized(wtype, n_out, n_in, rng)
+    cut = raw.nbytes * 384 // n_out
+    arenas = [buf(dev, raw[:cut], kind="weights"), buf(dev, raw[cut:], kind="weights")]
+    wt = Tensor(wtype, (n_in, n_out), [(0, 384, 0, 0, cut), (384, 256, 1, 0, raw.nbytes - cut)],
+                arenas)
+    t = replace(Tuning.for_device(dev), coopmat=True, coopmat2=bool(cm2), predecode=True,
+                predecode_mib=1, ggml_numerics=False, compute_units=132)
+    assert t.paths(128).prefill_matmul == kernel
+    assert t.paths(128).prefill_weights == "dequant_f16"
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=16, n_ctx=16, max_tokens=T)
+    x = rng.standard_normal((100, n_in)).astype(np.float32)
+    y0 = rng.standard_normal((100, n_out)).astype(np.float32)
+    bx, by = buf(dev, x), buf(dev, y0)
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    try:
+        for acc in (False, True):
+            rows = {}
+            for n in (100, 37):
+                vk.upload(dev, by, y0)
+                g = Graph(dev, kc, "t")
+                Builder(g, {}, rs, t).matmul(wt, bx, by, n, accumulate=acc)
+                # (to_f16,) three slices: a dequant_f16 and a product each
+                assert g.n_ops == 6 + cm2
                 g.replay()
                 g.close()
                 rows[n] = read(dev, by).reshape(100, n_out)[:n].copy()
@@ -990,6 +1046,66 @@ def test_get_rows(dev, kc, wtype):
     run_once(dev, kc, "get_rows", [bw, bi, bo], (5, 1, 1), wtype=wtype,
              n_cols=cols, n_rows=5, scale=1.5, row_base=0, part_rows=50)
     assert nmse(read(dev, bo).reshape(5, cols), 1.5 * w[ids]) < 1e-12
+
+
+def _f16_ulps(got: np.ndarray, want: np.ndarray) -> int:
+    """The most f16 units in the last place between two f16 arrays (as ordered integers)."""
+    def ordered(a):
+        i = a.astype(np.float16).view(np.int16).astype(np.int32)
+        return np.where(i < 0, -32768 - i, i)
+    return int(np.abs(ordered(got) - ordered(want)).max())
+
+
+@pytest.mark.parametrize("wtype", PREDECODE_TYPES)
+def test_dequant_f16(dev, kc, wtype):
+    """Rows row0.. of a quantized weight as f16: gguf-py's dequantized values rounded to
+    f16 once (a unit in the last place at most, where its float32 arithmetic and the
+    kernel's round a tie apart)."""
+    rng = np.random.default_rng(41)
+    cols = 512 if wtype in SUPER_BLOCKS else 96
+    raw, w = quantized(wtype, 40, cols, rng)
+    bw, bo = buf(dev, raw), buf(dev, nbytes=2 * 21 * cols)
+    run_once(dev, kc, "dequant_f16", [bw, bo], (-(-21 * cols // 8 // 64), 1, 1), wtype=wtype,
+             n_in=cols, n_rows=21, row0=7)
+    got = read(dev, bo, np.float16).reshape(21, cols)
+    assert _f16_ulps(got, w[7:28]) <= 1
+
+
+def test_predecoded_slices_take_turns(dev, kc):
+    """Builder._predecoded: a weight in two bindings of 300 rows, slices of 256 rows (1 MiB
+    of f16 rows 2048 long): each binding's rows in slices, the two buffers in turn, one
+    dequant_f16 each; after the pass the buffers hold the last two slices' rows."""
+    from dataclasses import replace
+
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
+
+    rng = np.random.default_rng(42)
+    n_in, n_out = 2048, 600
+    raw, w = quantized("Q8_0", n_out, n_in, rng)
+    half = raw.nbytes // 2
+    arenas = [buf(dev, raw[:half], kind="weights"), buf(dev, raw[half:], kind="weights")]
+    wt = Tensor("Q8_0", (n_in, n_out), [(0, 300, 0, 0, half), (300, 300, 1, 0, half)], arenas)
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=16, n_ctx=16, max_tokens=8)
+    try:
+        g = Graph(dev, kc, "t")
+        slices = list(Builder(g, {}, rs, replace(Tuning.for_device(dev), predecode_mib=1))
+                      ._predecoded(wt))
+        a, b = rs.predecoded_a, rs.predecoded_b
+        assert [(id(s), first, m) for s, first, m in slices] == \
+            [(id(a), 0, 256), (id(b), 256, 44), (id(a), 300, 256), (id(b), 556, 44)]
+        assert g.n_ops == 4
+        g.replay()
+        g.close()
+        for s, first, m in slices[2:]:
+            got = read(dev, s, np.float16)[:m * n_in].reshape(m, n_in)
+            assert _f16_ulps(got, w[first:first + m]) <= 1
+    finally:
+        rs.close()
 
 
 def test_get_rows_from_table_parts(dev, kc):

@@ -314,6 +314,34 @@ def test_attention_tile_and_pass_width_settings(monkeypatch):
             tuning()
 
 
+def test_predecode_settings(monkeypatch):
+    """HOTSEAT_PREDECODE=on has the prefill products on the matrix units read quantized
+    weights as f16 rows made once a pass (Paths.prefill_weights), off by default and where
+    prefill is not on the matrix units; HOTSEAT_PREDECODE_MIB sizes a slice of those rows
+    (a whole number from 1, else an error naming it)."""
+    def tuning(coopmat=True):
+        return Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=coopmat)
+
+    for name in ("HOTSEAT_PREDECODE", "HOTSEAT_PREDECODE_MIB"):
+        monkeypatch.delenv(name, raising=False)
+    t = tuning()
+    assert (t.predecode, t.predecode_mib, t.paths(128).prefill_weights) == \
+        (False, 32, "in_tiles")
+    monkeypatch.setenv("HOTSEAT_PREDECODE", "on")
+    assert tuning().paths(128).prefill_weights == "dequant_f16"
+    assert tuning(coopmat=False).paths(128).prefill_weights == "in_tiles"
+    monkeypatch.setenv("HOTSEAT_PREDECODE_MIB", "8")
+    assert tuning().predecode_mib == 8
+    for bad in ("0", "half"):
+        monkeypatch.setenv("HOTSEAT_PREDECODE_MIB", bad)
+        with pytest.raises(ValueError, match="HOTSEAT_PREDECODE_MIB"):
+            tuning()
+    monkeypatch.setenv("HOTSEAT_PREDECODE_MIB", "8")
+    monkeypatch.setenv("HOTSEAT_PREDECODE", "yes")
+    with pytest.raises(ValueError, match="HOTSEAT_PREDECODE"):
+        tuning()
+
+
 def test_split_k_fills_the_compute_units_the_tiles_leave_idle(monkeypatch):
     """Tuning.cm2_k_split: a product whose tiles fill fewer than half the compute units has
     its K cut in up to 8 slices of whole super-blocks, about filling them; two thirds full,
