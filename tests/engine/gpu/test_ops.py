@@ -298,9 +298,9 @@ def test_attention_tile_and_pass_width_settings(monkeypatch):
         return Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
 
     monkeypatch.delenv("HOTSEAT_FA_CM2_TILE", raising=False)
-    assert tuning().fa_cm2_tile == (64, 64, 128) and tuning().prefill_tokens == 512
-    monkeypatch.setenv("HOTSEAT_FA_CM2_TILE", "128x64x256")
-    assert tuning().fa_cm2_tile == (128, 64, 256)
+    assert tuning().fa_cm2_tile == (128, 64, 256) and tuning().prefill_tokens == 512
+    monkeypatch.setenv("HOTSEAT_FA_CM2_TILE", "64x64x128")
+    assert tuning().fa_cm2_tile == (64, 64, 128)
     for bad in ("64x64", "48x64x128", "64x64x512"):
         monkeypatch.setenv("HOTSEAT_FA_CM2_TILE", bad)
         with pytest.raises(ValueError, match="HOTSEAT_FA_CM2_TILE"):
@@ -312,6 +312,31 @@ def test_attention_tile_and_pass_width_settings(monkeypatch):
         monkeypatch.setenv("HOTSEAT_PREFILL_TOKENS", bad)
         with pytest.raises(ValueError, match="HOTSEAT_PREFILL_TOKENS"):
             tuning()
+
+
+def test_workgroup_scope_matrices_take_wider_passes(monkeypatch):
+    """A device that takes NVIDIA's workgroup-scope matrices (an H100's, its kernels
+    compiled) prefills in passes of CM2_PREFILL_TOKENS, unless HOTSEAT_PREFILL_TOKENS says
+    otherwise; KHR's matrix units keep 512."""
+    from types import SimpleNamespace
+
+    from engine.gpu import paths
+
+    monkeypatch.setattr(paths, "compiled", lambda kernel: True)
+    monkeypatch.delenv("HOTSEAT_PREFILL_TOKENS", raising=False)
+    monkeypatch.delenv("HOTSEAT_COOPMAT", raising=False)
+
+    def tuning(coopmat2):
+        dev = SimpleNamespace(info=gpu("NVIDIA H100 80GB HBM3", NVIDIA), subgroup_size=32,
+                              max_shared=49152, coopmat=True, coopmat2=coopmat2, dot4=True,
+                              compute_units=132)
+        return Tuning.for_device(dev)
+
+    assert (tuning(True).prefill_tokens, tuning(False).prefill_tokens) == \
+        (paths.CM2_PREFILL_TOKENS, 512)
+    assert tuning(True).paths(128).prefill_matmul == "mul_mat_cm2"
+    monkeypatch.setenv("HOTSEAT_PREFILL_TOKENS", "512")
+    assert tuning(True).prefill_tokens == 512
 
 
 def test_predecode_settings(monkeypatch):
