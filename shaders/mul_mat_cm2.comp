@@ -28,6 +28,7 @@ layout(constant_id = 5) const uint AHEAD = 0;    // K-quants: 1 fetches the next
                                                  // scales while this one's products run
 layout(constant_id = 6) const uint F16DEC = 0;   // K-quants: 1 decodes in f16 (cm2_decode)
 const uint BK = 64;
+const uint UNROLL = 4;     // steps along K an iteration where the type has no super-blocks
 
 layout(push_constant) uniform Push {
     uint n_in;       // K, a multiple of BK (of 256 for the K-quants)
@@ -89,8 +90,17 @@ layout(std430, binding = 2) buffer Y { float y[]; };
         } \
     }
 #else
+// the other types UNROLL steps along K an iteration, so that a step's loads are issued
+// while the products before it run (a loop of one step a turn waits on each load), then
+// the steps left over
 #define STEP(TW, TX, TX16) \
-    for (uint k0 = k_begin; k0 < k_end; k0 += BK) { \
+    uint k0 = k_begin; \
+    for (; k0 + UNROLL * BK <= k_end; k0 += UNROLL * BK) { \
+        [[unroll]] for (uint j = 0; j < UNROLL; j++) { \
+            PRODUCT(TW, TX, TX16, k0 + j * BK) \
+        } \
+    } \
+    for (; k0 < k_end; k0 += BK) { \
         PRODUCT(TW, TX, TX16, k0) \
     }
 #endif
@@ -101,17 +111,24 @@ void main() {
     const uint k_end = p.k_split == 0 ? p.n_in : min(p.n_in, k_begin + p.k_split);
     const uint y_base = gl_WorkGroupID.z * p.y_slice;
 
-    // W: rows of n_in weights in blocks of QK; x: token rows of n_in, f32 four a block (or
-    // f16); each in a clamping form for the edge tiles and a plain one for the others
+    // W: rows of n_in weights in blocks of QK (f16 rows, QK 1: plain, at a stride the
+    // compiler sees is a multiple of 8 halves, so that they load 16 bytes at a time; n_in
+    // is a multiple of 64); x: token rows of n_in, f32 four a block (or f16); each in a
+    // clamping form for the edge tiles and a plain one for the others
+    const uint w_stride = QK == 1 ? p.n_in & ~7u : p.n_in / QK;
     tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> twc =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+#if !defined(TYPE_F16)
     twc = setTensorLayoutBlockSizeNV(twc, 1, QK);
+#endif
     twc = setTensorLayoutDimensionNV(twc, p.n_out, p.n_in);
-    twc = setTensorLayoutStrideNV(twc, p.n_in / QK, 1);
+    twc = setTensorLayoutStrideNV(twc, w_stride, 1);
     tensorLayoutNV<2> tw = createTensorLayoutNV(2);
+#if !defined(TYPE_F16)
     tw = setTensorLayoutBlockSizeNV(tw, 1, QK);
+#endif
     tw = setTensorLayoutDimensionNV(tw, p.n_out, p.n_in);
-    tw = setTensorLayoutStrideNV(tw, p.n_in / QK, 1);
+    tw = setTensorLayoutStrideNV(tw, w_stride, 1);
     tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> txc =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
     txc = setTensorLayoutBlockSizeNV(txc, 1, 4);

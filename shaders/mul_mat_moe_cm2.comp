@@ -29,6 +29,7 @@ layout(constant_id = 3) const uint X_SLOT = 0;
 layout(constant_id = 4) const uint F16DEC = 0;   // K-quants: 1 decodes in f16 (cm2_decode)
 layout(constant_id = 5) const uint X16 = 0;
 const uint BK = 64;
+const uint UNROLL = 4;             // steps along K an iteration (STEP)
 const uint AHEAD = 0;              // the K-quants' scales: at each super-block (cm2_decode)
 
 layout(push_constant) uniform Push {
@@ -80,13 +81,23 @@ float store_y(const in uint r, const in uint c, const in float v, const in uint 
 #else
 #define SCALES(k0)
 #endif
+#define PRODUCT(TW, TX, k0) \
+    SCALES(k0) \
+    LOAD_W(TW, k0) \
+    coopMatLoadTensorNV(b, x4, 0, sliceTensorLayoutNV(TX, 0, BN, k0, BK), transposed, \
+                        gather_x); \
+    acc = coopMatMulAdd(a, b, acc);
+// UNROLL steps along K an iteration, so that a step's loads are issued while the products
+// before it run (a loop of one step a turn waits on each load), then the steps left over
 #define STEP(TW, TX) \
-    for (uint k0 = 0; k0 < p.n_in; k0 += BK) { \
-        SCALES(k0) \
-        LOAD_W(TW, k0) \
-        coopMatLoadTensorNV(b, x4, 0, sliceTensorLayoutNV(TX, 0, BN, k0, BK), transposed, \
-                            gather_x); \
-        acc = coopMatMulAdd(a, b, acc); \
+    uint k0 = 0; \
+    for (; k0 + UNROLL * BK <= p.n_in; k0 += UNROLL * BK) { \
+        [[unroll]] for (uint j = 0; j < UNROLL; j++) { \
+            PRODUCT(TW, TX, k0 + j * BK) \
+        } \
+    } \
+    for (; k0 < p.n_in; k0 += BK) { \
+        PRODUCT(TW, TX, k0) \
     }
 
 void main() {
@@ -100,15 +111,21 @@ void main() {
     // expert's last row reads the next one's (its sums are not stored), past the part's
     // last row zeros. x: BN rows of n_in, all at row 0's address (gather_x finds them).
     const uint rows = gl_NumWorkGroups.z * p.n_out;
+    // (f16 rows, QK 1: plain, at a stride the compiler sees is a multiple of 8 halves)
+    const uint w_stride = QK == 1 ? p.n_in & ~7u : p.n_in / QK;
     tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> twc =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+#if !defined(TYPE_F16)
     twc = setTensorLayoutBlockSizeNV(twc, 1, QK);
+#endif
     twc = setTensorLayoutDimensionNV(twc, rows, p.n_in);
-    twc = setTensorLayoutStrideNV(twc, p.n_in / QK, 1);
+    twc = setTensorLayoutStrideNV(twc, w_stride, 1);
     tensorLayoutNV<2> tw = createTensorLayoutNV(2);
+#if !defined(TYPE_F16)
     tw = setTensorLayoutBlockSizeNV(tw, 1, QK);
+#endif
     tw = setTensorLayoutDimensionNV(tw, rows, p.n_in);
-    tw = setTensorLayoutStrideNV(tw, p.n_in / QK, 1);
+    tw = setTensorLayoutStrideNV(tw, w_stride, 1);
     tensorViewNV<2, false, 1, 0> transposed = createTensorViewNV(2, false, 1, 0);
 
     coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
