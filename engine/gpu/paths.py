@@ -149,8 +149,6 @@ class Tuning:
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
                       and compiled("mul_mat_moe_cm2"))
         t.cm2_attn = t.cm2_attn and t.coopmat2 and compiled("flash_attn_cm2")
-        if t.coopmat2:      # wider passes there (each decoded weight serves more tokens)
-            t.prefill_tokens = count_setting("HOTSEAT_PREFILL_TOKENS", CM2_PREFILL_TOKENS)
         t.cm2_staged = t.cm2_staged and t.coopmat2 and compiled("mul_mat_cm2s")
         return t
 
@@ -450,10 +448,6 @@ def switch_setting(name: str, default: bool) -> bool:
 CM_TILES = {"BM": (64, 128), "BN": (32, 64, 128)}                     # mul_mat_cm's
 CM2_SPLIT_MIN_K, CM2_SPLIT_UNIT, CM2_SPLIT_MAX = 2048, 256, 8   # mul_mat_cm2's split K
 CM2_WIDE_TILE = (128, 256, 256)     # mul_mat_cm2's tile for products of many rows
-# tokens a prefill pass takes on NVIDIA's workgroup-scope matrices: an 8B Q4_K_M's pp4096 on
-# an H100 took 10448 t/s in passes of 1024 and 8706 in passes of 512 (attention's 128 x 64
-# tile both times)
-CM2_PREFILL_TOKENS = 1024
 CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256)}   # mul_mat_cm2's
 FA_CM2_TILES = {"BR": (32, 64, 128), "BC": (32, 64, 128), "WG": (128, 256)}  # flash_attn_cm2's
 

@@ -314,31 +314,6 @@ def test_attention_tile_and_pass_width_settings(monkeypatch):
             tuning()
 
 
-def test_workgroup_scope_matrices_take_wider_passes(monkeypatch):
-    """A device that takes NVIDIA's workgroup-scope matrices (an H100's, its kernels
-    compiled) prefills in passes of CM2_PREFILL_TOKENS, unless HOTSEAT_PREFILL_TOKENS says
-    otherwise; KHR's matrix units keep 512."""
-    from types import SimpleNamespace
-
-    from engine.gpu import paths
-
-    monkeypatch.setattr(paths, "compiled", lambda kernel: True)
-    monkeypatch.delenv("HOTSEAT_PREFILL_TOKENS", raising=False)
-    monkeypatch.delenv("HOTSEAT_COOPMAT", raising=False)
-
-    def tuning(coopmat2):
-        dev = SimpleNamespace(info=gpu("NVIDIA H100 80GB HBM3", NVIDIA), subgroup_size=32,
-                              max_shared=49152, coopmat=True, coopmat2=coopmat2, dot4=True,
-                              compute_units=132)
-        return Tuning.for_device(dev)
-
-    assert (tuning(True).prefill_tokens, tuning(False).prefill_tokens) == \
-        (paths.CM2_PREFILL_TOKENS, 512)
-    assert tuning(True).paths(128).prefill_matmul == "mul_mat_cm2"
-    monkeypatch.setenv("HOTSEAT_PREFILL_TOKENS", "512")
-    assert tuning(True).prefill_tokens == 512
-
-
 def test_predecode_settings(monkeypatch):
     """HOTSEAT_PREDECODE=on has the prefill products on the matrix units read quantized
     weights as f16 rows made once a pass (Paths.prefill_weights), off by default and where
