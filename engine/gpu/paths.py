@@ -448,7 +448,8 @@ def switch_setting(name: str, default: bool) -> bool:
 CM_TILES = {"BM": (64, 128), "BN": (32, 64, 128)}                     # mul_mat_cm's
 CM2_SPLIT_MIN_K, CM2_SPLIT_UNIT, CM2_SPLIT_MAX = 2048, 256, 8   # mul_mat_cm2's split K
 CM2_WIDE_TILE = (128, 256, 256)     # mul_mat_cm2's tile for products of many rows
-CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256)}   # mul_mat_cm2's
+# mul_mat_cm2's (512 lanes: a 128 x 256 tile's f32 sums at 64 registers a lane)
+CM2_TILES = {"BM": (64, 128, 256), "BN": (64, 128, 256), "WG": (128, 256, 512)}
 FA_CM2_TILES = {"BR": (32, 64, 128), "BC": (32, 64, 128), "WG": (128, 256)}  # flash_attn_cm2's
 
 

@@ -273,7 +273,7 @@ MATMUL_SHAPES = (("Q4_0", 2048, 2048, 512), ("Q4_0", 2048, 8192, 512),
                  ("Q4_K", 4096, 14336, 256), ("Q4_K", 4096, 14336, 2048))
 # mul_mat_cm2's (rows, tokens, lanes), where the device has VK_NV_cooperative_matrix2
 MATMUL_CM2_TILES = ((128, 128, 256), (128, 256, 256), (256, 128, 256), (128, 64, 256),
-                    (64, 64, 128), (64, 128, 128))
+                    (64, 64, 128), (64, 128, 128), (128, 256, 512))
 MATMUL_VARIANTS = (("mul_mat_cm", 128, 64), ("mul_mat_cm", 64, 64), ("mul_mat_cm", 128, 32),
                    ("mul_mat_cm", 64, 32), ("mul_mat_cm", 128, 128), ("mul_mat_cm", 64, 128))
 

@@ -338,12 +338,12 @@ def _workgroup_scope_product(dev, kc, kernel, wtype, tile, spec, x16=0):
 @pytest.mark.parametrize("wtype,ahead", [(t, 0) for t in CM2_TYPES]
                          + [("Q4_K", 1), ("Q6_K", 1)])
 @pytest.mark.parametrize("tile", [(128, 128, 256), (64, 64, 128), (128, 256, 256),
-                                  (256, 128, 128)])
+                                  (256, 128, 128), (128, 256, 512)])
 @pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
 def test_mul_mat_cm2(dev, kc, wtype, ahead, tile, x16):
     """NVIDIA's workgroup-scope product, W through the tensor loads' decoders: x as f32 or as
     f16 (X16); the K-quants' scales fetched a super-block ahead (AHEAD) or not, with tiles
-    of 64 to 256 rows over 128 or 256 lanes. Runs where the device has
+    of 64 to 256 rows over 128 to 512 lanes. Runs where the device has
     VK_NV_cooperative_matrix2 and the kernel is compiled (a glslang of 15 or later)."""
     from engine.gpu.kernels import compiled
 

@@ -283,7 +283,9 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     assert tile() == (128, 128, 256)
     monkeypatch.setenv("HOTSEAT_CM2_TILE", "256x128x256")
     assert tile() == (256, 128, 256)
-    for bad in ("128x128", "96x128x256", "128x128x512", "wide"):
+    monkeypatch.setenv("HOTSEAT_CM2_TILE", "128x256x512")
+    assert tile() == (128, 256, 512)
+    for bad in ("128x128", "96x128x256", "128x128x1024", "wide"):
         monkeypatch.setenv("HOTSEAT_CM2_TILE", bad)
         with pytest.raises(ValueError, match="HOTSEAT_CM2_TILE"):
             tile()
