@@ -440,11 +440,8 @@ def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc
     pass of 37 tokens as in one of 100."""
     from dataclasses import replace
 
-    from engine.gpu.builder import Builder
-    from engine.gpu.graph import Graph
     from engine.gpu.kernels import compiled
     from engine.gpu.paths import Tuning
-    from engine.gpu.runstate import RunState
     from engine.gpu.tensors import Tensor
 
     if not (dev.coopmat2 and compiled("mul_mat_cm2")):
@@ -459,8 +456,21 @@ def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc
     half = raw.nbytes // 2
     arenas = [buf(dev, raw[:half], kind="weights"), buf(dev, raw[half:], kind="weights")]
     wt = Tensor("Q4_K", (n_in, n_out), [(0, 128, 0, 0, half), (128, 128, 1, 0, half)], arenas)
+    # (to_f16,) two bindings' slices, split_sum
+    _products_in_two_passes(dev, kc, rng, wt, w, t, T, ops=3 + x16)
+
+
+def _products_in_two_passes(dev, kc, rng, wt, w, t, max_tokens: int, ops: int) -> None:
+    """Builder.matmul of wt (values w) under tuning t in `ops` ops, in passes of 100 and 37
+    tokens, with and without the residual add: numpy's product on f16 inputs, and a
+    token's row the same bits in either pass."""
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.runstate import RunState
+
+    n_out, n_in = w.shape
     rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
-                  n_ff=n_in, n_vocab=16, n_ctx=16, max_tokens=T)
+                  n_ff=n_in, n_vocab=16, n_ctx=16, max_tokens=max_tokens)
     x = rng.standard_normal((100, n_in)).astype(np.float32)
     y0 = rng.standard_normal((100, n_out)).astype(np.float32)
     bx, by = buf(dev, x), buf(dev, y0)
@@ -472,7 +482,7 @@ def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc
                 vk.upload(dev, by, y0)
                 g = Graph(dev, kc, "t")
                 Builder(g, {}, rs, t).matmul(wt, bx, by, n, accumulate=acc)
-                assert g.n_ops == 3 + x16        # (to_f16,) two bindings' slices, split_sum
+                assert g.n_ops == ops
                 g.replay()
                 g.close()
                 rows[n] = read(dev, by).reshape(100, n_out)[:n].copy()
@@ -493,11 +503,8 @@ def test_predecoded_products_give_a_tokens_bits_whatever_the_pass(dev, kc, wtype
     (IQ4_XS) takes the same path."""
     from dataclasses import replace
 
-    from engine.gpu.builder import Builder
-    from engine.gpu.graph import Graph
     from engine.gpu.kernels import compiled
     from engine.gpu.paths import Tuning
-    from engine.gpu.runstate import RunState
     from engine.gpu.tensors import Tensor
 
     kernel = "mul_mat_cm2" if cm2 else "mul_mat_cm"
@@ -514,29 +521,8 @@ def test_predecoded_products_give_a_tokens_bits_whatever_the_pass(dev, kc, wtype
                 predecode_mib=1, ggml_numerics=False, compute_units=132)
     assert t.paths(128).prefill_matmul == kernel
     assert t.paths(128).prefill_weights == "dequant_f16"
-    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
-                  n_ff=n_in, n_vocab=16, n_ctx=16, max_tokens=T)
-    x = rng.standard_normal((100, n_in)).astype(np.float32)
-    y0 = rng.standard_normal((100, n_out)).astype(np.float32)
-    bx, by = buf(dev, x), buf(dev, y0)
-    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
-    try:
-        for acc in (False, True):
-            rows = {}
-            for n in (100, 37):
-                vk.upload(dev, by, y0)
-                g = Graph(dev, kc, "t")
-                Builder(g, {}, rs, t).matmul(wt, bx, by, n, accumulate=acc)
-                # (to_f16,) three slices: a dequant_f16 and a product each
-                assert g.n_ops == 6 + cm2
-                g.replay()
-                g.close()
-                rows[n] = read(dev, by).reshape(100, n_out)[:n].copy()
-            want = acc * y0[:100].astype(np.float64) + f16(x) @ f16(w).T
-            assert nmse(rows[100], want) < 1e-9, acc
-            assert np.array_equal(rows[37], rows[100][:37]), acc
-    finally:
-        rs.close()
+    # (to_f16,) three slices: a dequant_f16 and a product each
+    _products_in_two_passes(dev, kc, rng, wt, w, t, T, ops=6 + cm2)
 
 
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
