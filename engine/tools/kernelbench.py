@@ -418,6 +418,24 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                           dict(WG=wg, BM=bm, BN=bn, ACC=0), bx, {})
                          for bm, bn, wg in cm2_tiles
                          if cm2s and cm2s_shared_bytes(bm, bn) <= dev.max_shared]
+
+            def timed(v, record, made=None):
+                """`record` timed into row as variant v, its output checked against
+                mul_mat's; made: (kernel, type, spec) whose pipeline's making is timed
+                first. A tile the driver refuses is said, not fatal."""
+                vk.upload(dev, by, np.zeros(n * n_out, np.float32))
+                try:
+                    if made:
+                        v["compile_s"] = _compile_s(kernels, *made)
+                    us = _time_records(dev, kernels, record, repeats)
+                except Exception as exc:
+                    row["variants"].append(dict(v, error=f"{type(exc).__name__}: {exc}"))
+                else:
+                    err = _rel_err(vk.download(dev, by).view(np.float32), want)
+                    row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6,
+                                                max_rel_err=err))
+                _said(row, row["variants"][-1])
+
             most = max((r[0].get("split", 1) for r in cm2_runs), default=1)
             if most > 1:                       # the most slices' partial sums
                 bp = alloc(4 * most * n * n_out, "bench/part", "scratch")
@@ -436,17 +454,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                     if slices > 1:
                         g.op("split_sum", [bp, by], _groups_1d(n * n_out), spec=dict(ACC=0),
                              n=n * n_out, slices=slices)
-                vk.upload(dev, by, np.zeros(n * n_out, np.float32))
-                try:
-                    v["compile_s"] = _compile_s(kernels, kernel, wtype, spec)
-                    us = _time_records(dev, kernels, cm2_op, repeats)
-                except Exception as exc:     # a tile the driver refuses: said, not fatal
-                    row["variants"].append(dict(v, error=f"{type(exc).__name__}: {exc}"))
-                    _said(row, row["variants"][-1])
-                    continue
-                err = _rel_err(vk.download(dev, by).view(np.float32), want)
-                row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6, max_rel_err=err))
-                _said(row, row["variants"][-1])
+                timed(v, cm2_op, (kernel, wtype, spec))
             # ... and W predecoded: dequant_f16 turns it to f16 rows, which the f16 product
             # reads (Tuning.predecode; here the whole of W in one pass, x as f16)
             if cm2 and wtype in PREDECODE_TYPES and (not variants or "mul_mat_cm2p" in variants):
@@ -461,18 +469,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                             g.op("mul_mat_cm2", [bd, bh, by], (-(-n_out // bm), -(-n // bn), 1),
                                  wtype="F16", spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
                                  x_offset=0, y_offset=0, y_stride=n_out, **whole)
-                        v = {"kernel": "mul_mat_cm2p", "tile": [bm, bn, wg]}
-                        vk.upload(dev, by, np.zeros(n * n_out, np.float32))
-                        try:
-                            us = _time_records(dev, kernels, predecoded, repeats)
-                        except Exception as exc:     # a tile the driver refuses
-                            row["variants"].append(dict(v, error=f"{type(exc).__name__}: {exc}"))
-                            _said(row, row["variants"][-1])
-                            continue
-                        err = _rel_err(vk.download(dev, by).view(np.float32), want)
-                        row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6,
-                                                    max_rel_err=err))
-                        _said(row, row["variants"][-1])
+                        timed({"kernel": "mul_mat_cm2p", "tile": [bm, bn, wg]}, predecoded)
                 finally:
                     dev.allocator.free(bd)
             row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"],
