@@ -27,6 +27,9 @@ layout(constant_id = 4) const uint X16 = 0;      // 1: x is f16 already (x_offse
 layout(constant_id = 5) const uint AHEAD = 0;    // K-quants: 1 fetches the next super-block's
                                                  // scales while this one's products run
 layout(constant_id = 6) const uint F16DEC = 0;   // K-quants: 1 decodes in f16 (cm2_decode)
+layout(constant_id = 7) const uint ACC16 = 0;    // 1: the tile's sums in f16 (half the
+                                                 // registers), clamped to f16's range and
+                                                 // widened to f32 at the end
 const uint BK = 64;
 const uint UNROLL = 4;     // steps along K an iteration where the type has no super-blocks
 
@@ -69,7 +72,10 @@ layout(std430, binding = 2) buffer Y { float y[]; };
     else \
         coopMatLoadTensorNV(b, x4, p.x_offset, sliceTensorLayoutNV(TX, t0, BN, k0, BK), \
                             transposed, decode_x); \
-    acc = coopMatMulAdd(a, b, acc);
+    if (ACC16 != 0) \
+        acc16 = coopMatMulAdd(a, b, acc16); \
+    else \
+        acc = coopMatMulAdd(a, b, acc);
 // the K-quants a super-block at a time: its scales into shared memory first (Q4_K; Q6_K
 // with AHEAD), with AHEAD fetched during the super-block before
 #if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
@@ -154,12 +160,15 @@ void main() {
     ty = setTensorLayoutStrideNV(ty, p.y_stride, 1);
     tensorViewNV<2, false, 1, 0> transposed = createTensorViewNV(2, false, 1, 0);
 
-    coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc;
-    if (ACC != 0) {
+    // the sums: f32 (acc, which a fused residual add starts from y), or f16 (acc16, from 0;
+    // y is added in f32 at the end)
+    coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
+        coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+    coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc16 =
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+    if (ACC != 0 && ACC16 == 0) {
         coopMatLoadTensorNV(acc, y, 0, sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
                             transposed);
-    } else {
-        acc = coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
     }
     coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
     coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
@@ -168,6 +177,23 @@ void main() {
     } else {
         STEP(twc, txc, thc)
     }
-    coopMatStoreTensorNV(acc, y, y_base,
-                         sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM), transposed);
+    if (ACC16 != 0) {
+        [[unroll]] for (int i = 0; i < acc16.length(); i++) {
+            acc16[i] = clamp(acc16[i], float16_t(-65504.0), float16_t(65504.0));
+        }
+        coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> sums =
+            coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc16);
+        if (ACC != 0) {
+            coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> y0;
+            coopMatLoadTensorNV(y0, y, 0,
+                                sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
+                                transposed);
+            sums += y0;
+        }
+        coopMatStoreTensorNV(sums, y, y_base,
+                             sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM), transposed);
+    } else {
+        coopMatStoreTensorNV(acc, y, y_base,
+                             sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM), transposed);
+    }
 }

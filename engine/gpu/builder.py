@@ -207,7 +207,8 @@ class Builder:
             x16 = self.reads_f16(w, n)
             kernel, spec = "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=int(accumulate),
                                                X16=int(x16), AHEAD=int(self.t.cm2_ahead),
-                                               F16DEC=int(self.t.cm2_f16dec))
+                                               F16DEC=int(self.t.cm2_f16dec),
+                                               ACC16=int(self.t.cm2_acc16))
             if x16:
                 x, x_offset = self._f16_input(x, x_row, n, n_in), 0
         else:

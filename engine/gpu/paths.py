@@ -69,6 +69,9 @@ class Tuning:
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
     cm2_f16dec: bool = False   # ... the K-quants decoded in f16 (scale products rounded to
                                # f16 first), not f32: $HOTSEAT_CM2_F16DEC=on, to time it
+    cm2_acc16: bool = False  # ... its tiles' sums in f16, as llama.cpp's on NVIDIA (half the
+                             # registers: room for wider tiles), not f32:
+                             # $HOTSEAT_CM2_ACC16=on, to time it
     cm2_wide: bool = True   # ... tiles twice as wide (CM2_WIDE_TILE) for products whose rows
                             # fill the compute units with them (Tuning.cm2_tile_for)
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
@@ -193,6 +196,7 @@ class Tuning:
         t.cm2_x16 = switch_setting("HOTSEAT_CM2_X16", t.cm2_x16)
         t.cm2_ahead = switch_setting("HOTSEAT_CM2_AHEAD", t.cm2_ahead)
         t.cm2_f16dec = switch_setting("HOTSEAT_CM2_F16DEC", t.cm2_f16dec)
+        t.cm2_acc16 = switch_setting("HOTSEAT_CM2_ACC16", t.cm2_acc16)
         t.cm2_split = switch_setting("HOTSEAT_CM2_SPLIT", t.cm2_split)
         t.cm2_wide = switch_setting("HOTSEAT_CM2_WIDE", t.cm2_wide)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)

@@ -20,6 +20,7 @@ one command; split by kernel, each part would import all of that back.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import statistics
 import sys
@@ -330,9 +331,10 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                      cm2_tiles=MATMUL_CM2_TILES) -> list[dict]:
     """The cooperative-matrix prefill products, tile by tile, against the register-tiled
     mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative). types and
-    variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2s: W staged by
-    the lanes, mul_mat_cm2p: W predecoded to f16 rows by dequant_f16, then the f16
-    product) narrow the sweep; shapes and cm2_tiles replace its products and its
+    variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2f: x as f16 and
+    the sums in f16, mul_mat_cm2s: W staged by the lanes, mul_mat_cm2p: W predecoded to f16
+    rows by dequant_f16, then the f16 product, mul_mat_cm2pf: the same with f16 sums)
+    narrow the sweep; shapes and cm2_tiles replace its products and its
     workgroup-scope tiles."""
     from ..gpu.builder import _groups_1d
     from ..gpu.paths import Tuning, cm2s_shared_bytes, cm_shared_bytes
@@ -404,6 +406,12 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                          bh if x16 else bx, whole)
                         for bm, bn, wg in cm2_tiles for x16 in (0, 1) for ahead in aheads
                         if cm2 and wtype in CM2_TYPES]
+            # ... x as f16 and the sums in f16 (Tuning.cm2_acc16)
+            cm2_runs += [({"kernel": "mul_mat_cm2f", "tile": [bm, bn, wg], "ahead": aheads[-1]},
+                          "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1,
+                                              AHEAD=aheads[-1], F16DEC=f16dec, ACC16=1),
+                          bh, whole)
+                         for bm, bn, wg in cm2_tiles if cm2 and wtype in CM2_TYPES]
             # ... x as f16 with K split where the tiles are too few (Tuning.cm2_k_split)
             for bm, bn, wg in cm2_tiles if cm2 and wtype in CM2_TYPES else ():
                 slices, k_split = splits.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)
@@ -457,11 +465,17 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                 timed(v, cm2_op, (kernel, wtype, spec))
             # ... and W predecoded: dequant_f16 turns it to f16 rows, which the f16 product
             # reads (Tuning.predecode; here the whole of W in one pass, x as f16)
-            if cm2 and wtype in PREDECODE_TYPES and (not variants or "mul_mat_cm2p" in variants):
+            # (mul_mat_cm2pf: with the sums in f16)
+            predecoded_runs = [(name, acc16) for name, acc16 in (("mul_mat_cm2p", 0),
+                                                                 ("mul_mat_cm2pf", 1))
+                               if not variants or name in variants]
+            if cm2 and wtype in PREDECODE_TYPES and predecoded_runs:
                 bd = alloc(2 * n_in * n_out, "bench/w16", "scratch")
                 try:
-                    for bm, bn, wg in cm2_tiles:
-                        spec = dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=0, F16DEC=0)
+                    for (name, acc16), (bm, bn, wg) in itertools.product(predecoded_runs,
+                                                                         cm2_tiles):
+                        spec = dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=0, F16DEC=0,
+                                    ACC16=acc16)
 
                         def predecoded(g, i=0, bm=bm, bn=bn, spec=spec):
                             g.op("dequant_f16", [bw, bd], _groups_1d(n_out * n_in // 8),
@@ -469,7 +483,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                             g.op("mul_mat_cm2", [bd, bh, by], (-(-n_out // bm), -(-n // bn), 1),
                                  wtype="F16", spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
                                  x_offset=0, y_offset=0, y_stride=n_out, **whole)
-                        timed({"kernel": "mul_mat_cm2p", "tile": [bm, bn, wg]}, predecoded)
+                        timed({"kernel": name, "tile": [bm, bn, wg]}, predecoded)
                 finally:
                     dev.allocator.free(bd)
             row["best"] = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"],
