@@ -30,8 +30,9 @@ layout(constant_id = 6) const uint F16DEC = 0;   // K-quants: 1 decodes in f16 (
 layout(constant_id = 7) const uint ACC16 = 0;    // 1: the tile's sums in f16 (half the
                                                  // registers), clamped to f16's range and
                                                  // widened to f32 at the end
+layout(constant_id = 8) const uint UNROLL = 4;   // steps along K an iteration where the
+                                                 // type has no super-blocks
 const uint BK = 64;
-const uint UNROLL = 4;     // steps along K an iteration where the type has no super-blocks
 
 layout(push_constant) uniform Push {
     uint n_in;       // K, a multiple of BK (of 256 for the K-quants)

@@ -317,7 +317,8 @@ def _compile_s(kernels, name: str, wtype: str, spec: dict) -> float:
 def _said(row: dict, v: dict) -> None:
     """One variant's time as it comes, on stderr (a long sweep cut short still tells)."""
     tile = "x".join(map(str, v["tile"])) + (" ahead" if v.get("ahead") else "") + \
-        (f" split {v['split']}" if v.get("split", 1) > 1 else "")
+        (f" split {v['split']}" if v.get("split", 1) > 1 else "") + \
+        (f" unroll {v['unroll']}" if v.get("unroll") else "")
     what = f"{v['us']:.1f} us {v['tflops']:.1f} TFLOP/s" if "us" in v else v["error"]
     if v.get("compile_s"):
         what += f" (pipeline made in {v['compile_s']:.1f} s)"
@@ -412,6 +413,12 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                                               AHEAD=aheads[-1], F16DEC=f16dec, ACC16=1),
                           bh, whole)
                          for bm, bn, wg in cm2_tiles if cm2 and wtype in CM2_TYPES]
+            # ... and the types without super-blocks eight steps along K an iteration, not 4
+            cm2_runs += [({"kernel": "mul_mat_cm2h", "tile": [bm, bn, wg], "unroll": 8},
+                          "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=0,
+                                              F16DEC=f16dec, UNROLL=8), bh, whole)
+                         for bm, bn, wg in cm2_tiles
+                         if cm2 and wtype in CM2_TYPES and wtype not in ("Q4_K", "Q6_K")]
             # ... x as f16 with K split where the tiles are too few (Tuning.cm2_k_split)
             for bm, bn, wg in cm2_tiles if cm2 and wtype in CM2_TYPES else ():
                 slices, k_split = splits.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)
