@@ -28,6 +28,7 @@ layout(constant_id = 2) const uint BN = 64;      // slots per tile
 layout(constant_id = 3) const uint X_SLOT = 0;
 layout(constant_id = 4) const uint F16DEC = 0;   // K-quants: 1 decodes in f16 (cm2_decode)
 layout(constant_id = 5) const uint X16 = 0;
+layout(constant_id = 6) const uint ACC16 = 0;    // 1: the tile's sums in f16 (mul_mat_cm2's)
 const uint BK = 64;
 const uint UNROLL = 4;             // steps along K an iteration (STEP)
 const uint AHEAD = 0;              // the K-quants' scales: at each super-block (cm2_decode)
@@ -86,7 +87,10 @@ float store_y(const in uint r, const in uint c, const in float v, const in uint 
     LOAD_W(TW, k0) \
     coopMatLoadTensorNV(b, x4, 0, sliceTensorLayoutNV(TX, 0, BN, k0, BK), transposed, \
                         gather_x); \
-    acc = coopMatMulAdd(a, b, acc);
+    if (ACC16 != 0) \
+        acc16 = coopMatMulAdd(a, b, acc16); \
+    else \
+        acc = coopMatMulAdd(a, b, acc);
 // UNROLL steps along K an iteration, so that a step's loads are issued while the products
 // before it run (a loop of one step a turn waits on each load), then the steps left over
 #define STEP(TW, TX) \
@@ -148,10 +152,18 @@ void main() {
 
         coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
             coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc16 =
+            coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
         if (row0 + BM <= p.n_out) {
             STEP(tw, tx)
         } else {
             STEP(twc, tx)
+        }
+        if (ACC16 != 0) {
+            [[unroll]] for (int i = 0; i < acc16.length(); i++) {
+                acc16[i] = clamp(acc16[i], float16_t(-65504.0), float16_t(65504.0));
+            }
+            acc = coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc16);
         }
         coopMatPerElementNV(acc, acc, store_y, row0, live);
     }

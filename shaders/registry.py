@@ -138,7 +138,8 @@ KERNELS: dict[str, KernelSpec] = {
         (("BM", 0), ("BN", 1), ("X_SLOT", 2)), typed=True, writes=(4,), coopmat=True),
     "mul_mat_moe_cm2": KernelSpec(
         "mul_mat_moe_cm2.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
-        (("WG", 0), ("BM", 1), ("BN", 2), ("X_SLOT", 3), ("F16DEC", 4), ("X16", 5)), typed=True,
+        (("WG", 0), ("BM", 1), ("BN", 2), ("X_SLOT", 3), ("F16DEC", 4), ("X16", 5),
+         ("ACC16", 6)), typed=True,
         writes=(4,), coopmat2=True, types=CM2_TYPES),
     "get_rows": KernelSpec("get_rows.comp", 3,
                            (("n_cols", U), ("n_rows", U), ("scale", F), ("row_base", U),

@@ -573,7 +573,8 @@ class Builder:
             if x16:
                 x = self._f16_input(x, 0, rows, n_in)
             kernel, spec = "mul_mat_moe_cm2", dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot),
-                                                   F16DEC=int(self.t.cm2_f16dec), X16=int(x16))
+                                                   F16DEC=int(self.t.cm2_f16dec), X16=int(x16),
+                                                   ACC16=int(self.t.cm2_acc16))
         else:
             bm, bn = MOE_CM_TILE
             kernel, spec = "mul_mat_moe_cm", dict(BM=bm, BN=bn, X_SLOT=int(per_slot))

@@ -640,37 +640,38 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                 "token_tiles": lanes, "us": us,
                                                 "tflops": flop / us / 1e6,
                                                 "max_rel_err": err})
-                if t.fast_prefill and n_in % CM_K == 0 and cm2 and wtype in CM2_TYPES \
-                        and (not variants or "mul_mat_moe_cm2" in variants):
-                    for bm, bn, wg in MOE_CM2_TILES:    # workgroup-scope tiles
-                        lanes = moe_tile_groups(n, k, n_expert, bn)
+                # workgroup-scope tiles, the sums in f32 and (mul_mat_moe_cm2f) in f16
+                cm2_names = [(name, acc16) for name, acc16 in (("mul_mat_moe_cm2", 0),
+                                                               ("mul_mat_moe_cm2f", 1))
+                             if not variants or name in variants]
+                if not (t.fast_prefill and n_in % CM_K == 0 and cm2 and wtype in CM2_TYPES):
+                    cm2_names = []
+                for (name, acc16), (bm, bn, wg) in itertools.product(cm2_names, MOE_CM2_TILES):
+                    lanes = moe_tile_groups(n, k, n_expert, bn)
+                    spec = dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot), F16DEC=f16dec,
+                                ACC16=acc16)
 
-                        def on_cm2(g, i=0, bm=bm, bn=bn, wg=wg, lanes=lanes):
-                            for bw, e, count in parts:
-                                g.op("mul_mat_moe_cm2", [bw, bx, bg, bp, by],
-                                     (-(-n_out // bm), lanes, count), wtype=wtype,
-                                     spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot),
-                                               F16DEC=f16dec),
-                                     n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
-                        vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
-                        v = {"kernel": "mul_mat_moe_cm2", "tile": [bm, bn, wg],
-                             "token_tiles": lanes}
-                        try:
-                            v["compile_s"] = _compile_s(kernels, "mul_mat_moe_cm2", wtype,
-                                                        dict(WG=wg, BM=bm, BN=bn,
-                                                             X_SLOT=int(per_slot)))
-                            us = _time_records(dev, kernels, on_cm2, repeats)
-                        except Exception as exc:   # a tile the driver refuses: said
-                            row["variants"].append(dict(v, error=f"{type(exc).__name__}: "
-                                                                 f"{exc}"))
-                            continue
-                        err = _rel_err(vk.download(dev, by).view(np.float32), want)
-                        if not err <= 2e-2:              # said, not timed
-                            row["variants"].append(dict(v, error=f"disagrees with "
-                                                                 f"mul_mat_id ({err:.1e})"))
-                            continue
-                        row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6,
-                                                    max_rel_err=err))
+                    def on_cm2(g, i=0, bm=bm, lanes=lanes, spec=spec):
+                        for bw, e, count in parts:
+                            g.op("mul_mat_moe_cm2", [bw, bx, bg, bp, by],
+                                 (-(-n_out // bm), lanes, count), wtype=wtype, spec=spec,
+                                 n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
+                    vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
+                    v = {"kernel": name, "tile": [bm, bn, wg], "token_tiles": lanes}
+                    try:
+                        v["compile_s"] = _compile_s(kernels, "mul_mat_moe_cm2", wtype, spec)
+                        us = _time_records(dev, kernels, on_cm2, repeats)
+                    except Exception as exc:   # a tile the driver refuses: said
+                        row["variants"].append(dict(v, error=f"{type(exc).__name__}: "
+                                                             f"{exc}"))
+                        continue
+                    err = _rel_err(vk.download(dev, by).view(np.float32), want)
+                    if not err <= 2e-2:              # said, not timed
+                        row["variants"].append(dict(v, error=f"disagrees with "
+                                                             f"mul_mat_id ({err:.1e})"))
+                        continue
+                    row["variants"].append(dict(v, us=us, tflops=flop / us / 1e6,
+                                                max_rel_err=err))
                 for v in row["variants"]:
                     _said(dict(row, tokens=n), v)
                 best = min((v for v in row["variants"] if "us" in v), key=lambda v: v["us"],
