@@ -69,9 +69,10 @@ class Tuning:
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
     cm2_f16dec: bool = False   # ... the K-quants decoded in f16 (scale products rounded to
                                # f16 first), not f32: $HOTSEAT_CM2_F16DEC=on, to time it
-    cm2_acc16: bool = False  # ... its tiles' sums in f16, as llama.cpp's on NVIDIA (half the
-                             # registers: room for wider tiles), not f32:
-                             # $HOTSEAT_CM2_ACC16=on, to time it
+    cm2_acc16: bool = True   # ... its tiles' sums in f16, as llama.cpp's on NVIDIA (half the
+                             # registers: room for wider tiles), not f32; on an H100 the
+                             # 8B's pp512 11030 t/s against 9375, Q4_K's 4096 x 14336 x 512
+                             # 196 TFLOP/s against 152; $HOTSEAT_CM2_ACC16=off for f32
     cm2_wide: bool = True   # ... tiles twice as wide (CM2_WIDE_TILE) for products whose rows
                             # fill the compute units with them (Tuning.cm2_tile_for)
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
@@ -117,6 +118,11 @@ class Tuning:
                                  # head's product (mul_mat_vecq's HNORM), not in rope_qkv's
                                  # pass: on an H100 Qwen3-8B decoded 2.5% slower with it and
                                  # Qwen3-30B-A3B 8%; $HOTSEAT_HEAD_NORM=on takes it
+    moe_cm2: bool = False        # ... through NVIDIA's workgroup-scope matrices where the
+                                 # paths take them (mul_mat_moe_cm2), not mul_mat_moe_cm's
+                                 # subgroup ones: on an H100 Qwen3-30B-A3B's gate product
+                                 # (Q4_K 2048 x 768, 256 tokens) took 350 us against 164;
+                                 # $HOTSEAT_MOE_CM2=on
     moe_cm: bool = False         # ... and on the matrix units where prefill takes them
                                  # (mul_mat_moe_cm): off until a GPU run has held it to
                                  # mul_mat_id and timed it; $HOTSEAT_MOE_CM=on turns it on
@@ -191,6 +197,7 @@ class Tuning:
         t.long_groups = count_setting("HOTSEAT_LONG_GROUPS", t.long_groups)
         t.tall_groups = count_setting("HOTSEAT_TALL_GROUPS", t.tall_groups)
         t.moe_cm = switch_setting("HOTSEAT_MOE_CM", t.moe_cm)
+        t.moe_cm2 = switch_setting("HOTSEAT_MOE_CM2", t.moe_cm2)
         t.cm_tile = cm_tile_setting(t.cm_tile, max_shared)   # to measure the matrix units'
         t.cm2_tile = tile_setting("HOTSEAT_CM2_TILE", t.cm2_tile, CM2_TILES)      # tiles
         t.cm2_x16 = switch_setting("HOTSEAT_CM2_X16", t.cm2_x16)
@@ -394,7 +401,8 @@ class Tuning:
             decode_attention=prefill_attn if self.ggml_numerics
             else "attn_decode" if self.matvec else "attn_split",
             prefill_attention=prefill_attn,
-            moe_prefill=("mul_mat_moe_cm2" if self.coopmat2 else "mul_mat_moe_cm")
+            moe_prefill=("mul_mat_moe_cm2" if self.coopmat2 and self.moe_cm2
+                         else "mul_mat_moe_cm")
             if self.moe_grouped and self.moe_cm and self.fast_prefill
             else "mul_mat_moe" if self.moe_grouped else "mul_mat_id",
             numerics="ggml" if self.ggml_numerics else "device",

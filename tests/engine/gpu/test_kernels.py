@@ -965,8 +965,8 @@ def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
 @pytest.mark.parametrize("cm2", [False, True])
 def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in, cm2):
     """Tuning.moe_cm: a model's routed prefill products (W in two parts, a row per token and
-    a row per slot) take mul_mat_moe_cm (with Tuning.coopmat2, mul_mat_moe_cm2 for the types
-    it decodes) and give numpy's on f16 inputs; rows that are no multiple of 64 keep
+    a row per slot) take mul_mat_moe_cm (with Tuning.coopmat2 and moe_cm2, mul_mat_moe_cm2
+    for the types it decodes) and give numpy's on f16 inputs; rows that are no multiple of 64 keep
     mul_mat_moe, exact in f32. Runs where prefill takes the matrix units (and for cm2, where
     the device has VK_NV_cooperative_matrix2)."""
     from dataclasses import replace
@@ -987,7 +987,7 @@ def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in, cm2):
     f16 = (lambda a: a.astype(np.float16).astype(np.float64)) if n_in % 64 == 0 \
         else (lambda a: a.astype(np.float64))
     for x16 in (False, True) if cm2 else (False,):      # cm2: x made f16 by to_f16 or not
-        t = replace(base, moe_cm=True, coopmat2=cm2, cm2_x16=x16)
+        t = replace(base, moe_cm=True, coopmat2=cm2, moe_cm2=cm2, cm2_x16=x16)
         assert t.paths(128).moe_prefill == ("mul_mat_moe_cm2" if cm2 else "mul_mat_moe_cm")
         for per_slot in (0, 1):
             x = rng.standard_normal((T, k, n_in) if per_slot else (T, n_in)).astype(np.float32)

@@ -256,8 +256,9 @@ def test_the_matrix_unit_tile_setting(monkeypatch):
 
 
 def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
-    """Tuning.coopmat2 takes prefill's products to mul_mat_cm2 (bench prints it), and the
-    grouped experts' to mul_mat_moe_cm2 where they take the matrix units, off by default
+    """Tuning.coopmat2 takes prefill's products to mul_mat_cm2 (bench prints it), its sums
+    in f16 unless HOTSEAT_CM2_ACC16=off, and the grouped experts' to mul_mat_moe_cm2 where
+    they take the matrix units and HOTSEAT_MOE_CM2 asks for it, off by default
     (prefill attention then takes flash_attn_cm2 unless HOTSEAT_CM2_ATTN=off);
     HOTSEAT_CM2_TILE sets its rows x tokens x lanes, and a tile it has no variant
     for is an error that names the setting."""
@@ -272,7 +273,9 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     assert t.paths(256).prefill_attention != "flash_attn_cm2"     # heads of 64 or 128 only
     t.moe_cm = False                          # the grouped experts follow HOTSEAT_MOE_CM
     assert t.paths(128).moe_prefill == "mul_mat_moe"
-    t.moe_cm = True
+    t.moe_cm = True                           # ... the subgroup-scope kernel, the faster
+    assert t.paths(128).moe_prefill == "mul_mat_moe_cm"
+    t.moe_cm2 = True                          # HOTSEAT_MOE_CM2=on
     assert t.paths(128).moe_prefill == "mul_mat_moe_cm2"
     t.ggml_numerics = True                   # llama.cpp's rounding asked for: no f16 tiles
     assert t.paths(128).prefill_matmul == "mul_mat"
@@ -281,6 +284,11 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
 
     monkeypatch.delenv("HOTSEAT_CM2_TILE", raising=False)
     assert tile() == (128, 128, 256)
+    monkeypatch.delenv("HOTSEAT_CM2_ACC16", raising=False)
+    assert Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True).cm2_acc16
+    monkeypatch.setenv("HOTSEAT_CM2_ACC16", "off")
+    assert not Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True).cm2_acc16
+    monkeypatch.delenv("HOTSEAT_CM2_ACC16")
     monkeypatch.setenv("HOTSEAT_CM2_TILE", "256x128x256")
     assert tile() == (256, 128, 256)
     monkeypatch.setenv("HOTSEAT_CM2_TILE", "128x256x512")
