@@ -641,11 +641,10 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                 "tflops": flop / us / 1e6,
                                                 "max_rel_err": err})
                 # workgroup-scope tiles, the sums in f32 and (mul_mat_moe_cm2f) in f16
+                on_units = t.fast_prefill and n_in % CM_K == 0 and cm2 and wtype in CM2_TYPES
                 cm2_names = [(name, acc16) for name, acc16 in (("mul_mat_moe_cm2", 0),
                                                                ("mul_mat_moe_cm2f", 1))
-                             if not variants or name in variants]
-                if not (t.fast_prefill and n_in % CM_K == 0 and cm2 and wtype in CM2_TYPES):
-                    cm2_names = []
+                             if on_units and (not variants or name in variants)]
                 for (name, acc16), (bm, bn, wg) in itertools.product(cm2_names, MOE_CM2_TILES):
                     lanes = moe_tile_groups(n, k, n_expert, bn)
                     spec = dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot), F16DEC=f16dec,
