@@ -242,7 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     kb.add_argument("--variants", metavar="K,K",
                     help="mul_mat_cm, mul_mat_moe: only these kernels beside the baseline "
                          "(mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2f: and "
-                         "f16 sums, mul_mat_cm2s: W staged by the lanes, mul_mat_cm2p: W "
+                         "f16 sums, mul_mat_cm2g: and Q8_0's or Q4_0's blocks eight at a "
+                         "time, mul_mat_cm2s: W staged by the lanes, mul_mat_cm2p: W "
                          "predecoded to f16, mul_mat_cm2pf: and f16 sums; mul_mat_moe, "
                          "mul_mat_moe_cm, mul_mat_moe_cm2)")
     kb.add_argument("--shapes", metavar="T:KxMxN,...",

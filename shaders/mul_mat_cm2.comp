@@ -32,10 +32,13 @@ layout(constant_id = 7) const uint ACC16 = 0;    // 1: the tile's sums in f16 (h
                                                  // widened to f32 at the end
 layout(constant_id = 8) const uint UNROLL = 4;   // steps along K an iteration where the
                                                  // type has no super-blocks
+layout(constant_id = 9) const uint GROUP = 0;    // Q8_0, Q4_0: 1 reads eight blocks as one
+                                                 // group of 256 (n_in a multiple of 256, W's
+                                                 // binding of 16 bytes), d in shared memory
 const uint BK = 64;
 
 layout(push_constant) uniform Push {
-    uint n_in;       // K, a multiple of BK (of 256 for the K-quants)
+    uint n_in;       // K, a multiple of BK (of 256 for the K-quants and GROUP)
     uint n_out;      // rows of W in this binding
     uint n_tokens;
     uint x_offset;   // in vec4 units (X16: in halves, a multiple of 8): first token row to read
@@ -61,6 +64,12 @@ layout(std430, binding = 2) buffer Y { float y[]; };
 // the edges and plain ones inside
 #if defined(TYPE_F16)
 #define LOAD_W(TW, k0) coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, row0, BM, k0, BK));
+#elif defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
+#define LOAD_W(TW, k0) \
+    if (GROUP != 0) \
+        coopMatLoadTensorNV(a, w8, 0, sliceTensorLayoutNV(TW, row0, BM, k0, BK), decode8); \
+    else \
+        coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, row0, BM, k0, BK), decode);
 #else
 #define LOAD_W(TW, k0) \
     coopMatLoadTensorNV(a, w, 0, sliceTensorLayoutNV(TW, row0, BM, k0, BK), decode);
@@ -77,30 +86,29 @@ layout(std430, binding = 2) buffer Y { float y[]; };
         acc16 = coopMatMulAdd(a, b, acc16); \
     else \
         acc = coopMatMulAdd(a, b, acc);
-// the K-quants a super-block at a time: its scales into shared memory first (Q4_K; Q6_K
-// with AHEAD), with AHEAD fetched during the super-block before
-#if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
-#define STEP(TW, TX, TX16) \
+// the K-quants a super-block at a time (and Q8_0, Q4_0 a group at a time): its scales into
+// shared memory first (Q4_K and the groups; Q6_K with AHEAD), with AHEAD fetched during the
+// super-block before
+#define STEP_SCALED(TW, TX, TX16) \
     if (AHEAD != 0) \
-        fetch_scales(row0, p.n_out, p.n_in, k_begin / QK); \
-    for (uint kb = k_begin / QK; kb < k_end / QK; kb++) { \
+        fetch_scales(row0, p.n_out, p.n_in, k_begin / QG); \
+    for (uint kb = k_begin / QG; kb < k_end / QG; kb++) { \
         if (AHEAD != 0) { \
             store_scales(row0); \
-            if (kb + 1 < k_end / QK) \
+            if (kb + 1 < k_end / QG) \
                 fetch_scales(row0, p.n_out, p.n_in, kb + 1); \
         } else if (QK_SHARED) { \
             fetch_scales(row0, p.n_out, p.n_in, kb); \
             store_scales(row0); \
         } \
-        [[unroll]] for (uint j = 0; j < QK / BK; j++) { \
-            PRODUCT(TW, TX, TX16, kb * QK + j * BK) \
+        [[unroll]] for (uint j = 0; j < QG / BK; j++) { \
+            PRODUCT(TW, TX, TX16, kb * QG + j * BK) \
         } \
     }
-#else
 // the other types UNROLL steps along K an iteration, so that a step's loads are issued
 // while the products before it run (a loop of one step a turn waits on each load), then
 // the steps left over
-#define STEP(TW, TX, TX16) \
+#define STEP_PLAIN(TW, TX, TX16) \
     uint k0 = k_begin; \
     for (; k0 + UNROLL * BK <= k_end; k0 += UNROLL * BK) { \
         [[unroll]] for (uint j = 0; j < UNROLL; j++) { \
@@ -110,6 +118,17 @@ layout(std430, binding = 2) buffer Y { float y[]; };
     for (; k0 < k_end; k0 += BK) { \
         PRODUCT(TW, TX, TX16, k0) \
     }
+#if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
+#define STEP(TW, TX, TX16) STEP_SCALED(TW, TX, TX16)
+#elif defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
+#define STEP(TW, TX, TX16) \
+    if (GROUP != 0) { \
+        STEP_SCALED(TW, TX, TX16) \
+    } else { \
+        STEP_PLAIN(TW, TX, TX16) \
+    }
+#else
+#define STEP(TW, TX, TX16) STEP_PLAIN(TW, TX, TX16)
 #endif
 
 void main() {
@@ -118,21 +137,26 @@ void main() {
     const uint k_end = p.k_split == 0 ? p.n_in : min(p.n_in, k_begin + p.k_split);
     const uint y_base = gl_WorkGroupID.z * p.y_slice;
 
-    // W: rows of n_in weights in blocks of QK (f16 rows, QK 1: plain, at a stride the
-    // compiler sees is a multiple of 8 halves, so that they load 16 bytes at a time; n_in
-    // is a multiple of 64); x: token rows of n_in, f32 four a block (or f16); each in a
-    // clamping form for the edge tiles and a plain one for the others
-    const uint w_stride = QK == 1 ? p.n_in & ~7u : p.n_in / QK;
+    // W: rows of n_in weights in blocks of QK, or groups of eight (f16 rows, QK 1: plain,
+    // at a stride the compiler sees is a multiple of 8 halves, so that they load 16 bytes at
+    // a time; n_in is a multiple of 64); x: token rows of n_in, f32 four a block (or f16);
+    // each in a clamping form for the edge tiles and a plain one for the others
+#if defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
+    const uint QW = GROUP != 0 ? QG : QK;          // the weights a decode call's block holds
+#else
+    const uint QW = QK;
+#endif
+    const uint w_stride = QW == 1 ? p.n_in & ~7u : p.n_in / QW;
     tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> twc =
         createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
 #if !defined(TYPE_F16)
-    twc = setTensorLayoutBlockSizeNV(twc, 1, QK);
+    twc = setTensorLayoutBlockSizeNV(twc, 1, QW);
 #endif
     twc = setTensorLayoutDimensionNV(twc, p.n_out, p.n_in);
     twc = setTensorLayoutStrideNV(twc, w_stride, 1);
     tensorLayoutNV<2> tw = createTensorLayoutNV(2);
 #if !defined(TYPE_F16)
-    tw = setTensorLayoutBlockSizeNV(tw, 1, QK);
+    tw = setTensorLayoutBlockSizeNV(tw, 1, QW);
 #endif
     tw = setTensorLayoutDimensionNV(tw, p.n_out, p.n_in);
     tw = setTensorLayoutStrideNV(tw, w_stride, 1);

@@ -20,6 +20,7 @@ SUPER_BLOCKS = K_QUANTS + ("IQ4_XS", "IQ3_XXS", "IQ3_S", "IQ2_XXS", "IQ2_XS", "I
                                             # (include/types.glsl's SUPER_BLOCK)
 MATVECQ_TYPES = ("Q4_K", "Q6_K", "Q4_0", "Q8_0", "MXFP4")   # mul_mat_vecq's readers
 CM2_TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K", "Q6_K")           # mul_mat_cm2's decoders
+CM2_GROUPS = ("Q8_0", "Q4_0")      # ... that read eight blocks as one group (its GROUP)
 # the quantized types dequant_f16 turns to f16 rows for the prefill products (BF16 and F32
 # keep their own path: f16 cannot hold their range)
 PREDECODE_TYPES = tuple(t for t in WEIGHT_TYPES if t not in ("F32", "F16", "BF16"))
@@ -111,7 +112,7 @@ KERNELS: dict[str, KernelSpec] = {
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("y_stride", U), ("k_split", U), ("y_slice", U)),
         (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3), ("X16", 4), ("AHEAD", 5), ("F16DEC", 6),
-         ("ACC16", 7), ("UNROLL", 8)),
+         ("ACC16", 7), ("UNROLL", 8), ("GROUP", 9)),
         typed=True, writes=(2,), coopmat2=True, types=CM2_TYPES),
     "mul_mat_cm2s": KernelSpec(
         "mul_mat_cm2s.comp", 3,

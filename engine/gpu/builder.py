@@ -20,7 +20,7 @@ from .paths import Paths, Tuning
 from .rope import Rope
 from .runstate import RunState, delta_scratch_floats
 from .tensors import Tensor, View
-from shaders.registry import CM2_TYPES, MATVECQ_TYPES, PREDECODE_TYPES
+from shaders.registry import CM2_GROUPS, CM2_TYPES, MATVECQ_TYPES, PREDECODE_TYPES
 
 # mul_mat_vecq's push constants that only PAIR, ROPE, OUT16 and EXPERTS read
 VECQ_PLAIN = dict(row2=0, head_dim=0, freq_base=0.0, freq_scale=0.0, kv_row=0, expert_base=0,
@@ -226,8 +226,14 @@ class Builder:
             y, spec = part, dict(spec, ACC=0)
         split = dict(k_split=k_split if slices > 1 else 0, y_slice=n * n_out) \
             if kernel == "mul_mat_cm2" else {}
+        # Q8_0 and Q4_0 in groups of eight blocks where the rows hold whole groups and the
+        # part's binding starts on 16 bytes (the group's alignment); the same bits either way
+        group = kernel == "mul_mat_cm2" and self.t.cm2_group and wtype in CM2_GROUPS \
+            and n_in % 256 == 0
         parts = self._predecoded(w) if predecode else w.bindings()
         for buf, first, count in parts:
+            if kernel == "mul_mat_cm2":
+                spec = dict(spec, GROUP=int(group and buf[1] % 16 == 0))
             self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), slices),
                       wtype=wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_offset, y_offset=first, y_stride=n_out, **split)

@@ -73,6 +73,9 @@ class Tuning:
                              # registers: room for wider tiles), not f32; on an H100 the
                              # 8B's pp512 11030 t/s against 9375, Q4_K's 4096 x 14336 x 512
                              # 196 TFLOP/s against 152; $HOTSEAT_CM2_ACC16=off for f32
+    cm2_group: bool = True  # ... Q8_0 and Q4_0 read eight blocks as one group of 256 weights,
+                            # their scales through shared memory as the K-quants' (rows of
+                            # 256k weights); $HOTSEAT_CM2_GROUP=off for a block at a time
     cm2_wide: bool = True   # ... tiles twice as wide (CM2_WIDE_TILE) for products whose rows
                             # fill the compute units with them (Tuning.cm2_tile_for)
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
@@ -204,6 +207,7 @@ class Tuning:
         t.cm2_ahead = switch_setting("HOTSEAT_CM2_AHEAD", t.cm2_ahead)
         t.cm2_f16dec = switch_setting("HOTSEAT_CM2_F16DEC", t.cm2_f16dec)
         t.cm2_acc16 = switch_setting("HOTSEAT_CM2_ACC16", t.cm2_acc16)
+        t.cm2_group = switch_setting("HOTSEAT_CM2_GROUP", t.cm2_group)
         t.cm2_split = switch_setting("HOTSEAT_CM2_SPLIT", t.cm2_split)
         t.cm2_wide = switch_setting("HOTSEAT_CM2_WIDE", t.cm2_wide)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)

@@ -29,7 +29,7 @@ import time
 import numpy as np
 
 from ..gpu import vk
-from shaders.registry import CM2_TYPES, PREDECODE_TYPES
+from shaders.registry import CM2_GROUPS, CM2_TYPES, PREDECODE_TYPES
 
 # (d_conv, tokens, n_embd): decode and a prefill chunk at LFM2-350M and -1.2B widths, and a
 # long prefill
@@ -333,7 +333,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
     """The cooperative-matrix prefill products, tile by tile, against the register-tiled
     mul_mat; outputs checked against mul_mat first (f16 inputs: 1e-2 relative). types and
     variants (mul_mat_cm, mul_mat_cm2, mul_mat_cm2h: x as f16, mul_mat_cm2f: x as f16 and
-    the sums in f16, mul_mat_cm2s: W staged by the lanes, mul_mat_cm2p: W predecoded to f16
+    the sums in f16, mul_mat_cm2g: ... and Q8_0's or Q4_0's blocks eight at a time,
+    mul_mat_cm2s: W staged by the lanes, mul_mat_cm2p: W predecoded to f16
     rows by dequant_f16, then the f16 product, mul_mat_cm2pf: the same with f16 sums)
     narrow the sweep; shapes and cm2_tiles replace its products and its
     workgroup-scope tiles."""
@@ -413,6 +414,13 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                                               AHEAD=aheads[-1], F16DEC=f16dec, ACC16=1),
                           bh, whole)
                          for bm, bn, wg in cm2_tiles if cm2 and wtype in CM2_TYPES]
+            # ... and Q8_0's and Q4_0's blocks eight at a time (Tuning.cm2_group), their
+            # scales fetched at each group or a group ahead
+            cm2_runs += [({"kernel": "mul_mat_cm2g", "tile": [bm, bn, wg], "ahead": ahead},
+                          "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=ahead,
+                                              F16DEC=f16dec, ACC16=1, GROUP=1), bh, whole)
+                         for bm, bn, wg in cm2_tiles for ahead in (0, 1)
+                         if cm2 and wtype in CM2_GROUPS and n_in % 256 == 0]
             # ... and the types without super-blocks eight steps along K an iteration, not 4
             cm2_runs += [({"kernel": "mul_mat_cm2h", "tile": [bm, bn, wg], "unroll": 8},
                           "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=0,

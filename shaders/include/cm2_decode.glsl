@@ -5,13 +5,16 @@
 // super-block's for every row of the tile into registers, store_scales() puts them into
 // shared memory (Q4_K's (scale, min) pairs, Q6_K's d * scale), and decode reads them there.
 // Q4_K always so; Q6_K where AHEAD is 1 (else decode reads its scale from the block). With
-// AHEAD the products fetch the next super-block's while this one's run.
+// AHEAD the products fetch the next super-block's while this one's run. Q8_0 and Q4_0 with
+// GROUP the same way: eight blocks as one group of QG weights (decode8), their d in shared
+// memory.
 // Small whole numbers become floats by their bits, not by a conversion instruction (a
 // quarter of the rate, or less, of the adds on NVIDIA's shader cores): 0x6400 | n is the
 // f16 1024 + n, 0x4B000000 | n the f32 2^23 + n, and subtracting the offset is exact.
 // F16DEC 1: the K-quants' scale products rounded to f16 and the weight worked out in f16
 // (no conversion of the result; llama.cpp's Q6_K decoder rounds so), else in f32.
-// Needs BM (rows of a tile), AHEAD and F16DEC declared before.
+// Needs BM (rows of a tile), AHEAD and F16DEC declared before. QG: the weights a step of
+// fetch_scales covers (a super-block, or a group).
 float16_t small_f16(const in uint n) {             // n < 1024, as f16, offset 1024 kept
     return uint16BitsToFloat16(uint16_t(0x6400u | n));
 }
@@ -21,30 +24,44 @@ float small_f32(const in uint n) {                 // n < 2^23, as f32, offset 2
 #if defined(TYPE_F16)
 const uint QK = 1;
 layout(std430, binding = 0) readonly buffer W { float16_t w[]; };
-#elif defined(TYPE_Q8_0)
+#elif defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
+// blocks of 32 weights and their f16 scale d; with GROUP, eight blocks at a time as one
+// 256-weight group (rows of 256k weights: a group is 272 or 144 bytes, a multiple of 16),
+// whose eight d go through shared memory as the K-quants' scales do (fetch_scales)
 const uint QK = 32;
+#if defined(TYPE_Q8_0)
 struct Block { float16_t d; uint16_t qs[16]; };                       // 34 bytes
-layout(std430, binding = 0) readonly buffer W { Block w[]; };
-layout(buffer_reference, std430, buffer_reference_align = 2) buffer Dec { Block b; };
-float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
-    // the byte with its sign bit flipped is q + 128
-    const uint i = coordInBlock[1];
-    const uint u = ((uint(bl.b.qs[i >> 1]) >> (8 * (i & 1))) & 255u) ^ 128u;
-    return (small_f16(u) - float16_t(1024.0 + 128.0)) * bl.b.d;
-}
-#elif defined(TYPE_Q4_0)
-const uint QK = 32;
+// the byte with its sign bit flipped is q + 128
+#define QUANT(blk, i) (((uint((blk).qs[(i) >> 1]) >> (8 * ((i) & 1u))) & 255u) ^ 128u)
+const float16_t QOFF = float16_t(1024.0 + 128.0);
+const uint BLOCK_HALVES = 17;
+#else
 struct Block { float16_t d; uint16_t qs[8]; };                        // 18 bytes
+// byte j holds weight j (low nibble) and j + 16 (high)
+#define QUANT(blk, i) \
+    ((uint((blk).qs[((i) & 15u) >> 1]) >> (8 * ((i) & 1u) + ((i) >> 4) * 4)) & 15u)
+const float16_t QOFF = float16_t(1024.0 + 8.0);
+const uint BLOCK_HALVES = 9;
+#endif
+const uint QG = 8 * QK;           // a group's weights
+const bool QK_SHARED = true;       // GROUP: the d through shared memory even without AHEAD
+struct Group { Block b[8]; };
 layout(std430, binding = 0) readonly buffer W { Block w[]; };
+layout(std430, binding = 0) readonly buffer W8 { Group w8[]; };
+layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
 layout(buffer_reference, std430, buffer_reference_align = 2) buffer Dec { Block b; };
+layout(buffer_reference, std430, buffer_reference_align = 16) buffer Dec8 { Group g; };
+shared float16_t dq[8 * BM];       // GROUP: d of block s of row r's group at [s * BM + r % BM]
 float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
-    // byte j holds weight j (low nibble) and j + 16 (high)
-    const uint i = coordInBlock[1], j = i & 15u;
-    const uint q = (uint(bl.b.qs[j >> 1]) >> (8 * (j & 1) + (i >> 4) * 4)) & 15u;
-    return (small_f16(q) - float16_t(1024.0 + 8.0)) * bl.b.d;
+    const uint i = coordInBlock[1];
+    return (small_f16(QUANT(bl.b, i)) - QOFF) * bl.b.d;
+}
+float16_t decode8(const in Dec8 bl, const in uint blockCoords[2], const in uint coordInBlock[2]) {
+    const uint i = coordInBlock[1], s = i >> 5;
+    return (small_f16(QUANT(bl.g.b[s], i & 31u)) - QOFF) * dq[s * BM + blockCoords[0] % BM];
 }
 #elif defined(TYPE_Q4_K)
-const uint QK = 256;
+const uint QK = 256, QG = QK;
 const bool QK_SHARED = true;       // scales through shared memory even without AHEAD
 struct Block { f16vec2 dm; uint scales[3]; uint qs[32]; };           // 144 bytes
 layout(std430, binding = 0) readonly buffer W { Block w[]; };
@@ -66,7 +83,7 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
 }
 #include "kscale.glsl"
 #elif defined(TYPE_Q6_K)
-const uint QK = 256;
+const uint QK = 256, QG = QK;
 const bool QK_SHARED = false;
 struct Block { uint16_t ql[64]; uint16_t qh[32]; uint16_t scales[8]; float16_t d; };  // 210
 layout(std430, binding = 0) readonly buffer W { Block w[]; };
@@ -152,6 +169,40 @@ void store_scales(uint base) {
                     dsc[(s + 8 * (e & 1)) * BM + r] = scale_d[j] * float(sc);
             }
 #endif
+        }
+    }
+    barrier();
+}
+#endif
+
+#if defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
+// GROUP: a group's eight d for rows base .. base + BM - 1 (rows past limit read the last
+// one): two lanes a row, four d each; a lane holds at most four (row, half) pairs
+uvec2 scale_words[4];
+void fetch_scales(uint base, uint limit, uint n_in, uint kb) {
+    const uint ng = n_in / QG;
+    [[unroll]] for (uint j = 0; j < 4; j++) {
+        const uint e = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
+        if (e < 2 * BM) {
+            const uint group = min(base + (e >> 1), limit - 1) * ng + kb;
+            const uint h = (group * 8 + 4 * (e & 1)) * BLOCK_HALVES;
+            scale_words[j] = uvec2(uint(w16[h]) | uint(w16[h + BLOCK_HALVES]) << 16,
+                                   uint(w16[h + 2 * BLOCK_HALVES]) |
+                                   uint(w16[h + 3 * BLOCK_HALVES]) << 16);
+        }
+    }
+}
+// ... and into shared memory, once the last group's loads are done
+void store_scales(uint base) {
+    barrier();
+    [[unroll]] for (uint j = 0; j < 4; j++) {
+        const uint e = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
+        if (e < 2 * BM) {
+            const uint r = (base + (e >> 1)) % BM;
+            [[unroll]] for (uint s = 0; s < 4; s++) {
+                dq[(s + 4 * (e & 1)) * BM + r] =
+                    uint16BitsToFloat16(uint16_t(scale_words[j][s >> 1] >> (16 * (s & 1))));
+            }
         }
     }
     barrier();

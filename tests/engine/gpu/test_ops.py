@@ -211,6 +211,7 @@ def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
                                                   ("HOTSEAT_CM2_STAGED", "cm2_staged", False),
                                                   ("HOTSEAT_CM2_SPLIT", "cm2_split", True),
                                                   ("HOTSEAT_CM2_WIDE", "cm2_wide", True),
+                                                  ("HOTSEAT_CM2_GROUP", "cm2_group", True),
                                                   ("HOTSEAT_CM2_F16DEC", "cm2_f16dec", False)])
 def test_the_fusion_switches(monkeypatch, name, field, default):
     """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
@@ -219,9 +220,10 @@ def test_the_fusion_switches(monkeypatch, name, field, default):
     HOTSEAT_CM2_X16=off, and fetches the K-quants' scales a super-block ahead unless
     HOTSEAT_CM2_AHEAD=off; prefill attention takes flash_attn_cm2 unless HOTSEAT_CM2_ATTN=off,
     and every type's product mul_mat_cm2s where HOTSEAT_CM2_STAGED=on; mul_mat_cm2 splits K
-    unless HOTSEAT_CM2_SPLIT=off and takes wide tiles unless HOTSEAT_CM2_WIDE=off, and
-    decodes the K-quants in f16 where HOTSEAT_CM2_F16DEC=on; a value other than on or off
-    names the setting."""
+    unless HOTSEAT_CM2_SPLIT=off and takes wide tiles unless HOTSEAT_CM2_WIDE=off, reads
+    Q8_0's and Q4_0's blocks eight at a time unless HOTSEAT_CM2_GROUP=off, and decodes the
+    K-quants in f16 where HOTSEAT_CM2_F16DEC=on; a value other than on or off names the
+    setting."""
     def value() -> bool:
         return getattr(Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32,
                                        max_shared=49152), field)
