@@ -126,9 +126,10 @@ class Tuning:
                                  # subgroup ones: on an H100 Qwen3-30B-A3B's gate product
                                  # (Q4_K 2048 x 768, 256 tokens) took 350 us against 164;
                                  # $HOTSEAT_MOE_CM2=on
-    moe_cm: bool = False         # ... and on the matrix units where prefill takes them
-                                 # (mul_mat_moe_cm): off until a GPU run has held it to
-                                 # mul_mat_id and timed it; $HOTSEAT_MOE_CM=on turns it on
+    moe_cm: bool = True          # ... and on the matrix units where prefill takes them
+                                 # (mul_mat_moe_cm): on an H100 Qwen3-30B-A3B's pp512 5611
+                                 # t/s against 1930 on mul_mat_moe; $HOTSEAT_MOE_CM=off for
+                                 # the shader cores
     delta_chunk: int = 0         # gated delta rule: tokens per chunk of its prefill path
                                  # (delta_chunk_prep + delta_chunk, at most 64); 0: token
                                  # by token (delta_net), as decode. Token by token is

@@ -184,14 +184,14 @@ def test_loop_bounded_drivers_get_walks_within_the_bound(n_in):
         assert -(-n // t.reduce_wg(n)) <= t.loop_ticks // 2
 
 
-def test_grouped_experts_take_the_matrix_units_when_asked(monkeypatch):
-    """Prefill's expert products stay on mul_mat_moe unless HOTSEAT_MOE_CM=on asks for
-    mul_mat_moe_cm, which only a device with prefill on the matrix units takes; a value other
-    than on or off is an error that names the setting."""
-    monkeypatch.delenv("HOTSEAT_MOE_CM", raising=False)
+def test_grouped_experts_take_the_matrix_units(monkeypatch):
+    """Prefill's expert products take mul_mat_moe_cm where prefill is on the matrix units,
+    mul_mat_moe where HOTSEAT_MOE_CM=off or there are none; a value other than on or off is
+    an error that names the setting."""
+    monkeypatch.setenv("HOTSEAT_MOE_CM", "off")
     assert Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True) \
         .paths(128).moe_prefill == "mul_mat_moe"
-    monkeypatch.setenv("HOTSEAT_MOE_CM", "on")
+    monkeypatch.delenv("HOTSEAT_MOE_CM")
     t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
     assert t.moe_cm and t.paths(128).moe_prefill == "mul_mat_moe_cm"
     assert Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32) \
