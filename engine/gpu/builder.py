@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from . import vk
 from .graph import Graph
-from .kernels import ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_K, MATVEC_ACT, MATVEC_CHUNK
+from .kernels import (ACT_BLOCK, ACT_FORMAT, ACT_INLINE, CM_K, MATVEC_ACT, MATVEC_CHUNK,
+                      SPLIT_SUM_WG)
 from .paths import Paths, Tuning
 from .rope import Rope
 from .runstate import RunState, delta_scratch_floats
@@ -238,7 +239,7 @@ class Builder:
                       wtype=wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_offset, y_offset=first, y_stride=n_out, **split)
         if slices > 1:
-            self.g.op("split_sum", [part, out], _groups_1d(n * n_out),
+            self.g.op("split_sum", [part, out], _groups_1d(n * n_out, SPLIT_SUM_WG),
                       spec=dict(ACC=int(accumulate)), n=n * n_out, slices=slices)
             y = out
         self._wrote(y)

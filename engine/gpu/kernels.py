@@ -27,6 +27,7 @@ MATVEC_ACT = {"Q4_0": 1, "Q5_0": 1, "Q8_0": 1, "IQ4_NL": 1, "MXFP4": 1, "Q4_1": 
               "IQ3_S": 3, "IQ2_XXS": 3, "IQ2_XS": 3, "IQ2_S": 3, "F16": 4, "BF16": 5, "F32": 0}
 MATVEC_CHUNK = {t: 64 if t in SUPER_BLOCKS else 32 for t in MATVEC_ACT}
 CM_K = 64                   # mul_mat_cm.comp's BK: its K must be a multiple
+SPLIT_SUM_WG = 256          # split_sum.comp's floats a workgroup (64 lanes of four)
 
 
 def compiled(kernel: str) -> bool:

@@ -339,6 +339,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
     narrow the sweep; shapes and cm2_tiles replace its products and its
     workgroup-scope tiles."""
     from ..gpu.builder import _groups_1d
+    from ..gpu.kernels import SPLIT_SUM_WG
     from ..gpu.paths import Tuning, cm2s_shared_bytes, cm_shared_bytes
 
     if not dev.coopmat:
@@ -475,7 +476,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                          spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
                          y_offset=0, y_stride=n_out, **push)
                     if slices > 1:
-                        g.op("split_sum", [bp, by], _groups_1d(n * n_out), spec=dict(ACC=0),
+                        g.op("split_sum", [bp, by], _groups_1d(n * n_out, SPLIT_SUM_WG), spec=dict(ACC=0),
                              n=n * n_out, slices=slices)
                 timed(v, cm2_op, (kernel, wtype, spec))
             # ... and W predecoded: dequant_f16 turns it to f16 rows, which the f16 product

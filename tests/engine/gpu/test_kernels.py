@@ -418,16 +418,20 @@ def test_f16_decoders_model(wtype):
 
 
 @pytest.mark.parametrize("acc", [0, 1])
-def test_split_sum_adds_the_slices_in_order(dev, kc, acc):
+@pytest.mark.parametrize("n", [4096 * 37 + 77, 4096 * 37 + 16])
+def test_split_sum_adds_the_slices_in_order(dev, kc, acc, n):
     """split_sum: y (+)= the slices of a split product, summed in slice order (the same bits
-    as numpy's float32 left-to-right sum), past one dispatch row of workgroups."""
+    as numpy's float32 left-to-right sum), four floats a lane (as vec4s where n is a
+    multiple of 4), its workgroups in rows of 37."""
+    from engine.gpu.kernels import SPLIT_SUM_WG
+
     rng = np.random.default_rng(33)
-    n, slices = 65536 * 64 + 77, 3
+    slices = 3
     part = rng.standard_normal((slices, n)).astype(np.float32)
     y0 = rng.standard_normal(n + 5).astype(np.float32)
     bp, by = buf(dev, part), buf(dev, y0)
-    groups = -(-n // 64)
-    run_once(dev, kc, "split_sum", [bp, by], (min(groups, 65535), -(-groups // 65535), 1),
+    groups = -(-n // SPLIT_SUM_WG)
+    run_once(dev, kc, "split_sum", [bp, by], (37, -(-groups // 37), 1),
              spec=dict(ACC=acc), n=n, slices=slices)
     want = part[0] + part[1] + part[2]
     if acc:
@@ -464,7 +468,7 @@ def test_mul_mat_cm2_split_k(dev, kc, wtype, x16):
                  wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=1),
                  n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, y_stride=n_out,
                  k_split=k_split, y_slice=n * n_out)
-        groups = -(-n * n_out // 64)
+        groups = -(-n * n_out // 256)
         run_once(dev, kc, "split_sum", [bp, by], (groups, 1, 1), spec=dict(ACC=acc),
                  n=n * n_out, slices=slices)
         want = acc * y0.astype(np.float64) + f16(x) @ f16(w).T
