@@ -19,7 +19,8 @@
 #extension GL_KHR_shader_subgroup_shuffle : require
 
 layout(local_size_x = 128) in;
-layout(constant_id = 0) const uint HD = 64;         // head dim: 64 or 128
+layout(constant_id = 0) const uint HD = 64;         // head dim: 64, 128 or 256 (47 KiB of
+                                                    // shared memory: fa_cm_shared_bytes)
 layout(constant_id = 1) const uint SINKS = 0;
 layout(constant_id = 2) const uint SEQS = 0;
 

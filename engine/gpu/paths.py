@@ -393,6 +393,8 @@ class Tuning:
         """The kernels a model with heads of head_dim takes on this device."""
         prefill_attn = ("flash_attn_cm2" if self.coopmat2 and self.cm2_attn
                         else "flash_attn_cm") if self.fast_prefill and head_dim in (64, 128) \
+            else "flash_attn_cm" if self.fast_prefill and head_dim == 256 \
+            and fa_cm_shared_bytes(head_dim) <= self.max_shared \
             else "flash_attn" if self.use_flash_attn(head_dim, 2) else "attention"
         return Paths(
             head_dim=head_dim,
@@ -488,6 +490,12 @@ def cm2s_shared_bytes(bm: int, bn: int) -> int:
     """mul_mat_cm2s's shared memory at a tile: its W and x tiles as f16 rows of 64 + 8
     padding."""
     return 2 * 72 * (bm + bn)
+
+
+def fa_cm_shared_bytes(head_dim: int) -> int:
+    """flash_attn_cm's shared memory for heads of head_dim: a block of 32 keys' K and V rows
+    (padded by 8 halves), and per subgroup S or P.V in f32 and P in f16."""
+    return 2 * 32 * (head_dim + 8) * 2 + 4 * 16 * 32 * 4 + 4 * 16 * (32 + 8) * 2
 
 
 def cm_shared_bytes(bm: int, bn: int) -> int:

@@ -1341,14 +1341,20 @@ def test_attention(dev, kc, hd, window):
     assert nmse(read(dev, bo).reshape(q.shape), want) < 1e-10
 
 
-@pytest.mark.parametrize("hd", [64, 128])
+@pytest.mark.parametrize("hd", [64, 128, 256])
 @pytest.mark.parametrize("n_tok,pos0,window", [(70, 0, 0), (100, 37, 0), (130, 20, 48),
                                                (5, 90, 0)])
 def test_flash_attention_on_matrix_units(dev, kc, hd, n_tok, pos0, window):
     """flash_attn_cm against the float64 reference on the same f16 K and V, with q rounded to
-    f16 as the kernel takes it; P goes through f16 too, hence 1e-5 rather than 1e-10."""
+    f16 as the kernel takes it; P goes through f16 too, hence 1e-5 rather than 1e-10. Heads
+    of 256 where the device's shared memory holds their K and V blocks."""
+    from engine.gpu.paths import fa_cm_shared_bytes
+
     if not dev.coopmat:
         pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
+    if fa_cm_shared_bytes(hd) > dev.max_shared:
+        pytest.skip(f"{dev.name}: {dev.max_shared} bytes of shared memory, heads of {hd} "
+                    f"take {fa_cm_shared_bytes(hd)}")
     rng = np.random.default_rng(24)
     n_ctx, n_head, n_kv = pos0 + n_tok + 3, 8, 2
     k = rng.standard_normal((n_ctx, n_kv, hd)).astype(np.float16)

@@ -261,7 +261,8 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     """Tuning.coopmat2 takes prefill's products to mul_mat_cm2 (bench prints it), its sums
     in f16 unless HOTSEAT_CM2_ACC16=off, and the grouped experts' to mul_mat_moe_cm2 where
     they take the matrix units and HOTSEAT_MOE_CM2 asks for it, off by default
-    (prefill attention then takes flash_attn_cm2 unless HOTSEAT_CM2_ATTN=off);
+    (prefill attention then takes flash_attn_cm2 unless HOTSEAT_CM2_ATTN=off, for heads of 64
+    or 128; heads of 256 take flash_attn_cm where its blocks fit shared memory);
     HOTSEAT_CM2_TILE sets its rows x tokens x lanes, and a tile it has no variant
     for is an error that names the setting."""
     t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
@@ -273,6 +274,10 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     assert t.paths(128).prefill_attention == "flash_attn_cm"
     t.cm2_attn = True
     assert t.paths(256).prefill_attention != "flash_attn_cm2"     # heads of 64 or 128 only
+    t.max_shared = 49152                      # ... those of 256 take KHR's, where they fit
+    assert t.paths(256).prefill_attention == "flash_attn_cm"
+    t.max_shared = 32768
+    assert t.paths(256).prefill_attention not in ("flash_attn_cm", "flash_attn_cm2")
     t.moe_cm = False                          # the grouped experts follow HOTSEAT_MOE_CM
     assert t.paths(128).moe_prefill == "mul_mat_moe"
     t.moe_cm = True                           # ... the subgroup-scope kernel, the faster
