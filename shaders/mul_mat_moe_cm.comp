@@ -20,6 +20,10 @@ layout(local_size_x = 128) in;
 layout(constant_id = 0) const uint BM = 64;      // weight rows per workgroup: 64 or 128
 layout(constant_id = 1) const uint BN = 32;      // slots per tile: 32 or 64
 layout(constant_id = 2) const uint X_SLOT = 0;
+layout(constant_id = 3) const uint PREFETCH = 1;  // 1: the next step's W and x loaded into
+                                                  // registers while this step multiplies;
+                                                  // 0: loaded after the step's barrier
+                                                  // (fewer registers a lane)
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
@@ -106,12 +110,13 @@ void main() {
         ACCUM acc[MF][NF];
         [[unroll]] for (uint i = 0; i < MF; i++)
             [[unroll]] for (uint j = 0; j < NF; j++) acc[i][j] = ACCUM(0.0);
-        fetch(0, w0, row0, live, nc);
+        if (PREFETCH != 0) fetch(0, w0, row0, live, nc);
         for (uint k0 = 0; k0 < p.n_in; k0 += BK) {
             barrier();                                     // the last step's reads are done
+            if (PREFETCH == 0) fetch(k0, w0, row0, live, nc);
             stash();
             barrier();
-            if (k0 + BK < p.n_in) fetch(k0 + BK, w0, row0, live, nc);
+            if (PREFETCH != 0 && k0 + BK < p.n_in) fetch(k0 + BK, w0, row0, live, nc);
             [[unroll]] for (uint kk = 0; kk < BK4; kk += 4) {   // 16 k at a time
                 coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[MF];
                 coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;

@@ -628,27 +628,31 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                 "token_tiles": lanes,
                                                 "us": us, "tflops": flop / us / 1e6,
                                                 "max_rel_err": err})
-                if t.fast_prefill and n_in % CM_K == 0 and (not variants
-                                                             or "mul_mat_moe_cm" in variants):
-                    for bm, bn in MOE_CM_TILES:
-                        lanes = moe_tile_groups(n, k, n_expert, bn)
+                # (mul_mat_moe_cmn: the next step's loads not ahead in registers)
+                cm_names = [(name, ahead) for name, ahead in (("mul_mat_moe_cm", 1),
+                                                              ("mul_mat_moe_cmn", 0))
+                            if not variants or name in variants]
+                for (name, ahead), (bm, bn) in itertools.product(
+                        cm_names if t.fast_prefill and n_in % CM_K == 0 else (), MOE_CM_TILES):
+                    lanes = moe_tile_groups(n, k, n_expert, bn)
 
-                        def on_cm(g, i=0, bm=bm, bn=bn, lanes=lanes):
-                            for bw, e, count in parts:
-                                g.op("mul_mat_moe_cm", [bw, bx, bg, bp, by],
-                                     (-(-n_out // bm), lanes, count), wtype=wtype,
-                                     spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot)),
-                                     n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
-                        vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
-                        us = _time_records(dev, kernels, on_cm, repeats)
-                        err = _rel_err(vk.download(dev, by).view(np.float32), want)
-                        if not err <= 2e-2:              # f16 inputs
-                            raise RuntimeError(f"mul_mat_moe_cm {wtype} {n_in}x{n_out} "
-                                               f"{bm}x{bn} disagrees with mul_mat_id")
-                        row["variants"].append({"kernel": "mul_mat_moe_cm", "tile": [bm, bn],
-                                                "token_tiles": lanes, "us": us,
-                                                "tflops": flop / us / 1e6,
-                                                "max_rel_err": err})
+                    def on_cm(g, i=0, bm=bm, bn=bn, lanes=lanes, ahead=ahead):
+                        for bw, e, count in parts:
+                            g.op("mul_mat_moe_cm", [bw, bx, bg, bp, by],
+                                 (-(-n_out // bm), lanes, count), wtype=wtype,
+                                 spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot),
+                                           PREFETCH=ahead),
+                                 n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
+                    vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
+                    us = _time_records(dev, kernels, on_cm, repeats)
+                    err = _rel_err(vk.download(dev, by).view(np.float32), want)
+                    if not err <= 2e-2:              # f16 inputs
+                        raise RuntimeError(f"{name} {wtype} {n_in}x{n_out} "
+                                           f"{bm}x{bn} disagrees with mul_mat_id")
+                    row["variants"].append({"kernel": name, "tile": [bm, bn],
+                                            "token_tiles": lanes, "us": us,
+                                            "tflops": flop / us / 1e6,
+                                            "max_rel_err": err})
                 # workgroup-scope tiles, the sums in f32 and (mul_mat_moe_cm2f) in f16
                 on_units = t.fast_prefill and n_in % CM_K == 0 and cm2 and wtype in CM2_TYPES
                 cm2_names = [(name, acc16) for name, acc16 in (("mul_mat_moe_cm2", 0),

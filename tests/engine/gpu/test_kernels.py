@@ -880,14 +880,16 @@ def grouped_case(dev, kc, wtype, per_slot, n_out, seed, x16=False):
     return parts, bx, bg, bp, want, (T, k, n_out, n_in)
 
 
-@pytest.mark.parametrize("wtype", WEIGHT_TYPES)
+@pytest.mark.parametrize("wtype,prefetch", [(t, 1) for t in WEIGHT_TYPES]
+                         + [("Q4_K", 0), ("Q4_0", 0)])
 @pytest.mark.parametrize("per_slot", [0, 1])
 @pytest.mark.parametrize("tile", [(64, 32), (128, 64)])
-def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
+def test_mul_mat_moe_cm(dev, kc, wtype, prefetch, per_slot, tile):
     """Each expert's slots as one product on the matrix units, against numpy on f16 inputs:
     W in two parts, an expert that gets no token, one that every token takes (more slot
-    tiles than the dispatch has: it loops), partial tiles of rows and of slots. Runs where
-    the device has matrix units."""
+    tiles than the dispatch has: it loops), partial tiles of rows and of slots; the next
+    step's loads ahead in registers or not (PREFETCH). Runs where the device has matrix
+    units."""
     if not dev.coopmat:
         pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
     bm, bn = tile
@@ -897,8 +899,8 @@ def test_mul_mat_moe_cm(dev, kc, wtype, per_slot, tile):
         for bw, first, count in parts:
             run_once(dev, kc, "mul_mat_moe_cm", [bw, bx, bg, bp, by],
                      (-(-n_out // bm), tiles, count), wtype=wtype,
-                     spec=dict(BM=bm, BN=bn, X_SLOT=per_slot), n_in=n_in, n_out=n_out,
-                     n_used=k, expert_base=first)
+                     spec=dict(BM=bm, BN=bn, X_SLOT=per_slot, PREFETCH=prefetch),
+                     n_in=n_in, n_out=n_out, n_used=k, expert_base=first)
         assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-9, tiles
 
 
