@@ -83,6 +83,10 @@ class Tuning:
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
                             # fill the GPU (Tuning.cm2_k_split)
     cm2_attn: bool = True   # prefill attention on them too (flash_attn_cm2)
+    cm_attn_256: bool = False  # prefill attention with heads of 256 on KHR's matrix units
+                               # (flash_attn_cm, where its blocks fit shared memory), not the
+                               # shader cores': off until a GPU run has held it to them;
+                               # $HOTSEAT_CM_ATTN_256=on
     fa_cm2_tile: tuple[int, int, int] = (128, 64, 256)  # its query rows x keys a block x
                                                          # lanes
     cm2_staged: bool = False  # ... W dequantized by the lanes into shared memory, every type
@@ -214,6 +218,7 @@ class Tuning:
         t.cm2_split = switch_setting("HOTSEAT_CM2_SPLIT", t.cm2_split)
         t.cm2_wide = switch_setting("HOTSEAT_CM2_WIDE", t.cm2_wide)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
+        t.cm_attn_256 = switch_setting("HOTSEAT_CM_ATTN_256", t.cm_attn_256)
         t.fa_cm2_tile = tile_setting("HOTSEAT_FA_CM2_TILE", t.fa_cm2_tile, FA_CM2_TILES)
         t.cm2_staged = switch_setting("HOTSEAT_CM2_STAGED", t.cm2_staged)
         t.predecode = switch_setting("HOTSEAT_PREDECODE", t.predecode)
@@ -395,7 +400,7 @@ class Tuning:
         """The kernels a model with heads of head_dim takes on this device."""
         prefill_attn = ("flash_attn_cm2" if self.coopmat2 and self.cm2_attn
                         else "flash_attn_cm") if self.fast_prefill and head_dim in (64, 128) \
-            else "flash_attn_cm" if self.fast_prefill and head_dim == 256 \
+            else "flash_attn_cm" if self.fast_prefill and head_dim == 256 and self.cm_attn_256 \
             and fa_cm_shared_bytes(head_dim) <= self.max_shared \
             else "flash_attn" if self.use_flash_attn(head_dim, 2) else "attention"
         return Paths(
