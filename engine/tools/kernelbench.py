@@ -628,9 +628,9 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                 "token_tiles": lanes,
                                                 "us": us, "tflops": flop / us / 1e6,
                                                 "max_rel_err": err})
-                # (mul_mat_moe_cmn: the next step's loads not ahead in registers)
-                cm_names = [(name, ahead) for name, ahead in (("mul_mat_moe_cm", 1),
-                                                              ("mul_mat_moe_cmn", 0))
+                # (mul_mat_moe_cmp: the next step's loads ahead in registers)
+                cm_names = [(name, ahead) for name, ahead in (("mul_mat_moe_cm", 0),
+                                                              ("mul_mat_moe_cmp", 1))
                             if not variants or name in variants]
                 for (name, ahead), (bm, bn) in itertools.product(
                         cm_names if t.fast_prefill and n_in % CM_K == 0 else (), MOE_CM_TILES):

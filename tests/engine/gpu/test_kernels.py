@@ -880,8 +880,8 @@ def grouped_case(dev, kc, wtype, per_slot, n_out, seed, x16=False):
     return parts, bx, bg, bp, want, (T, k, n_out, n_in)
 
 
-@pytest.mark.parametrize("wtype,prefetch", [(t, 1) for t in WEIGHT_TYPES]
-                         + [("Q4_K", 0), ("Q4_0", 0)])
+@pytest.mark.parametrize("wtype,prefetch", [(t, 0) for t in WEIGHT_TYPES]
+                         + [("Q4_K", 1), ("Q4_0", 1)])
 @pytest.mark.parametrize("per_slot", [0, 1])
 @pytest.mark.parametrize("tile", [(64, 32), (128, 64)])
 def test_mul_mat_moe_cm(dev, kc, wtype, prefetch, per_slot, tile):

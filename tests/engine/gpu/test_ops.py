@@ -212,7 +212,7 @@ def test_grouped_experts_take_the_matrix_units(monkeypatch):
                                                   ("HOTSEAT_CM2_SPLIT", "cm2_split", True),
                                                   ("HOTSEAT_CM2_WIDE", "cm2_wide", True),
                                                   ("HOTSEAT_CM2_GROUP", "cm2_group", True),
-                                                  ("HOTSEAT_CM_ATTN_256", "cm_attn_256", False),
+                                                  ("HOTSEAT_CM_ATTN_256", "cm_attn_256", True),
                                                   ("HOTSEAT_CM2_F16DEC", "cm2_f16dec", False)])
 def test_the_fusion_switches(monkeypatch, name, field, default):
     """One token's routing goes inside its experts' product unless HOTSEAT_ROUTE_EXPERTS=off
@@ -263,8 +263,8 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     in f16 unless HOTSEAT_CM2_ACC16=off, and the grouped experts' to mul_mat_moe_cm2 where
     they take the matrix units and HOTSEAT_MOE_CM2 asks for it, off by default
     (prefill attention then takes flash_attn_cm2 unless HOTSEAT_CM2_ATTN=off, for heads of 64
-    or 128; heads of 256 take flash_attn_cm where HOTSEAT_CM_ATTN_256=on and its blocks fit
-    shared memory);
+    or 128; heads of 256 take flash_attn_cm where its blocks fit shared memory, unless
+    HOTSEAT_CM_ATTN_256=off);
     HOTSEAT_CM2_TILE sets its rows x tokens x lanes, and a tile it has no variant
     for is an error that names the setting."""
     t = Tuning.for_info(gpu("NVIDIA H200", NVIDIA), subgroup=32, coopmat=True)
@@ -277,9 +277,10 @@ def test_workgroup_scope_products_are_a_path_of_their_own(monkeypatch):
     t.cm2_attn = True
     assert t.paths(256).prefill_attention != "flash_attn_cm2"     # heads of 64 or 128 only
     t.max_shared = 49152                      # ... those of 256 take KHR's where they fit
-    assert t.paths(256).prefill_attention not in ("flash_attn_cm", "flash_attn_cm2")
-    t.cm_attn_256 = True                      # ... and HOTSEAT_CM_ATTN_256=on asks
     assert t.paths(256).prefill_attention == "flash_attn_cm"
+    t.cm_attn_256 = False                     # ... unless HOTSEAT_CM_ATTN_256=off
+    assert t.paths(256).prefill_attention not in ("flash_attn_cm", "flash_attn_cm2")
+    t.cm_attn_256 = True
     t.max_shared = 32768
     assert t.paths(256).prefill_attention not in ("flash_attn_cm", "flash_attn_cm2")
     t.moe_cm = False                          # the grouped experts follow HOTSEAT_MOE_CM
