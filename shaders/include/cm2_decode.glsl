@@ -115,29 +115,36 @@ float16_t decode(const in Dec bl, const in uint blockCoords[2], const in uint co
 }
 #endif
 
-#if defined(TYPE_Q4_K) || defined(TYPE_Q6_K)
-// a super-block's scales for rows base .. base + BM - 1 (rows past limit read the last
-// one): two lanes a row, each with half the row's sub-blocks; a lane holds at most four
-// (row, half) pairs (BM <= 2 x lanes)
+#if defined(TYPE_Q4_K) || defined(TYPE_Q6_K) || defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
+// a super-block's scales (GROUP: a group's eight d) for rows base .. base + BM - 1 (rows
+// past limit read the last one): two lanes a row, each with half the row's sub-blocks (four
+// of the group's d); a lane holds at most four (row, half) pairs (BM <= 2 x lanes)
 #if defined(TYPE_Q4_K)
 uvec4 scale_words[4];              // d, dmin and the 12 scale bytes
-#else
+#elif defined(TYPE_Q6_K)
 uvec2 scale_words[4];              // half the 16 scale bytes
 float scale_d[4];
+#else
+uvec2 scale_words[4];              // four d
 #endif
 void fetch_scales(uint base, uint limit, uint n_in, uint kb) {
-    const uint nb = n_in / QK;
+    const uint nb = n_in / QG;
     [[unroll]] for (uint j = 0; j < 4; j++) {
         const uint e = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
         if (e < 2 * BM) {
             const uint blk = min(base + (e >> 1), limit - 1) * nb + kb;
 #if defined(TYPE_Q4_K)
             scale_words[j] = w4[blk * 9];
-#else
+#elif defined(TYPE_Q6_K)
             const uint h = blk * 105 + 96 + 4 * (e & 1);     // 105 halves a block
             scale_words[j] = uvec2(uint(w16[h]) | uint(w16[h + 1]) << 16,
                                    uint(w16[h + 2]) | uint(w16[h + 3]) << 16);
             scale_d[j] = float(uint16BitsToFloat16(w16[blk * 105 + 104]));
+#else
+            const uint h = (blk * 8 + 4 * (e & 1)) * BLOCK_HALVES;
+            scale_words[j] = uvec2(uint(w16[h]) | uint(w16[h + BLOCK_HALVES]) << 16,
+                                   uint(w16[h + 2 * BLOCK_HALVES]) |
+                                   uint(w16[h + 3 * BLOCK_HALVES]) << 16);
 #endif
         }
     }
@@ -160,7 +167,7 @@ void store_scales(uint base) {
                 else
                     dmin[(s + 4 * (e & 1)) * BM + r] = v;
             }
-#else
+#elif defined(TYPE_Q6_K)
             [[unroll]] for (uint s = 0; s < 8; s++) {
                 const int sc = int(scale_words[j][s >> 2] << (24 - 8 * (s & 3))) >> 24;
                 if (F16DEC != 0)
@@ -168,41 +175,12 @@ void store_scales(uint base) {
                 else
                     dsc[(s + 8 * (e & 1)) * BM + r] = scale_d[j] * float(sc);
             }
-#endif
-        }
-    }
-    barrier();
-}
-#endif
-
-#if defined(TYPE_Q8_0) || defined(TYPE_Q4_0)
-// GROUP: a group's eight d for rows base .. base + BM - 1 (rows past limit read the last
-// one): two lanes a row, four d each; a lane holds at most four (row, half) pairs
-uvec2 scale_words[4];
-void fetch_scales(uint base, uint limit, uint n_in, uint kb) {
-    const uint ng = n_in / QG;
-    [[unroll]] for (uint j = 0; j < 4; j++) {
-        const uint e = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
-        if (e < 2 * BM) {
-            const uint group = min(base + (e >> 1), limit - 1) * ng + kb;
-            const uint h = (group * 8 + 4 * (e & 1)) * BLOCK_HALVES;
-            scale_words[j] = uvec2(uint(w16[h]) | uint(w16[h + BLOCK_HALVES]) << 16,
-                                   uint(w16[h + 2 * BLOCK_HALVES]) |
-                                   uint(w16[h + 3 * BLOCK_HALVES]) << 16);
-        }
-    }
-}
-// ... and into shared memory, once the last group's loads are done
-void store_scales(uint base) {
-    barrier();
-    [[unroll]] for (uint j = 0; j < 4; j++) {
-        const uint e = gl_LocalInvocationID.x + j * gl_WorkGroupSize.x;
-        if (e < 2 * BM) {
-            const uint r = (base + (e >> 1)) % BM;
+#else
             [[unroll]] for (uint s = 0; s < 4; s++) {
                 dq[(s + 4 * (e & 1)) * BM + r] =
                     uint16BitsToFloat16(uint16_t(scale_words[j][s >> 1] >> (16 * (s & 1))));
             }
+#endif
         }
     }
     barrier();
