@@ -476,8 +476,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                          spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
                          y_offset=0, y_stride=n_out, **push)
                     if slices > 1:
-                        g.op("split_sum", [bp, by], _groups_1d(n * n_out, SPLIT_SUM_WG), spec=dict(ACC=0),
-                             n=n * n_out, slices=slices)
+                        g.op("split_sum", [bp, by], _groups_1d(n * n_out, SPLIT_SUM_WG),
+                             spec=dict(ACC=0), n=n * n_out, slices=slices)
                 timed(v, cm2_op, (kernel, wtype, spec))
             # ... and W predecoded: dequant_f16 turns it to f16 rows, which the f16 product
             # reads (Tuning.predecode; here the whole of W in one pass, x as f16)
