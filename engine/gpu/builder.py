@@ -229,8 +229,7 @@ class Builder:
             if kernel == "mul_mat_cm2" else {}
         # Q8_0 and Q4_0 in groups of eight blocks where the rows hold whole groups and the
         # part's binding starts on 16 bytes (the group's alignment); the same bits either way
-        group = kernel == "mul_mat_cm2" and self.t.cm2_group and wtype in CM2_GROUPS \
-            and n_in % 256 == 0
+        group = self.t.cm2_group and wtype in CM2_GROUPS and n_in % 256 == 0
         parts = self._predecoded(w) if predecode else w.bindings()
         for buf, first, count in parts:
             if kernel == "mul_mat_cm2":

@@ -398,11 +398,13 @@ class Tuning:
 
     def paths(self, head_dim: int) -> "Paths":
         """The kernels a model with heads of head_dim takes on this device."""
-        prefill_attn = ("flash_attn_cm2" if self.coopmat2 and self.cm2_attn
-                        else "flash_attn_cm") if self.fast_prefill and head_dim in (64, 128) \
-            else "flash_attn_cm" if self.fast_prefill and head_dim == 256 and self.cm_attn_256 \
-            and fa_cm_shared_bytes(head_dim) <= self.max_shared \
-            else "flash_attn" if self.use_flash_attn(head_dim, 2) else "attention"
+        if self.fast_prefill and head_dim in (64, 128):
+            prefill_attn = "flash_attn_cm2" if self.coopmat2 and self.cm2_attn else "flash_attn_cm"
+        elif self.fast_prefill and head_dim == 256 and self.cm_attn_256 \
+                and fa_cm_shared_bytes(head_dim) <= self.max_shared:
+            prefill_attn = "flash_attn_cm"
+        else:
+            prefill_attn = "flash_attn" if self.use_flash_attn(head_dim, 2) else "attention"
         return Paths(
             head_dim=head_dim,
             decode_matmul="mul_mat_vecq" if self.matvecq else "mul_mat_vec" if self.matvec

@@ -629,11 +629,11 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                 "us": us, "tflops": flop / us / 1e6,
                                                 "max_rel_err": err})
                 # (mul_mat_moe_cmp: the next step's loads ahead in registers)
+                on_cm = t.fast_prefill and n_in % CM_K == 0
                 cm_names = [(name, ahead) for name, ahead in (("mul_mat_moe_cm", 0),
                                                               ("mul_mat_moe_cmp", 1))
-                            if not variants or name in variants]
-                for (name, ahead), (bm, bn) in itertools.product(
-                        cm_names if t.fast_prefill and n_in % CM_K == 0 else (), MOE_CM_TILES):
+                            if on_cm and (not variants or name in variants)]
+                for (name, ahead), (bm, bn) in itertools.product(cm_names, MOE_CM_TILES):
                     lanes = moe_tile_groups(n, k, n_expert, bn)
 
                     def on_cm(g, i=0, bm=bm, bn=bn, lanes=lanes, ahead=ahead):

@@ -997,8 +997,8 @@ def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
 def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in, cm2):
     """Tuning.moe_cm: a model's routed prefill products (W in two parts, a row per token and
     a row per slot) take mul_mat_moe_cm (with Tuning.coopmat2 and moe_cm2, mul_mat_moe_cm2
-    for the types it decodes) and give numpy's on f16 inputs; rows that are no multiple of 64 keep
-    mul_mat_moe, exact in f32. Runs where prefill takes the matrix units (and for cm2, where
+    for the types it decodes) and give numpy's on f16 inputs; rows that are no multiple of
+    64 keep mul_mat_moe, exact in f32. Runs where prefill takes the matrix units (and for cm2, where
     the device has VK_NV_cooperative_matrix2)."""
     from dataclasses import replace
 

@@ -1,11 +1,11 @@
 """The same answer on every path: for each prompt stored from llama.cpp, the greedy tokens of
 a fresh run, of a run whose prompt minus its last token is cached (that token then goes
 through the one-token graph; after a run of the whole prompt, and for the shorter prompts
-after one of the prompt minus that token), of runs in the narrower passes a loaded machine picks (for the
-shorter prompts: lavapipe takes minutes for a long one in passes of 2), and of a run after
-the model went cold and came back are the same. Where the device follows ggml's
-rounding (lavapipe), a token's bits do not depend on the pass that computes it, so the
-logits after the prompt are the same bits on every path too."""
+after one of the prompt minus that token), of runs in the narrower passes a loaded machine
+picks (for the shorter prompts: lavapipe takes minutes for a long one in passes of 2), and
+of a run after the model went cold and came back are the same. Where the device follows
+ggml's rounding (lavapipe), a token's bits do not depend on the pass that computes it, so
+the logits after the prompt are the same bits on every path too."""
 from __future__ import annotations
 
 import json
