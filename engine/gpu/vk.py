@@ -801,9 +801,12 @@ class _Block:
             nxt = ffi.new("VkImportMemoryFdInfoKHR*", {
                 "sType": _vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_FD_INFO_KHR,
                 "handleType": OPAQUE_FD, "fd": fd})
+        link = nxt          # cffi frees a struct with its last Python reference, not with a
+                            # pointer to it in another struct: `link` keeps the export or
+                            # import alive under the flags below until the allocation is made
         if dev.buffer_usage & SHADER_DEVICE_ADDRESS:     # its buffers' addresses may be taken
             nxt = ffi.new("VkMemoryAllocateFlagsInfo*", {
-                "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO, "pNext": nxt,
+                "sType": _vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO, "pNext": link,
                 "flags": ALLOCATE_DEVICE_ADDRESS})
         r, memory = _allocate_memory(dev, size, type_index, nxt)
         if r in (_vk.VK_ERROR_OUT_OF_DEVICE_MEMORY, _vk.VK_ERROR_OUT_OF_HOST_MEMORY):

@@ -226,3 +226,40 @@ def test_copy_stream_sends_batches_without_waiting_and_delivers_every_byte(dev):
     finally:
         for b in srcs + dsts:
             dev.allocator.free(b)
+
+
+@pytest.mark.parametrize("share", ["export", "import"])
+def test_a_shared_block_with_buffer_addresses_hands_the_driver_its_whole_chain(monkeypatch,
+                                                                               share):
+    """The flags asking for buffer addresses link to the export (or import) request: that
+    request must still hold its values when vkAllocateMemory reads it, not freed memory."""
+    class Dev:
+        buffer_usage = vk.BUFFER_USAGE | vk.SHADER_DEVICE_ADDRESS
+
+    seen = {}
+
+    def allocate(dev, size, type_index, pnext):
+        for _ in range(64):      # reuse whatever memory the chain's structs may have left
+            vk.ffi.new("VkExportMemoryAllocateInfo*", {"sType": 0, "handleTypes": 0})
+            vk.ffi.new("VkImportMemoryFdInfoKHR*", {"sType": 0, "handleType": 0, "fd": -7})
+        flags = vk.ffi.cast("VkMemoryAllocateFlagsInfo*", pnext)
+        seen["flags"] = (flags.sType, flags.flags)
+        if share == "export":
+            link = vk.ffi.cast("VkExportMemoryAllocateInfo*", flags.pNext)
+            seen["link"] = (link.sType, link.handleTypes)
+        else:
+            link = vk.ffi.cast("VkImportMemoryFdInfoKHR*", flags.pNext)
+            seen["link"] = (link.sType, link.handleType, link.fd)
+        raise StopIteration
+
+    monkeypatch.setattr(vk, "_allocate_memory", allocate)
+    with pytest.raises(StopIteration):
+        vk._Block(Dev(), 0, 1 << 20, **({"export": True} if share == "export" else {"fd": 5}))
+    assert seen["flags"] == (vk._vk.VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_FLAGS_INFO,
+                             vk.ALLOCATE_DEVICE_ADDRESS)
+    if share == "export":
+        assert seen["link"] == (vk._vk.VK_STRUCTURE_TYPE_EXPORT_MEMORY_ALLOCATE_INFO,
+                                vk.OPAQUE_FD)
+    else:
+        assert seen["link"] == (vk._vk.VK_STRUCTURE_TYPE_IMPORT_MEMORY_FD_INFO_KHR,
+                                vk.OPAQUE_FD, 5)
