@@ -3,13 +3,13 @@
 // expert e: the batched expert product of prefill, each expert's weights read once per NT of
 // its tokens (mul_mat_id, decode's, reads them once per token). moe_group lists each expert's
 // slots (perm) and their (offset, count) in groups.
-// Workgroups are (row tiles, G token-tile lanes, experts of this part of W). Each subgroup owns
-// ROWS rows x NT slots of its expert, the x rows gathered through perm, and splits K as
-// mul_mat's tiles do (the same sums in the same order, so the same results). Workgroup y takes
-// the expert's tiles y, y + G, ...: an expert with more tokens than G tiles hold loops, and one
-// with none exits at once. y stays in slot order, [n_tokens, n_used, n_out], for moe_combine.
+// Workgroups are (row tiles, tiles of NT slots): workgroup y takes the y-th tile that moe_tiles
+// listed for this part of W's experts (moe_tile.glsl), those past them exit at once. Each
+// subgroup owns ROWS rows x NT slots of the tile's expert, the x rows gathered through perm,
+// and splits K as mul_mat's tiles do (the same sums in the same order, so the same results).
+// y stays in slot order, [n_tokens, n_used, n_out], for moe_combine.
 // X_SLOT 0: a slot reads its token's row of x (gate, up); 1: its own row s (down).
-// W bound in parts holds whole experts; groups is indexed by expert_base + the part's expert.
+// W bound in parts holds whole experts, expert_base and n_experts of them.
 #include "common.glsl"
 #extension GL_KHR_shader_subgroup_arithmetic : require
 
@@ -33,35 +33,34 @@ layout(push_constant) uniform Push {
     uint n_out;        // rows of one expert
     uint n_used;       // experts per token
     uint expert_base;  // first expert held by this part of W
+    uint n_experts;    // experts in this part
+    uint n_expert;     // experts in all
 } p;
+#include "moe_tile.glsl"
 
 void main() {
     const uint lane = gl_SubgroupInvocationID;
     const uint row0 = (gl_WorkGroupID.x * gl_NumSubgroups + gl_SubgroupID) * ROWS;
-    const uint e = gl_WorkGroupID.z;                  // in this part
-    const uint offset = groups[2 * (p.expert_base + e)];
-    const uint count = groups[2 * (p.expert_base + e) + 1];
-    if (row0 >= p.n_out) return;
+    uint e, offset, count, i0;
+    if (!moe_tile(e, offset, count, i0, NT) || row0 >= p.n_out) return;
     const uint nb = p.n_in / 32;
     const uint xs = p.n_in / 4;     // x row stride in vec4
     const uint w0 = e * p.n_out;
 
-    for (uint i0 = gl_WorkGroupID.y * NT; i0 < count; i0 += gl_NumWorkGroups.y * NT) {
-        uint slot[NT];
-        [[unroll]] for (uint t = 0; t < NT; t++) {
-            slot[t] = perm[offset + min(i0 + t, count - 1)];
-            xrow[t] = (X_SLOT != 0 ? slot[t] : slot[t] / p.n_used) * xs;
-        }
-        [[unroll]] for (uint i = 0; i < ROWS * NT; i++) acc[i] = 0.0;
+    uint slot[NT];
+    [[unroll]] for (uint t = 0; t < NT; t++) {
+        slot[t] = perm[offset + min(i0 + t, count - 1)];
+        xrow[t] = (X_SLOT != 0 ? slot[t] : slot[t] / p.n_used) * xs;
+    }
+    [[unroll]] for (uint i = 0; i < ROWS * NT; i++) acc[i] = 0.0;
 
-        [[unroll]] for (uint r = 0; r < ROWS; r++) wrow[r] = w0 + min(row0 + r, p.n_out - 1);
-        tile_dot(nb);
-        [[unroll]] for (uint r = 0; r < ROWS; r++) {
-            [[unroll]] for (uint t = 0; t < NT; t++) {
-                const float s = subgroupAdd(acc[r * NT + t]);
-                if (lane == 0 && row0 + r < p.n_out && i0 + t < count) {
-                    y[slot[t] * p.n_out + row0 + r] = s;
-                }
+    [[unroll]] for (uint r = 0; r < ROWS; r++) wrow[r] = w0 + min(row0 + r, p.n_out - 1);
+    tile_dot(nb);
+    [[unroll]] for (uint r = 0; r < ROWS; r++) {
+        [[unroll]] for (uint t = 0; t < NT; t++) {
+            const float s = subgroupAdd(acc[r * NT + t]);
+            if (lane == 0 && row0 + r < p.n_out && i0 + t < count) {
+                y[slot[t] * p.n_out + row0 + r] = s;
             }
         }
     }

@@ -1,14 +1,14 @@
 #version 450
 // y[s, r] = sum_k W[e, r, k] * x[t (or s), k]   for every slot s = t * n_used + j routed to
 // expert e, on the matrix units (VK_KHR_cooperative_matrix): mul_mat_moe's grouping (moe_group's
-// perm and groups) with mul_mat_cm's tiles. Workgroups are (row tiles of BM, G slot-tile
-// lanes, experts of this part of W); workgroup y takes its expert's tiles of BN slots y,
-// y + G, ...: an expert with more slots than G tiles hold loops, one with none exits at once.
+// perm and groups) with mul_mat_cm's tiles. Workgroups are (row tiles of BM, tiles of BN
+// slots): workgroup y takes the y-th tile that moe_tiles listed for this part of W's
+// experts (moe_tile.glsl), those past them exit at once.
 // A tile's x rows are gathered through perm into shared memory as f16 beside the expert's
 // dequantized rows, as mul_mat_cm stages them; sums in f32, y in slot order
 // [n_tokens, n_used, n_out] for moe_combine.
 // X_SLOT 0: a slot reads its token's row of x (gate, up); 1: its own row s (down).
-// W bound in parts holds whole experts; groups is indexed by expert_base + the part's expert.
+// W bound in parts holds whole experts, expert_base and n_experts of them.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
 #extension GL_KHR_cooperative_matrix : require
@@ -41,7 +41,10 @@ layout(push_constant) uniform Push {
     uint n_out;        // rows of one expert
     uint n_used;       // experts per token
     uint expert_base;  // first expert held by this part of W
+    uint n_experts;    // experts in this part
+    uint n_expert;     // experts in all
 } p;
+#include "moe_tile.glsl"
 
 const uint BK = 64, BK4 = BK / 4, S4 = BK4 + 2;   // f16vec4s per row, padded
 const uint CPR = BK / CHUNK;                       // chunks of a row per step: 1 or 2
@@ -94,61 +97,57 @@ void main() {
     const uint sg = gl_SubgroupID, lane = gl_SubgroupInvocationID;
     const uint sm = sg & 1, sn = sg >> 1;                  // this subgroup's quarter
     const uint row0 = gl_WorkGroupID.x * BM;
-    const uint e = gl_WorkGroupID.z;                       // in this part
-    const uint offset = groups[2 * (p.expert_base + e)];
-    const uint count = groups[2 * (p.expert_base + e) + 1];
+    uint e, offset, count, i0;
+    if (!moe_tile(e, offset, count, i0, BN)) return;
     const uint nc = p.n_in / CHUNK, xs = p.n_in / 4, w0 = e * p.n_out;
 
-    for (uint i0 = gl_WorkGroupID.y * BN; i0 < count; i0 += gl_NumWorkGroups.y * BN) {
-        const uint live = min(BN, count - i0);
-        barrier();                                         // the last tile's slots are read
-        for (uint t = gl_LocalInvocationID.x; t < BN; t += 128) {
-            const uint s = t < live ? perm[offset + i0 + t] : 0;
-            slot_of[t] = s;
-            xrow_of[t] = (X_SLOT != 0 ? s : s / p.n_used) * xs;
-        }
+    const uint live = min(BN, count - i0);
+    for (uint t = gl_LocalInvocationID.x; t < BN; t += 128) {
+        const uint s = t < live ? perm[offset + i0 + t] : 0;
+        slot_of[t] = s;
+        xrow_of[t] = (X_SLOT != 0 ? s : s / p.n_used) * xs;
+    }
+    barrier();
+
+    ACCUM acc[MF][NF];
+    [[unroll]] for (uint i = 0; i < MF; i++)
+        [[unroll]] for (uint j = 0; j < NF; j++) acc[i][j] = ACCUM(0.0);
+    if (PREFETCH != 0) fetch(0, w0, row0, live, nc);
+    for (uint k0 = 0; k0 < p.n_in; k0 += BK) {
+        barrier();                                     // the last step's reads are done
+        if (PREFETCH == 0) fetch(k0, w0, row0, live, nc);
+        stash();
         barrier();
-
-        ACCUM acc[MF][NF];
-        [[unroll]] for (uint i = 0; i < MF; i++)
-            [[unroll]] for (uint j = 0; j < NF; j++) acc[i][j] = ACCUM(0.0);
-        if (PREFETCH != 0) fetch(0, w0, row0, live, nc);
-        for (uint k0 = 0; k0 < p.n_in; k0 += BK) {
-            barrier();                                     // the last step's reads are done
-            if (PREFETCH == 0) fetch(k0, w0, row0, live, nc);
-            stash();
-            barrier();
-            if (PREFETCH != 0 && k0 + BK < p.n_in) fetch(k0 + BK, w0, row0, live, nc);
-            [[unroll]] for (uint kk = 0; kk < BK4; kk += 4) {   // 16 k at a time
-                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[MF];
-                coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+        if (PREFETCH != 0 && k0 + BK < p.n_in) fetch(k0 + BK, w0, row0, live, nc);
+        [[unroll]] for (uint kk = 0; kk < BK4; kk += 4) {   // 16 k at a time
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseA> a[MF];
+            coopmat<float16_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseB> b;
+            [[unroll]] for (uint i = 0; i < MF; i++)
+                coopMatLoad(a[i], As, (sm * BM / 2 + i * 16) * S4 + kk, S4,
+                            gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (uint j = 0; j < NF; j++) {    // K x N from slot-major rows
+                coopMatLoad(b, Bs, (sn * BN / 2 + j * 16) * S4 + kk, S4,
+                            gl_CooperativeMatrixLayoutColumnMajor);
                 [[unroll]] for (uint i = 0; i < MF; i++)
-                    coopMatLoad(a[i], As, (sm * BM / 2 + i * 16) * S4 + kk, S4,
-                                gl_CooperativeMatrixLayoutRowMajor);
-                [[unroll]] for (uint j = 0; j < NF; j++) {    // K x N from slot-major rows
-                    coopMatLoad(b, Bs, (sn * BN / 2 + j * 16) * S4 + kk, S4,
-                                gl_CooperativeMatrixLayoutColumnMajor);
-                    [[unroll]] for (uint i = 0; i < MF; i++)
-                        acc[i][j] = coopMatMulAdd(a[i], b, acc[i][j]);
-                }
+                    acc[i][j] = coopMatMulAdd(a[i], b, acc[i][j]);
             }
         }
+    }
 
-        // tile (i, j): rows row0 + sm*BM/2 + 16i .., slots sn*BN/2 + 16j .. of the tile
-        [[unroll]] for (uint i = 0; i < MF; i++) {
-            [[unroll]] for (uint j = 0; j < NF; j++) {
-                coopMatStore(acc[i][j], Cs, sg * 256, 16, gl_CooperativeMatrixLayoutColumnMajor);
-                subgroupMemoryBarrierShared();
-                subgroupBarrier();
-                [[unroll]] for (uint q = 0; q < 8; q++) {
-                    const uint idx = lane + 32 * q;          // slot idx / 16, row idx % 16
-                    const uint t = sn * BN / 2 + j * 16 + idx / 16;
-                    const uint row = row0 + sm * BM / 2 + i * 16 + idx % 16;
-                    if (t < live && row < p.n_out)
-                        y[slot_of[t] * p.n_out + row] = Cs[sg * 256 + idx];
-                }
-                subgroupBarrier();
+    // tile (i, j): rows row0 + sm*BM/2 + 16i .., slots sn*BN/2 + 16j .. of the tile
+    [[unroll]] for (uint i = 0; i < MF; i++) {
+        [[unroll]] for (uint j = 0; j < NF; j++) {
+            coopMatStore(acc[i][j], Cs, sg * 256, 16, gl_CooperativeMatrixLayoutColumnMajor);
+            subgroupMemoryBarrierShared();
+            subgroupBarrier();
+            [[unroll]] for (uint q = 0; q < 8; q++) {
+                const uint idx = lane + 32 * q;          // slot idx / 16, row idx % 16
+                const uint t = sn * BN / 2 + j * 16 + idx / 16;
+                const uint row = row0 + sm * BM / 2 + i * 16 + idx % 16;
+                if (t < live && row < p.n_out)
+                    y[slot_of[t] * p.n_out + row] = Cs[sg * 256 + idx];
             }
+            subgroupBarrier();
         }
     }
 }

@@ -2,16 +2,15 @@
 // y[s, r] = sum_k W[e, r, k] * x[t (or s), k]   for every slot s = t * n_used + j routed to
 // expert e, on NVIDIA's workgroup-scope matrices (VK_NV_cooperative_matrix2): mul_mat_moe's
 // grouping (moe_group's perm and groups) with mul_mat_cm2's tiles. Workgroups are (row
-// tiles of BM, G slot-tile lanes, experts of this part of W); workgroup y takes its
-// expert's tiles of BN slots y, y + G, ...: an expert with more slots than G tiles hold
-// loops, one with none exits at once. W's rows come through the tensor loads' decode
+// tiles of BM, tiles of BN slots): workgroup y takes the y-th tile that moe_tiles listed
+// for this part of W's experts (moe_tile.glsl), those past them exit at once. W's rows come through the tensor loads' decode
 // functions (include/cm2_decode.glsl); a tile's x rows are gathered by a decode function of
 // their own, which reads each slot's row through the tile's table in shared memory; the
 // sums leave element by element to their slots' rows of y ([n_tokens, n_used, n_out], for
 // moe_combine).
 // X_SLOT 0: a slot reads its token's row of x (gate, up); 1: its own row s (down).
 // X16 1: x is f16 (a pass before made it so), else f32 turned to f16 in the gather.
-// W bound in parts holds whole experts; groups is indexed by expert_base + the part's expert.
+// W bound in parts holds whole experts, expert_base and n_experts of them.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_16bit_storage : require
@@ -38,6 +37,8 @@ layout(push_constant) uniform Push {
     uint n_out;        // rows of one expert
     uint n_used;       // experts per token
     uint expert_base;  // first expert held by this part of W
+    uint n_experts;    // experts in this part
+    uint n_expert;     // experts in all
 } p;
 
 #include "cm2_decode.glsl"
@@ -46,6 +47,7 @@ layout(std430, binding = 1) readonly buffer X16s { float16_t x16[]; };
 layout(std430, binding = 2) readonly buffer Groups { uint groups[]; };
 layout(std430, binding = 3) readonly buffer Perm { uint perm[]; };
 layout(std430, binding = 4) writeonly buffer Y { float y[]; };
+#include "moe_tile.glsl"
 
 shared uint slot_of[BN];           // the tile's slots (perm), 0 past its live ones
 shared uint xrow_of[BN];           // ... and their x rows, in vec4
@@ -106,15 +108,14 @@ float store_y(const in uint r, const in uint c, const in float v, const in uint 
 
 void main() {
     const uint row0 = gl_WorkGroupID.x * BM;
-    const uint e = gl_WorkGroupID.z;                       // in this part
-    const uint offset = groups[2 * (p.expert_base + e)];
-    const uint count = groups[2 * (p.expert_base + e) + 1];
+    uint e, offset, count, i0;
+    if (!moe_tile(e, offset, count, i0, BN)) return;
     const uint xs = p.n_in / 4, w0 = e * p.n_out;
 
     // W: this part's experts' rows one after another, in blocks of QK; a tile past its
     // expert's last row reads the next one's (its sums are not stored), past the part's
     // last row zeros. x: BN rows of n_in, all at row 0's address (gather_x finds them).
-    const uint rows = gl_NumWorkGroups.z * p.n_out;
+    const uint rows = p.n_experts * p.n_out;
     // (f16 rows, QK 1: plain, at a stride the compiler sees is a multiple of 8 halves)
     const uint w_stride = QK == 1 ? p.n_in & ~7u : p.n_in / QK;
     tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> twc =
@@ -134,37 +135,34 @@ void main() {
 
     coopmat<float16_t, gl_ScopeWorkgroup, BM, BK, gl_MatrixUseA> a;
     coopmat<float16_t, gl_ScopeWorkgroup, BK, BN, gl_MatrixUseB> b;
-    for (uint i0 = gl_WorkGroupID.y * BN; i0 < count; i0 += gl_NumWorkGroups.y * BN) {
-        const uint live = min(BN, count - i0);
-        barrier();                                         // the last tile's slots are read
-        for (uint t = gl_LocalInvocationID.x; t < BN; t += gl_WorkGroupSize.x) {
-            const uint s = t < live ? perm[offset + i0 + t] : 0;
-            slot_of[t] = s;
-            xrow_of[t] = (X_SLOT != 0 ? s : s / p.n_used) * xs;
-        }
-        barrier();
-        // slots past live: zeros, gather_x not called for them
-        tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tx =
-            createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
-        tx = setTensorLayoutBlockSizeNV(tx, 1, 4);
-        tx = setTensorLayoutDimensionNV(tx, live, p.n_in);
-        tx = setTensorLayoutStrideNV(tx, 0, 1);
-
-        coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
-            coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
-        coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc16 =
-            coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
-        if (row0 + BM <= p.n_out) {
-            STEP(tw, tx)
-        } else {
-            STEP(twc, tx)
-        }
-        if (ACC16 != 0) {
-            [[unroll]] for (int i = 0; i < acc16.length(); i++) {
-                acc16[i] = clamp(acc16[i], float16_t(-65504.0), float16_t(65504.0));
-            }
-            acc = coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc16);
-        }
-        coopMatPerElementNV(acc, acc, store_y, row0, live);
+    const uint live = min(BN, count - i0);
+    for (uint t = gl_LocalInvocationID.x; t < BN; t += gl_WorkGroupSize.x) {
+        const uint s = t < live ? perm[offset + i0 + t] : 0;
+        slot_of[t] = s;
+        xrow_of[t] = (X_SLOT != 0 ? s : s / p.n_used) * xs;
     }
+    barrier();
+    // slots past live: zeros, gather_x not called for them
+    tensorLayoutNV<2, gl_CooperativeMatrixClampModeConstantNV> tx =
+        createTensorLayoutNV(2, gl_CooperativeMatrixClampModeConstantNV);
+    tx = setTensorLayoutBlockSizeNV(tx, 1, 4);
+    tx = setTensorLayoutDimensionNV(tx, live, p.n_in);
+    tx = setTensorLayoutStrideNV(tx, 0, 1);
+
+    coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc =
+        coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+    coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc16 =
+        coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
+    if (row0 + BM <= p.n_out) {
+        STEP(tw, tx)
+    } else {
+        STEP(twc, tx)
+    }
+    if (ACC16 != 0) {
+        [[unroll]] for (int i = 0; i < acc16.length(); i++) {
+            acc16[i] = clamp(acc16[i], float16_t(-65504.0), float16_t(65504.0));
+        }
+        acc = coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc16);
+    }
+    coopMatPerElementNV(acc, acc, store_y, row0, live);
 }

@@ -25,6 +25,9 @@ CM2_GROUPS = ("Q8_0", "Q4_0")      # ... that read eight blocks as one group (it
 # keep their own path: f16 cannot hold their range)
 PREDECODE_TYPES = tuple(t for t in WEIGHT_TYPES if t not in ("F32", "F16", "BF16"))
 _FMT = {"u32": "I", "f32": "f"}
+# the grouped expert products' push constants (moe_tile.glsl reads the last three)
+MOE_PUSH = (("n_in", "u32"), ("n_out", "u32"), ("n_used", "u32"), ("expert_base", "u32"),
+            ("n_experts", "u32"), ("n_expert", "u32"))
 MOE_MAX_EXPERT, MOE_MAX_USED = 512, 32      # moe_router.comp's MAX_EXPERT, route.glsl's
 
 # The step buffer: the small host-visible buffer of per-submit values (RunState.set_step writes
@@ -130,16 +133,18 @@ KERNELS: dict[str, KernelSpec] = {
                               (("n_embd", U), ("n_used", U), ("n", U)), writes=(2,)),
     "moe_group": KernelSpec("moe_group.comp", 3, (("n_slots", U),), (("SG", 0),),
                             writes=(1, 2)),
+    "moe_tiles": KernelSpec("moe_tiles.comp", 1, (("n_expert", U), ("bn", U)), (),
+                            writes=(0,)),
     "mul_mat_moe": KernelSpec(
-        "mul_mat_moe.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
+        "mul_mat_moe.comp", 5, MOE_PUSH,
         (("WG", 0), ("ROWS", 1), ("NT", 2), ("ACT", 3), ("X_SLOT", 4)), typed=True,
         writes=(4,)),
     "mul_mat_moe_cm": KernelSpec(
-        "mul_mat_moe_cm.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
+        "mul_mat_moe_cm.comp", 5, MOE_PUSH,
         (("BM", 0), ("BN", 1), ("X_SLOT", 2), ("PREFETCH", 3)), typed=True, writes=(4,),
         coopmat=True),
     "mul_mat_moe_cm2": KernelSpec(
-        "mul_mat_moe_cm2.comp", 5, (("n_in", U), ("n_out", U), ("n_used", U), ("expert_base", U)),
+        "mul_mat_moe_cm2.comp", 5, MOE_PUSH,
         (("WG", 0), ("BM", 1), ("BN", 2), ("X_SLOT", 3), ("F16DEC", 4), ("X16", 5),
          ("ACC16", 6)), typed=True,
         writes=(4,), coopmat2=True, types=CM2_TYPES),

@@ -43,6 +43,7 @@ class Builder:
         self._rounded = None      # (source buffer, where, how much, format, its write stamp)
                                   # of what rs.xq holds now
         self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
+        self._tiled = None        # (that, slots a tile) listed in rs.moe_groups (moe_tiles)
         self._slice = 0           # which of rs's two predecoded slices fills next
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
         self._counted = False     # this graph zeroes attn_decode's split counters first
@@ -531,6 +532,15 @@ class Builder:
             self.g.op("moe_group", [ids, self.rs.moe_groups, self.rs.moe_perm], (n_expert, 1, 1),
                       n_slots=n * n_used)
             self._grouped = key
+            self._tiled = None
+
+    def moe_tiles(self, n_expert: int, bn: int) -> None:
+        """rs.moe_groups' tile list for the grouped products' tiles of bn slots (moe_tiles),
+        after moe_group; reused while the grouping and bn stay the same."""
+        key = (self._grouped, bn)
+        if self._tiled != key:
+            self.g.op("moe_tiles", [self.rs.moe_groups], (1, 1, 1), n_expert=n_expert, bn=bn)
+            self._tiled = key
 
     def _matmul_moe(self, w: Tensor, x: vk.Buffer, ids: vk.Buffer, y: vk.Buffer, n: int,
                     n_used: int, per_slot: bool) -> None:
@@ -550,17 +560,21 @@ class Builder:
         fmt = ACT_FORMAT.get(w.wtype) if self.t.ggml_numerics and not inline else None
         if fmt is not None:
             x = self._rounded_input(x, 0, n * n_used if per_slot else n, n_in, fmt)
-        # under a loop bound: enough tiles that an expert every token picks walks them within
-        # half of it (each of its tiles is a walk over K)
-        walk = -(-n_in // (8 * self.t.subgroup)) + 2
-        tiles = moe_tile_groups(n, n_used, n_expert, nt,
-                                self.t.loop_ticks // 2 // walk if self.t.loop_ticks else 0)
+        self._moe_products("mul_mat_moe", w, x, y, n, n_used, rows * self.t.warps, nt, spec)
+
+    def _moe_products(self, kernel: str, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int,
+                      n_used: int, bm: int, bn: int, spec: dict) -> None:
+        """One grouped product a part of W (whole experts): workgroups of bm rows over every
+        tile of bn slots that moe_tiles lists for the part's experts (those past exit)."""
+        n_in, n_out, n_expert = w.shape
+        self.moe_tiles(n_expert, bn)
         rs = self.rs
         for buf, first, count in w.bindings():          # parts of whole experts
-            self.g.op("mul_mat_moe", [buf, x, rs.moe_groups, rs.moe_perm, y],
-                      (-(-n_out // (rows * self.t.warps)), tiles, count // n_out),
+            experts = count // n_out
+            self.g.op(kernel, [buf, x, rs.moe_groups, rs.moe_perm, y],
+                      (-(-n_out // bm), moe_tiles_most(n, n_used, experts, bn), 1),
                       wtype=w.wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=n_used,
-                      expert_base=first // n_out)
+                      expert_base=first // n_out, n_experts=experts, n_expert=n_expert)
         self._wrote(y)
 
     def _matmul_moe_cm(self, w: Tensor, x: vk.Buffer, y: vk.Buffer, n: int, n_used: int,
@@ -584,13 +598,7 @@ class Builder:
         else:
             bm, bn = MOE_CM_TILE
             kernel, spec = "mul_mat_moe_cm", dict(BM=bm, BN=bn, X_SLOT=int(per_slot))
-        tiles = moe_tile_groups(n, n_used, n_expert, bn)
-        rs = self.rs
-        for buf, first, count in w.bindings():          # parts of whole experts
-            self.g.op(kernel, [buf, x, rs.moe_groups, rs.moe_perm, y],
-                      (-(-n_out // bm), tiles, count // n_out), wtype=w.wtype, spec=spec,
-                      n_in=n_in, n_out=n_out, n_used=n_used, expert_base=first // n_out)
-        self._wrote(y)
+        self._moe_products(kernel, w, x, y, n, n_used, bm, bn, spec)
 
     def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,
                    n_expert: int, n_used: int, norm: bool = True,
@@ -1070,16 +1078,12 @@ def moe_tile_slots(n: int, n_used: int, n_expert: int, nt_max: int) -> int:
     return nt
 
 
-def moe_tile_groups(n: int, n_used: int, n_expert: int, nt: int, max_loops: int = 0) -> int:
-    """Token-tile workgroups per expert of mul_mat_moe (tiles of nt slots): twice what an even
-    routing needs (an expert with more tokens loops over its tiles), at most what one expert
-    can get (n: a token takes an expert once); with max_loops, enough that such an expert's
-    workgroups take at most that many tiles each."""
-    most = -(-n // nt)
-    tiles = max(1, min(most, 2 * -(-n * n_used // (n_expert * nt))))
-    if max_loops:
-        tiles = max(tiles, min(most, -(-most // max_loops)))
-    return tiles
+def moe_tiles_most(n: int, n_used: int, n_expert: int, nt: int) -> int:
+    """The most tiles of nt slots that n tokens, each routed to n_used distinct experts, make
+    among n_expert of them: an expert's c slots make ceil(c / nt) <= (c + nt - 1) / nt, at
+    most min(n_expert, slots) experts have any, and none more than n tokens."""
+    slots = n * min(n_used, n_expert)
+    return max(1, min((slots + (nt - 1) * min(n_expert, slots)) // nt, n_expert * -(-n // nt)))
 
 
 def _groups_1d(count: int, wg: int = 64) -> tuple[int, int, int]:

@@ -92,8 +92,11 @@ class RunState:
             self.expert_ids = alloc(4 * S, f"{label}/expert_ids", "compute")   # [T, used] u32
             self.expert_w = act("expert_w", S)                      # [T, n_expert_used]
             self.moe_out = act("moe_out", S * n_embd)               # [T, n_expert_used, n_embd]
-            # slots grouped by expert (moe_group): (offset, count) per expert, slot lists
-            self.moe_groups = alloc(8 * n_expert, f"{label}/moe_groups", "compute")
+            # slots grouped by expert (moe_group): (offset, count) per expert; then their
+            # tiles (moe_tiles): a start per expert and the list, at most one a slot and a
+            # partial one an expert
+            self.moe_groups = alloc(4 * moe_groups_words(n_expert, S), f"{label}/moe_groups",
+                                    "compute")
             self.moe_perm = alloc(4 * S, f"{label}/moe_perm", "compute")           # [S] u32
         self.scores = act("scores", n_head * n_ctx)  # [n_head, n_ctx] decode attention
         self.split_stats = act("split_stats", 2 * n_head * MAX_SPLITS)  # [n_head, splits, 2]
@@ -200,7 +203,7 @@ class RunState:
         floats += S * k_max + sum(n_ctx * r.n_dims for r in rope)
         if n_expert:
             floats += T * n_expert + 2 * S + S * n_embd      # router, ids, weights, moe_out
-            floats += 2 * n_expert + S                       # moe_groups, moe_perm
+            floats += moe_groups_words(n_expert, S) + S      # moe_groups, moe_perm
         if conv_layers:
             floats += len(conv_layers) * d_conv * n_embd + T * 5 * n_embd
             floats += n_embd * (d_conv + T)
@@ -371,3 +374,10 @@ def _mask_shape(max_tokens: int, n_ctx: int, block: tuple[int, int]) -> tuple[in
 
 def _tiles(rows: int, cols: int, block: tuple[int, int]) -> int:
     return (rows // block[0]) * (cols // block[1])
+
+
+def moe_groups_words(n_expert: int, n_slots: int) -> int:
+    """u32s of moe_group's and moe_tiles' buffer (shaders/moe_tiles.comp's layout): (offset,
+    count) and a first tile per expert, all tiles, and the list of at most n_slots +
+    n_expert tiles."""
+    return 3 * n_expert + 1 + n_slots + n_expert

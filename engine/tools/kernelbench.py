@@ -528,7 +528,8 @@ MOE_CM2_TILES = ((128, 32, 256), (128, 64, 256), (64, 32, 128), (64, 64, 128),
 def moe_routing(rng, n: int, n_expert: int, k: int, skew: float) -> np.ndarray:
     """[n, k] distinct experts per token, drawn with probabilities exp(skew * z): 0 is an
     even routing, 1 about as uneven as trained routers (a few experts take several times
-    their share, some none)."""
+    their share, some none), 3 one where an expert or two take most tokens (as a prompt of
+    one sentence repeated routes in a model of random weights)."""
     p = np.exp(skew * rng.standard_normal(n_expert))
     p /= p.sum()
     return np.stack([rng.choice(n_expert, k, replace=False, p=p) for _ in range(n)]) \
@@ -540,13 +541,14 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                       tiles=MOE_TILES, types: set[str] | None = None,
                       variants: set[str] | None = None) -> list[dict]:
     """A prefill chunk's routed products: per token and slot (mul_mat_id) against grouped by
-    expert (moe_group, then mul_mat_moe at several tiles and token-tile counts), for an even
-    and an uneven routing; outputs checked against mul_mat_id first. Activations rounded
+    expert (moe_group and moe_tiles, then mul_mat_moe and the matrix units' kernels at
+    several tiles), for an even, an uneven and a hot routing; outputs checked against mul_mat_id first. Activations rounded
     inside the products as ggml_numerics has them (Q8_0 for Q4_0; the K-quants' quantize_act
     pass is the same for both paths and not timed)."""
     from ..gpu.graph import run_once
     from ..gpu.kernels import ACT_INLINE, CM_K
-    from ..gpu.builder import moe_tile_groups, moe_tile_slots
+    from ..gpu.builder import moe_tile_slots, moe_tiles_most
+    from ..gpu.runstate import moe_groups_words
     from ..gpu.paths import Tuning
 
     from ..gpu.kernels import compiled
@@ -572,14 +574,14 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                   min(step, n_expert - e)) for e in range(0, n_expert, step)]
         bx = alloc(x.nbytes, "bench/x", "scratch")
         bi = alloc(4 * n * k, "bench/ids", "scratch")
-        bg = alloc(8 * n_expert, "bench/groups", "scratch")
+        bg = alloc(4 * moe_groups_words(n_expert, n * k), "bench/groups", "scratch")
         bp = alloc(4 * n * k, "bench/perm", "scratch")
         by = alloc(4 * n * k * n_out, "bench/y", "scratch")
         try:
             for bw, e, count in parts:
                 vk.upload(dev, bw, raw[e * per_expert:(e + count) * per_expert])
             vk.upload(dev, bx, x)
-            for routing, skew in (("even", 0.0), ("uneven", 1.0)):
+            for routing, skew in (("even", 0.0), ("uneven", 1.0), ("hot", 3.0)):
                 ids = moe_routing(rng, n, n_expert, k, skew)
                 vk.upload(dev, bi, ids)
                 per_group = t.mv_rows * t.warps
@@ -608,41 +610,46 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                 for rows, nt in tiles if not variants or "mul_mat_moe" in variants else ():
                     rows, nt = rows or t.mm_rows, nt or moe_tile_slots(n, k, n_expert,
                                                                        t.mm_tokens)
-                    for lanes in sorted({moe_tile_groups(n, k, n_expert, nt), -(-n // nt)}):
+                    lanes = moe_tiles_most(n, k, n_expert, nt)
 
-                        def grouped(g, i=0, rows=rows, nt=nt, lanes=lanes):
-                            for bw, e, count in parts:
-                                g.op("mul_mat_moe", [bw, bx, bg, bp, by],
-                                     (-(-n_out // (rows * t.warps)), lanes, count), wtype=wtype,
-                                     spec=dict(WG=t.subgroup * t.warps, ROWS=rows, NT=nt,
-                                               ACT=act, X_SLOT=int(per_slot)),
-                                     n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
-                        vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
-                        us = _time_records(dev, kernels, grouped, repeats)
-                        got = vk.download(dev, by).view(np.float32)
-                        err = _rel_err(got, want)
-                        if not err <= 1e-4:
-                            raise RuntimeError(f"mul_mat_moe {wtype} {n_in}x{n_out} {rows}x{nt} "
-                                               f"tiles={lanes} disagrees with mul_mat_id")
-                        row["variants"].append({"kernel": "mul_mat_moe", "tile": [rows, nt],
-                                                "token_tiles": lanes,
-                                                "us": us, "tflops": flop / us / 1e6,
-                                                "max_rel_err": err})
+                    def grouped(g, i=0, rows=rows, nt=nt):
+                        g.op("moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=nt)
+                        for bw, e, count in parts:
+                            g.op("mul_mat_moe", [bw, bx, bg, bp, by],
+                                 (-(-n_out // (rows * t.warps)),
+                                  moe_tiles_most(n, k, count, nt), 1), wtype=wtype,
+                                 spec=dict(WG=t.subgroup * t.warps, ROWS=rows, NT=nt,
+                                           ACT=act, X_SLOT=int(per_slot)),
+                                 n_in=n_in, n_out=n_out, n_used=k, expert_base=e,
+                                 n_experts=count, n_expert=n_expert)
+                    vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
+                    us = _time_records(dev, kernels, grouped, repeats)
+                    got = vk.download(dev, by).view(np.float32)
+                    err = _rel_err(got, want)
+                    if not err <= 1e-4:
+                        raise RuntimeError(f"mul_mat_moe {wtype} {n_in}x{n_out} {rows}x{nt} "
+                                           f"disagrees with mul_mat_id")
+                    row["variants"].append({"kernel": "mul_mat_moe", "tile": [rows, nt],
+                                            "token_tiles": lanes,
+                                            "us": us, "tflops": flop / us / 1e6,
+                                            "max_rel_err": err})
                 # (mul_mat_moe_cmp: the next step's loads ahead in registers)
                 on_cm = t.fast_prefill and n_in % CM_K == 0
                 cm_names = [(name, ahead) for name, ahead in (("mul_mat_moe_cm", 0),
                                                               ("mul_mat_moe_cmp", 1))
                             if on_cm and (not variants or name in variants)]
                 for (name, ahead), (bm, bn) in itertools.product(cm_names, MOE_CM_TILES):
-                    lanes = moe_tile_groups(n, k, n_expert, bn)
+                    lanes = moe_tiles_most(n, k, n_expert, bn)
 
-                    def on_cm(g, i=0, bm=bm, bn=bn, lanes=lanes, ahead=ahead):
+                    def on_cm(g, i=0, bm=bm, bn=bn, ahead=ahead):
+                        g.op("moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=bn)
                         for bw, e, count in parts:
                             g.op("mul_mat_moe_cm", [bw, bx, bg, bp, by],
-                                 (-(-n_out // bm), lanes, count), wtype=wtype,
-                                 spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot),
-                                           PREFETCH=ahead),
-                                 n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
+                                 (-(-n_out // bm), moe_tiles_most(n, k, count, bn), 1),
+                                 wtype=wtype, spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot),
+                                                        PREFETCH=ahead),
+                                 n_in=n_in, n_out=n_out, n_used=k, expert_base=e,
+                                 n_experts=count, n_expert=n_expert)
                     vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
                     us = _time_records(dev, kernels, on_cm, repeats)
                     err = _rel_err(vk.download(dev, by).view(np.float32), want)
@@ -659,15 +666,17 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                                                ("mul_mat_moe_cm2f", 1))
                              if on_units and (not variants or name in variants)]
                 for (name, acc16), (bm, bn, wg) in itertools.product(cm2_names, MOE_CM2_TILES):
-                    lanes = moe_tile_groups(n, k, n_expert, bn)
+                    lanes = moe_tiles_most(n, k, n_expert, bn)
                     spec = dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot), F16DEC=f16dec,
                                 ACC16=acc16)
 
-                    def on_cm2(g, i=0, bm=bm, lanes=lanes, spec=spec):
+                    def on_cm2(g, i=0, bm=bm, bn=bn, spec=spec):
+                        g.op("moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=bn)
                         for bw, e, count in parts:
                             g.op("mul_mat_moe_cm2", [bw, bx, bg, bp, by],
-                                 (-(-n_out // bm), lanes, count), wtype=wtype, spec=spec,
-                                 n_in=n_in, n_out=n_out, n_used=k, expert_base=e)
+                                 (-(-n_out // bm), moe_tiles_most(n, k, count, bn), 1),
+                                 wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=k,
+                                 expert_base=e, n_experts=count, n_expert=n_expert)
                     vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
                     v = {"kernel": name, "tile": [bm, bn, wg], "token_tiles": lanes}
                     try:

@@ -799,9 +799,57 @@ def moe_groups_ref(ids: np.ndarray, n_expert: int) -> tuple[np.ndarray, np.ndarr
 
 
 def run_moe_group(dev, kc, bi, T: int, k: int, n_expert: int):
-    groups, perm = buf(dev, nbytes=8 * n_expert), buf(dev, nbytes=4 * T * k)
+    from engine.gpu.runstate import moe_groups_words
+
+    groups = buf(dev, nbytes=4 * moe_groups_words(n_expert, T * k))
+    perm = buf(dev, nbytes=4 * T * k)
     run_once(dev, kc, "moe_group", [bi, groups, perm], (n_expert, 1, 1), n_slots=T * k)
     return groups, perm
+
+
+def moe_tiles_ref(counts: np.ndarray, bn: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the tiles of the experts below each, and all: n_expert + 1 starts; the list, each
+    tile e | (its tile in e << 16), in expert order) for tiles of bn slots."""
+    per = -(-counts.astype(np.int64) // bn)
+    starts = np.concatenate([[0], np.cumsum(per)]).astype(np.uint32)
+    tiles = [e | (j << 16) for e in range(len(counts)) for j in range(per[e])]
+    return starts, np.array(tiles, np.uint32)
+
+
+def run_grouped(dev, kc, kernel, wtype, parts, bufs, T, k, n_expert, n_in, n_out, bm, bn, spec,
+                tiles=None):
+    """moe_tiles for tiles of bn slots, then the grouped product `kernel` over each part of
+    W ((buffer, first expert, experts)); bufs: x, groups, perm, y. tiles: workgroups along
+    y (each part's most, moe_tiles_most, where None)."""
+    from engine.gpu.builder import moe_tiles_most
+
+    run_once(dev, kc, "moe_tiles", [bufs[1]], (1, 1, 1), n_expert=n_expert, bn=bn)
+    for bw, first, count in parts:
+        run_once(dev, kc, kernel, [bw, *bufs],
+                 (-(-n_out // bm), tiles or moe_tiles_most(T, k, count, bn), 1), wtype=wtype,
+                 spec=spec, n_in=n_in, n_out=n_out, n_used=k, expert_base=first,
+                 n_experts=count, n_expert=n_expert)
+
+
+@pytest.mark.parametrize("T,k,n_expert,hot,bn", [(1, 1, 3, 0, 4), (9, 2, 8, 9, 4),
+                                                 (37, 8, 128, 30, 32), (64, 4, 60, 64, 8),
+                                                 (5, 1, 512, 2, 1), (300, 8, 300, 300, 16)])
+def test_moe_tiles(dev, kc, T, k, n_expert, hot, bn):
+    """Every expert's tiles of bn slots listed in expert order, each expert's first tile and
+    the count of all: experts with no token, one that every token takes, more experts than
+    one round of the scan (256), a tile a slot. No more tiles than moe_tiles_most."""
+    from engine.gpu.builder import moe_tiles_most
+
+    rng = np.random.default_rng(30)
+    ids = routed_ids(rng, T, k, n_expert, hot)
+    bg, _ = run_moe_group(dev, kc, buf(dev, ids), T, k, n_expert)
+    run_once(dev, kc, "moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=bn)
+    got = read(dev, bg, np.uint32)
+    counts = np.bincount(ids.reshape(-1), minlength=n_expert)
+    starts, tiles = moe_tiles_ref(counts, bn)
+    assert np.array_equal(got[2 * n_expert:3 * n_expert + 1], starts)
+    assert np.array_equal(got[3 * n_expert + 1:][:len(tiles)], tiles)
+    assert len(tiles) <= moe_tiles_most(T, k, n_expert, bn)
 
 
 @pytest.mark.parametrize("T,k,n_expert,hot", [(1, 1, 3, 0), (9, 2, 8, 9), (37, 8, 128, 30),
@@ -814,7 +862,7 @@ def test_moe_group(dev, kc, T, k, n_expert, hot):
     bi = buf(dev, ids)
     bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
     want_groups, want_perm = moe_groups_ref(ids, n_expert)
-    got_groups = read(dev, bg, np.uint32).reshape(n_expert, 2)
+    got_groups = read(dev, bg, np.uint32)[:2 * n_expert].reshape(n_expert, 2)
     assert np.array_equal(got_groups, want_groups)
     assert np.array_equal(read(dev, bp, np.uint32)[:T * k], want_perm)
     if n_expert > k:
@@ -827,22 +875,20 @@ def moe_product_ref(w: np.ndarray, x: np.ndarray, ids: np.ndarray, per_slot: boo
                                for j in range(k)]) for t in range(T)])
 
 
-def run_mul_mat_moe(dev, kc, wtype, w_parts, bufs, n_in, n_out, k, tiles, rows=2, warps=2,
-                    nt=4, act=0, per_slot=0):
+def run_mul_mat_moe(dev, kc, wtype, w_parts, bufs, n_in, n_out, k, T, n_expert, tiles=None,
+                    rows=2, warps=2, nt=4, act=0, per_slot=0):
     """w_parts: (buffer, first expert, experts) per part of W; bufs: x, groups, perm, y."""
-    for bw, first, count in w_parts:
-        run_once(dev, kc, "mul_mat_moe", [bw, *bufs], (-(-n_out // (rows * warps)), tiles, count),
-                 wtype=wtype, spec=dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACT=act,
-                                        X_SLOT=per_slot),
-                 n_in=n_in, n_out=n_out, n_used=k, expert_base=first)
+    run_grouped(dev, kc, "mul_mat_moe", wtype, w_parts, bufs, T, k, n_expert, n_in, n_out,
+                rows * warps, nt, dict(WG=dev.subgroup_size * warps, ROWS=rows, NT=nt, ACT=act,
+                                       X_SLOT=per_slot), tiles)
 
 
 @pytest.mark.parametrize("wtype", WEIGHT_TYPES)
 @pytest.mark.parametrize("per_slot", [0, 1])
 def test_mul_mat_moe(dev, kc, wtype, per_slot):
-    """Each expert's slots as one product: against numpy, with an expert that gets no token,
-    one that most tokens share (more tiles than the dispatch has: it loops) and every token
-    tile count from one to the most an expert can need."""
+    """Each expert's slots as one product: against numpy, with an expert that gets no token
+    and one that most tokens share (3 tiles of 4 slots), the dispatch at the most tiles the
+    routing can make and at exactly those it made (past them workgroups exit)."""
     rng = np.random.default_rng(26)
     n_expert, n_out, n_in, T, k = 6, 40, 256, 11, 3
     raw, w = quantized(wtype, n_expert * n_out, n_in, rng)
@@ -852,10 +898,11 @@ def test_mul_mat_moe(dev, kc, wtype, per_slot):
     bw, bx, bi = buf(dev, raw, kind="weights"), buf(dev, x), buf(dev, ids)
     bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
     want = moe_product_ref(w, x, ids, per_slot)
-    for tiles in (1, 2, 3):                    # 4 slots per tile: 3 cover any expert
+    made = int((-(-np.bincount(ids.reshape(-1), minlength=n_expert) // 4)).sum())
+    for tiles in (None, made):
         by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
         run_mul_mat_moe(dev, kc, wtype, [(bw, 0, n_expert)], [bx, bg, bp, by], n_in, n_out, k,
-                        tiles, per_slot=per_slot)
+                        T, n_expert, tiles, per_slot=per_slot)
         assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-10, tiles
 
 
@@ -886,22 +933,17 @@ def grouped_case(dev, kc, wtype, per_slot, n_out, seed, x16=False):
 @pytest.mark.parametrize("tile", [(64, 32), (128, 64)])
 def test_mul_mat_moe_cm(dev, kc, wtype, prefetch, per_slot, tile):
     """Each expert's slots as one product on the matrix units, against numpy on f16 inputs:
-    W in two parts, an expert that gets no token, one that every token takes (more slot
-    tiles than the dispatch has: it loops), partial tiles of rows and of slots; the next
-    step's loads ahead in registers or not (PREFETCH). Runs where the device has matrix
-    units."""
+    W in two parts, an expert that gets no token, one that every token takes (3 tiles of 32
+    slots, 2 of 64), partial tiles of rows and of slots; the next step's loads ahead in
+    registers or not (PREFETCH). Runs where the device has matrix units."""
     if not dev.coopmat:
         pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
     bm, bn = tile
     parts, bx, bg, bp, want, (T, k, n_out, n_in) = grouped_case(dev, kc, wtype, per_slot, 80, 29)
-    for tiles in (1, 3):                       # expert 1's 70 slots: 3 tiles of 32, 2 of 64
-        by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
-        for bw, first, count in parts:
-            run_once(dev, kc, "mul_mat_moe_cm", [bw, bx, bg, bp, by],
-                     (-(-n_out // bm), tiles, count), wtype=wtype,
-                     spec=dict(BM=bm, BN=bn, X_SLOT=per_slot, PREFETCH=prefetch),
-                     n_in=n_in, n_out=n_out, n_used=k, expert_base=first)
-        assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-9, tiles
+    by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
+    run_grouped(dev, kc, "mul_mat_moe_cm", wtype, parts, [bx, bg, bp, by], T, k, 6, n_in,
+                n_out, bm, bn, dict(BM=bm, BN=bn, X_SLOT=per_slot, PREFETCH=prefetch))
+    assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-9
 
 
 @pytest.mark.parametrize("wtype", CM2_TYPES)
@@ -913,10 +955,10 @@ def test_mul_mat_moe_cm2(dev, kc, wtype, per_slot, tile, x16, acc16):
     """Each expert's slots as one product on NVIDIA's workgroup-scope matrices, x's rows
     (f32, or f16: X16) gathered inside the tile load, the sums in f32 or in f16 (ACC16:
     within 1e-4, as test_mul_mat_cm2_f16_sums), against numpy on f16 inputs: W in two
-    parts, an expert that gets no token, one that every token takes (more slot tiles than
-    the dispatch has: it loops), experts whose rows are no multiple of the tile (a tile
-    reads into the next expert's), partial tiles of slots. Runs where the device has
-    VK_NV_cooperative_matrix2 and the kernel is compiled."""
+    parts, an expert that gets no token, one that every token takes (several tiles of
+    slots), experts whose rows are no multiple of the tile (a tile reads into the next
+    expert's), partial tiles of slots. Runs where the device has VK_NV_cooperative_matrix2
+    and the kernel is compiled."""
     from engine.gpu.kernels import compiled
 
     if not (dev.coopmat2 and compiled("mul_mat_moe_cm2")):
@@ -924,14 +966,11 @@ def test_mul_mat_moe_cm2(dev, kc, wtype, per_slot, tile, x16, acc16):
     bm, bn, wg = tile
     parts, bx, bg, bp, want, (T, k, n_out, n_in) = grouped_case(dev, kc, wtype, per_slot, 200,
                                                                31, x16=bool(x16))
-    for tiles in (1, 3):
-        by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
-        for bw, first, count in parts:
-            run_once(dev, kc, "mul_mat_moe_cm2", [bw, bx, bg, bp, by],
-                     (-(-n_out // bm), tiles, count), wtype=wtype,
-                     spec=dict(WG=wg, BM=bm, BN=bn, X_SLOT=per_slot, X16=x16, ACC16=acc16),
-                     n_in=n_in, n_out=n_out, n_used=k, expert_base=first)
-        assert nmse(read(dev, by).reshape(T, k, n_out), want) < (1e-4 if acc16 else 1e-9), tiles
+    by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
+    run_grouped(dev, kc, "mul_mat_moe_cm2", wtype, parts, [bx, bg, bp, by], T, k, 6, n_in,
+                n_out, bm, bn, dict(WG=wg, BM=bm, BN=bn, X_SLOT=per_slot, X16=x16,
+                                    ACC16=acc16))
+    assert nmse(read(dev, by).reshape(T, k, n_out), want) < (1e-4 if acc16 else 1e-9)
 
 
 def builder_moe(dev, kc, tuning, wtype, raw, x, ids, n_expert, n_out, per_slot, parts=(1.0,)):
@@ -1039,7 +1078,7 @@ def test_grouped_experts_round_like_ggml(dev, kc):
     bg, bp = run_moe_group(dev, kc, bi, T, k, n_expert)
     by = buf(dev, nbytes=4 * T * k * n_out)
     run_mul_mat_moe(dev, kc, "Q4_1", [(buf(dev, raw), 0, n_expert)], [bx, bg, bp, by], n_in,
-                    n_out, k, 1, act=2, per_slot=1)
+                    n_out, k, T, n_expert, act=2, per_slot=1)
     per_expert = raw.nbytes // n_expert
     want = np.stack([np.stack([
         ggml_dot_q4_1_q8_1(raw[e * per_expert:(e + 1) * per_expert], x[t, j:j + 1], n_out,

@@ -1,9 +1,10 @@
 """Per-device choices in ops.Tuning, from plain DeviceInfo records (no device needed)."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from engine.gpu.builder import moe_tile_groups, moe_tile_slots
+from engine.gpu.builder import moe_tile_slots, moe_tiles_most
 
 from engine.gpu.paths import Tuning, is_amd_gcn
 from engine.gpu.vk import DeviceInfo
@@ -86,17 +87,25 @@ def test_decode_splits_follow_context_and_device():
     assert cpu_t.split_chunk >= gpu_t.split_chunk
 
 
-@pytest.mark.parametrize("n,k,n_expert,slots,groups", [
-    (256, 8, 128, 8, 4),     # Qwen3-30B-A3B, a full chunk: 16 slots an expert, tiles of 8
-    (32, 8, 128, 2, 2),      # a short prompt: 2 an expert
-    (8, 8, 128, 1, 2),       # fewer slots than experts
-    (9, 2, 8, 4, 2),         # the test model
-    (4, 8, 8, 4, 1)])        # every token takes every expert: one tile holds it
-def test_moe_tiles_follow_an_even_routing(n, k, n_expert, slots, groups):
-    """mul_mat_moe's token tiles hold an expert's share of an even routing, and the dispatch
-    has twice the tiles that share needs (uneven experts loop), never more than n tokens."""
+@pytest.mark.parametrize("n,k,n_expert,slots,most", [
+    (256, 8, 128, 8, 368),   # Qwen3-30B-A3B, a full chunk: 16 slots an expert, tiles of 8
+    (32, 8, 128, 2, 192),    # a short prompt: 2 an expert
+    (8, 8, 128, 1, 64),      # fewer slots than experts: a tile a slot
+    (9, 2, 8, 4, 10),        # the test model
+    (4, 8, 8, 4, 8)])        # every token takes every expert: one tile holds each
+def test_moe_tiles_follow_an_even_routing(n, k, n_expert, slots, most):
+    """mul_mat_moe's token tiles hold an expert's share of an even routing; the grouped
+    products' dispatch covers the most tiles any routing makes (each expert's slots in
+    whole tiles and one partial, no expert more than n tokens), even, uneven or hot."""
     assert moe_tile_slots(n, k, n_expert, 8) == slots
-    assert moe_tile_groups(n, k, n_expert, slots) == groups
+    assert moe_tiles_most(n, k, n_expert, slots) == most
+    rng = np.random.default_rng(3)
+    for skew in (0.0, 1.0, 4.0):
+        p = np.exp(skew * rng.standard_normal(n_expert))
+        ids = np.stack([rng.choice(n_expert, min(k, n_expert), replace=False, p=p / p.sum())
+                        for _ in range(n)])
+        counts = np.bincount(ids.reshape(-1), minlength=n_expert)
+        assert (-(-counts // slots)).sum() <= most
 
 
 def test_matvec_shape_per_shape_and_by_setting(monkeypatch):
@@ -168,16 +177,13 @@ def test_matvecq_choices_and_settings(monkeypatch):
 
 @pytest.mark.parametrize("n_in", [4096, 28672, 1 << 20])
 def test_loop_bounded_drivers_get_walks_within_the_bound(n_in):
-    """Under llvmpipe's loop bound: an expert that every token of a pass picks gets tiles
-    enough that each workgroup's walks over K stay within half of it; decode attention gets
+    """Under llvmpipe's loop bound: a grouped expert product's workgroup walks K once (a
+    tile each, however many tokens pick its expert), within half of it; decode attention gets
     splits enough at any context; reductions widen with the vocabulary."""
     t = Tuning.for_info(gpu("llvmpipe (LLVM 15.0.6, 256 bits)", MESA_CPU, "cpu"), subgroup=8)
     assert t.loop_ticks == 65535
-    walk = -(-n_in // 64) + 2
-    for n, k, n_expert in [(256, 8, 256), (256, 1, 256), (255, 1, 256), (256, 8, 8)]:
-        nt = moe_tile_slots(n, k, n_expert, t.mm_tokens)
-        tiles = moe_tile_groups(n, k, n_expert, nt, t.loop_ticks // 2 // walk)
-        assert -(-(-(-n // nt)) // tiles) * (walk + 1) + 1 < t.loop_ticks
+    walk = -(-n_in // 64) + 2        # a grouped product's workgroup walks K once, a tile
+    assert walk + 1 < t.loop_ticks // 2
     for n_ctx in (2048, 1 << 16, t.max_ctx):
         assert -(-n_ctx // t.decode_splits(n_ctx)) <= t.loop_ticks // 2
     for n in (49152, 262144, 1 << 22):
