@@ -322,8 +322,9 @@ def _said(row: dict, v: dict) -> None:
     what = f"{v['us']:.1f} us {v['tflops']:.1f} TFLOP/s" if "us" in v else v["error"]
     if v.get("compile_s"):
         what += f" (pipeline made in {v['compile_s']:.1f} s)"
-    print(f"{row['type']} {row['n_in']}x{row['n_out']}x{row.get('tokens', '')} {v['kernel']} "
-          f"{tile}: {what}", file=sys.stderr, flush=True)
+    routing = f" {row['routing']}" if "routing" in row else ""
+    print(f"{row['type']} {row['n_in']}x{row['n_out']}x{row.get('tokens', '')}{routing} "
+          f"{v['kernel']} {tile}: {what}", file=sys.stderr, flush=True)
 
 
 def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,

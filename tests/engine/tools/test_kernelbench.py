@@ -45,7 +45,8 @@ def test_the_sweep_narrows_and_says_each_variant_as_it_comes(dev, kc, capsys):
     assert [r["type"] for r in rows] == ["Q6_K"] * 3
     assert all({v["kernel"] for v in r["variants"]} == {"mul_mat_moe"} for r in rows)
     said = [ln for ln in capsys.readouterr().err.splitlines() if " mul_mat_moe 2x4: " in ln]
-    assert len(said) == 3 and all(ln.startswith("Q6_K 256x8x12 ") for ln in said)
+    assert [ln.split(" mul_mat_moe ")[0] for ln in said] == \
+        [f"Q6_K 256x8x12 {routing}" for routing in ("even", "uneven", "hot")]
     args = argparse.Namespace(kernel="concat", repeats=1, json=False, variants="mul_mat_moe")
     with pytest.raises(ValueError, match="--variants"):
         kernelbench.run_kernel_bench(args)
