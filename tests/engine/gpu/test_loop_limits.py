@@ -144,8 +144,8 @@ def test_flash_attention_at_the_longest_context(dev, kc, ggml):
 
 def test_expert_products_with_every_token_on_one_expert(dev, kc):
     """A full prefill pass whose tokens all pick one expert of 256 (a repeated token can):
-    that expert's workgroups walk all of its tiles (test_ops holds the tile count to the
-    loop bound at any K)."""
+    every one of that expert's tiles gets its own workgroup, each a walk over K (test_ops
+    holds a walk to the loop bound at any K)."""
     rng = np.random.default_rng(3)
     t = Tuning.for_device(dev)
     n, k_used, n_out, n_in = 256, 8, 8, 4096
