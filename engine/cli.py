@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "time, mul_mat_cm2s: W staged by the lanes, mul_mat_cm2p: W "
                          "predecoded to f16, mul_mat_cm2pf: and f16 sums; mul_mat_moe, "
                          "mul_mat_moe_cm, mul_mat_moe_cmp: its loads a step ahead, "
-                         "mul_mat_moe_cm2)")
+                         "mul_mat_moe_cmh: x as f16, mul_mat_moe_cm2)")
     kb.add_argument("--shapes", metavar="T:KxMxN,...",
                     help="mul_mat_cm: these products instead (weight type: inputs x outputs "
                          "x tokens, e.g. Q4_K:4096x14336x512)")

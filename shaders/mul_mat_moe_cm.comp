@@ -5,8 +5,8 @@
 // slots): workgroup y takes the y-th tile that moe_tiles listed for this part of W's
 // experts (moe_tile.glsl), those past them exit at once.
 // A tile's x rows are gathered through perm into shared memory as f16 beside the expert's
-// dequantized rows, as mul_mat_cm stages them; sums in f32, y in slot order
-// [n_tokens, n_used, n_out] for moe_combine.
+// dequantized rows, as mul_mat_cm stages them (from f32 x, or X16's f16: the same halves);
+// sums in f32, y in slot order [n_tokens, n_used, n_out] for moe_combine.
 // X_SLOT 0: a slot reads its token's row of x (gate, up); 1: its own row s (down).
 // W bound in parts holds whole experts, expert_base and n_experts of them.
 #extension GL_GOOGLE_include_directive : require
@@ -26,12 +26,14 @@ layout(constant_id = 3) const uint PREFETCH = 0;  // 1: the next step's W and x 
                                                   // (fewer registers a lane; on an H100
                                                   // Q4_K's 2048 x 768 for 256 tokens 142
                                                   // us against 164)
+layout(constant_id = 4) const uint X16 = 0;       // 1: x is f16 (a pass before made it so)
 
 layout(std430, binding = 0) readonly buffer W4 { uvec4 w4[]; };
 layout(std430, binding = 0) readonly buffer W16 { uint16_t w16[]; };
 layout(std430, binding = 0) readonly buffer W32 { uint w32[]; };
 #include "chunk.glsl"
 layout(std430, binding = 1) readonly buffer X { vec4 x4[]; };
+layout(std430, binding = 1) readonly buffer Xh { f16vec4 xh4[]; };   // X16: the same places
 layout(std430, binding = 2) readonly buffer Groups { uint groups[]; };
 layout(std430, binding = 3) readonly buffer Perm { uint perm[]; };
 layout(std430, binding = 4) writeonly buffer Y { float y[]; };
@@ -75,7 +77,8 @@ void fetch(uint k0, uint w0, uint row0, uint live, uint nc) {
     [[unroll]] for (uint i = 0; i < B_PER; i++) {
         const uint u = gl_LocalInvocationID.x + 128 * i;
         const uint t = u / BK4, v = u % BK4;
-        xb[i] = t < live ? x4[xrow_of[t] + k0 / 4 + v] : vec4(0.0);
+        const uint at = xrow_of[t] + k0 / 4 + v;
+        xb[i] = t >= live ? vec4(0.0) : X16 != 0 ? vec4(xh4[at]) : x4[at];
     }
 }
 

@@ -141,8 +141,8 @@ KERNELS: dict[str, KernelSpec] = {
         writes=(4,)),
     "mul_mat_moe_cm": KernelSpec(
         "mul_mat_moe_cm.comp", 5, MOE_PUSH,
-        (("BM", 0), ("BN", 1), ("X_SLOT", 2), ("PREFETCH", 3)), typed=True, writes=(4,),
-        coopmat=True),
+        (("BM", 0), ("BN", 1), ("X_SLOT", 2), ("PREFETCH", 3), ("X16", 4)), typed=True,
+        writes=(4,), coopmat=True),
     "mul_mat_moe_cm2": KernelSpec(
         "mul_mat_moe_cm2.comp", 5, MOE_PUSH,
         (("WG", 0), ("BM", 1), ("BN", 2), ("X_SLOT", 3), ("F16DEC", 4), ("X16", 5),

@@ -585,19 +585,21 @@ class Builder:
         workgroup-scope matrices and the type has a decoder, else mul_mat_moe_cm's of
         MOE_CM_TILE (weight rows x slots)."""
         n_in, n_out, n_expert = w.shape
+        rows = n * n_used if per_slot else n
+        # x as f16 from a pass before (Tuning.cm2_x16), not turned so in the gather (the same
+        # halves): one pass for gate and up, half the bytes each of their tiles reads
+        x16 = self.t.cm2_x16 and 2 * rows * n_in <= self.rs.xq.nbytes
+        if x16:
+            x = self._f16_input(x, 0, rows, n_in)
         if self.paths().moe_prefill == "mul_mat_moe_cm2" and w.wtype in CM2_TYPES:
             bm, bn, wg = MOE_CM2_TILE
-            rows = n * n_used if per_slot else n
-            # x as f16 from a pass before (Tuning.cm2_x16), not turned so in the gather
-            x16 = self.t.cm2_x16 and 2 * rows * n_in <= self.rs.xq.nbytes
-            if x16:
-                x = self._f16_input(x, 0, rows, n_in)
             kernel, spec = "mul_mat_moe_cm2", dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot),
                                                    F16DEC=int(self.t.cm2_f16dec), X16=int(x16),
                                                    ACC16=int(self.t.cm2_acc16))
         else:
             bm, bn = MOE_CM_TILE
-            kernel, spec = "mul_mat_moe_cm", dict(BM=bm, BN=bn, X_SLOT=int(per_slot))
+            kernel, spec = "mul_mat_moe_cm", dict(BM=bm, BN=bn, X_SLOT=int(per_slot),
+                                                  X16=int(x16))
         self._moe_products(kernel, w, x, y, n, n_used, bm, bn, spec)
 
     def moe_router(self, logits: vk.Buffer, ids: vk.Buffer, weights: vk.Buffer, n: int,

@@ -65,7 +65,8 @@ class Tuning:
                             # device with them and takes them
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
     cm2_x16: bool = True    # ... x turned to f16 by a pass before (to_f16, or the norm or
-                            # GLU before the product), not in its loads
+                            # GLU before the product), not in its loads; the grouped
+                            # expert products on matrix units too (mul_mat_moe_cm's X16)
     cm2_ahead: bool = True  # ... the K-quants' scales fetched a super-block ahead
     cm2_f16dec: bool = False   # ... the K-quants decoded in f16 (scale products rounded to
                                # f16 first), not f32: $HOTSEAT_CM2_F16DEC=on, to time it

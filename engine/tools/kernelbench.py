@@ -574,6 +574,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
         parts = [(alloc(per_expert * min(step, n_expert - e), f"bench/w.{e}", "scratch"), e,
                   min(step, n_expert - e)) for e in range(0, n_expert, step)]
         bx = alloc(x.nbytes, "bench/x", "scratch")
+        bh = alloc(x.nbytes // 2, "bench/x16", "scratch")        # x as f16
         bi = alloc(4 * n * k, "bench/ids", "scratch")
         bg = alloc(4 * moe_groups_words(n_expert, n * k), "bench/groups", "scratch")
         bp = alloc(4 * n * k, "bench/perm", "scratch")
@@ -582,6 +583,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
             for bw, e, count in parts:
                 vk.upload(dev, bw, raw[e * per_expert:(e + count) * per_expert])
             vk.upload(dev, bx, x)
+            vk.upload(dev, bh, x.astype(np.float16))
             for routing, skew in (("even", 0.0), ("uneven", 1.0), ("hot", 3.0)):
                 ids = moe_routing(rng, n, n_expert, k, skew)
                 vk.upload(dev, bi, ids)
@@ -634,21 +636,23 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                                             "token_tiles": lanes,
                                             "us": us, "tflops": flop / us / 1e6,
                                             "max_rel_err": err})
-                # (mul_mat_moe_cmp: the next step's loads ahead in registers)
+                # (mul_mat_moe_cmp: the next step's loads ahead in registers; _cmh: x as
+                # f16, as a model gives it)
                 on_cm = t.fast_prefill and n_in % CM_K == 0
-                cm_names = [(name, ahead) for name, ahead in (("mul_mat_moe_cm", 0),
-                                                              ("mul_mat_moe_cmp", 1))
+                cm_names = [(name, ahead, x16) for name, ahead, x16 in (
+                                ("mul_mat_moe_cm", 0, 0), ("mul_mat_moe_cmp", 1, 0),
+                                ("mul_mat_moe_cmh", 0, 1))
                             if on_cm and (not variants or name in variants)]
-                for (name, ahead), (bm, bn) in itertools.product(cm_names, MOE_CM_TILES):
+                for (name, ahead, x16), (bm, bn) in itertools.product(cm_names, MOE_CM_TILES):
                     lanes = moe_tiles_most(n, k, n_expert, bn)
 
-                    def on_cm(g, i=0, bm=bm, bn=bn, ahead=ahead):
+                    def on_cm(g, i=0, bm=bm, bn=bn, ahead=ahead, x16=x16):
                         g.op("moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=bn)
                         for bw, e, count in parts:
-                            g.op("mul_mat_moe_cm", [bw, bx, bg, bp, by],
+                            g.op("mul_mat_moe_cm", [bw, bh if x16 else bx, bg, bp, by],
                                  (-(-n_out // bm), moe_tiles_most(n, k, count, bn), 1),
                                  wtype=wtype, spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot),
-                                                        PREFETCH=ahead),
+                                                        PREFETCH=ahead, X16=x16),
                                  n_in=n_in, n_out=n_out, n_used=k, expert_base=e,
                                  n_experts=count, n_expert=n_expert)
                     vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
@@ -704,7 +708,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                 row["speedup"] = row["mul_mat_id_us"] / (best["us"] + row["moe_group_us"] / 3)
                 out.append(row)
         finally:
-            for b in [p[0] for p in parts] + [bx, bi, bg, bp, by]:
+            for b in [p[0] for p in parts] + [bx, bh, bi, bg, bp, by]:
                 dev.allocator.free(b)
     return out
 
@@ -839,7 +843,8 @@ def run_kernel_bench(args) -> int:
         print("|---|---:|---:|---|---:|---:|---:|---|---:|---:|---:|---|")
 
         def tile(v: dict) -> str:     # cm: mul_mat_moe_cm's weight rows x slots (cm2's x lanes)
-            cm = {"mul_mat_moe_cm": "cm ", "mul_mat_moe_cm2": "cm2 "}.get(v["kernel"], "")
+            cm = {"mul_mat_moe_cm": "cm ", "mul_mat_moe_cmp": "cmp ", "mul_mat_moe_cmh": "cmh ",
+                  "mul_mat_moe_cm2": "cm2 ", "mul_mat_moe_cm2f": "cm2f "}.get(v["kernel"], "")
             return f"{cm}{'x'.join(map(str, v['tile']))}/{v['token_tiles']}"
 
         for r in rows:

@@ -927,22 +927,26 @@ def grouped_case(dev, kc, wtype, per_slot, n_out, seed, x16=False):
     return parts, bx, bg, bp, want, (T, k, n_out, n_in)
 
 
-@pytest.mark.parametrize("wtype,prefetch", [(t, 0) for t in WEIGHT_TYPES]
-                         + [("Q4_K", 1), ("Q4_0", 1)])
+@pytest.mark.parametrize("wtype,prefetch,x16", [(t, 0, 0) for t in WEIGHT_TYPES]
+                         + [("Q4_K", 1, 0), ("Q4_0", 1, 0), ("Q4_K", 0, 1), ("Q6_K", 0, 1),
+                            ("Q4_0", 1, 1)])
 @pytest.mark.parametrize("per_slot", [0, 1])
 @pytest.mark.parametrize("tile", [(64, 32), (128, 64)])
-def test_mul_mat_moe_cm(dev, kc, wtype, prefetch, per_slot, tile):
+def test_mul_mat_moe_cm(dev, kc, wtype, prefetch, x16, per_slot, tile):
     """Each expert's slots as one product on the matrix units, against numpy on f16 inputs:
     W in two parts, an expert that gets no token, one that every token takes (3 tiles of 32
     slots, 2 of 64), partial tiles of rows and of slots; the next step's loads ahead in
-    registers or not (PREFETCH). Runs where the device has matrix units."""
+    registers or not (PREFETCH); x given as f16 (X16). Runs where the device has matrix
+    units."""
     if not dev.coopmat:
         pytest.skip(f"{dev.name} has no 16x16x16 f16 cooperative matrices")
     bm, bn = tile
-    parts, bx, bg, bp, want, (T, k, n_out, n_in) = grouped_case(dev, kc, wtype, per_slot, 80, 29)
+    parts, bx, bg, bp, want, (T, k, n_out, n_in) = grouped_case(dev, kc, wtype, per_slot, 80, 29,
+                                                               x16=bool(x16))
     by = buf(dev, np.full((T, k, n_out), np.nan, np.float32))
     run_grouped(dev, kc, "mul_mat_moe_cm", wtype, parts, [bx, bg, bp, by], T, k, 6, n_in,
-                n_out, bm, bn, dict(BM=bm, BN=bn, X_SLOT=per_slot, PREFETCH=prefetch))
+                n_out, bm, bn, dict(BM=bm, BN=bn, X_SLOT=per_slot, PREFETCH=prefetch,
+                                    X16=x16))
     assert nmse(read(dev, by).reshape(T, k, n_out), want) < 1e-9
 
 
@@ -1036,9 +1040,10 @@ def test_grouped_experts_round_like_mul_mat_id(dev, kc, wtype):
 def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in, cm2):
     """Tuning.moe_cm: a model's routed prefill products (W in two parts, a row per token and
     a row per slot) take mul_mat_moe_cm (with Tuning.coopmat2 and moe_cm2, mul_mat_moe_cm2
-    for the types it decodes) and give numpy's on f16 inputs; rows that are no multiple of
-    64 keep mul_mat_moe, exact in f32. Runs where prefill takes the matrix units (and for cm2, where
-    the device has VK_NV_cooperative_matrix2)."""
+    for the types it decodes), x made f16 by a pass before or not (Tuning.cm2_x16), and give
+    numpy's on f16 inputs; rows that are no multiple of 64 keep mul_mat_moe, exact in f32.
+    Runs where prefill takes the matrix units (and for cm2, where the device has
+    VK_NV_cooperative_matrix2)."""
     from dataclasses import replace
 
     from engine.gpu.kernels import compiled
@@ -1056,7 +1061,7 @@ def test_grouped_experts_on_the_matrix_units(dev, kc, wtype, n_in, cm2):
     ids = routed_ids(rng, T, k, n_expert, hot=T)
     f16 = (lambda a: a.astype(np.float16).astype(np.float64)) if n_in % 64 == 0 \
         else (lambda a: a.astype(np.float64))
-    for x16 in (False, True) if cm2 else (False,):      # cm2: x made f16 by to_f16 or not
+    for x16 in (False, True):                           # x made f16 by to_f16 or not
         t = replace(base, moe_cm=True, coopmat2=cm2, moe_cm2=cm2, cm2_x16=x16)
         assert t.paths(128).moe_prefill == ("mul_mat_moe_cm2" if cm2 else "mul_mat_moe_cm")
         for per_slot in (0, 1):
