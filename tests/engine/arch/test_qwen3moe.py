@@ -168,14 +168,16 @@ def kernel_of(variant: str) -> str:
 
 
 def test_prefill_groups_tokens_by_expert(dev, kc, moe_path):
-    """Prefill runs each expert as one product over its tokens (moe_group, then mul_mat_moe),
-    decode keeps the per-token product; both steps' logits agree with the per-token path's
-    (the same sums: measured equal on lavapipe)."""
+    """Prefill runs each expert as one product over its tokens (moe_group and moe_tiles, then
+    mul_mat_moe), decode keeps the per-token product; both steps' logits agree with the
+    per-token path's (the same sums: measured equal on lavapipe). The grouped products on
+    matrix units (f16 inputs) are held to numpy in test_kernels; here the shader cores'."""
     prompt = [(37 * i + 5) % N_VOCAB for i in range(40)]
     runs = {}
     for grouped in (True, False):
         m = Model(dev, kc, moe_path, n_ctx=64, name=f"grouped={grouped}")
         m.tuning.moe_grouped = grouped
+        m.tuning.moe_cm = m.tuning.moe_cm2 = False  # mul_mat_moe, as on lavapipe
         m.profile = True                            # graphs keep their ops' names
         try:
             logits = [m.run(prompt, 0, greedy=False), m.run([42], len(prompt), greedy=False)]
@@ -187,6 +189,7 @@ def test_prefill_groups_tokens_by_expert(dev, kc, moe_path):
             m.close()
     (grouped, (prefill, decode)), (per_token, (prefill_pt, decode_pt)) = runs[True], runs[False]
     assert prefill.count("moe_group") == N_LAYER and "mul_mat_id" not in prefill
+    assert prefill.count("moe_tiles") == N_LAYER       # one list for gate, up and down
     assert prefill.count("mul_mat_moe") == 3 * N_LAYER
     assert prefill_pt.count("mul_mat_id") == 3 * N_LAYER and "mul_mat_moe" not in prefill_pt
     assert decode == decode_pt and decode.count("mul_mat_id") == 3 * N_LAYER
