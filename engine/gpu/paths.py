@@ -60,9 +60,8 @@ class Tuning:
     coopmat: bool = False   # prefill products on the matrix units (mul_mat_cm)
     cm_tile: tuple[int, int] = (128, 64)   # its weight rows x tokens per workgroup
     coopmat2: bool = False  # ... through NVIDIA's workgroup-scope matrices where the type
-                            # has a decoder (mul_mat_cm2, VK_NV_cooperative_matrix2): off
-                            # until a GPU run has timed it; $HOTSEAT_COOPMAT2=on opens the
-                            # device with them and takes them
+                            # has a decoder (mul_mat_cm2, VK_NV_cooperative_matrix2): where
+                            # the device has them, unless $HOTSEAT_COOPMAT2=off
     cm2_tile: tuple[int, int, int] = (128, 128, 256)   # its rows x tokens x lanes
     cm2_x16: bool = True    # ... x turned to f16 by a pass before (to_f16, or the norm or
                             # GLU before the product), not in its loads; the grouped
@@ -165,7 +164,7 @@ class Tuning:
                          and os.environ.get("HOTSEAT_MATVECQ") != "off",
                          compute_units=dev.compute_units)
         t.moe_cm = t.moe_cm and compiled("mul_mat_moe_cm")
-        # the device has them only where $HOTSEAT_COOPMAT2=on asked (vk.coopmat2_asked)
+        # the device has them unless $HOTSEAT_COOPMAT2=off (vk.coopmat2_asked)
         t.coopmat2 = (t.coopmat and dev.coopmat2 and compiled("mul_mat_cm2")
                       and compiled("mul_mat_moe_cm2"))
         t.cm2_attn = t.cm2_attn and t.coopmat2 and compiled("flash_attn_cm2")

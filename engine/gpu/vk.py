@@ -316,8 +316,7 @@ class Device:
                         and self._coopmat_16x16x16())
         # NVIDIA's workgroup-scope matrices (VK_NV_cooperative_matrix2: mul_mat_cm2), on top
         # of the KHR ones; their SPIR-V is 1.6 (Vulkan 1.3) and their decode functions take
-        # buffer addresses. Asked for with $HOTSEAT_COOPMAT2=on until a GPU run has held
-        # them to the other paths: otherwise the device is opened as without them.
+        # buffer addresses. $HOTSEAT_COOPMAT2=off opens the device as without them.
         self.coopmat2 = (coopmat2_asked() and self.coopmat and bool(f12.bufferDeviceAddress)
                          and self.api_version >= _vk.VK_MAKE_VERSION(1, 3, 0)
                          and "VK_NV_cooperative_matrix2" in dev_exts
@@ -741,12 +740,12 @@ COOPMAT2_USED = (0, 1, 2, 3, 4, 5, 6)     # its features the cm2 kernels use: wo
 
 
 def coopmat2_asked() -> bool:
-    """$HOTSEAT_COOPMAT2: on asks for NVIDIA's workgroup-scope matrices where the device has
-    them; off or unset, not."""
+    """$HOTSEAT_COOPMAT2: unset or on asks for NVIDIA's workgroup-scope matrices where the
+    device has them; off keeps KHR's subgroup-scope ones (and Vulkan 1.2)."""
     value = os.environ.get("HOTSEAT_COOPMAT2", "").strip()
     if value not in ("", "on", "off"):
         raise ValueError(f"HOTSEAT_COOPMAT2: {value!r} is not on or off")
-    return value == "on"
+    return value != "off"
 
 
 def _instance_version() -> int:

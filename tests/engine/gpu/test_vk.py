@@ -41,8 +41,9 @@ def test_the_workgroup_scope_matrices_are_asked_for_with_the_features_they_need(
     """VK_NV_cooperative_matrix2 (which the binding predates): its feature query goes
     through a hand-laid struct that a device without it ignores; the link put before
     vkCreateDevice's chain asks for workgroup scope, flexible sizes, reductions, conversions,
-    per-element operations, tensor addressing and block loads and points on to the rest; buffers take addresses only where it is on, and
-    it is on only where $HOTSEAT_COOPMAT2=on asked for it."""
+    per-element operations, tensor addressing and block loads and points on to the rest;
+    buffers take addresses only where it is on, and it is off where $HOTSEAT_COOPMAT2=off
+    or the device lacks the extension."""
     from vulkan import ffi
 
     import vulkan as _vk
@@ -60,17 +61,17 @@ def test_the_workgroup_scope_matrices_are_asked_for_with_the_features_they_need(
 
 
 def test_the_workgroup_scope_setting(monkeypatch):
-    """Unset or off, a device opens at Vulkan 1.2 as it always has; on asks for 1.3 (mul_mat
+    """Off, a device opens at Vulkan 1.2, without them; unset or on asks for 1.3 (mul_mat
     _cm2's SPIR-V 1.6) where the loader has it; any other value names the setting."""
     import vulkan as _vk
 
-    for value in ("", "off"):
+    monkeypatch.setenv("HOTSEAT_COOPMAT2", "off")
+    assert not vk.coopmat2_asked()
+    assert vk._instance_version() == _vk.VK_MAKE_VERSION(1, 2, 0)
+    for value in ("", "on"):
         monkeypatch.setenv("HOTSEAT_COOPMAT2", value)
-        assert not vk.coopmat2_asked()
-        assert vk._instance_version() == _vk.VK_MAKE_VERSION(1, 2, 0)
-    monkeypatch.setenv("HOTSEAT_COOPMAT2", "on")
-    assert vk.coopmat2_asked()
-    assert vk._instance_version() >= _vk.VK_MAKE_VERSION(1, 2, 0)
+        assert vk.coopmat2_asked()
+        assert vk._instance_version() >= _vk.VK_MAKE_VERSION(1, 2, 0)
     monkeypatch.setenv("HOTSEAT_COOPMAT2", "yes")
     with pytest.raises(ValueError, match="HOTSEAT_COOPMAT2"):
         vk.coopmat2_asked()
