@@ -610,21 +610,24 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                        "parts": len(parts), "variants": []}
                 run_once(dev, kernels, "moe_group", [bi, bg, bp], (n_expert, 1, 1),
                          n_slots=n * k)
+
+                def grouped_op(kernel, bm, bn, spec, x):
+                    """The model's grouped product: moe_tiles, then kernel over each part."""
+                    def record(g, i=0):
+                        g.op("moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=bn)
+                        for bw, e, count in parts:
+                            g.op(kernel, [bw, x, bg, bp, by],
+                                 (-(-n_out // bm), moe_tiles_most(n, k, count, bn), 1),
+                                 wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=k,
+                                 expert_base=e, n_experts=count, n_expert=n_expert)
+                    return record
                 for rows, nt in tiles if not variants or "mul_mat_moe" in variants else ():
                     rows, nt = rows or t.mm_rows, nt or moe_tile_slots(n, k, n_expert,
                                                                        t.mm_tokens)
                     lanes = moe_tiles_most(n, k, n_expert, nt)
-
-                    def grouped(g, i=0, rows=rows, nt=nt):
-                        g.op("moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=nt)
-                        for bw, e, count in parts:
-                            g.op("mul_mat_moe", [bw, bx, bg, bp, by],
-                                 (-(-n_out // (rows * t.warps)),
-                                  moe_tiles_most(n, k, count, nt), 1), wtype=wtype,
-                                 spec=dict(WG=t.subgroup * t.warps, ROWS=rows, NT=nt,
-                                           ACT=act, X_SLOT=int(per_slot)),
-                                 n_in=n_in, n_out=n_out, n_used=k, expert_base=e,
-                                 n_experts=count, n_expert=n_expert)
+                    grouped = grouped_op("mul_mat_moe", rows * t.warps, nt,
+                                         dict(WG=t.subgroup * t.warps, ROWS=rows, NT=nt,
+                                              ACT=act, X_SLOT=int(per_slot)), bx)
                     vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
                     us = _time_records(dev, kernels, grouped, repeats)
                     got = vk.download(dev, by).view(np.float32)
@@ -645,16 +648,9 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                             if on_cm and (not variants or name in variants)]
                 for (name, ahead, x16), (bm, bn) in itertools.product(cm_names, MOE_CM_TILES):
                     lanes = moe_tiles_most(n, k, n_expert, bn)
-
-                    def on_cm(g, i=0, bm=bm, bn=bn, ahead=ahead, x16=x16):
-                        g.op("moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=bn)
-                        for bw, e, count in parts:
-                            g.op("mul_mat_moe_cm", [bw, bh if x16 else bx, bg, bp, by],
-                                 (-(-n_out // bm), moe_tiles_most(n, k, count, bn), 1),
-                                 wtype=wtype, spec=dict(BM=bm, BN=bn, X_SLOT=int(per_slot),
-                                                        PREFETCH=ahead, X16=x16),
-                                 n_in=n_in, n_out=n_out, n_used=k, expert_base=e,
-                                 n_experts=count, n_expert=n_expert)
+                    on_cm = grouped_op("mul_mat_moe_cm", bm, bn,
+                                       dict(BM=bm, BN=bn, X_SLOT=int(per_slot),
+                                            PREFETCH=ahead, X16=x16), bh if x16 else bx)
                     vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
                     us = _time_records(dev, kernels, on_cm, repeats)
                     err = _rel_err(vk.download(dev, by).view(np.float32), want)
@@ -674,14 +670,7 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                     lanes = moe_tiles_most(n, k, n_expert, bn)
                     spec = dict(WG=wg, BM=bm, BN=bn, X_SLOT=int(per_slot), F16DEC=f16dec,
                                 ACC16=acc16)
-
-                    def on_cm2(g, i=0, bm=bm, bn=bn, spec=spec):
-                        g.op("moe_tiles", [bg], (1, 1, 1), n_expert=n_expert, bn=bn)
-                        for bw, e, count in parts:
-                            g.op("mul_mat_moe_cm2", [bw, bx, bg, bp, by],
-                                 (-(-n_out // bm), moe_tiles_most(n, k, count, bn), 1),
-                                 wtype=wtype, spec=spec, n_in=n_in, n_out=n_out, n_used=k,
-                                 expert_base=e, n_experts=count, n_expert=n_expert)
+                    on_cm2 = grouped_op("mul_mat_moe_cm2", bm, bn, spec, bx)
                     vk.upload(dev, by, np.full(n * k * n_out, np.nan, np.float32))
                     v = {"kernel": name, "tile": [bm, bn, wg], "token_tiles": lanes}
                     try:
