@@ -120,11 +120,12 @@ def sources_hash(source: str, defines: tuple[str, ...]) -> str:
 
 
 def _prebuilt(variant: str, source: str, defines: tuple[str, ...]) -> str | None:
-    """The shipped module of a glslang2 variant when it was made from these sources."""
+    """The shipped module of a glslang2 variant when it was made from these sources (None
+    where the hash file is missing or not a table of hashes: nothing shipped is trusted)."""
     try:
         with open(HASHES) as f:
             made_from = json.load(f).get(variant)
-    except FileNotFoundError:
+    except (OSError, ValueError, AttributeError):
         return None
     path = os.path.join(PREBUILT, variant + ".spv")
     if made_from != sources_hash(source, defines) or not os.path.exists(path):

@@ -543,9 +543,10 @@ def bench_mul_mat_moe(dev, kernels, repeats: int = 10, shapes=MOE_SHAPES,
                       variants: set[str] | None = None) -> list[dict]:
     """A prefill chunk's routed products: per token and slot (mul_mat_id) against grouped by
     expert (moe_group and moe_tiles, then mul_mat_moe and the matrix units' kernels at
-    several tiles), for an even, an uneven and a hot routing; outputs checked against mul_mat_id first. Activations rounded
-    inside the products as ggml_numerics has them (Q8_0 for Q4_0; the K-quants' quantize_act
-    pass is the same for both paths and not timed)."""
+    several tiles), for an even, an uneven and a hot routing; outputs checked against
+    mul_mat_id first. Activations rounded inside the products as ggml_numerics has them
+    (Q8_0 for Q4_0; the K-quants' quantize_act pass is the same for both paths and not
+    timed)."""
     from ..gpu.graph import run_once
     from ..gpu.kernels import ACT_INLINE, CM_K
     from ..gpu.builder import moe_tile_slots, moe_tiles_most

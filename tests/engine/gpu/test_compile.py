@@ -76,3 +76,21 @@ def test_a_variant_hashes_the_includes_it_reaches_and_only_those():
     reached = {os.path.basename(p) for p in shader_compile._reached("mul_mat_cm2.comp")}
     assert {"mul_mat_cm2.comp", "cm2_decode.glsl"} <= reached
     assert "delta.glsl" not in reached
+
+
+@pytest.mark.parametrize("garbage", [b"", b"{not json", b"[1, 2]", b"\xff\xfe"])
+def test_a_damaged_hash_file_ships_nothing(tmp_path, monkeypatch, garbage):
+    """A hash file that is empty, not JSON or not a table: no shipped module is taken (the
+    variant is skipped as without one), and nothing is written."""
+    hashes = tmp_path / "sources.json"
+    hashes.write_bytes(garbage)
+    monkeypatch.setattr(shader_compile, "HASHES", str(hashes))
+    monkeypatch.setenv("HOTSEAT_GLSLANG", fake_glslang(tmp_path, "13.1.1"))
+    monkeypatch.setattr(shader_compile, "glslang", lambda: fake_glslang(tmp_path, "13.1.1"))
+    monkeypatch.setattr(shader_compile, "SPV_DIR", str(tmp_path / "spv"))
+    assert shader_compile._prebuilt("mul_mat_cm2_Q4_K", "mul_mat_cm2.comp", ("TYPE_Q4_K",)) is None
+    with pytest.raises(shader_compile.CompilerMissing):
+        shader_compile.compile_variant("mul_mat_cm2_Q4_K", "mul_mat_cm2.comp", ("TYPE_Q4_K",),
+                                       "glslang2", force=True)
+    assert not os.path.exists(tmp_path / "spv" / "mul_mat_cm2_Q4_K.spv")
+
