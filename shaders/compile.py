@@ -166,7 +166,7 @@ def compile_variant(variant: str, source: str, defines: tuple[str, ...], tool: s
     src = os.path.join(HERE, source)
     if tool == "glslang2":
         try:
-            exe = glslang2()
+            exe, env = glslang2(), "vulkan1.3"
         except CompilerMissing:
             shipped = _prebuilt(variant, source, defines)
             if shipped is None:
@@ -174,8 +174,9 @@ def compile_variant(variant: str, source: str, defines: tuple[str, ...], tool: s
             shutil.copyfile(shipped, tmp)
             os.replace(tmp, out)
             return out
+    elif tool == "glslang":
+        exe, env = glslang(), "vulkan1.2"
     if tool in ("glslang", "glslang2"):
-        exe, env = (glslang(), "vulkan1.2") if tool == "glslang" else (exe, "vulkan1.3")
         cmd = [exe, "--target-env", env, "-S", "comp", f"-I{INCLUDE}", "-V"]
         cmd += [f"-D{d}" for d in defines] + [src, "-o", tmp]
     else:
