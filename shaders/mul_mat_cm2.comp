@@ -8,8 +8,7 @@
 // layouts (loads past them give 0, stores past them are dropped); the others take plain
 // layouts, which spare the bounds checks. Where the tiles are too few to fill the GPU, K is
 // split: workgroup z sums its slice of K into its own slice of y, and split_sum adds the
-// slices after; or (FIXUP) the last of a tile's workgroups to finish adds them, in slice
-// order as split_sum does, into out. The decoders: include/cm2_decode.glsl.
+// slices after. The decoders: include/cm2_decode.glsl.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_EXT_shader_16bit_storage : require
@@ -36,10 +35,6 @@ layout(constant_id = 8) const uint UNROLL = 4;   // steps along K an iteration w
 layout(constant_id = 9) const uint GROUP = 0;    // Q8_0, Q4_0: 1 reads eight blocks as one
                                                  // group of 256 (n_in a multiple of 256, W's
                                                  // binding of 16 bytes), d in shared memory
-layout(constant_id = 10) const uint FIXUP = 0;   // split K: 1 has the last workgroup of a
-                                                 // tile to finish add the slices into out
-                                                 // (ACC: onto it), the same bits as
-                                                 // split_sum; y holds the slices
 const uint BK = 64;
 
 layout(push_constant) uniform Push {
@@ -64,12 +59,6 @@ float16_t decode_x(const in DecX bl, const in uint blockCoords[2], const in uint
     return float16_t(bl.v[coordInBlock[1]]);
 }
 layout(std430, binding = 2) buffer Y { float y[]; };
-// FIXUP: how many of each tile's slices are done (zero between products: the workgroup that
-// adds them puts it back), y's slices read past the first level of cache, and the output
-layout(std430, binding = 3) coherent buffer Done { uint done[]; };
-layout(std430, binding = 2) coherent readonly buffer Slices { float slices[]; };
-layout(std430, binding = 4) buffer Out { float out_[]; };
-shared bool adds_slices;
 
 // one step along K: W's tile and x's, then the product; TW and TX are clamping layouts at
 // the edges and plain ones inside
@@ -202,7 +191,7 @@ void main() {
         coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
     coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> acc16 =
         coopmat<float16_t, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(0.0);
-    if (ACC != 0 && ACC16 == 0 && FIXUP == 0) {
+    if (ACC != 0 && ACC16 == 0) {
         coopMatLoadTensorNV(acc, y, 0, sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
                             transposed);
     }
@@ -219,7 +208,7 @@ void main() {
         }
         coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> sums =
             coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator>(acc16);
-        if (ACC != 0 && FIXUP == 0) {
+        if (ACC != 0) {
             coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> y0;
             coopMatLoadTensorNV(y0, y, 0,
                                 sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
@@ -232,35 +221,4 @@ void main() {
         coopMatStoreTensorNV(acc, y, y_base,
                              sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM), transposed);
     }
-    if (FIXUP == 0)
-        return;
-    // this slice's sums out to the device before the count says so (each lane's stores,
-    // then the count once all have), as a split product's last workgroup reads them
-    memoryBarrierBuffer();
-    barrier();
-    if (gl_LocalInvocationIndex == 0) {
-        const uint tile = gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-        adds_slices = atomicAdd(done[tile], 1u) == gl_NumWorkGroups.z - 1;
-        if (adds_slices)
-            done[tile] = 0;
-    }
-    barrier();
-    if (!adds_slices)
-        return;
-    memoryBarrierBuffer();
-    coopmat<float, gl_ScopeWorkgroup, BM, BN, gl_MatrixUseAccumulator> sum, part;
-    coopMatLoadTensorNV(sum, slices, 0, sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
-                        transposed);
-    for (uint z = 1; z < gl_NumWorkGroups.z; z++) {
-        coopMatLoadTensorNV(part, slices, z * p.y_slice,
-                            sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM), transposed);
-        sum += part;
-    }
-    if (ACC != 0) {
-        coopMatLoadTensorNV(part, out_, 0, sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
-                            transposed);
-        sum = part + sum;
-    }
-    coopMatStoreTensorNV(sum, out_, 0, sliceTensorLayoutNV(ty, t0, BN, p.y_offset + row0, BM),
-                         transposed);
 }

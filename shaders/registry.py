@@ -111,11 +111,11 @@ KERNELS: dict[str, KernelSpec] = {
          ("y_stride", U)),
         (("ACC", 0), ("BM", 1), ("BN", 2)), typed=True, writes=(2,), coopmat=True),
     "mul_mat_cm2": KernelSpec(
-        "mul_mat_cm2.comp", 5,
+        "mul_mat_cm2.comp", 3,
         (("n_in", U), ("n_out", U), ("n_tokens", U), ("x_offset", U), ("y_offset", U),
          ("y_stride", U), ("k_split", U), ("y_slice", U)),
         (("WG", 0), ("BM", 1), ("BN", 2), ("ACC", 3), ("X16", 4), ("AHEAD", 5), ("F16DEC", 6),
-         ("ACC16", 7), ("UNROLL", 8), ("GROUP", 9), ("FIXUP", 10)),
+         ("ACC16", 7), ("UNROLL", 8), ("GROUP", 9)),
         typed=True, writes=(2,), coopmat2=True, types=CM2_TYPES),
     "mul_mat_cm2s": KernelSpec(
         "mul_mat_cm2s.comp", 3,

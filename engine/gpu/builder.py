@@ -49,7 +49,6 @@ class Builder:
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
         self._counted = False     # this graph zeroes attn_decode's split counters first
         self._heads_counted = False   # ... and mul_mat_vecq's HNORM head counters
-        self._tiles_counted = False   # ... and mul_mat_cm2's FIXUP tile counters
         # 1: the pass packs several sequences (rope_qkv, prefill attention and attn_mask read
         # step.seq_first, the first slot of each token's sequence); 0: one sequence
         self.seqs = 0
@@ -225,21 +224,11 @@ class Builder:
         if kernel == "mul_mat_cm2" and not predecode:
             slices, k_split = self.t.cm2_k_split(
                 -(-n_out // bm) * -(-self.rs.max_tokens // bn), n_in)
-        # each slice of K into its own slice of rs's partial sums, which split_sum adds
-        # after, or the last slice of a tile to finish (Tuning.cm2_fixup)
-        fixup = slices > 1 and self.t.cm2_fixup
-        if slices > 1:
+        if slices > 1:       # each slice of K into its own slice of rs's partial sums
             part, out = self.rs.split_partials(self.t), y
-            y, spec = part, dict(spec, ACC=int(accumulate and fixup), FIXUP=int(fixup))
+            y, spec = part, dict(spec, ACC=0)
         split = dict(k_split=k_split if slices > 1 else 0, y_slice=n * n_out) \
             if kernel == "mul_mat_cm2" else {}
-        # mul_mat_cm2's tile counters and output (y bound there where it adds no slices)
-        extra, writes = ([y, y] if kernel == "mul_mat_cm2" else []), ()
-        if fixup:
-            extra, writes = [self.rs.split_counts(self.t), out], (3, 4)
-            if not self._tiles_counted:     # each replay from 0, whatever came before it
-                self.g.fill(extra[0], 0)
-                self._tiles_counted = True
         # Q8_0 and Q4_0 in groups of eight blocks where the rows hold whole groups and the
         # part's binding starts on 16 bytes (the group's alignment); the same bits either way
         group = self.t.cm2_group and wtype in CM2_GROUPS and n_in % 256 == 0
@@ -247,12 +236,10 @@ class Builder:
         for buf, first, count in parts:
             if kernel == "mul_mat_cm2":
                 spec = dict(spec, GROUP=int(group and buf[1] % 16 == 0))
-            self.g.op(kernel, [buf, x, y, *extra], (-(-count // bm), -(-n // bn), slices),
-                      wtype=wtype, spec=spec, writes=writes, n_in=n_in, n_out=count,
-                      n_tokens=n, x_offset=x_offset, y_offset=first, y_stride=n_out, **split)
-        if fixup:
-            y = out
-        elif slices > 1:
+            self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), slices),
+                      wtype=wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
+                      x_offset=x_offset, y_offset=first, y_stride=n_out, **split)
+        if slices > 1:
             self.g.op("split_sum", [part, out], _groups_1d(n * n_out, SPLIT_SUM_WG),
                       spec=dict(ACC=int(accumulate)), n=n * n_out, slices=slices)
             y = out

@@ -82,8 +82,6 @@ class Tuning:
                             # fill the compute units with them (Tuning.cm2_tile_for)
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
                             # fill the GPU (Tuning.cm2_k_split)
-    cm2_fixup: bool = False  # ... the last workgroup of a tile to finish adding its slices
-                             # (mul_mat_cm2's FIXUP), not a split_sum pass after
     cm2_attn: bool = True   # prefill attention on them too (flash_attn_cm2)
     cm_attn_256: bool = True   # prefill attention with heads of 256 on KHR's matrix units
                                # (flash_attn_cm, where its blocks fit shared memory), not the
@@ -218,7 +216,6 @@ class Tuning:
         t.cm2_acc16 = switch_setting("HOTSEAT_CM2_ACC16", t.cm2_acc16)
         t.cm2_group = switch_setting("HOTSEAT_CM2_GROUP", t.cm2_group)
         t.cm2_split = switch_setting("HOTSEAT_CM2_SPLIT", t.cm2_split)
-        t.cm2_fixup = switch_setting("HOTSEAT_CM2_FIXUP", t.cm2_fixup)
         t.cm2_wide = switch_setting("HOTSEAT_CM2_WIDE", t.cm2_wide)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
         t.cm_attn_256 = switch_setting("HOTSEAT_CM_ATTN_256", t.cm_attn_256)

@@ -63,7 +63,6 @@ class RunState:
         self.positioned = positioned
         self.embd_in: vk.Buffer | None = None    # [T, n_embd] an image's rows (embd_input)
         self.split_part: vk.Buffer | None = None  # split K's partial sums (split_partials)
-        self.split_tiles: vk.Buffer | None = None  # ... and its tiles' slices done (u32)
         # predecoded weights' two slices of f16 rows (predecode_slices)
         self.predecoded_a: vk.Buffer | None = None
         self.predecoded_b: vk.Buffer | None = None
@@ -297,17 +296,6 @@ class RunState:
             self.split_part = self.dev.allocator.alloc(4 * floats, f"{self.label}/split_part",
                                                        "compute")
         return self.split_part
-
-    def split_counts(self, tuning) -> vk.Buffer:
-        """mul_mat_cm2's FIXUP counters, made on first use and zeroed: a u32 per tile of a
-        split product (at most two per compute unit), its slices done so far; the workgroup
-        that adds a tile's slices puts its counter back to 0."""
-        if self.split_tiles is None:
-            self.split_tiles = self.dev.allocator.alloc(
-                8 * max(tuning.compute_units, 1), f"{self.label}/split_tiles", "compute")
-            with vk.Uploader(self.dev, staging_bytes=self.split_tiles.nbytes) as up:
-                up.write(self.split_tiles, np.zeros(self.split_tiles.nbytes, np.uint8))
-        return self.split_tiles
 
     def predecode_slices(self, tuning, n_in: int) -> tuple[tuple[vk.Buffer, vk.Buffer], int]:
         """The two buffers of f16 weight rows that prefill products read where their weights

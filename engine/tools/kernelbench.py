@@ -318,7 +318,6 @@ def _said(row: dict, v: dict) -> None:
     """One variant's time as it comes, on stderr (a long sweep cut short still tells)."""
     tile = "x".join(map(str, v["tile"])) + (" ahead" if v.get("ahead") else "") + \
         (f" split {v['split']}" if v.get("split", 1) > 1 else "") + \
-        (" fixup" if v.get("fixup") else "") + \
         (f" unroll {v['unroll']}" if v.get("unroll") else "")
     what = f"{v['us']:.1f} us {v['tflops']:.1f} TFLOP/s" if "us" in v else v["error"]
     if v.get("compile_s"):
@@ -365,8 +364,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
         bx = alloc(x.nbytes, "bench/x", "scratch")
         bh = alloc(x.nbytes // 2, "bench/x16", "scratch")
         by = alloc(4 * n * n_out, "bench/y", "scratch")
-        bp = bc = None                 # split K's partial sums and tile counters, where a
-                                       # variant splits
+        bp = None                      # split K's partial sums, where a variant splits
         flop = 2.0 * n * n_in * n_out
         try:
             vk.upload(dev, bw, raw)
@@ -434,13 +432,12 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
             # ... x as f16 with K split where the tiles are too few (Tuning.cm2_k_split)
             for bm, bn, wg in cm2_tiles if cm2 and wtype in CM2_TYPES else ():
                 slices, k_split = splits.cm2_k_split(-(-n_out // bm) * -(-n // bn), n_in)
-                # (split_sum after, or the last workgroup of a tile adding: FIXUP)
-                cm2_runs += [({"kernel": "mul_mat_cm2h", "tile": [bm, bn, wg], "ahead": 1,
-                               "split": slices, **({"fixup": 1} if fixup else {})},
-                              "mul_mat_cm2", dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=1,
-                                                  F16DEC=f16dec, FIXUP=fixup), bh,
-                              dict(k_split=k_split, y_slice=n * n_out))
-                             for fixup in (0, 1) if slices > 1]
+                if slices > 1:
+                    cm2_runs.append(({"kernel": "mul_mat_cm2h", "tile": [bm, bn, wg],
+                                      "ahead": 1, "split": slices}, "mul_mat_cm2",
+                                     dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=1, AHEAD=1,
+                                          F16DEC=f16dec), bh,
+                                     dict(k_split=k_split, y_slice=n * n_out)))
             # ... and W staged by the lanes (every type), at the tiles whose shared memory fits
             cm2_runs += [({"kernel": "mul_mat_cm2s", "tile": [bm, bn, wg]}, "mul_mat_cm2s",
                           dict(WG=wg, BM=bm, BN=bn, ACC=0), bx, {})
@@ -465,10 +462,8 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                 _said(row, row["variants"][-1])
 
             most = max((r[0].get("split", 1) for r in cm2_runs), default=1)
-            if most > 1:                       # the most slices' partial sums, the counters
+            if most > 1:                       # the most slices' partial sums
                 bp = alloc(4 * most * n * n_out, "bench/part", "scratch")
-                bc = alloc(4 * -(-n_out // 64) * -(-n // 64), "bench/tiles", "scratch")
-                vk.upload(dev, bc, np.zeros(bc.nbytes // 4, np.uint32))
             for v, kernel, spec, xb, push in cm2_runs:
                 if variants and v["kernel"] not in variants:
                     continue
@@ -477,13 +472,11 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
 
                 def cm2_op(g, i=0, kernel=kernel, spec=spec, xb=xb, bm=bm, bn=bn,
                            slices=slices, push=push):
-                    fixup = spec.get("FIXUP", 0)
-                    g.op(kernel, [bw, xb, bp if slices > 1 else by]
-                         + ([bc if fixup else by, by] if kernel == "mul_mat_cm2" else []),
+                    g.op(kernel, [bw, xb, bp if slices > 1 else by],
                          (-(-n_out // bm), -(-n // bn), slices), wtype=wtype,
                          spec=spec, n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0,
-                         y_offset=0, y_stride=n_out, writes=(3, 4) if fixup else (), **push)
-                    if slices > 1 and not fixup:
+                         y_offset=0, y_stride=n_out, **push)
+                    if slices > 1:
                         g.op("split_sum", [bp, by], _groups_1d(n * n_out, SPLIT_SUM_WG),
                              spec=dict(ACC=0), n=n * n_out, slices=slices)
                 timed(v, cm2_op, (kernel, wtype, spec))
@@ -504,8 +497,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                         def predecoded(g, i=0, bm=bm, bn=bn, spec=spec):
                             g.op("dequant_f16", [bw, bd], _groups_1d(n_out * n_in // 8),
                                  wtype=wtype, n_in=n_in, n_rows=n_out, row0=0)
-                            g.op("mul_mat_cm2", [bd, bh, by, by, by],
-                                 (-(-n_out // bm), -(-n // bn), 1),
+                            g.op("mul_mat_cm2", [bd, bh, by], (-(-n_out // bm), -(-n // bn), 1),
                                  wtype="F16", spec=spec, n_in=n_in, n_out=n_out, n_tokens=n,
                                  x_offset=0, y_offset=0, y_stride=n_out, **whole)
                         timed({"kernel": name, "tile": [bm, bn, wg]}, predecoded)
@@ -516,7 +508,7 @@ def bench_mul_mat_cm(dev, kernels, repeats: int = 10, shapes=MATMUL_SHAPES,
                                        "tflops": row["mul_mat_tflops"]})
             out.append(row)
         finally:
-            for b in (bw, bx, bh, by, bp, bc):
+            for b in (bw, bx, bh, by, bp):
                 if b is not None:
                     dev.allocator.free(b)
     return out

@@ -323,8 +323,7 @@ def _workgroup_scope_product(dev, kc, kernel, wtype, tile, spec, x16=0, tol=1e-9
     out = []
     for acc in (0, 1):
         vk.upload(dev, by, y0)
-        run_once(dev, kc, kernel, [bw, bx, by] + ([by, by] if split else []),
-                 (-(-n_out // bm), -(-n // bn), 1),
+        run_once(dev, kc, kernel, [bw, bx, by], (-(-n_out // bm), -(-n // bn), 1),
                  wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc, **spec), n_in=n_in,
                  n_out=n_out, n_tokens=n, x_offset=n_in if x16 else n_in // 4,
                  y_offset=y_offset, y_stride=y_stride, **split)
@@ -444,13 +443,10 @@ def test_split_sum_adds_the_slices_in_order(dev, kc, acc, n):
 
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q6_K", "Q4_0", "F16"])
 @pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
-@pytest.mark.parametrize("fixup", [0, 1], ids=["split_sum", "fixup"])
-def test_mul_mat_cm2_split_k(dev, kc, wtype, x16, fixup):
+def test_mul_mat_cm2_split_k(dev, kc, wtype, x16):
     """mul_mat_cm2 with K in slices (k_split): each slice's sums into its own part of the
-    partial buffer, then split_sum adds them into y, or (FIXUP) the last workgroup of each
-    tile to finish does, with and without the residual add: numpy's product on f16 inputs,
-    the same bits both ways, and the tile counters back at 0 after each product. Runs where
-    the device has VK_NV_cooperative_matrix2."""
+    partial buffer, then split_sum adds them into y, with and without the residual add:
+    numpy's product on f16 inputs. Runs where the device has VK_NV_cooperative_matrix2."""
     from engine.gpu.kernels import compiled
 
     if not (dev.coopmat2 and compiled("mul_mat_cm2")):
@@ -466,39 +462,26 @@ def test_mul_mat_cm2_split_k(dev, kc, wtype, x16, fixup):
     bx = buf(dev, x.astype(np.float16) if x16 else x)
     bp = buf(dev, np.full(slices * n * n_out, np.nan, np.float32))
     f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
-    tiles = -(-n_out // bm) * -(-n // bn)
-    bc = buf(dev, np.zeros(tiles, np.uint32))
     for acc in (0, 1):
-        got = {}
-        for fixed in sorted({0, fixup}):
-            vk.upload(dev, by, y0)
-            run_once(dev, kc, "mul_mat_cm2", [bw, bx, bp, bc, by],
-                     (-(-n_out // bm), -(-n // bn), slices), wtype=wtype,
-                     spec=dict(WG=wg, BM=bm, BN=bn, ACC=acc * fixed, X16=x16, AHEAD=1,
-                               FIXUP=fixed),
-                     n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0, y_offset=0,
-                     y_stride=n_out, k_split=k_split, y_slice=n * n_out)
-            if not fixed:
-                groups = -(-n * n_out // 256)
-                run_once(dev, kc, "split_sum", [bp, by], (groups, 1, 1), spec=dict(ACC=acc),
-                         n=n * n_out, slices=slices)
-            got[fixed] = read(dev, by).reshape(n, n_out)
-            assert np.array_equal(read(dev, bc).view(np.uint32), np.zeros(tiles, np.uint32))
+        vk.upload(dev, by, y0)
+        run_once(dev, kc, "mul_mat_cm2", [bw, bx, bp], (-(-n_out // bm), -(-n // bn), slices),
+                 wtype=wtype, spec=dict(WG=wg, BM=bm, BN=bn, ACC=0, X16=x16, AHEAD=1),
+                 n_in=n_in, n_out=n_out, n_tokens=n, x_offset=0, y_offset=0, y_stride=n_out,
+                 k_split=k_split, y_slice=n * n_out)
+        groups = -(-n * n_out // 256)
+        run_once(dev, kc, "split_sum", [bp, by], (groups, 1, 1), spec=dict(ACC=acc),
+                 n=n * n_out, slices=slices)
         want = acc * y0.astype(np.float64) + f16(x) @ f16(w).T
-        assert nmse(got[fixup], want) < 1e-9, acc
-        assert np.array_equal(got[fixup], got[0]), acc
+        assert nmse(read(dev, by).reshape(n, n_out), want) < 1e-9, acc
 
 
 @pytest.mark.parametrize("wtype", ["Q4_K", "Q4_0"])
 @pytest.mark.parametrize("x16", [0, 1], ids=["x32", "x16"])
-@pytest.mark.parametrize("fixup", [False, True], ids=["split_sum", "fixup"])
-def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc, x16, wtype,
-                                                                          fixup):
+def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc, x16, wtype):
     """Builder.matmul on mul_mat_cm2 with K split (a GPU of 132 compute units, W of two
     tiles of rows in two bindings): numpy's product on f16 inputs, with and without the
     residual add; the split is the widest pass's, so a token's row is the same bits in a
-    pass of 37 tokens as in one of 100. The slices added by split_sum, or by each tile's
-    last workgroup (Tuning.cm2_fixup: its counters zeroed once a graph)."""
+    pass of 37 tokens as in one of 100."""
     from dataclasses import replace
 
     from engine.gpu.kernels import compiled
@@ -511,15 +494,14 @@ def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc
     n_in, n_out, T = 2048, 256, 128
     raw, w = quantized(wtype, n_out, n_in, rng)
     t = replace(Tuning.for_device(dev), coopmat2=True, cm2_x16=bool(x16), cm2_split=True,
-                cm2_fixup=fixup, cm2_group=True, compute_units=132, ggml_numerics=False)
+                cm2_group=True, compute_units=132, ggml_numerics=False)
     assert t.paths(128).prefill_matmul == "mul_mat_cm2"
     assert t.cm2_k_split(2 * -(-T // t.cm2_tile[1]), n_in)[0] == 8
     half = raw.nbytes // 2
     arenas = [buf(dev, raw[:half], kind="weights"), buf(dev, raw[half:], kind="weights")]
     wt = Tensor(wtype, (n_in, n_out), [(0, 128, 0, 0, half), (128, 128, 1, 0, half)], arenas)
-    # (to_f16,) two bindings' slices, then split_sum (or before them the counters' fill,
-    # which Graph.n_ops does not count)
-    _products_in_two_passes(dev, kc, rng, wt, w, t, T, ops=3 + x16 - fixup)
+    # (to_f16,) two bindings' slices, split_sum
+    _products_in_two_passes(dev, kc, rng, wt, w, t, T, ops=3 + x16)
 
 
 def _products_in_two_passes(dev, kc, rng, wt, w, t, max_tokens: int, ops: int) -> None:
