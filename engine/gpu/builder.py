@@ -46,6 +46,10 @@ class Builder:
         self._grouped = None      # (ids buffer, n, n_used, n_expert) grouped in rs.moe_perm
         self._tiled = None        # (that, slots a tile) listed in rs.moe_groups (moe_tiles)
         self._slice = 0           # which of rs's two predecoded slices fills next
+        # split K's sums held back while the products of one input are recorded, each into
+        # partial sums of its own, so that they run side by side (norm_matmuls; None: each
+        # product's split_sum right after it)
+        self._sums: list[tuple] | None = None
         self._masks: set[int] = set()    # windows whose attention mask this graph has built
         self._counted = False     # this graph zeroes attn_decode's split counters first
         self._heads_counted = False   # ... and mul_mat_vecq's HNORM head counters
@@ -225,8 +229,8 @@ class Builder:
             slices, k_split = self.t.cm2_k_split(
                 -(-n_out // bm) * -(-self.rs.max_tokens // bn), n_in)
         if slices > 1:       # each slice of K into its own slice of rs's partial sums
-            part, out = self.rs.split_partials(self.t), y
-            y, spec = part, dict(spec, ACC=0)
+            part = self.rs.split_partials(self.t, len(self._sums or ()))
+            out, y, spec = y, part, dict(spec, ACC=0)
         split = dict(k_split=k_split if slices > 1 else 0, y_slice=n * n_out) \
             if kernel == "mul_mat_cm2" else {}
         # Q8_0 and Q4_0 in groups of eight blocks where the rows hold whole groups and the
@@ -239,11 +243,19 @@ class Builder:
             self.g.op(kernel, [buf, x, y], (-(-count // bm), -(-n // bn), slices),
                       wtype=wtype, spec=spec, n_in=n_in, n_out=count, n_tokens=n,
                       x_offset=x_offset, y_offset=first, y_stride=n_out, **split)
-        if slices > 1:
-            self.g.op("split_sum", [part, out], _groups_1d(n * n_out, SPLIT_SUM_WG),
-                      spec=dict(ACC=int(accumulate)), n=n * n_out, slices=slices)
-            y = out
-        self._wrote(y)
+        if slices > 1 and self._sums is not None:
+            self._sums.append((part, out, n * n_out, slices, accumulate))
+        elif slices > 1:
+            self._split_sum(part, out, n * n_out, slices, accumulate)
+        else:
+            self._wrote(y)
+
+    def _split_sum(self, part: vk.Buffer, out: vk.Buffer, count: int, slices: int,
+                   accumulate: bool) -> None:
+        """out (+)= the sum of part's `slices` slices of `count` floats, in slice order."""
+        self.g.op("split_sum", [part, out], _groups_1d(count, SPLIT_SUM_WG),
+                  spec=dict(ACC=int(accumulate)), n=count, slices=slices)
+        self._wrote(out)
 
     def predecodes(self, w: Tensor) -> bool:
         """Whether a prefill product of w reads it as f16 rows dequant_f16 makes
@@ -354,8 +366,17 @@ class Builder:
                 self._matvec(w, x, y, False, 0, xform=1, x2=norm.binding(), eps=eps)
             return
         self.rms_norm(x, norm, xn, n, eps)
-        for w, y in products:
-            self.matmul(w, xn, y, n)
+        # the products read one x and write their own y: where K is split, their split_sums
+        # go after all of them (Tuning.cm2_sums_after), so the products run side by side
+        self._sums = [] if self.t.cm2_sums_after and len(products) > 1 else None
+        try:
+            for w, y in products:
+                self.matmul(w, xn, y, n)
+            sums = self._sums or []
+        finally:
+            self._sums = None
+        for s in sums:
+            self._split_sum(*s)
 
     def norm_qkv_rope(self, x: vk.Buffer, norm: Tensor, eps: float, n: int,
                       proj: list[Tensor], q: vk.Buffer, k_cache: vk.Buffer, v_cache: vk.Buffer,

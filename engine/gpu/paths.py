@@ -82,6 +82,11 @@ class Tuning:
                             # fill the compute units with them (Tuning.cm2_tile_for)
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
                             # fill the GPU (Tuning.cm2_k_split)
+    cm2_sums_after: bool = True  # ... the products of one input (q, k and v; gate and up)
+                                 # recorded side by side, each into partial sums of its
+                                 # own, their split_sums after all of them (not a barrier
+                                 # between each product and its sum);
+                                 # $HOTSEAT_CM2_SUMS_AFTER=off, to time it
     cm2_attn: bool = True   # prefill attention on them too (flash_attn_cm2)
     cm_attn_256: bool = True   # prefill attention with heads of 256 on KHR's matrix units
                                # (flash_attn_cm, where its blocks fit shared memory), not the
@@ -217,6 +222,7 @@ class Tuning:
         t.cm2_group = switch_setting("HOTSEAT_CM2_GROUP", t.cm2_group)
         t.cm2_split = switch_setting("HOTSEAT_CM2_SPLIT", t.cm2_split)
         t.cm2_wide = switch_setting("HOTSEAT_CM2_WIDE", t.cm2_wide)
+        t.cm2_sums_after = switch_setting("HOTSEAT_CM2_SUMS_AFTER", t.cm2_sums_after)
         t.cm2_attn = switch_setting("HOTSEAT_CM2_ATTN", t.cm2_attn)
         t.cm_attn_256 = switch_setting("HOTSEAT_CM_ATTN_256", t.cm_attn_256)
         t.fa_cm2_tile = tile_setting("HOTSEAT_FA_CM2_TILE", t.fa_cm2_tile, FA_CM2_TILES)

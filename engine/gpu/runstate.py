@@ -62,7 +62,7 @@ class RunState:
         # rope table, whose rows the model writes for each pass (host-visible tables)
         self.positioned = positioned
         self.embd_in: vk.Buffer | None = None    # [T, n_embd] an image's rows (embd_input)
-        self.split_part: vk.Buffer | None = None  # split K's partial sums (split_partials)
+        self.split_part: list[vk.Buffer] = []   # split K's partial sums (split_partials)
         # predecoded weights' two slices of f16 rows (predecode_slices)
         self.predecoded_a: vk.Buffer | None = None
         self.predecoded_b: vk.Buffer | None = None
@@ -286,16 +286,17 @@ class RunState:
                                                     host=True)
         return self.embd_in
 
-    def split_partials(self, tuning) -> vk.Buffer:
-        """The partial sums of the prefill products whose K is split (mul_mat_cm2's
-        k_split), made on first use: room for the most Tuning.cm2_k_split gives, slices x
-        tiles of at most two per compute unit, each tile's rows x tokens."""
-        if self.split_part is None:
+    def split_partials(self, tuning, i: int = 0) -> vk.Buffer:
+        """The i-th buffer of partial sums of the prefill products whose K is split
+        (mul_mat_cm2's k_split), made on first use: room for the most Tuning.cm2_k_split
+        gives, slices x tiles of at most two per compute unit, each tile's rows x tokens.
+        Products recorded side by side take one each (Builder.norm_matmuls)."""
+        while len(self.split_part) <= i:
             floats = 2 * max(tuning.compute_units, 1) * max(
                 bm * bn for bm, bn, _ in (tuning.cm2_tile, CM2_WIDE_TILE))
-            self.split_part = self.dev.allocator.alloc(4 * floats, f"{self.label}/split_part",
-                                                       "compute")
-        return self.split_part
+            self.split_part.append(self.dev.allocator.alloc(
+                4 * floats, f"{self.label}/split_part{len(self.split_part)}", "compute"))
+        return self.split_part[i]
 
     def predecode_slices(self, tuning, n_in: int) -> tuple[tuple[vk.Buffer, vk.Buffer], int]:
         """The two buffers of f16 weight rows that prefill products read where their weights
@@ -323,7 +324,7 @@ class RunState:
         return [b for b in vars(self).values() if isinstance(b, vk.Buffer)] + \
             list(self.k_cache.values()) + list(self.v_cache.values()) + \
             list(self.conv_state.values()) + list(self.delta_state.values()) + \
-            list(self.rope_tables.values()) + \
+            list(self.rope_tables.values()) + self.split_part + \
             [b for pair in self.masks.values() for b in pair]
 
     def close(self) -> None:

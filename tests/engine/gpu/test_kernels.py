@@ -504,6 +504,68 @@ def test_a_split_product_in_a_pass_gives_a_tokens_bits_whatever_the_pass(dev, kc
     _products_in_two_passes(dev, kc, rng, wt, w, t, T, ops=3 + x16)
 
 
+def test_split_products_of_one_input_run_side_by_side(dev, kc):
+    """Builder.norm_matmuls on mul_mat_cm2 with K split in each of three products of one
+    input (q, k and v of a GPU of 132 compute units): the three products are recorded
+    before their split_sums, each into partial sums of its own, and give the same bits as
+    each product followed by its sum (Tuning.cm2_sums_after off), near numpy's."""
+    from dataclasses import replace
+
+    from engine.gpu.builder import Builder
+    from engine.gpu.graph import Graph
+    from engine.gpu.kernels import compiled
+    from engine.gpu.paths import Tuning
+    from engine.gpu.runstate import RunState
+    from engine.gpu.tensors import Tensor
+
+    if not (dev.coopmat2 and compiled("mul_mat_cm2")):
+        pytest.skip(f"{dev.name}: no VK_NV_cooperative_matrix2 (or mul_mat_cm2 not compiled)")
+    rng = np.random.default_rng(44)
+    n_in, T, eps = 2048, 128, 1e-5
+    shapes = (("Q4_K", 256), ("Q4_K", 128), ("Q6_K", 128))
+    x = rng.standard_normal((T, n_in)).astype(np.float32)
+    norm = (1 + 0.1 * rng.standard_normal(n_in)).astype(np.float32)
+    ws, ts = [], []
+    for wtype, n_out in shapes:
+        raw, w = quantized(wtype, n_out, n_in, rng)
+        ws.append(w)
+        ts.append(Tensor(wtype, (n_in, n_out), [(0, n_out, 0, 0, raw.nbytes)],
+                         [buf(dev, raw, kind="weights")]))
+    normt = Tensor("F32", (n_in,), [(0, 1, 0, 0, norm.nbytes)],
+                   [buf(dev, norm, kind="weights")])
+    rs = RunState(dev, "t", n_layer=1, n_embd=n_in, n_head=1, q_dim=n_in, kv_dim=64,
+                  n_ff=n_in, n_vocab=16, n_ctx=16, max_tokens=T)
+    bx = buf(dev, x)
+    ys = [buf(dev, nbytes=4 * T * n_out) for _, n_out in shapes]
+    got = {}
+    try:
+        for after in (True, False):
+            t = replace(Tuning.for_device(dev), coopmat2=True, cm2_x16=True, cm2_split=True,
+                        cm2_sums_after=after, compute_units=132, ggml_numerics=False)
+            assert all(t.cm2_k_split(-(-n // t.cm2_tile_for(n, T, n_in)[0]) *
+                                     -(-T // t.cm2_tile_for(n, T, n_in)[1]), n_in)[0] > 1
+                       for _, n in shapes)
+            g = Graph(dev, kc, "t", profile=True)
+            Builder(g, {}, rs, t).norm_matmuls(bx, normt, eps, rs.xn, T, list(zip(ts, ys)))
+            g.replay()
+            names = [name for name, _ in g.profile()]
+            g.close()
+            products = [i for i, n in enumerate(names) if n.startswith("mul_mat_cm2")]
+            sums = [i for i, n in enumerate(names) if n.startswith("split_sum")]
+            assert len(products) == len(sums) == 3, names
+            assert (max(products) < min(sums)) == after, names
+            got[after] = [read(dev, y).reshape(T, -1).copy() for y in ys]
+            if after:       # each product wrote partial sums of its own
+                assert len(rs.split_part) == 3
+    finally:
+        rs.close()
+    f16 = lambda a: a.astype(np.float16).astype(np.float64)      # noqa: E731
+    xn = x / np.sqrt(np.mean(x.astype(np.float64) ** 2, axis=1, keepdims=True) + eps) * norm
+    for a, b, w in zip(got[True], got[False], ws):
+        assert np.array_equal(a, b)
+        assert nmse(a, f16(xn) @ f16(w).T) < 1e-4
+
+
 def _products_in_two_passes(dev, kc, rng, wt, w, t, max_tokens: int, ops: int) -> None:
     """Builder.matmul of wt (values w) under tuning t in `ops` ops, in passes of 100 and 37
     tokens, with and without the residual add: numpy's product on f16 inputs (to 1e-4 where
