@@ -82,11 +82,12 @@ class Tuning:
                             # fill the compute units with them (Tuning.cm2_tile_for)
     cm2_split: bool = True  # ... K split over workgroups where the tiles are too few to
                             # fill the GPU (Tuning.cm2_k_split)
-    cm2_sums_after: bool = True  # ... the products of one input (q, k and v; gate and up)
-                                 # recorded side by side, each into partial sums of its
-                                 # own, their split_sums after all of them (not a barrier
-                                 # between each product and its sum);
-                                 # $HOTSEAT_CM2_SUMS_AFTER=off, to time it
+    cm2_sums_after: bool = False  # ... the products of one input (q, k and v; gate and
+                                  # up) recorded side by side, each into partial sums of
+                                  # its own, their split_sums after all of them (not a
+                                  # barrier between each product and its sum; the same
+                                  # bits): $HOTSEAT_CM2_SUMS_AFTER=on, to time it (not
+                                  # timed on a GPU yet)
     cm2_attn: bool = True   # prefill attention on them too (flash_attn_cm2)
     cm_attn_256: bool = True   # prefill attention with heads of 256 on KHR's matrix units
                                # (flash_attn_cm, where its blocks fit shared memory), not the

@@ -218,7 +218,7 @@ def test_grouped_experts_take_the_matrix_units(monkeypatch):
                                                   ("HOTSEAT_CM2_SPLIT", "cm2_split", True),
                                                   ("HOTSEAT_CM2_WIDE", "cm2_wide", True),
                                                   ("HOTSEAT_CM2_SUMS_AFTER", "cm2_sums_after",
-                                                   True),
+                                                   False),
                                                   ("HOTSEAT_CM2_GROUP", "cm2_group", True),
                                                   ("HOTSEAT_CM_ATTN_256", "cm_attn_256", True),
                                                   ("HOTSEAT_CM2_F16DEC", "cm2_f16dec", False)])
@@ -230,7 +230,7 @@ def test_the_fusion_switches(monkeypatch, name, field, default):
     HOTSEAT_CM2_AHEAD=off; prefill attention takes flash_attn_cm2 unless HOTSEAT_CM2_ATTN=off,
     and every type's product mul_mat_cm2s where HOTSEAT_CM2_STAGED=on; mul_mat_cm2 splits K
     unless HOTSEAT_CM2_SPLIT=off, adds the slices of the products of one input after all of
-    them unless HOTSEAT_CM2_SUMS_AFTER=off, takes wide tiles unless HOTSEAT_CM2_WIDE=off, reads
+    them where HOTSEAT_CM2_SUMS_AFTER=on, takes wide tiles unless HOTSEAT_CM2_WIDE=off, reads
     Q8_0's and Q4_0's blocks eight at a time unless HOTSEAT_CM2_GROUP=off, and decodes the
     K-quants in f16 where HOTSEAT_CM2_F16DEC=on; a value other than on or off names the
     setting."""
