@@ -542,9 +542,9 @@ def test_split_products_of_one_input_run_side_by_side(dev, kc):
         for after in (True, False):
             t = replace(Tuning.for_device(dev), coopmat2=True, cm2_x16=True, cm2_split=True,
                         cm2_sums_after=after, compute_units=132, ggml_numerics=False)
-            assert all(t.cm2_k_split(-(-n // t.cm2_tile_for(n, T, n_in)[0]) *
-                                     -(-T // t.cm2_tile_for(n, T, n_in)[1]), n_in)[0] > 1
-                       for _, n in shapes)
+            for _, n in shapes:                 # each product's K is split
+                bm, bn, _ = t.cm2_tile_for(n, T, n_in)
+                assert t.cm2_k_split(-(-n // bm) * -(-T // bn), n_in)[0] > 1, n
             g = Graph(dev, kc, "t", profile=True)
             Builder(g, {}, rs, t).norm_matmuls(bx, normt, eps, rs.xn, T, list(zip(ts, ys)))
             g.replay()
